@@ -1,0 +1,29 @@
+//! Vendor modules. Each lives in its own folder and provides a [`Provider`]; adding a vendor is
+//! a folder plus one entry in [`PROVIDERS`]. The core finds the provider for a device here and
+//! never names a vendor itself.
+
+use crate::device::DeviceInfo;
+use crate::error::{Error, Result};
+use crate::provider::Provider;
+
+mod rxe;
+
+/// Every provider compiled in, asked in order.
+static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe];
+
+/// The provider that drives `device`.
+pub(crate) fn find(device: &DeviceInfo) -> Result<&'static dyn Provider> {
+    PROVIDERS
+        .iter()
+        .copied()
+        .find(|p| p.matches(device))
+        .ok_or_else(|| Error::NoProvider {
+            device: device.name.clone(),
+            driver_id: device.driver_id,
+            known: PROVIDERS
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}

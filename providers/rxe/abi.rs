@@ -1,0 +1,113 @@
+//! rxe's driver ABI (`include/uapi/rdma/rdma_user_rxe.h`), sizes and offsets asserted.
+
+use crate::sys::assert_layout;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// `struct mminfo`: where to mmap a kernel-allocated ring on the device fd.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct MmInfo {
+    /// The fake file offset (cookie) to pass to mmap.
+    pub offset: u64,
+    /// Bytes to map.
+    pub size: u32,
+    pub pad: u32,
+}
+assert_layout!(MmInfo, size 16, offset @ 0, size @ 8);
+
+/// `struct rxe_create_qp_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CreateQpResp {
+    pub rq_mi: MmInfo,
+    pub sq_mi: MmInfo,
+}
+assert_layout!(CreateQpResp, size 32, rq_mi @ 0, sq_mi @ 16);
+
+/// Offsets inside `struct rxe_queue_buf`, the header of every ring.
+pub mod queue {
+    pub const LOG2_ELEM_SIZE: usize = 0;
+    pub const INDEX_MASK: usize = 4;
+    pub const PRODUCER_INDEX: usize = 128;
+    pub const CONSUMER_INDEX: usize = 256;
+    pub const DATA: usize = 384;
+}
+
+/// `struct rxe_dma_info` without its flexible array (SGEs or inline data follow it).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DmaInfo {
+    pub length: u32,
+    pub resid: u32,
+    pub cur_sge: u32,
+    pub num_sge: u32,
+    pub sge_offset: u32,
+    pub reserved: u32,
+}
+assert_layout!(DmaInfo, size 24, num_sge @ 12);
+
+/// The `rdma` arm of `rxe_send_wr.wr`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RdmaArm {
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub reserved: u32,
+}
+
+/// The `atomic` arm of `rxe_send_wr.wr`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AtomicArm {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+    pub reserved: u32,
+}
+
+/// `rxe_send_wr.wr`: 120 bytes of operation-specific fields.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union WrArm {
+    pub rdma: RdmaArm,
+    pub atomic: AtomicArm,
+    pub raw: [u64; 15],
+}
+assert_layout!(WrArm, size 120);
+
+/// `struct rxe_send_wqe` up to its flexible array: the 208-byte header of a send slot.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SendWqe {
+    pub wr_id: u64,
+    pub reserved: u32,
+    pub opcode: u32,
+    pub send_flags: u32,
+    /// `ex.imm_data` (network order) or `ex.invalidate_rkey`.
+    pub ex: u32,
+    pub wr: WrArm,
+    pub status: u32,
+    pub state: u32,
+    pub iova: u64,
+    pub mask: u32,
+    pub first_psn: u32,
+    pub last_psn: u32,
+    pub ack_length: u32,
+    pub ssn: u32,
+    pub has_rd_atomic: u32,
+    pub dma: DmaInfo,
+}
+assert_layout!(SendWqe, size 208, opcode @ 12, send_flags @ 16, ex @ 20, wr @ 24,
+    status @ 144, state @ 148, iova @ 152, mask @ 160, ssn @ 176, dma @ 184);
+
+/// `struct rxe_recv_wqe` up to its SGE array: the 40-byte header of a receive slot.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RecvWqe {
+    pub wr_id: u64,
+    pub reserved: u32,
+    pub padding: u32,
+    pub dma: DmaInfo,
+}
+assert_layout!(RecvWqe, size 40, dma @ 16);

@@ -1,0 +1,93 @@
+//! SoftRoCE (`rdma_rxe`): the kernel allocates every ring and hands back mmap cookies; sends
+//! are rung with an empty POST_SEND command; receives and polling touch only the rings.
+
+mod abi;
+mod cq;
+mod qp;
+mod queue;
+
+use crate::device::{DeviceFile, DeviceInfo};
+use crate::error::{Error, Result, Verb};
+use crate::provider::{
+    CqCreated, CqRing, KernelCall, Provider, ProviderContext, QpCreated, QpQueues, QpRequest,
+};
+use abi::MmInfo;
+use memmap2::MmapOptions;
+use queue::{Backing, Queue};
+use std::sync::Arc;
+
+/// `RDMA_DRIVER_RXE` in `enum rdma_driver_id`.
+const DRIVER_ID: u32 = 14;
+/// The per-device uverbs ABI versions the rxe driver has used.
+const ABI_VERSIONS: std::ops::RangeInclusive<u32> = 1..=2;
+
+/// The rxe provider.
+pub(crate) struct Rxe;
+
+impl Provider for Rxe {
+    fn name(&self) -> &'static str {
+        "rxe"
+    }
+
+    fn driver_id(&self) -> u32 {
+        DRIVER_ID
+    }
+
+    fn matches(&self, device: &DeviceInfo) -> bool {
+        let driver = match device.driver_id {
+            Some(id) => id == DRIVER_ID,
+            // Without RDMA netlink, match the name as rdma-core does.
+            None => device.name.contains("rxe"),
+        };
+        driver && ABI_VERSIONS.contains(&device.abi_version)
+    }
+
+    fn open(
+        &self,
+        file: &Arc<DeviceFile>,
+        kernel: KernelCall<'_, ()>,
+    ) -> Result<Box<dyn ProviderContext>> {
+        // rxe has no driver data in GET_CONTEXT.
+        kernel(&[], &mut [])?;
+        Ok(Box::new(RxeContext { file: file.clone() }))
+    }
+}
+
+struct RxeContext {
+    file: Arc<DeviceFile>,
+}
+
+impl RxeContext {
+    /// Maps a ring the kernel described in `mi` and validates its header.
+    fn map(&self, mi: &MmInfo, verb: Verb, min_elem: usize) -> Result<Queue> {
+        // SAFETY: a shared mapping of the device's ring; the kernel keeps the buffer alive
+        // while it is mapped, and all access goes through `Queue`'s checked geometry.
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(mi.offset)
+                .len(mi.size as usize)
+                .map_mut(self.file.file())
+        }
+        .map_err(|e| {
+            Error::io(
+                format!("{verb}: mmap of ring at cookie {:#x}", mi.offset),
+                e,
+            )
+        })?;
+        Queue::new(Backing::Mapped(map), verb, min_elem)
+    }
+}
+
+impl ProviderContext for RxeContext {
+    fn create_cq(&self, cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>> {
+        cq::create(self, cqe, kernel)
+    }
+
+    fn create_qp(
+        &self,
+        request: &QpRequest,
+        kernel: KernelCall<'_, QpCreated>,
+    ) -> Result<Box<dyn QpQueues>> {
+        qp::create(self, request, kernel)
+    }
+}

@@ -1,0 +1,331 @@
+//! rxe queue pairs: send WQEs written into the SQ ring and rung with an empty POST_SEND
+//! command; receive WQEs written into the RQ ring with no system call.
+
+use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, WrArm};
+use super::queue::Producer;
+use super::RxeContext;
+use crate::device::DeviceFile;
+use crate::error::{Error, Result, WrReject};
+use crate::provider::{KernelCall, QpCreated, QpQueues, QpRequest};
+use crate::qp::QpType;
+use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
+use crate::sys::cmd::write_raw;
+use crate::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use std::os::fd::AsFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use zerocopy::IntoBytes;
+
+pub(super) fn create(
+    ctx: &RxeContext,
+    req: &QpRequest,
+    kernel: KernelCall<'_, QpCreated>,
+) -> Result<Box<dyn QpQueues>> {
+    let mut resp = CreateQpResp::default();
+    let created = kernel(&[], resp.as_mut_bytes())?;
+    let cap = created.cap;
+    let sq = ctx.map(
+        &resp.sq_mi,
+        "CREATE_QP",
+        size_of::<SendWqe>() + cap.max_send_sge as usize * size_of::<Sge>(),
+    )?;
+    let rq = if req.has_srq {
+        None
+    } else {
+        let min = size_of::<RecvWqe>() + cap.max_recv_sge as usize * size_of::<Sge>();
+        Some(Producer::new(ctx.map(&resp.rq_mi, "CREATE_QP", min)?))
+    };
+    // The kernel may grant more inline room than asked; what fits in a slot is the limit.
+    let max_inline = cap
+        .max_inline_data
+        .min((sq.elem_size() - size_of::<SendWqe>()) as u32);
+    Ok(Box::new(RxeQp {
+        sq: Producer::new(sq),
+        rq,
+        qp_type: req.qp_type,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline,
+        doorbell: Doorbell::new(created.handle),
+        file: ctx.file.clone(),
+    }))
+}
+
+/// The empty POST_SEND command that tells rxe to process the SQ.
+#[repr(C)]
+#[derive(Clone, Copy, IntoBytes, zerocopy::Immutable)]
+struct DoorbellCmd {
+    hdr: CmdHdr,
+    body: PostSend,
+}
+
+struct Doorbell {
+    cmd: DoorbellCmd,
+    /// `ib_uverbs_post_send_resp`, written by the kernel.
+    resp: u32,
+}
+
+impl Doorbell {
+    fn new(qp_handle: u32) -> Self {
+        Self {
+            cmd: DoorbellCmd {
+                hdr: CmdHdr {
+                    command: cmd::POST_SEND,
+                    in_words: (size_of::<DoorbellCmd>() / 4) as u16,
+                    out_words: 1,
+                },
+                body: PostSend {
+                    response: 0,
+                    qp_handle,
+                    wr_count: 0,
+                    sge_count: 0,
+                    wqe_size: SEND_WR_SIZE,
+                },
+            },
+            resp: 0,
+        }
+    }
+
+    fn ring(&mut self, file: &DeviceFile) -> Result<()> {
+        self.cmd.body.response = std::ptr::addr_of_mut!(self.resp) as u64;
+        // SAFETY: the only user pointer in the command is `response`, which names `self.resp`:
+        // live, 4 bytes, the `out_words` the header declares.
+        unsafe { write_raw(file.as_fd(), self.cmd.as_bytes()) }
+            .map_err(|e| Error::kernel("POST_SEND", e))
+    }
+}
+
+struct RxeQp {
+    sq: Producer,
+    rq: Option<Producer>,
+    qp_type: QpType,
+    max_send_sge: u32,
+    max_recv_sge: u32,
+    max_inline: u32,
+    doorbell: Doorbell,
+    file: Arc<DeviceFile>,
+}
+
+impl RxeQp {
+    fn check_send(&self, wr: &SendWr<'_>) -> Result<(), WrReject> {
+        let sges = wr.sg_list.len();
+        if sges > self.max_send_sge as usize {
+            return Err(WrReject::TooManySge {
+                given: sges,
+                max: self.max_send_sge,
+            });
+        }
+        let allowed = match self.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => !matches!(wr.op, SendOp::RdmaRead(_)) && !wr.op.is_atomic(),
+            QpType::Ud => false,
+        };
+        if !allowed {
+            return Err(WrReject::OpcodeNotSupported);
+        }
+        if wr.flags.contains(SendFlags::INLINE) {
+            let len = wr.total_len();
+            if wr.op.is_atomic() || matches!(wr.op, SendOp::RdmaRead(_)) {
+                return Err(WrReject::OpcodeNotSupported);
+            }
+            if len > u64::from(self.max_inline) {
+                return Err(WrReject::InlineTooLong {
+                    given: len as usize,
+                    max: self.max_inline,
+                });
+            }
+        }
+        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = wr.op {
+            if remote.addr % 8 != 0 || sges != 1 || wr.sg_list[0].length < 8 {
+                return Err(WrReject::BadAtomic);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes `wr` into the send slot at `slot`.
+///
+/// # Safety
+/// `slot` must be a free SQ slot large enough for the header plus the SGEs or inline data
+/// (checked by `check_send` against the slot size), and for inline requests every SGE must
+/// name readable memory.
+unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>) {
+    let mut arm = WrArm { raw: [0; 15] };
+    let mut iova = 0;
+    match wr.op {
+        SendOp::RdmaWrite(r) | SendOp::RdmaWriteWithImm(r, _) | SendOp::RdmaRead(r) => {
+            arm.rdma = RdmaArm {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+                reserved: 0,
+            };
+            iova = r.addr;
+        }
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            arm.atomic = AtomicArm {
+                remote_addr: remote.addr,
+                compare_add: compare,
+                swap,
+                rkey: remote.rkey,
+                reserved: 0,
+            };
+            iova = remote.addr;
+        }
+        SendOp::FetchAdd { remote, add } => {
+            arm.atomic = AtomicArm {
+                remote_addr: remote.addr,
+                compare_add: add,
+                swap: 0,
+                rkey: remote.rkey,
+                reserved: 0,
+            };
+            iova = remote.addr;
+        }
+        SendOp::Send | SendOp::SendWithImm { .. } => {}
+    }
+    let length = wr.total_len() as u32;
+    let inline = wr.flags.contains(SendFlags::INLINE);
+    let header = SendWqe {
+        wr_id: wr.wr_id,
+        reserved: 0,
+        opcode: wr.op.wr_opcode(),
+        send_flags: wr.flags.bits(),
+        ex: wr.op.imm_data().unwrap_or(0),
+        wr: arm,
+        status: 0,
+        state: 0,
+        iova,
+        mask: 0,
+        first_psn: 0,
+        last_psn: 0,
+        ack_length: 0,
+        ssn: 0,
+        has_rd_atomic: 0,
+        dma: DmaInfo {
+            length,
+            resid: length,
+            cur_sge: 0,
+            num_sge: if inline { 0 } else { wr.sg_list.len() as u32 },
+            sge_offset: 0,
+            reserved: 0,
+        },
+    };
+    // SAFETY: per the contract the slot is free and large enough; slots are 64-byte aligned.
+    unsafe {
+        slot.cast::<SendWqe>().write(header);
+        let mut tail = slot.add(size_of::<SendWqe>());
+        if inline {
+            for sge in wr.sg_list {
+                let len = sge.length as usize;
+                std::ptr::copy_nonoverlapping(sge.addr as *const u8, tail.as_ptr(), len);
+                tail = tail.add(len);
+            }
+        } else {
+            std::ptr::copy_nonoverlapping(
+                wr.sg_list.as_ptr(),
+                tail.cast::<Sge>().as_ptr(),
+                wr.sg_list.len(),
+            );
+        }
+    }
+}
+
+impl QpQueues for RxeQp {
+    unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut rejected = None;
+        let mut posted = 0;
+        for (index, wr) in wrs.iter().enumerate() {
+            if let Err(reason) = self.check_send(wr) {
+                rejected = Some((index, reason));
+                break;
+            }
+            let Some(slot) = self.sq.next_slot() else {
+                rejected = Some((index, WrReject::QueueFull));
+                break;
+            };
+            // SAFETY: a free slot; `check_send` bounded SGEs and inline data by what the
+            // kernel granted, which sized the slot; inline memory is the caller's contract.
+            unsafe { write_send_wqe(slot, wr) };
+            self.sq.advance();
+            posted += 1;
+        }
+        if posted > 0 {
+            self.sq.publish();
+            self.doorbell.ring(&self.file)?;
+        }
+        match rejected {
+            None => Ok(()),
+            Some((index, reason)) => Err(Error::WorkRequest {
+                verb: "post_send",
+                index,
+                reason,
+            }),
+        }
+    }
+
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let Some(rq) = self.rq.as_mut() else {
+            return Err(Error::invalid(
+                "post_recv",
+                "the QP takes receives from its SRQ",
+            ));
+        };
+        let result = post_recv_wqes(rq, self.max_recv_sge, wrs);
+        rq.publish();
+        result
+    }
+}
+
+/// Writes receive WQEs into `rq` (not yet published). Shared by QP receive queues and SRQs.
+pub(super) fn post_recv_wqes(rq: &mut Producer, max_sge: u32, wrs: &[RecvWr<'_>]) -> Result<()> {
+    for (index, wr) in wrs.iter().enumerate() {
+        let reject = |reason| {
+            Err(Error::WorkRequest {
+                verb: "post_recv",
+                index,
+                reason,
+            })
+        };
+        if wr.sg_list.len() > max_sge as usize {
+            return reject(WrReject::TooManySge {
+                given: wr.sg_list.len(),
+                max: max_sge,
+            });
+        }
+        let Some(slot) = rq.next_slot() else {
+            return reject(WrReject::QueueFull);
+        };
+        let length = wr
+            .sg_list
+            .iter()
+            .map(|s| s.length)
+            .fold(0u32, u32::wrapping_add);
+        let header = RecvWqe {
+            wr_id: wr.wr_id,
+            reserved: 0,
+            padding: 0,
+            dma: DmaInfo {
+                length,
+                resid: length,
+                cur_sge: 0,
+                num_sge: wr.sg_list.len() as u32,
+                sge_offset: 0,
+                reserved: 0,
+            },
+        };
+        // SAFETY: a free slot sized by the kernel for `max_sge` SGEs (checked at map time),
+        // 64-byte aligned.
+        unsafe {
+            slot.cast::<RecvWqe>().write(header);
+            let sges = slot.add(size_of::<RecvWqe>()).cast::<Sge>();
+            std::ptr::copy_nonoverlapping(wr.sg_list.as_ptr(), sges.as_ptr(), wr.sg_list.len());
+        }
+        rq.advance();
+    }
+    Ok(())
+}

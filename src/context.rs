@@ -1,0 +1,236 @@
+//! An open device: the kernel context every other object lives in.
+
+use crate::device::{DeviceFile, DeviceInfo};
+use crate::error::{Error, Result, Verb};
+use crate::provider::ProviderContext;
+use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortResp, QueryPortRespEx};
+use crate::sys::cmd;
+use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Device attributes (`struct ib_uverbs_query_device_resp`; C `struct ibv_device_attr`).
+pub type DeviceAttr = QueryDeviceResp;
+/// Port attributes (`struct ib_uverbs_query_port_resp`; C `struct ibv_port_attr`).
+pub type PortAttr = QueryPortResp;
+
+/// A GID table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gid {
+    /// The 16 GID bytes (for RoCE, an IPv6 or IPv4-mapped address).
+    pub raw: [u8; 16],
+    /// Index in the port's table.
+    pub index: u32,
+    /// Port number.
+    pub port: u32,
+    /// Type (`IB_UVERBS_GID_TYPE_*`): 0 IB, 1 RoCE v1, 2 RoCE v2.
+    pub gid_type: u32,
+    /// ifindex of the network device it belongs to (0 for none).
+    pub netdev_ifindex: u32,
+}
+
+impl Gid {
+    /// RoCE v2 (UDP/IP encapsulated), the kind rxe traffic uses.
+    pub const TYPE_ROCE_V2: u32 = 2;
+
+    /// The GID as an IPv6 address (IPv4 appears mapped, `::ffff:a.b.c.d`).
+    pub fn ip(&self) -> std::net::Ipv6Addr {
+        std::net::Ipv6Addr::from(self.raw)
+    }
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) file: Arc<DeviceFile>,
+    driver_id: u32,
+    pub(crate) async_fd: OwnedFd,
+    pub(crate) device: DeviceInfo,
+    pub(crate) provider: Box<dyn ProviderContext>,
+    pub(crate) num_comp_vectors: u32,
+}
+
+impl ContextInner {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Starts an ioctl call on this context's device.
+    pub(crate) fn ioctl<'a>(&self, object: u16, method: u16) -> Ioctl<'a> {
+        Ioctl::new(self.driver_id, object, method)
+    }
+
+    /// Runs a plain-data `write()` command (no user pointers but the response).
+    pub(crate) fn write_cmd<Req, Resp>(&self, verb: Verb, command: u32, req: &Req) -> Result<Resp>
+    where
+        Req: IntoBytes + zerocopy::Immutable,
+        Resp: FromBytes + IntoBytes,
+    {
+        // SAFETY: callers pass requests whose only user pointer is `response`, which
+        // `execute` fills in itself.
+        unsafe { cmd::execute(self.fd(), verb, command, req, &[], &mut []) }
+    }
+
+    /// Destroys a kernel object through its ioctl DESTROY method.
+    pub(crate) fn destroy(
+        &self,
+        verb: Verb,
+        obj: u16,
+        method: u16,
+        handle: u32,
+        resp: &mut [u8],
+    ) -> Result<()> {
+        let mut call = self.ioctl(obj, method);
+        call.handle(0, handle);
+        if !resp.is_empty() {
+            call.output(1, resp);
+        }
+        call.execute(self.fd(), verb).map(drop)
+    }
+}
+
+/// An open RDMA device. Cheap to clone; every object made from it keeps it alive.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.inner.device.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `UVERBS_METHOD_GET_CONTEXT` and its attributes.
+const METHOD_GET_CONTEXT: u16 = 3;
+const METHOD_QUERY_PORT: u16 = 2;
+const METHOD_QUERY_GID_TABLE: u16 = 5;
+const METHOD_ASYNC_EVENT_ALLOC: u16 = 0;
+
+impl Context {
+    /// Opens `device` with the provider that drives it.
+    pub fn open(device: &DeviceInfo) -> Result<Self> {
+        let provider = crate::providers::find(device)?;
+        let driver_id = provider.driver_id();
+        let file = Arc::new(DeviceFile::open(device)?);
+        let mut num_comp_vectors = 0u32;
+        let provider_ctx = provider.open(&file, &mut |drv_in, drv_out| {
+            let mut core_support = 0u64;
+            let mut call = Ioctl::new(driver_id, object::DEVICE, METHOD_GET_CONTEXT);
+            call.output(0, num_comp_vectors.as_mut_bytes());
+            call.output(1, core_support.as_mut_bytes());
+            if !drv_in.is_empty() {
+                call.input(UHW_IN, drv_in);
+            }
+            if !drv_out.is_empty() {
+                call.output(UHW_OUT, drv_out);
+            }
+            call.execute(file.as_fd(), "GET_CONTEXT").map(drop)
+        })?;
+        let mut call = Ioctl::new(driver_id, object::ASYNC_EVENT, METHOD_ASYNC_EVENT_ALLOC);
+        let slot = call.new_fd(0);
+        let done = call.execute(file.as_fd(), "ASYNC_EVENT_ALLOC")?;
+        // SAFETY: the kernel just created this fd for this process and nothing else owns it.
+        let async_fd = unsafe { OwnedFd::from_raw_fd(done.fd(slot)) };
+        Ok(Self {
+            inner: Arc::new(ContextInner {
+                file,
+                driver_id,
+                async_fd,
+                device: device.clone(),
+                provider: provider_ctx,
+                num_comp_vectors,
+            }),
+        })
+    }
+
+    /// The device this context was opened on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.inner.device
+    }
+
+    /// Number of completion vectors.
+    pub fn num_comp_vectors(&self) -> u32 {
+        self.inner.num_comp_vectors
+    }
+
+    /// The async event fd (readable when an async event is pending).
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.inner.async_fd.as_fd()
+    }
+
+    /// Device attributes (QUERY_DEVICE).
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        self.inner.write_cmd(
+            "QUERY_DEVICE",
+            abi::cmd::QUERY_DEVICE,
+            &abi::QueryDevice::default(),
+        )
+    }
+
+    /// Port attributes (ioctl QUERY_PORT). Ports are numbered from 1.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let mut resp = QueryPortRespEx::default();
+        let port = u64::from(port);
+        let mut call = self.inner.ioctl(object::DEVICE, METHOD_QUERY_PORT);
+        call.input(0, &port).output(1, resp.as_mut_bytes());
+        call.execute(self.inner.fd(), "QUERY_PORT")?;
+        Ok(resp.legacy)
+    }
+
+    /// Every valid GID of every port (ioctl QUERY_GID_TABLE).
+    pub fn gid_table(&self) -> Result<Vec<Gid>> {
+        let attr = self.query_device()?;
+        let mut total = 0usize;
+        for port in 1..=attr.phys_port_cnt {
+            total += self.query_port(port)?.gid_tbl_len as usize;
+        }
+        let mut entries = vec![GidEntry::default(); total.max(1)];
+        let entry_size = size_of::<GidEntry>() as u64;
+        let flags = 0u32;
+        let mut count = 0u64;
+        let mut call = self.inner.ioctl(object::DEVICE, METHOD_QUERY_GID_TABLE);
+        call.input(0, &entry_size)
+            .input(1, &flags)
+            .output(2, entries.as_mut_bytes())
+            .output(3, count.as_mut_bytes());
+        call.execute(self.inner.fd(), "QUERY_GID_TABLE")?;
+        let count = usize::try_from(count).unwrap_or(usize::MAX);
+        if count > entries.len() {
+            return Err(Error::malformed(
+                "QUERY_GID_TABLE",
+                format!("{count} entries returned"),
+            ));
+        }
+        entries.truncate(count);
+        Ok(entries
+            .into_iter()
+            .map(|e| Gid {
+                raw: e.gid,
+                index: e.gid_index,
+                port: e.port_num,
+                gid_type: e.gid_type,
+                netdev_ifindex: e.netdev_ifindex,
+            })
+            .collect())
+    }
+
+    /// The GID at `index` on `port`.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.gid_table()?
+            .into_iter()
+            .find(|g| g.port == u32::from(port) && g.index == index)
+            .ok_or_else(|| Error::invalid("query_gid", format!("port {port} has no GID {index}")))
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<crate::Pd> {
+        crate::Pd::new(self)
+    }
+
+    /// Creates a completion queue of at least `cqe` entries.
+    pub fn create_cq(&self, cqe: u32) -> Result<crate::Cq> {
+        crate::Cq::new(self, cqe)
+    }
+}

@@ -1,0 +1,196 @@
+//! Typed errors: every failure names the verb, and kernel failures carry the errno and what it
+//! usually means for that verb.
+
+use nix::errno::Errno;
+
+/// A verb or kernel command, as named in errors.
+pub type Verb = &'static str;
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The kernel refused a command.
+    #[error("{verb}: kernel returned {errno} ({}){}", errno.desc(), hint(verb, *errno))]
+    Kernel {
+        /// The verb that failed.
+        verb: Verb,
+        /// The errno the kernel returned.
+        errno: Errno,
+    },
+    /// No RDMA device matches, or none is present at all.
+    #[error("no RDMA device{}: {reason}", match name { Some(n) => format!(" named {n:?}"), None => String::new() })]
+    NoDevice {
+        /// The requested device name, if any.
+        name: Option<String>,
+        /// Why none was found (what was looked at).
+        reason: String,
+    },
+    /// The device exists but this crate has no provider for its driver.
+    #[error("device {device:?} (driver id {driver_id:?}) has no provider in this build; known providers: {known}")]
+    NoProvider {
+        /// Device name.
+        device: String,
+        /// Driver id reported by the kernel, if it could be read.
+        driver_id: Option<u32>,
+        /// Comma-separated names of the compiled-in providers.
+        known: String,
+    },
+    /// The device or provider speaks an ABI version this crate does not.
+    #[error("{what}: ABI version {found} is not supported (supported: {supported})")]
+    AbiVersion {
+        /// Which ABI.
+        what: &'static str,
+        /// Version found.
+        found: u32,
+        /// Supported range, human readable.
+        supported: &'static str,
+    },
+    /// The kernel handed back data that breaks the ABI's rules (a ring header out of range, a
+    /// short response). Nothing was read outside the mapping.
+    #[error("{verb}: malformed data from the kernel: {detail}")]
+    Malformed {
+        /// The verb whose response was malformed.
+        verb: Verb,
+        /// What was wrong.
+        detail: String,
+    },
+    /// An argument is out of range or inconsistent; nothing was sent to the kernel.
+    #[error("{verb}: invalid argument: {detail}")]
+    InvalidArgument {
+        /// The verb.
+        verb: Verb,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A work request was rejected before it reached the queue. The requests before `index`
+    /// were posted (and the doorbell rung); this one and those after it were not.
+    #[error("{verb}: work request {index} rejected: {reason}")]
+    WorkRequest {
+        /// `post_send` or `post_recv`.
+        verb: Verb,
+        /// Index in the list of the first request not posted.
+        index: usize,
+        /// Why it was rejected.
+        reason: WrReject,
+    },
+    /// Reading sysfs or opening the device file failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being read or opened.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a work request was rejected before reaching the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WrReject {
+    /// The queue is full: wait for completions first.
+    QueueFull,
+    /// More scatter/gather entries than the queue was created with.
+    TooManySge {
+        /// Entries in the request.
+        given: usize,
+        /// The queue's limit.
+        max: u32,
+    },
+    /// Inline data longer than the queue's inline limit.
+    InlineTooLong {
+        /// Bytes in the request.
+        given: usize,
+        /// The queue's limit.
+        max: u32,
+    },
+    /// The QP is in a state where this queue cannot be posted to.
+    WrongState(crate::QpState),
+    /// An atomic needs an 8-byte aligned remote address and one 8-byte local buffer.
+    BadAtomic,
+    /// The opcode is not valid for this QP type.
+    OpcodeNotSupported,
+}
+
+impl std::fmt::Display for WrReject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::QueueFull => write!(f, "queue full"),
+            Self::TooManySge { given, max } => {
+                write!(f, "{given} scatter/gather entries, queue allows {max}")
+            }
+            Self::InlineTooLong { given, max } => {
+                write!(f, "{given} bytes inline, queue allows {max}")
+            }
+            Self::WrongState(s) => write!(f, "QP is in state {s:?}"),
+            Self::BadAtomic => write!(
+                f,
+                "atomics need an 8-byte aligned remote address and one 8-byte local buffer"
+            ),
+            Self::OpcodeNotSupported => write!(f, "opcode not supported on this QP type"),
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A kernel refusal of `verb` with `errno`.
+    pub(crate) fn kernel(verb: Verb, errno: Errno) -> Self {
+        Self::Kernel { verb, errno }
+    }
+
+    pub(crate) fn malformed(verb: Verb, detail: impl Into<String>) -> Self {
+        Self::Malformed {
+            verb,
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn invalid(verb: Verb, detail: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            verb,
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// The errno, when the kernel refused a command.
+    pub fn errno(&self) -> Option<Errno> {
+        match self {
+            Self::Kernel { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+/// What an errno usually means for a given verb, to make errors actionable.
+fn hint(verb: Verb, errno: Errno) -> &'static str {
+    match (verb, errno) {
+        ("REG_MR", Errno::ENOMEM) | ("REG_MR", Errno::EPERM) => {
+            ": the region could not be pinned; RLIMIT_MEMLOCK (ulimit -l) is probably too low"
+        }
+        ("REG_MR", Errno::EFAULT) => ": the address range is not mapped in this process",
+        ("MODIFY_QP", Errno::EINVAL) => {
+            ": the attributes do not fit this state transition (wrong mask, state or value)"
+        }
+        ("MODIFY_QP", Errno::ETIMEDOUT) | ("MODIFY_QP", Errno::ENETUNREACH) => {
+            ": the destination GID could not be resolved on the chosen source GID"
+        }
+        ("POST_SEND", Errno::EINVAL) => ": the QP is not in RTS",
+        ("DESTROY_CQ", Errno::EBUSY) | ("DESTROY_PD", Errno::EBUSY) => {
+            ": objects that use it still exist; destroy those first"
+        }
+        (_, Errno::EOPNOTSUPP) => ": the device does not implement this",
+        (_, Errno::EACCES) => ": the device file was opened by another user",
+        _ => "",
+    }
+}

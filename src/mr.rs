@@ -1,0 +1,164 @@
+//! Memory regions.
+
+use crate::error::{Error, Result};
+use crate::pd::{Pd, PdInner};
+use crate::sys::abi::{self, RegMr, RegMrResp};
+use crate::sys::ioctl::object;
+use crate::wr::Sge;
+use memmap2::MmapMut;
+use std::sync::Arc;
+
+const METHOD_MR_DESTROY: u16 = 1;
+
+bitflags::bitflags! {
+    /// `enum ibv_access_flags` (the same values as the kernel's `IB_UVERBS_ACCESS_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct AccessFlags: u32 {
+        /// The local HCA may write (needed for receives, reads and atomics into it).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA-write into it.
+        const REMOTE_WRITE = 1 << 1;
+        /// Peers may RDMA-read from it.
+        const REMOTE_READ = 1 << 2;
+        /// Peers may run atomics on it.
+        const REMOTE_ATOMIC = 1 << 3;
+        /// Memory windows may be bound to it.
+        const MW_BIND = 1 << 4;
+    }
+}
+
+/// A registered memory region.
+///
+/// Either it owns its memory (from [`Pd::alloc_mr`], page aligned and zeroed) or it names
+/// memory the caller keeps alive (from the unsafe [`Pd::reg_mr`]).
+pub struct Mr {
+    pd: Arc<PdInner>,
+    handle: u32,
+    lkey: u32,
+    rkey: u32,
+    addr: *mut u8,
+    len: usize,
+    _owned: Option<MmapMut>,
+}
+
+// SAFETY: `addr` is only dereferenced through `&self`/`&mut self` methods that follow Rust's
+// borrowing rules; the region itself is plain memory with no thread affinity.
+unsafe impl Send for Mr {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for Mr {}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .finish()
+    }
+}
+
+impl Pd {
+    /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`.
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        let mut map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::io("mmap anonymous", e))?;
+        let addr = map.as_mut_ptr();
+        // SAFETY: `map` is kept in the returned `Mr`, so the region outlives the registration.
+        let mut mr = unsafe { self.reg_mr(addr, len, access) }?;
+        mr._owned = Some(map);
+        Ok(mr)
+    }
+
+    /// Registers `len` bytes at `addr` with `access`.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the returned `Mr` is dropped and every work request
+    /// using it has completed. With remote access enabled, peers may write it at any time:
+    /// the caller must not hold Rust references to bytes a peer may be writing.
+    pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
+        let req = RegMr {
+            response: 0,
+            start: addr as u64,
+            length: len as u64,
+            hca_va: addr as u64,
+            pd_handle: self.inner.handle,
+            access_flags: access.bits(),
+        };
+        // REG_MR only pins `start..start+length`; the kernel writes no user memory but the
+        // response.
+        let resp: RegMrResp = self.inner.ctx.write_cmd("REG_MR", abi::cmd::REG_MR, &req)?;
+        Ok(Mr {
+            pd: self.inner.clone(),
+            handle: resp.mr_handle,
+            lkey: resp.lkey,
+            rkey: resp.rkey,
+            addr,
+            len,
+            _owned: None,
+        })
+    }
+}
+
+impl Mr {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// Start address (also the address peers use in RDMA operations).
+    pub fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A scatter/gather entry for `len` bytes at `offset`, or `None` if out of bounds.
+    pub fn sge(&self, offset: usize, len: u32) -> Option<Sge> {
+        let end = offset.checked_add(len as usize)?;
+        (end <= self.len).then(|| Sge {
+            addr: self.addr as u64 + offset as u64,
+            length: len,
+            lkey: self.lkey,
+        })
+    }
+
+    /// The bytes. Peers with remote write access, and the device executing receives or reads
+    /// into this region, may change them: read only what completed work requests wrote.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `addr..addr+len` is mapped for the life of `self` (owned, or the caller's
+        // `reg_mr` contract).
+        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
+    }
+
+    /// The bytes, mutably (to fill send buffers).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` excludes other local references.
+        unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // Deregister before the owned mapping (a later field) is unmapped.
+        let _ = self.pd.ctx.destroy(
+            "DEREG_MR",
+            object::MR,
+            METHOD_MR_DESTROY,
+            self.handle,
+            &mut [],
+        );
+    }
+}

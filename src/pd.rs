@@ -1,0 +1,60 @@
+//! Protection domains.
+
+use crate::context::{Context, ContextInner};
+use crate::error::Result;
+use crate::sys::abi::{self, AllocPd, AllocPdResp};
+use crate::sys::ioctl::object;
+use std::sync::Arc;
+
+const METHOD_PD_DESTROY: u16 = 0;
+
+pub(crate) struct PdInner {
+    pub(crate) ctx: Arc<ContextInner>,
+    pub(crate) handle: u32,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // Nothing can still use the PD: every MR, QP and AH holds this `Arc`.
+        let _ = self.ctx.destroy(
+            "DESTROY_PD",
+            object::PD,
+            METHOD_PD_DESTROY,
+            self.handle,
+            &mut [],
+        );
+    }
+}
+
+/// A protection domain. Cheap to clone; the kernel object lives while any clone, MR or QP does.
+#[derive(Clone)]
+pub struct Pd {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+impl std::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pd")
+            .field("handle", &self.inner.handle)
+            .finish()
+    }
+}
+
+impl Pd {
+    pub(crate) fn new(ctx: &Context) -> Result<Self> {
+        let resp: AllocPdResp =
+            ctx.inner
+                .write_cmd("ALLOC_PD", abi::cmd::ALLOC_PD, &AllocPd::default())?;
+        Ok(Self {
+            inner: Arc::new(PdInner {
+                ctx: ctx.inner.clone(),
+                handle: resp.pd_handle,
+            }),
+        })
+    }
+
+    /// The kernel's handle.
+    pub fn handle(&self) -> u32 {
+        self.inner.handle
+    }
+}

@@ -1,0 +1,609 @@
+//! Queue pairs: creation, the state machine (modify/query) and posting.
+
+use crate::context::ContextInner;
+use crate::cq::{Cq, CqInner};
+use crate::error::{Error, Result, WrReject};
+use crate::mr::AccessFlags;
+use crate::pd::{Pd, PdInner};
+use crate::provider::{create_object, QpCreated, QpQueues, QpRequest};
+use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpCap, QpDest, QueryQp, QueryQpResp};
+use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
+use crate::wr::{RecvWr, SendWr};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use zerocopy::IntoBytes;
+
+const METHOD_QP_CREATE: u16 = 0;
+const METHOD_QP_DESTROY: u16 = 1;
+const CREATE_FLAG_SQ_SIG_ALL: u32 = 1 << 12;
+
+/// Transport type (`enum ibv_qp_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc = 2,
+    /// Unreliable connected.
+    Uc = 3,
+    /// Unreliable datagram.
+    Ud = 4,
+}
+
+/// QP state (`enum ibv_qp_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum QpState {
+    /// Just created, or reset.
+    Reset = 0,
+    /// Receives may be posted.
+    Init = 1,
+    /// Ready to receive.
+    Rtr = 2,
+    /// Ready to send.
+    Rts = 3,
+    /// Send queue drained.
+    Sqd = 4,
+    /// Send queue error.
+    Sqe = 5,
+    /// Error: outstanding work requests are flushed.
+    Err = 6,
+}
+
+impl QpState {
+    fn from_raw(v: u8) -> Result<Self> {
+        Ok(match v {
+            0 => Self::Reset,
+            1 => Self::Init,
+            2 => Self::Rtr,
+            3 => Self::Rts,
+            4 => Self::Sqd,
+            5 => Self::Sqe,
+            6 => Self::Err,
+            _ => return Err(Error::malformed("QUERY_QP", format!("QP state {v}"))),
+        })
+    }
+}
+
+/// Path MTU (`enum ibv_mtu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// From the verbs encoding (1..=5); `None` for anything else.
+    pub fn from_raw(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Mtu256,
+            2 => Self::Mtu512,
+            3 => Self::Mtu1024,
+            4 => Self::Mtu2048,
+            5 => Self::Mtu4096,
+            _ => return None,
+        })
+    }
+
+    /// Bytes.
+    pub fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+}
+
+/// The global routing header of an address (always present on RoCE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GlobalRoute {
+    /// Destination GID.
+    pub dgid: [u8; 16],
+    /// Index of the local GID to send from.
+    pub sgid_index: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Flow label.
+    pub flow_label: u32,
+}
+
+/// An address vector (`struct ibv_ah_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AhAttr {
+    /// Local port.
+    pub port_num: u8,
+    /// Destination LID (InfiniBand).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source path bits.
+    pub src_path_bits: u8,
+    /// Static rate.
+    pub static_rate: u8,
+    /// Global route; required on RoCE.
+    pub grh: Option<GlobalRoute>,
+}
+
+impl AhAttr {
+    fn to_abi(self) -> QpDest {
+        let grh = self.grh.unwrap_or_default();
+        QpDest {
+            dgid: grh.dgid,
+            flow_label: grh.flow_label,
+            dlid: self.dlid,
+            reserved: 0,
+            sgid_index: grh.sgid_index,
+            hop_limit: grh.hop_limit,
+            traffic_class: grh.traffic_class,
+            sl: self.sl,
+            src_path_bits: self.src_path_bits,
+            static_rate: self.static_rate,
+            is_global: u8::from(self.grh.is_some()),
+            port_num: self.port_num,
+        }
+    }
+
+    fn from_abi(d: &QpDest) -> Self {
+        Self {
+            port_num: d.port_num,
+            dlid: d.dlid,
+            sl: d.sl,
+            src_path_bits: d.src_path_bits,
+            static_rate: d.static_rate,
+            grh: (d.is_global != 0).then_some(GlobalRoute {
+                dgid: d.dgid,
+                sgid_index: d.sgid_index,
+                hop_limit: d.hop_limit,
+                traffic_class: d.traffic_class,
+                flow_label: d.flow_label,
+            }),
+        }
+    }
+}
+
+/// QP attributes for `modify`: each `Some` field is set, and sets its `IBV_QP_*` mask bit, so
+/// the mask can never disagree with the values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Next state.
+    pub state: Option<QpState>,
+    /// The state the caller believes the QP is in.
+    pub cur_state: Option<QpState>,
+    /// Ask for an async event when the SQ drains (SQD).
+    pub en_sqd_async_notify: Option<bool>,
+    /// Remote access the QP allows.
+    pub access: Option<AccessFlags>,
+    /// P_Key index.
+    pub pkey_index: Option<u16>,
+    /// Port.
+    pub port_num: Option<u8>,
+    /// Q_Key (UD).
+    pub qkey: Option<u32>,
+    /// Primary path address vector.
+    pub ah: Option<AhAttr>,
+    /// Path MTU.
+    pub path_mtu: Option<Mtu>,
+    /// Local ack timeout (4.096 µs × 2^timeout).
+    pub timeout: Option<u8>,
+    /// Transport retries.
+    pub retry_cnt: Option<u8>,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: Option<u8>,
+    /// Receive PSN.
+    pub rq_psn: Option<u32>,
+    /// Outstanding RDMA reads/atomics as initiator.
+    pub max_rd_atomic: Option<u8>,
+    /// Minimum RNR NAK timer.
+    pub min_rnr_timer: Option<u8>,
+    /// Send PSN.
+    pub sq_psn: Option<u32>,
+    /// Outstanding RDMA reads/atomics as target.
+    pub max_dest_rd_atomic: Option<u8>,
+    /// Destination QP number.
+    pub dest_qpn: Option<u32>,
+}
+
+/// `enum ibv_qp_attr_mask` bits.
+mod mask {
+    pub const STATE: u32 = 1;
+    pub const CUR_STATE: u32 = 1 << 1;
+    pub const EN_SQD_ASYNC_NOTIFY: u32 = 1 << 2;
+    pub const ACCESS_FLAGS: u32 = 1 << 3;
+    pub const PKEY_INDEX: u32 = 1 << 4;
+    pub const PORT: u32 = 1 << 5;
+    pub const QKEY: u32 = 1 << 6;
+    pub const AV: u32 = 1 << 7;
+    pub const PATH_MTU: u32 = 1 << 8;
+    pub const TIMEOUT: u32 = 1 << 9;
+    pub const RETRY_CNT: u32 = 1 << 10;
+    pub const RNR_RETRY: u32 = 1 << 11;
+    pub const RQ_PSN: u32 = 1 << 12;
+    pub const MAX_QP_RD_ATOMIC: u32 = 1 << 13;
+    pub const MIN_RNR_TIMER: u32 = 1 << 15;
+    pub const SQ_PSN: u32 = 1 << 16;
+    pub const MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
+    pub const DEST_QPN: u32 = 1 << 20;
+    /// Everything QUERY_QP can report.
+    pub const ALL: u32 = (1 << 21) - 1;
+}
+
+impl QpAttr {
+    fn to_abi(&self, qp_handle: u32) -> ModifyQp {
+        let mut m = ModifyQp {
+            qp_handle,
+            ..Default::default()
+        };
+        let mut set = |bit: u32, present: bool| {
+            if present {
+                m.attr_mask |= bit;
+            }
+        };
+        set(mask::STATE, self.state.is_some());
+        set(mask::CUR_STATE, self.cur_state.is_some());
+        set(
+            mask::EN_SQD_ASYNC_NOTIFY,
+            self.en_sqd_async_notify.is_some(),
+        );
+        set(mask::ACCESS_FLAGS, self.access.is_some());
+        set(mask::PKEY_INDEX, self.pkey_index.is_some());
+        set(mask::PORT, self.port_num.is_some());
+        set(mask::QKEY, self.qkey.is_some());
+        set(mask::AV, self.ah.is_some());
+        set(mask::PATH_MTU, self.path_mtu.is_some());
+        set(mask::TIMEOUT, self.timeout.is_some());
+        set(mask::RETRY_CNT, self.retry_cnt.is_some());
+        set(mask::RNR_RETRY, self.rnr_retry.is_some());
+        set(mask::RQ_PSN, self.rq_psn.is_some());
+        set(mask::MAX_QP_RD_ATOMIC, self.max_rd_atomic.is_some());
+        set(mask::MIN_RNR_TIMER, self.min_rnr_timer.is_some());
+        set(mask::SQ_PSN, self.sq_psn.is_some());
+        set(mask::MAX_DEST_RD_ATOMIC, self.max_dest_rd_atomic.is_some());
+        set(mask::DEST_QPN, self.dest_qpn.is_some());
+        m.qp_state = self.state.map_or(0, |s| s as u8);
+        m.cur_qp_state = self.cur_state.map_or(0, |s| s as u8);
+        m.en_sqd_async_notify = self.en_sqd_async_notify.map_or(0, u8::from);
+        m.qp_access_flags = self.access.map_or(0, |a| a.bits());
+        m.pkey_index = self.pkey_index.unwrap_or(0);
+        m.port_num = self.port_num.unwrap_or(0);
+        m.qkey = self.qkey.unwrap_or(0);
+        m.dest = self.ah.map(AhAttr::to_abi).unwrap_or_default();
+        m.path_mtu = self.path_mtu.map_or(0, |v| v as u8);
+        m.timeout = self.timeout.unwrap_or(0);
+        m.retry_cnt = self.retry_cnt.unwrap_or(0);
+        m.rnr_retry = self.rnr_retry.unwrap_or(0);
+        m.rq_psn = self.rq_psn.unwrap_or(0);
+        m.max_rd_atomic = self.max_rd_atomic.unwrap_or(0);
+        m.min_rnr_timer = self.min_rnr_timer.unwrap_or(0);
+        m.sq_psn = self.sq_psn.unwrap_or(0);
+        m.max_dest_rd_atomic = self.max_dest_rd_atomic.unwrap_or(0);
+        m.dest_qp_num = self.dest_qpn.unwrap_or(0);
+        m
+    }
+}
+
+/// What QUERY_QP reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpInfo {
+    /// Every attribute, all `Some`.
+    pub attr: QpAttr,
+    /// Queue capabilities.
+    pub cap: QpCap,
+    /// Whether every send is signaled.
+    pub sq_sig_all: bool,
+    /// Whether the send queue is draining (SQD).
+    pub sq_draining: bool,
+}
+
+/// How to create a QP.
+#[derive(Debug, Clone, Copy)]
+pub struct QpInit<'a> {
+    /// Transport.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: &'a Cq,
+    /// CQ for receive completions.
+    pub recv_cq: &'a Cq,
+    /// Queue sizes; the kernel may grant more.
+    pub cap: QpCap,
+    /// Signal every send, whatever its flags.
+    pub sq_sig_all: bool,
+}
+
+impl<'a> QpInit<'a> {
+    /// A QP of `qp_type` on these CQs with modest default queue sizes.
+    pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq) -> Self {
+        Self {
+            qp_type,
+            send_cq,
+            recv_cq,
+            cap: QpCap {
+                max_send_wr: 128,
+                max_recv_wr: 128,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// A queue pair.
+pub struct Qp {
+    queues: Box<dyn QpQueues>,
+    handle: u32,
+    qpn: u32,
+    qp_type: QpType,
+    cap: QpCap,
+    state: QpState,
+    // Dropped after `queues` is released by `Drop`; kept alive so the kernel objects the QP
+    // uses outlive it.
+    pd: Arc<PdInner>,
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("type", &self.qp_type)
+            .field("state", &self.state)
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl Pd {
+    /// Creates a QP in this PD.
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp> {
+        Qp::new(self, init)
+    }
+}
+
+impl Qp {
+    fn new(pd: &Pd, init: &QpInit<'_>) -> Result<Self> {
+        let ctx = &pd.inner.ctx;
+        let same_ctx = |cq: &Cq| Arc::ptr_eq(&cq.inner.ctx, ctx);
+        if !same_ctx(init.send_cq) || !same_ctx(init.recv_cq) {
+            return Err(Error::invalid(
+                "CREATE_QP",
+                "CQs and PD belong to different contexts",
+            ));
+        }
+        let request = QpRequest {
+            qp_type: init.qp_type,
+            cap: init.cap,
+            has_srq: false,
+        };
+        let (created, queues) = create_object(
+            "CREATE_QP",
+            |kernel| ctx.provider.create_qp(&request, kernel),
+            |drv_in, drv_out| {
+                let mut cap = QpCap::default();
+                let mut qpn = 0u32;
+                let user_handle = 0u64;
+                let flags = if init.sq_sig_all {
+                    CREATE_FLAG_SQ_SIG_ALL
+                } else {
+                    0
+                };
+                let qp_type = init.qp_type as u64;
+                let mut call = ctx.ioctl(object::QP, METHOD_QP_CREATE);
+                let handle = call.new_handle(0);
+                call.handle(2, pd.inner.handle)
+                    .handle(4, init.send_cq.inner.handle)
+                    .handle(5, init.recv_cq.inner.handle)
+                    .input(7, &user_handle)
+                    .input(8, &init.cap)
+                    .input(9, &qp_type)
+                    .input(10, &flags)
+                    .fd(12, ctx.async_fd.as_raw_fd())
+                    .output(13, cap.as_mut_bytes())
+                    .output(14, qpn.as_mut_bytes());
+                if !drv_in.is_empty() {
+                    call.input(UHW_IN, drv_in);
+                }
+                if !drv_out.is_empty() {
+                    call.output(UHW_OUT, drv_out);
+                }
+                let done = call.execute(ctx.fd(), "CREATE_QP")?;
+                Ok(QpCreated {
+                    handle: done.handle(handle),
+                    qpn,
+                    cap,
+                })
+            },
+            |c| destroy_qp(ctx, c.handle),
+        )?;
+        Ok(Self {
+            queues,
+            handle: created.handle,
+            qpn: created.qpn,
+            qp_type: init.qp_type,
+            cap: created.cap,
+            state: QpState::Reset,
+            pd: pd.inner.clone(),
+            _send_cq: init.send_cq.inner.clone(),
+            _recv_cq: init.recv_cq.inner.clone(),
+        })
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The transport.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// Capabilities the kernel granted.
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// The state as of the last `modify` or `query` (the device may since have moved it to
+    /// an error state).
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Changes attributes and/or state (MODIFY_QP).
+    pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        let req = attr.to_abi(self.handle);
+        let () = self
+            .ctx()
+            .write_cmd("MODIFY_QP", abi::cmd::MODIFY_QP, &req)?;
+        if let Some(state) = attr.state {
+            self.state = state;
+        }
+        Ok(())
+    }
+
+    /// Reads back every attribute (QUERY_QP).
+    pub fn query(&mut self) -> Result<QpInfo> {
+        let req = QueryQp {
+            response: 0,
+            qp_handle: self.handle,
+            attr_mask: mask::ALL,
+        };
+        let r: QueryQpResp = self.ctx().write_cmd("QUERY_QP", abi::cmd::QUERY_QP, &req)?;
+        let state = QpState::from_raw(r.qp_state)?;
+        self.state = state;
+        let info = QpInfo {
+            attr: QpAttr {
+                state: Some(state),
+                cur_state: Some(QpState::from_raw(r.cur_qp_state)?),
+                en_sqd_async_notify: None,
+                access: Some(AccessFlags::from_bits_retain(r.qp_access_flags)),
+                pkey_index: Some(r.pkey_index),
+                port_num: Some(r.port_num),
+                qkey: Some(r.qkey),
+                ah: Some(AhAttr::from_abi(&r.dest)),
+                path_mtu: Mtu::from_raw(r.path_mtu),
+                timeout: Some(r.timeout),
+                retry_cnt: Some(r.retry_cnt),
+                rnr_retry: Some(r.rnr_retry),
+                rq_psn: Some(r.rq_psn),
+                max_rd_atomic: Some(r.max_rd_atomic),
+                min_rnr_timer: Some(r.min_rnr_timer),
+                sq_psn: Some(r.sq_psn),
+                max_dest_rd_atomic: Some(r.max_dest_rd_atomic),
+                dest_qpn: Some(r.dest_qp_num),
+            },
+            cap: r.cap,
+            sq_sig_all: r.sq_sig_all != 0,
+            sq_draining: r.sq_draining != 0,
+        };
+        Ok(info)
+    }
+
+    /// RESET → INIT for a connected QP: port, P_Key index 0 and remote `access`.
+    pub fn to_init(&mut self, port_num: u8, access: AccessFlags) -> Result<()> {
+        self.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(port_num),
+            access: Some(access),
+            ..Default::default()
+        })
+    }
+
+    /// INIT → RTR for a connected QP, towards `dest_qpn` at `ah`.
+    pub fn to_rtr(&mut self, ah: AhAttr, dest_qpn: u32, rq_psn: u32, mtu: Mtu) -> Result<()> {
+        let rc = self.qp_type == QpType::Rc;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rtr),
+            ah: Some(ah),
+            path_mtu: Some(mtu),
+            dest_qpn: Some(dest_qpn),
+            rq_psn: Some(rq_psn),
+            max_dest_rd_atomic: rc.then_some(16),
+            min_rnr_timer: rc.then_some(12),
+            ..Default::default()
+        })
+    }
+
+    /// RTR → RTS for a connected QP.
+    pub fn to_rts(&mut self, sq_psn: u32) -> Result<()> {
+        let rc = self.qp_type == QpType::Rc;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(sq_psn),
+            timeout: rc.then_some(14),
+            retry_cnt: rc.then_some(7),
+            rnr_retry: rc.then_some(7),
+            max_rd_atomic: rc.then_some(16),
+            ..Default::default()
+        })
+    }
+
+    /// Posts `wrs` to the send queue with one doorbell.
+    ///
+    /// On success every request was queued. On [`Error::WorkRequest`] the requests before its
+    /// `index` were queued and this one and the rest were not; nothing is lost silently.
+    ///
+    /// # Safety
+    /// Until each request completes (or the QP is destroyed), the memory its scatter/gather
+    /// entries name must stay valid, and memory the device writes (RDMA read and atomic
+    /// targets) must not be accessed. Inline requests' buffers are copied before return.
+    pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if self.state < QpState::Rts {
+            return Err(Error::WorkRequest {
+                verb: "post_send",
+                index: 0,
+                reason: WrReject::WrongState(self.state),
+            });
+        }
+        // SAFETY: forwarded caller contract.
+        unsafe { self.queues.post_send(wrs) }
+    }
+
+    /// Posts `wrs` to the receive queue (no system call).
+    ///
+    /// # Safety
+    /// Until each request completes (or the QP is destroyed), the buffers it names must stay
+    /// valid and must not be accessed: the device writes incoming data into them.
+    pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.state == QpState::Reset {
+            return Err(Error::WorkRequest {
+                verb: "post_recv",
+                index: 0,
+                reason: WrReject::WrongState(self.state),
+            });
+        }
+        // SAFETY: forwarded caller contract.
+        unsafe { self.queues.post_recv(wrs) }
+    }
+
+    fn ctx(&self) -> &ContextInner {
+        &self.pd.ctx
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // Kernel destroy first; `queues` (the ring mappings) drop after this body.
+        destroy_qp(&self.pd.ctx, self.handle);
+    }
+}
+
+fn destroy_qp(ctx: &Arc<ContextInner>, handle: u32) {
+    let mut resp = DestroyQpResp::default();
+    let _ = ctx.destroy(
+        "DESTROY_QP",
+        object::QP,
+        METHOD_QP_DESTROY,
+        handle,
+        resp.as_mut_bytes(),
+    );
+}

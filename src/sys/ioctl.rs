@@ -1,0 +1,199 @@
+//! The `RDMA_VERBS_IOCTL` interface: one header naming an object and method, followed by an
+//! array of typed attributes (`include/uapi/rdma/rdma_user_ioctl_cmds.h`).
+
+use super::assert_layout;
+use crate::error::{Error, Result, Verb};
+use nix::errno::Errno;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// `_IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)`.
+const RDMA_VERBS_IOCTL: u64 = 0xc018_1b01;
+/// `UVERBS_ATTR_F_MANDATORY`: the kernel must understand the attribute or fail.
+const ATTR_F_MANDATORY: u16 = 1;
+/// Most attributes any method this crate calls takes.
+const MAX_ATTRS: usize = 16;
+
+/// Object ids (`enum uverbs_default_objects`).
+pub mod object {
+    pub const DEVICE: u16 = 0;
+    pub const PD: u16 = 1;
+    pub const CQ: u16 = 3;
+    pub const QP: u16 = 4;
+    pub const MR: u16 = 7;
+    pub const ASYNC_EVENT: u16 = 16;
+}
+
+/// Attribute ids in the driver namespace carrying vendor request and response bytes.
+pub const UHW_IN: u16 = 0x1000;
+/// See [`UHW_IN`].
+pub const UHW_OUT: u16 = 0x1001;
+
+/// `struct ib_uverbs_ioctl_hdr`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+struct IoctlHdr {
+    length: u16,
+    object_id: u16,
+    method_id: u16,
+    num_attrs: u16,
+    reserved1: u64,
+    driver_id: u32,
+    reserved2: u32,
+}
+assert_layout!(IoctlHdr, size 24, num_attrs @ 6, driver_id @ 16);
+
+/// `struct ib_uverbs_attr`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+struct Attr {
+    attr_id: u16,
+    len: u16,
+    flags: u16,
+    /// `enum_data.elem_id` in the low byte for enum attributes, else 0.
+    attr_data: u16,
+    data: u64,
+}
+assert_layout!(Attr, size 16, data @ 8);
+
+/// The header and attributes, contiguous as the kernel reads them.
+#[repr(C)]
+struct Buf {
+    hdr: IoctlHdr,
+    attrs: [Attr; MAX_ATTRS],
+}
+
+/// The position of an attribute whose `data` the kernel fills in (a new object's handle, a new
+/// fd).
+#[derive(Debug, Clone, Copy)]
+pub struct Slot(usize);
+
+/// One method call being built. Buffers lent to it stay borrowed until it is executed.
+pub struct Ioctl<'a> {
+    buf: Buf,
+    _lent: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Ioctl<'a> {
+    /// Starts a call of `method` on `object` of a device whose driver has `driver_id` (the
+    /// kernel refuses calls naming another driver).
+    pub fn new(driver_id: u32, object: u16, method: u16) -> Self {
+        Self {
+            buf: Buf {
+                hdr: IoctlHdr {
+                    object_id: object,
+                    method_id: method,
+                    driver_id,
+                    ..Default::default()
+                },
+                attrs: [Attr::default(); MAX_ATTRS],
+            },
+            _lent: PhantomData,
+        }
+    }
+
+    fn push(&mut self, attr_id: u16, len: usize, data: u64) -> Slot {
+        let n = usize::from(self.buf.hdr.num_attrs);
+        // The attribute lists are fixed in this crate's code; overflowing is a bug here.
+        assert!(n < MAX_ATTRS, "too many ioctl attributes");
+        self.buf.attrs[n] = Attr {
+            attr_id,
+            len: len as u16,
+            flags: ATTR_F_MANDATORY,
+            attr_data: 0,
+            data,
+        };
+        self.buf.hdr.num_attrs += 1;
+        Slot(n)
+    }
+
+    /// An existing object's handle (IDR read, write or destroy access).
+    pub fn handle(&mut self, attr_id: u16, handle: u32) -> &mut Self {
+        self.push(attr_id, 0, u64::from(handle));
+        self
+    }
+
+    /// A new object, whose handle the kernel writes back.
+    pub fn new_handle(&mut self, attr_id: u16) -> Slot {
+        self.push(attr_id, 0, 0)
+    }
+
+    /// An fd the method reads.
+    pub fn fd(&mut self, attr_id: u16, fd: RawFd) -> &mut Self {
+        self.push(attr_id, 0, fd as u64);
+        self
+    }
+
+    /// A new fd the kernel creates and writes back.
+    pub fn new_fd(&mut self, attr_id: u16) -> Slot {
+        self.push(attr_id, 0, 0)
+    }
+
+    /// A value the method reads. Values up to 8 bytes travel inline, as the ABI requires.
+    /// `CONST_IN` attributes (enum-typed constants) must be passed as `u64`.
+    pub fn input<T: IntoBytes + Immutable + ?Sized>(
+        &mut self,
+        attr_id: u16,
+        value: &'a T,
+    ) -> &mut Self {
+        let bytes = value.as_bytes();
+        let data = if bytes.len() <= 8 {
+            let mut inline = [0u8; 8];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            u64::from_ne_bytes(inline)
+        } else {
+            bytes.as_ptr() as u64
+        };
+        self.push(attr_id, bytes.len(), data);
+        self
+    }
+
+    /// A buffer the kernel writes the method's output into.
+    pub fn output(&mut self, attr_id: u16, buf: &'a mut [u8]) -> &mut Self {
+        self.push(attr_id, buf.len(), buf.as_mut_ptr() as u64);
+        self
+    }
+
+    /// Runs the call.
+    pub fn execute(mut self, fd: BorrowedFd<'_>, verb: Verb) -> Result<Done> {
+        self.try_execute(fd).map_err(|e| Error::kernel(verb, e))
+    }
+
+    /// Runs the call and returns the bare errno on failure (for probing).
+    pub fn try_execute(&mut self, fd: BorrowedFd<'_>) -> Result<Done, Errno> {
+        let n = usize::from(self.buf.hdr.num_attrs);
+        self.buf.hdr.length = (size_of::<IoctlHdr>() + n * size_of::<Attr>()) as u16;
+        // SAFETY: `buf` is a valid header followed by `num_attrs` attributes, `length` bytes
+        // in all. Every pointer in an attribute names a buffer borrowed for `'a` (by
+        // `input`/`output`), so it is live and of the declared `len` for the whole call.
+        let rc = unsafe {
+            nix::libc::ioctl(
+                fd.as_raw_fd(),
+                RDMA_VERBS_IOCTL as _,
+                std::ptr::addr_of_mut!(self.buf),
+            )
+        };
+        Errno::result(rc)?;
+        Ok(Done {
+            data: std::array::from_fn(|i| self.buf.attrs[i].data),
+        })
+    }
+}
+
+/// The result of a successful call: what the kernel wrote into attribute `data` fields.
+pub struct Done {
+    data: [u64; MAX_ATTRS],
+}
+
+impl Done {
+    /// The handle of a new object.
+    pub fn handle(&self, slot: Slot) -> u32 {
+        self.data[slot.0] as u32
+    }
+
+    /// A new fd.
+    pub fn fd(&self, slot: Slot) -> RawFd {
+        self.data[slot.0] as RawFd
+    }
+}

@@ -1,0 +1,22 @@
+//! The small unsafe backend: the kernel's uverbs ABI as `#[repr(C)]` structs, and the two ways
+//! of sending it commands (framed `write()` and the `RDMA_VERBS_IOCTL` attribute ioctl).
+//!
+//! Everything above this module is safe code over these primitives.
+
+pub mod abi;
+pub mod cmd;
+pub mod ioctl;
+
+/// Asserts at compile time that an ABI struct has the kernel's size and field offsets.
+macro_rules! assert_layout {
+    ($t:ty, size $size:expr $(, $field:ident @ $off:expr)* $(,)?) => {
+        const _: () = {
+            assert!(::core::mem::size_of::<$t>() == $size, concat!("size of ", stringify!($t)));
+            $(assert!(
+                ::core::mem::offset_of!($t, $field) == $off,
+                concat!("offset of ", stringify!($t), ".", stringify!($field))
+            );)*
+        };
+    };
+}
+pub(crate) use assert_layout;

@@ -1,0 +1,164 @@
+//! Work completions, layout-identical to C `struct ibv_wc`.
+
+use crate::sys::assert_layout;
+use std::fmt;
+
+/// Defines a transparent `u32` newtype with named constants and a `Debug` that prints the name
+/// (or the raw number for values the kernel may add later). Any bit pattern is valid, so a
+/// completion written by the kernel can never be undefined behaviour.
+macro_rules! open_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $val:expr,)* }) => {
+        $(#[$m])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+        pub struct $name(pub u32);
+        impl $name {
+            $($(#[$vm])* #[doc = concat!("`", stringify!($var), "`")] pub const $var: Self = Self($val);)*
+            /// The verbs.h name, if this value has one.
+            pub fn name(self) -> Option<&'static str> {
+                match self.0 { $($val => Some(stringify!($var)),)* _ => None }
+            }
+        }
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.name() {
+                    Some(n) => f.write_str(n),
+                    None => write!(f, "{}({})", stringify!($name), self.0),
+                }
+            }
+        }
+    };
+}
+
+open_enum! {
+    /// `enum ibv_wc_status`.
+    WcStatus {
+        SUCCESS = 0, LOC_LEN_ERR = 1, LOC_QP_OP_ERR = 2, LOC_EEC_OP_ERR = 3, LOC_PROT_ERR = 4,
+        WR_FLUSH_ERR = 5, MW_BIND_ERR = 6, BAD_RESP_ERR = 7, LOC_ACCESS_ERR = 8,
+        REM_INV_REQ_ERR = 9, REM_ACCESS_ERR = 10, REM_OP_ERR = 11, RETRY_EXC_ERR = 12,
+        RNR_RETRY_EXC_ERR = 13, LOC_RDD_VIOL_ERR = 14, REM_INV_RD_REQ_ERR = 15,
+        REM_ABORT_ERR = 16, INV_EECN_ERR = 17, INV_EEC_STATE_ERR = 18, FATAL_ERR = 19,
+        RESP_TIMEOUT_ERR = 20, GENERAL_ERR = 21,
+    }
+}
+
+open_enum! {
+    /// `enum ibv_wc_opcode`.
+    WcOpcode {
+        SEND = 0, RDMA_WRITE = 1, RDMA_READ = 2, COMP_SWAP = 3, FETCH_ADD = 4, BIND_MW = 5,
+        LOCAL_INV = 6, TSO = 7, RECV = 128, RECV_RDMA_WITH_IMM = 129,
+    }
+}
+
+bitflags::bitflags! {
+    /// `enum ibv_wc_flags`, as the kernel writes them (rxe copies its own bit values; see the
+    /// README's notes on bit 2).
+    #[repr(transparent)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct WcFlags: u32 {
+        /// A GRH is present at the head of the receive buffer.
+        const GRH = 1;
+        /// `imm_data` is valid.
+        const WITH_IMM = 1 << 1;
+        /// `IBV_WC_IP_CSUM_OK` (rxe's kernel writes this bit for SEND_WITH_INV receives).
+        const IP_CSUM_OK = 1 << 2;
+        /// `invalidated_rkey` is valid.
+        const WITH_INV = 1 << 3;
+        const _ = !0;
+    }
+}
+
+/// One work completion: the same 48 bytes, offsets and values as C `struct ibv_wc`, so a slice
+/// of these can be handed to C code expecting `struct ibv_wc *`.
+///
+/// When `status` is not [`WcStatus::SUCCESS`] only `wr_id`, `status`, `qp_num` and
+/// `vendor_err` are meaningful (`ibv_poll_cq(3)`).
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// Vendor error syndrome.
+    pub vendor_err: u32,
+    /// Bytes transferred (receives: bytes received, including a UD GRH).
+    pub byte_len: u32,
+    /// Immediate data, in network byte order (`__be32` in C); or the invalidated rkey.
+    pub imm_data: u32,
+    /// Local QP number.
+    pub qp_num: u32,
+    /// Remote QP number (UD).
+    pub src_qp: u32,
+    /// Flags.
+    pub wc_flags: WcFlags,
+    /// P_Key index (GSI only).
+    pub pkey_index: u16,
+    /// Source LID (InfiniBand only).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Destination LID path bits.
+    pub dlid_path_bits: u8,
+    // The kernel's `ib_uverbs_wc` puts `port_num` and a reserved byte here; C's `ibv_wc` has
+    // padding. Kept so the whole 48 bytes copy as one.
+    _tail: [u8; 2],
+}
+assert_layout!(WorkCompletion, size 48, wr_id @ 0, status @ 8, opcode @ 12, vendor_err @ 16,
+    byte_len @ 20, imm_data @ 24, qp_num @ 28, src_qp @ 32, wc_flags @ 36, pkey_index @ 40,
+    slid @ 42, sl @ 44, dlid_path_bits @ 45);
+
+impl WorkCompletion {
+    /// Whether the work request succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == WcStatus::SUCCESS
+    }
+
+    /// The immediate data in host byte order, when the completion carries one.
+    pub fn imm(&self) -> Option<u32> {
+        self.wc_flags
+            .contains(WcFlags::WITH_IMM)
+            .then(|| u32::from_be(self.imm_data))
+    }
+}
+
+impl fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkCompletion")
+            .field("wr_id", &self.wr_id)
+            .field("status", &self.status)
+            .field("opcode", &self.opcode)
+            .field("vendor_err", &self.vendor_err)
+            .field("byte_len", &self.byte_len)
+            .field("imm_data", &format_args!("{:#x}", self.imm_data))
+            .field("qp_num", &self.qp_num)
+            .field("src_qp", &self.src_qp)
+            .field("wc_flags", &self.wc_flags)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_values_print_as_numbers() {
+        assert_eq!(format!("{:?}", WcStatus::REM_ACCESS_ERR), "REM_ACCESS_ERR");
+        assert_eq!(format!("{:?}", WcStatus(77)), "WcStatus(77)");
+        assert_eq!(format!("{:?}", WcOpcode(129)), "RECV_RDMA_WITH_IMM");
+    }
+
+    #[test]
+    fn imm_is_host_order_only_with_flag() {
+        let mut wc = WorkCompletion {
+            imm_data: 0x1234_5678u32.to_be(),
+            ..Default::default()
+        };
+        assert_eq!(wc.imm(), None);
+        wc.wc_flags = WcFlags::WITH_IMM | WcFlags::GRH;
+        assert_eq!(wc.imm(), Some(0x1234_5678));
+    }
+}

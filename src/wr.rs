@@ -1,0 +1,155 @@
+//! Work requests: what `post_send` and `post_recv` take.
+
+use crate::sys::assert_layout;
+
+/// One scatter/gather entry: the same layout as C `struct ibv_sge`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address, inside the memory region named by `lkey`.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region.
+    pub lkey: u32,
+}
+assert_layout!(Sge, size 16, addr @ 0, length @ 8, lkey @ 12);
+
+bitflags::bitflags! {
+    /// `enum ibv_send_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for earlier RDMA reads and atomics before starting.
+        const FENCE = 1;
+        /// Generate a completion for this request.
+        const SIGNALED = 1 << 1;
+        /// Set the solicited-event bit.
+        const SOLICITED = 1 << 2;
+        /// Copy the payload into the work queue entry now; the buffers need no lkey and may
+        /// be reused as soon as `post_send` returns.
+        const INLINE = 1 << 3;
+    }
+}
+
+/// Where a one-sided operation lands in the peer's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    /// Virtual address in the peer's memory region.
+    pub addr: u64,
+    /// The peer's remote key for it.
+    pub rkey: u32,
+}
+
+/// What a send work request does. Immediate data is in network byte order, as in C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// Two-sided send.
+    Send,
+    /// Send with 32 bits of immediate data.
+    SendWithImm {
+        /// Network byte order.
+        imm_data: u32,
+    },
+    /// One-sided write.
+    RdmaWrite(Remote),
+    /// One-sided write that also consumes a receive at the peer and delivers immediate data.
+    RdmaWriteWithImm(Remote, u32),
+    /// One-sided read into the local buffers.
+    RdmaRead(Remote),
+    /// 64-bit compare-and-swap; the old value lands in the one 8-byte local buffer.
+    CompareSwap {
+        /// Target (8-byte aligned).
+        remote: Remote,
+        /// Value expected.
+        compare: u64,
+        /// Value stored if it matched.
+        swap: u64,
+    },
+    /// 64-bit fetch-and-add; the old value lands in the one 8-byte local buffer.
+    FetchAdd {
+        /// Target (8-byte aligned).
+        remote: Remote,
+        /// Value added.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The `enum ibv_wr_opcode` value.
+    pub fn wr_opcode(&self) -> u32 {
+        match self {
+            Self::RdmaWrite(_) => 0,
+            Self::RdmaWriteWithImm(..) => 1,
+            Self::Send => 2,
+            Self::SendWithImm { .. } => 3,
+            Self::RdmaRead(_) => 4,
+            Self::CompareSwap { .. } => 5,
+            Self::FetchAdd { .. } => 6,
+        }
+    }
+
+    /// Immediate data (network order), when the operation carries one.
+    pub fn imm_data(&self) -> Option<u32> {
+        match *self {
+            Self::SendWithImm { imm_data } | Self::RdmaWriteWithImm(_, imm_data) => Some(imm_data),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an atomic operation.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, Self::CompareSwap { .. } | Self::FetchAdd { .. })
+    }
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local buffers (gathered for sends and writes, scattered into for reads and atomics).
+    pub sg_list: &'a [Sge],
+    /// Flags.
+    pub flags: SendFlags,
+}
+
+impl<'a> SendWr<'a> {
+    /// A request of `op` over `sg_list`, signaled.
+    pub fn new(wr_id: u64, op: SendOp, sg_list: &'a [Sge]) -> Self {
+        Self {
+            wr_id,
+            op,
+            sg_list,
+            flags: SendFlags::SIGNALED,
+        }
+    }
+
+    /// Replaces the flags.
+    pub fn flags(mut self, flags: SendFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// Total bytes named by the scatter/gather list.
+    pub fn total_len(&self) -> u64 {
+        self.sg_list.iter().map(|s| u64::from(s.length)).sum()
+    }
+}
+
+/// A receive-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Buffers the incoming message is scattered into.
+    pub sg_list: &'a [Sge],
+}
+
+impl<'a> RecvWr<'a> {
+    /// A receive into `sg_list`.
+    pub fn new(wr_id: u64, sg_list: &'a [Sge]) -> Self {
+        Self { wr_id, sg_list }
+    }
+}

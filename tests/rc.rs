@@ -1,0 +1,422 @@
+//! RC data path on a real device: sends with exact accounting, immediate data, RDMA write and
+//! read, error completions, inline sends, poll sizes, and teardown in any order.
+
+mod common;
+
+use common::*;
+use std::collections::HashSet;
+use uverbs::*;
+
+const MSG: usize = 64;
+
+fn fill(buf: &mut [u8], seq: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (seq as u8).wrapping_mul(31).wrapping_add(i as u8);
+    }
+    buf[..8].copy_from_slice(&seq.to_le_bytes());
+}
+
+fn check(buf: &[u8], seq: u64) {
+    let mut want = vec![0u8; buf.len()];
+    fill(&mut want, seq);
+    assert_eq!(buf, &want[..], "payload of message {seq}");
+}
+
+#[test]
+fn hundred_thousand_sends_complete_exactly_once() {
+    const TOTAL: u64 = 100_000;
+    const WINDOW: u64 = 64;
+    const RECV_DEPTH: u64 = 128;
+    let mut p = Pair::new();
+    let (a_qpn, b_qpn) = (p.a.qp.qpn(), p.b.qp.qpn());
+    let recv_base = 512 * 1024;
+
+    // Receive slots on B: slot i at recv_base + i*MSG, wr_id = sequence number.
+    let mut next_recv = 0u64;
+    let post_recv = |b: &mut End, seq: u64| {
+        let sge =
+            b.mr.sge(recv_base + (seq % RECV_DEPTH) as usize * MSG, MSG as u32)
+                .unwrap();
+        // SAFETY: the slot is not touched until its completion is polled.
+        unsafe { b.qp.post_recv(&[RecvWr::new(seq, &[sge])]) }.expect("post_recv");
+    };
+    while next_recv < RECV_DEPTH {
+        post_recv(&mut p.b, next_recv);
+        next_recv += 1;
+    }
+
+    let (mut sent, mut send_done, mut recv_done) = (0u64, 0u64, 0u64);
+    let mut seen_send = HashSet::new();
+    let mut wc = [WorkCompletion::default(); 32];
+    let start = std::time::Instant::now();
+    while recv_done < TOTAL || send_done < TOTAL {
+        // Keep WINDOW sends in flight, never more than the receives posted.
+        while sent < TOTAL && sent - send_done < WINDOW && sent < recv_done + RECV_DEPTH {
+            let off = (sent % WINDOW) as usize * MSG;
+            fill(&mut p.a.mr.as_mut_slice()[off..off + MSG], sent);
+            let sge = p.a.mr.sge(off, MSG as u32).unwrap();
+            // SAFETY: the slot is rewritten only after this send's completion.
+            unsafe { p.a.qp.post_send(&[SendWr::new(sent, SendOp::Send, &[sge])]) }
+                .expect("post_send");
+            sent += 1;
+        }
+        let n = p.a.cq.poll(&mut wc);
+        for c in &wc[..n] {
+            assert_eq!(
+                (c.status, c.opcode),
+                (WcStatus::SUCCESS, WcOpcode::SEND),
+                "{c:?}"
+            );
+            assert_eq!((c.qp_num, c.byte_len as usize), (a_qpn, MSG), "{c:?}");
+            assert_eq!(c.wr_id, send_done, "send completions arrive in order");
+            assert!(
+                seen_send.insert(c.wr_id),
+                "send {} completed twice",
+                c.wr_id
+            );
+            send_done += 1;
+        }
+        let n = p.b.cq.poll(&mut wc);
+        for c in &wc[..n] {
+            assert_eq!(
+                (c.status, c.opcode),
+                (WcStatus::SUCCESS, WcOpcode::RECV),
+                "{c:?}"
+            );
+            assert_eq!(
+                (c.qp_num, c.byte_len as usize, c.src_qp),
+                (b_qpn, MSG, 0),
+                "{c:?}"
+            );
+            assert_eq!(c.wr_id, recv_done, "receives complete in order, once each");
+            let off = recv_base + (c.wr_id % RECV_DEPTH) as usize * MSG;
+            check(&p.b.mr.as_slice()[off..off + MSG], c.wr_id);
+            recv_done += 1;
+        }
+        for _ in 0..n {
+            if next_recv < TOTAL {
+                post_recv(&mut p.b, next_recv);
+                next_recv += 1;
+            }
+        }
+        assert!(
+            start.elapsed() < 10 * TIMEOUT,
+            "stalled at sent={sent} send_done={send_done} recv_done={recv_done}"
+        );
+    }
+    assert_eq!(
+        (send_done, recv_done, seen_send.len() as u64),
+        (TOTAL, TOTAL, TOTAL)
+    );
+    assert_idle(&mut p.a.cq);
+    assert_idle(&mut p.b.cq);
+    println!("{TOTAL} sends: {TOTAL} send and {TOTAL} receive completions, 0 lost, 0 duplicated, in {:?}", start.elapsed());
+}
+
+#[test]
+fn send_with_imm_carries_flag_and_value() {
+    let mut p = Pair::new();
+    let rsge = p.b.mr.sge(0, 32).unwrap();
+    // SAFETY: buffers untouched until completion.
+    unsafe { p.b.qp.post_recv(&[RecvWr::new(7, &[rsge])]) }.unwrap();
+    p.a.mr.as_mut_slice()[..16].copy_from_slice(b"immediate hello!");
+    let sge = p.a.mr.sge(0, 16).unwrap();
+    let sges = [sge];
+    let wr = SendWr::new(
+        1,
+        SendOp::SendWithImm {
+            imm_data: 0xdead_beefu32.to_be(),
+        },
+        &sges,
+    );
+    unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
+    let s = poll_n(&mut p.a.cq, 1, 1)[0];
+    assert_eq!(
+        (s.status, s.opcode, s.wr_id),
+        (WcStatus::SUCCESS, WcOpcode::SEND, 1)
+    );
+    let r = poll_n(&mut p.b.cq, 1, 1)[0];
+    assert_eq!(
+        (r.status, r.opcode, r.wr_id, r.byte_len),
+        (WcStatus::SUCCESS, WcOpcode::RECV, 7, 16)
+    );
+    assert!(r.wc_flags.contains(WcFlags::WITH_IMM), "{r:?}");
+    assert_eq!(
+        r.imm_data,
+        0xdead_beefu32.to_be(),
+        "imm_data stays in network byte order"
+    );
+    assert_eq!(r.imm(), Some(0xdead_beef));
+    assert_eq!(&p.b.mr.as_slice()[..16], b"immediate hello!");
+}
+
+#[test]
+fn rdma_write_write_with_imm_and_read_move_the_bytes() {
+    let mut p = Pair::new();
+    let remote = |off: u64| Remote {
+        addr: p.b.mr.addr() + off,
+        rkey: p.b.mr.rkey(),
+    };
+    let (w, wi, rd) = (remote(4096), remote(8192), remote(12288));
+
+    // RDMA write: 1000 bytes into B at 4096; B sees no completion.
+    for (i, b) in p.a.mr.as_mut_slice()[..1000].iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let sge = p.a.mr.sge(0, 1000).unwrap();
+    unsafe {
+        p.a.qp
+            .post_send(&[SendWr::new(10, SendOp::RdmaWrite(w), &[sge])])
+    }
+    .unwrap();
+    let c = poll_n(&mut p.a.cq, 1, 4)[0];
+    assert_eq!(
+        (c.status, c.opcode, c.wr_id, c.byte_len),
+        (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE, 10, 1000)
+    );
+    assert_eq!(&p.b.mr.as_slice()[4096..5096], &p.a.mr.as_slice()[..1000]);
+    assert_idle(&mut p.b.cq);
+
+    // Write with immediate: consumes a receive at B, which reports RECV_RDMA_WITH_IMM.
+    let rsge = p.b.mr.sge(0, 0).unwrap();
+    unsafe { p.b.qp.post_recv(&[RecvWr::new(77, &[rsge])]) }.unwrap();
+    p.a.mr.as_mut_slice()[2000..2100].fill(0x5a);
+    let sge = p.a.mr.sge(2000, 100).unwrap();
+    let sges = [sge];
+    let wr = SendWr::new(11, SendOp::RdmaWriteWithImm(wi, 42u32.to_be()), &sges);
+    unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
+    let c = poll_n(&mut p.a.cq, 1, 4)[0];
+    assert_eq!(
+        (c.status, c.opcode, c.wr_id),
+        (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE, 11)
+    );
+    let r = poll_n(&mut p.b.cq, 1, 4)[0];
+    assert_eq!(
+        (r.status, r.opcode, r.wr_id, r.byte_len),
+        (WcStatus::SUCCESS, WcOpcode::RECV_RDMA_WITH_IMM, 77, 100)
+    );
+    assert_eq!(r.imm(), Some(42));
+    assert!(p.b.mr.as_slice()[8192..8292].iter().all(|&b| b == 0x5a));
+
+    // Read: B's bytes at 12288 land in A at 3000.
+    for (i, b) in p.b.mr.as_mut_slice()[12288..12288 + 777]
+        .iter_mut()
+        .enumerate()
+    {
+        *b = (i * 7 % 256) as u8;
+    }
+    let sge = p.a.mr.sge(3000, 777).unwrap();
+    unsafe {
+        p.a.qp
+            .post_send(&[SendWr::new(12, SendOp::RdmaRead(rd), &[sge])])
+    }
+    .unwrap();
+    let c = poll_n(&mut p.a.cq, 1, 4)[0];
+    assert_eq!(
+        (c.status, c.opcode, c.wr_id, c.byte_len),
+        (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 12, 777)
+    );
+    assert_eq!(
+        &p.a.mr.as_slice()[3000..3777],
+        &p.b.mr.as_slice()[12288..12288 + 777]
+    );
+}
+
+#[test]
+fn write_to_mr_without_remote_write_is_rem_access_err() {
+    let mut p = Pair::new();
+    let read_only =
+        p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    let sge = p.a.mr.sge(0, 64).unwrap();
+    let target = Remote {
+        addr: read_only.addr(),
+        rkey: read_only.rkey(),
+    };
+    unsafe {
+        p.a.qp
+            .post_send(&[SendWr::new(99, SendOp::RdmaWrite(target), &[sge])])
+    }
+    .unwrap();
+    let c = poll_n(&mut p.a.cq, 1, 4)[0];
+    assert_eq!(
+        (c.wr_id, c.status, c.qp_num),
+        (99, WcStatus::REM_ACCESS_ERR, p.a.qp.qpn()),
+        "{c:?}"
+    );
+    assert!(
+        read_only.as_slice().iter().all(|&b| b == 0),
+        "nothing written"
+    );
+}
+
+#[test]
+fn qp_moved_to_err_flushes_each_receive_once() {
+    let mut p = Pair::new();
+    const N: u64 = 50;
+    for i in 0..N {
+        let sge = p.b.mr.sge(i as usize * 64, 64).unwrap();
+        unsafe { p.b.qp.post_recv(&[RecvWr::new(1000 + i, &[sge])]) }.unwrap();
+    }
+    p.b.qp
+        .modify(&QpAttr {
+            state: Some(QpState::Err),
+            ..Default::default()
+        })
+        .unwrap();
+    let wcs = poll_n(&mut p.b.cq, N as usize, 16);
+    let ids: Vec<u64> = wcs.iter().map(|c| c.wr_id).collect();
+    assert_eq!(
+        ids,
+        (1000..1000 + N).collect::<Vec<_>>(),
+        "each receive flushed once, in order"
+    );
+    for c in &wcs {
+        assert_eq!(
+            (c.status, c.qp_num),
+            (WcStatus::WR_FLUSH_ERR, p.b.qp.qpn()),
+            "{c:?}"
+        );
+    }
+    assert_idle(&mut p.b.cq);
+    assert_eq!(p.b.qp.query().unwrap().attr.state, Some(QpState::Err));
+}
+
+#[test]
+fn inline_sends_arrive_and_free_the_buffer_at_once() {
+    let mut p = Pair::new();
+    let max_inline = p.a.qp.cap().max_inline_data;
+    assert!(max_inline >= 64, "granted inline {max_inline}");
+    for i in 0..10u64 {
+        let sge = p.b.mr.sge(i as usize * 128, 128).unwrap();
+        unsafe { p.b.qp.post_recv(&[RecvWr::new(i, &[sge])]) }.unwrap();
+    }
+    // Inline data comes from ordinary memory with no lkey, reused right after posting.
+    let mut scratch = [0u8; 64];
+    for i in 0..10u64 {
+        scratch.fill(i as u8 + 1);
+        let sge = Sge {
+            addr: scratch.as_ptr() as u64,
+            length: 64,
+            lkey: 0,
+        };
+        let sges = [sge];
+        let wr = SendWr::new(i, SendOp::Send, &sges).flags(SendFlags::INLINE | SendFlags::SIGNALED);
+        unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
+        scratch.fill(0xee);
+    }
+    for c in poll_n(&mut p.a.cq, 10, 16) {
+        assert_eq!(
+            (c.status, c.opcode, c.byte_len),
+            (WcStatus::SUCCESS, WcOpcode::SEND, 64),
+            "{c:?}"
+        );
+    }
+    for c in poll_n(&mut p.b.cq, 10, 16) {
+        assert_eq!((c.status, c.byte_len), (WcStatus::SUCCESS, 64), "{c:?}");
+        let off = c.wr_id as usize * 128;
+        assert!(
+            p.b.mr.as_slice()[off..off + 64]
+                .iter()
+                .all(|&b| b == c.wr_id as u8 + 1),
+            "message {}",
+            c.wr_id
+        );
+    }
+    // Too long for the queue: rejected before it reaches the ring, nothing posted.
+    let big = vec![0u8; max_inline as usize + 1];
+    let sge = Sge {
+        addr: big.as_ptr() as u64,
+        length: big.len() as u32,
+        lkey: 0,
+    };
+    let sges = [sge];
+    let wr = SendWr::new(50, SendOp::Send, &sges).flags(SendFlags::INLINE);
+    match unsafe { p.a.qp.post_send(&[wr]) } {
+        Err(Error::WorkRequest {
+            index: 0,
+            reason: WrReject::InlineTooLong { .. },
+            ..
+        }) => {}
+        other => panic!("expected InlineTooLong, got {other:?}"),
+    }
+    assert_idle(&mut p.a.cq);
+}
+
+#[test]
+fn poll_returns_what_is_ready_up_to_the_slice() {
+    let mut p = Pair::new();
+    let sge = p.a.mr.sge(0, 8).unwrap();
+    // One list of 20 signaled writes, one doorbell.
+    let wrs: Vec<_> = (0..20)
+        .map(|i| {
+            SendWr::new(
+                i,
+                SendOp::RdmaWrite(Remote {
+                    addr: p.b.mr.addr(),
+                    rkey: p.b.mr.rkey(),
+                }),
+                std::slice::from_ref(&sge),
+            )
+        })
+        .collect();
+    unsafe { p.a.qp.post_send(&wrs) }.unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    // Give all 20 time to complete (loopback takes well under a millisecond each), then
+    // poll 1, then 16, then ask for 64 and get the remaining 3.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let mut wc = [WorkCompletion::default(); 64];
+    let mut got = Vec::new();
+    for want in [1usize, 16, 64] {
+        let n = loop {
+            let n = p.a.cq.poll(&mut wc[..want]);
+            if n > 0 || std::time::Instant::now() > deadline {
+                break n;
+            }
+        };
+        got.extend(wc[..n].iter().map(|c| c.wr_id));
+        match want {
+            1 => assert_eq!(n, 1),
+            16 => assert_eq!(n, 16),
+            _ => assert_eq!(n, 3, "only 3 left though 64 were asked for"),
+        }
+    }
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+    assert_eq!(p.a.cq.poll(&mut wc), 0);
+}
+
+#[test]
+fn dropping_in_any_order_leaves_no_fd_or_mapping() {
+    let before = kernel_footprint();
+    {
+        let p = Pair::new();
+        let during = kernel_footprint();
+        assert!(
+            during.0 >= before.0 + 2 && during.1 >= before.1 + 6,
+            "device fd, async fd and 6 rings: {during:?}"
+        );
+        // CQs and the PD first, then the QPs and context: each object keeps what it needs.
+        let Pair { ctx, pd, a, b } = p;
+        drop(a.cq);
+        drop(pd);
+        drop(ctx);
+        drop(b.mr);
+        drop(a.qp);
+        drop(b.cq);
+        drop(b.qp);
+        drop(a.mr);
+    }
+    assert_eq!(kernel_footprint(), before, "after dropping QPs last");
+    {
+        let Pair { ctx, pd, a, b } = Pair::new();
+        drop(a.qp);
+        drop(b.qp);
+        drop(a.mr);
+        drop(b.cq);
+        drop(pd);
+        drop(a.cq);
+        drop(b.mr);
+        drop(ctx);
+    }
+    assert_eq!(kernel_footprint(), before, "after dropping QPs first");
+}

@@ -1,0 +1,193 @@
+//! `cargo xtask`: runs uverbs against the real `rdma_rxe` kernel driver in a
+//! QEMU guest that boots the host's Debian kernel and shares the host's root
+//! filesystem (read-only 9p under a tmpfs overlay), so host binaries run as is.
+//!
+//! Commands:
+//! - `cargo xtask guest [--] <command...>`: run a shell command in the guest
+//!   (cwd = project root, `/bin/sh -c`) with `rxe0` on `lo`; its output is
+//!   streamed and its exit status returned.
+//! - `cargo xtask test [-- <args for test binaries>]`: all tests. Host unit and
+//!   doc tests, then the integration test binaries (`--test-threads=1`) and
+//!   executable `tests/guest/*.sh` against an rxe device; ends with
+//!   `guest: N passed, M failed` (M also counts failed host steps and builds).
+//! - `cargo xtask demo`: build and run `examples/demo` (release) in the guest.
+//!
+//! Environment knobs:
+//! - `UVERBS_GUEST_KERNEL=<release>`: kernel to boot (default: newest
+//!   `/boot/vmlinuz-*` with modules in `/lib/modules`).
+//! - `UVERBS_GUEST_TIMEOUT=<s>`: limit for a whole QEMU run (default 1200).
+//! - `UVERBS_GUEST_TEST_TIMEOUT=<s>`: limit per test binary/script (default 600).
+//! - `UVERBS_GUEST_KVM=1`: use KVM instead of TCG (only where KVM works).
+//! - `UVERBS_GUEST_MEM_MIB`, `UVERBS_GUEST_CPUS`: guest size (default 2048, 2).
+//! - `UVERBS_NATIVE=1`: run tests and demo on the host instead of a guest;
+//!   `UVERBS_NATIVE=0`: always use a guest. Unset: native iff the host has
+//!   `/sys/class/infiniband_verbs/uverbs*`.
+//!
+//! `RUST_*` and `UVERBS_*` variables are passed into the guest. Files go to
+//! `target/guest/`: cached `vmlinux-<release>` and initramfs, `kernel.log`
+//! (the guest's kernel console, ttyS1) of the last run.
+
+mod cpio;
+mod error;
+mod guest;
+mod initramfs;
+mod json;
+mod kernel;
+mod packages;
+mod proc;
+mod qemu;
+mod testrun;
+
+use error::{bail, Context, Result};
+use std::path::Path;
+use std::process::ExitCode;
+
+/// Kernel release override.
+pub const ENV_KERNEL: &str = "UVERBS_GUEST_KERNEL";
+/// Whole-run timeout in seconds.
+pub const ENV_TIMEOUT: &str = "UVERBS_GUEST_TIMEOUT";
+/// KVM opt-in.
+pub const ENV_KVM: &str = "UVERBS_GUEST_KVM";
+/// Native (no guest) override.
+pub const ENV_NATIVE: &str = "UVERBS_NATIVE";
+
+const USAGE: &str = "\
+usage: cargo xtask guest [--] <command...>   run a shell command in the rxe guest
+       cargo xtask test [-- <test args>]     run all tests (host, then rxe guest)
+       cargo xtask demo                      build and run examples/demo in the guest
+(environment knobs: see the doc comment of xtask/src/main.rs)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<ExitCode> {
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    let rest = rest.strip_prefix(&["--".to_string()]).unwrap_or(rest);
+    match cmd {
+        "guest" => {
+            if rest.is_empty() {
+                bail!("`cargo xtask guest` needs a command to run\n{USAGE}");
+            }
+            run_in_guest(&rest.join(" "))
+        }
+        "test" => testrun::run(rest),
+        "demo" => demo(),
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => bail!("unknown command `{other}`\n{USAGE}"),
+    }
+}
+
+/// Runs `command` in a guest and returns its exit status.
+fn run_in_guest(command: &str) -> Result<ExitCode> {
+    let report = guest::run(&guest::Job {
+        command: command.to_string(),
+        files: Vec::new(),
+    })?;
+    match (report.status, &report.failure) {
+        (Some(s), _) => Ok(ExitCode::from(s.clamp(0, 255) as u8)),
+        (None, Some(why)) => bail!("{why}"),
+        (None, None) => bail!("the guest reported no exit status"),
+    }
+}
+
+/// `cargo xtask demo`.
+fn demo() -> Result<ExitCode> {
+    let root = paths::root();
+    if !root.join("examples/demo.rs").is_file() && !root.join("examples/demo/main.rs").is_file() {
+        bail!("there is no demo yet: neither examples/demo.rs nor examples/demo/main.rs exists");
+    }
+    let mut c = testrun::cargo();
+    c.args(["build", "-p", "uverbs", "--release", "--example", "demo"]);
+    proc::check(&mut c)?;
+    let exe = paths::target_dir().join("release/examples/demo");
+    if native() {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", "ulimit -l unlimited 2>/dev/null; exec \"$0\""])
+            .arg(&exe)
+            .current_dir(&root);
+        let st = proc::status(&mut c)?;
+        return Ok(ExitCode::from(st.code().unwrap_or(1).clamp(0, 255) as u8));
+    }
+    run_in_guest(&proc::sh_quote(&exe.to_string_lossy()))
+}
+
+/// Whether tests and the demo run on the host (see `UVERBS_NATIVE`).
+pub fn native() -> bool {
+    match std::env::var(ENV_NATIVE).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => std::fs::read_dir("/sys/class/infiniband_verbs").is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("uverbs"))
+        }),
+    }
+}
+
+/// Reads a numeric environment knob, with a default when unset or empty.
+pub fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .ok()
+            .with_context(|| format!("{name}={v} is not a valid number")),
+        _ => Ok(default),
+    }
+}
+
+/// Writes `data` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+/// Project paths.
+pub mod paths {
+    use std::path::{Path, PathBuf};
+
+    /// The workspace root (parent of xtask/).
+    pub fn root() -> PathBuf {
+        let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+        xtask.parent().unwrap_or(xtask).to_path_buf()
+    }
+
+    /// Cargo's target directory (`CARGO_TARGET_DIR`, else `<root>/target`).
+    pub fn target_dir() -> PathBuf {
+        match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(d) if !d.is_empty() => root().join(d),
+            _ => root().join("target"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_are_errors() {
+        assert!(dispatch(&["nope".into()]).is_err());
+        assert!(dispatch(&["guest".into(), "--".into()]).is_err());
+    }
+
+    #[test]
+    fn numbers_from_env() {
+        assert_eq!(env_number("XTASK_TEST_UNSET_VARIABLE", 7u32).unwrap(), 7);
+    }
+}

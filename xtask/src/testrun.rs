@@ -1,0 +1,316 @@
+//! `cargo xtask test`: host unit and doc tests, then the integration test
+//! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a
+//! QEMU guest unless the host has one), with a `guest: N passed, M failed` line.
+
+use crate::error::{bail, Context, Result};
+use crate::json;
+use crate::proc::{self, sh_quote};
+use crate::{env_number, guest, paths};
+use std::io::BufRead;
+use std::process::{Command, ExitCode, Stdio};
+
+/// Default per-item timeout in seconds (`UVERBS_GUEST_TEST_TIMEOUT`).
+const ITEM_TIMEOUT: u32 = 600;
+
+/// A test binary or guest script to run against the device.
+struct Item {
+    name: String,
+    argv: Vec<String>,
+}
+
+/// How an item ended.
+enum Outcome {
+    Exited(i32),
+    Unfinished(String),
+}
+
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(paths::root());
+    c
+}
+
+/// Runs everything; `extra` goes to every test binary (e.g. a name filter).
+pub fn run(extra: &[String]) -> Result<ExitCode> {
+    let mut failures: Vec<String> = Vec::new();
+    for args in [
+        &["test", "--workspace", "--lib", "--bins"][..],
+        &["test", "--doc", "-p", "uverbs"],
+    ] {
+        let mut c = cargo();
+        c.args(args);
+        eprintln!("xtask: host: {}", proc::describe(&c));
+        if let Err(e) = proc::check(&mut c) {
+            failures.push(format!("host: {e}"));
+        }
+    }
+
+    let timeout: u32 = env_number("UVERBS_GUEST_TEST_TIMEOUT", ITEM_TIMEOUT)?;
+    let mut items = Vec::new();
+    match test_binaries() {
+        Ok(bins) => {
+            for (name, exe) in bins {
+                let mut argv = vec![exe, "--test-threads=1".to_string()];
+                argv.extend(extra.iter().cloned());
+                items.push(Item {
+                    name: format!("test {name}"),
+                    argv,
+                });
+            }
+        }
+        Err(e) => failures.push(format!("build: {e}")),
+    }
+    let mut c = cargo();
+    c.args(["build", "-p", "uverbs", "--examples"]);
+    eprintln!("xtask: {}", proc::describe(&c));
+    if let Err(e) = proc::check(&mut c) {
+        failures.push(format!("build: {e}"));
+    }
+    items.extend(scripts()?);
+
+    let outcomes = if crate::native() {
+        eprintln!("xtask: running {} test binaries/scripts natively (host has an RDMA device or UVERBS_NATIVE=1)", items.len());
+        items.iter().map(|i| run_native(i, timeout)).collect()
+    } else {
+        eprintln!(
+            "xtask: running {} test binaries/scripts in a QEMU guest",
+            items.len()
+        );
+        run_in_guest(&items, timeout)
+    };
+
+    let (mut passed, mut failed) = (0, failures.len());
+    for f in &failures {
+        println!("FAIL {f}");
+    }
+    for (item, outcome) in items.iter().zip(&outcomes) {
+        match outcome {
+            Outcome::Exited(0) => {
+                passed += 1;
+                println!("PASS {}", item.name);
+            }
+            Outcome::Exited(code) => {
+                failed += 1;
+                let why = if *code == 124 {
+                    format!("timed out after {timeout} s")
+                } else {
+                    format!("exit status {code}")
+                };
+                println!("FAIL {} ({why})", item.name);
+            }
+            Outcome::Unfinished(why) => {
+                failed += 1;
+                println!("FAIL {} (did not finish: {why})", item.name);
+            }
+        }
+    }
+    println!("guest: {passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Builds the main crate's integration tests; returns (target name, executable).
+fn test_binaries() -> Result<Vec<(String, String)>> {
+    let mut c = cargo();
+    c.args([
+        "test",
+        "-p",
+        "uverbs",
+        "--tests",
+        "--no-run",
+        "--message-format=json",
+    ])
+    .stdout(Stdio::piped());
+    eprintln!("xtask: {}", proc::describe(&c));
+    let what = proc::describe(&c);
+    let mut child = c
+        .spawn()
+        .with_context(|| format!("cannot start `{what}`"))?;
+    let stdout = child.stdout.take().context("cargo stdout missing")?;
+    let mut bins = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.with_context(|| format!("reading the output of `{what}`"))?;
+        let Ok(msg) = json::parse(&line) else {
+            continue;
+        };
+        match msg.get("reason").and_then(json::Value::as_str) {
+            Some("compiler-message") => {
+                if let Some(r) = msg
+                    .get("message")
+                    .and_then(|m| m.get("rendered"))
+                    .and_then(json::Value::as_str)
+                {
+                    eprint!("{r}");
+                }
+            }
+            Some("compiler-artifact") => {
+                let target = msg.get("target");
+                let is_test = target
+                    .and_then(|t| t.get("kind"))
+                    .and_then(json::Value::as_array)
+                    .is_some_and(|k| k.iter().any(|k| k.as_str() == Some("test")));
+                let exe = msg.get("executable").and_then(json::Value::as_str);
+                let name = target
+                    .and_then(|t| t.get("name"))
+                    .and_then(json::Value::as_str);
+                if let (true, Some(exe), Some(name)) = (is_test, exe, name) {
+                    bins.push((name.to_string(), exe.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+    let st = child
+        .wait()
+        .with_context(|| format!("waiting for `{what}`"))?;
+    if !st.success() {
+        bail!("`{what}` failed ({st})");
+    }
+    bins.sort();
+    Ok(bins)
+}
+
+/// Executable `tests/guest/*.sh`, sorted, each run through `/bin/sh`.
+fn scripts() -> Result<Vec<Item>> {
+    let dir = paths::root().join("tests/guest");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(Vec::new());
+    };
+    let mut paths: Vec<_> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sh") && proc::is_executable(p))
+        .collect();
+    paths.sort();
+    Ok(paths
+        .into_iter()
+        .map(|p| Item {
+            name: p
+                .strip_prefix(paths::root())
+                .unwrap_or(&p)
+                .display()
+                .to_string(),
+            argv: vec!["/bin/sh".into(), p.to_string_lossy().into_owned()],
+        })
+        .collect())
+}
+
+/// Runs one item on the host with an unlimited RLIMIT_MEMLOCK (where allowed).
+fn run_native(item: &Item, timeout: u32) -> Outcome {
+    eprintln!("==== native: {}", item.name);
+    let mut c = Command::new("sh");
+    c.args([
+        "-c",
+        "ulimit -l unlimited 2>/dev/null; exec timeout -k 10 \"$0\" \"$@\"",
+        &timeout.to_string(),
+    ])
+    .args(&item.argv)
+    .current_dir(paths::root())
+    .env("UVERBS_TARGET_DIR", paths::target_dir());
+    match proc::status(&mut c) {
+        Ok(st) => Outcome::Exited(st.code().unwrap_or(128)),
+        Err(e) => Outcome::Unfinished(e.to_string()),
+    }
+}
+
+/// The script the guest runs: every item in order, one `<status> <index>` line each.
+fn guest_script(items: &[Item], timeout: u32) -> String {
+    let mut s = String::from(
+        "# Generated by `cargo xtask test`.\n\
+         item() {\n    i=$1; name=$2; shift 2\n    echo \"==== guest: $name\"\n    \
+         timeout -k 10 TIMEOUT \"$@\"\n    rc=$?\n    echo \"$rc $i\" >> \"$UVERBS_RESULTS/results\"\n}\n",
+    )
+    .replace("TIMEOUT", &timeout.to_string());
+    for (i, item) in items.iter().enumerate() {
+        let argv: Vec<String> = item.argv.iter().map(|a| sh_quote(a)).collect();
+        s.push_str(&format!(
+            "item {i} {} {}\n",
+            sh_quote(&item.name),
+            argv.join(" ")
+        ));
+    }
+    s
+}
+
+/// Boots one guest for all items; an item the guest never finished counts as failed.
+fn run_in_guest(items: &[Item], timeout: u32) -> Vec<Outcome> {
+    let job = guest::Job {
+        command: "/bin/sh \"$UVERBS_RESULTS/tests.sh\"".into(),
+        files: vec![("tests.sh".into(), guest_script(items, timeout))],
+    };
+    let report = match guest::run(&job) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            println!(
+                "FAIL guest boot: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            );
+            return items
+                .iter()
+                .map(|_| Outcome::Unfinished("the guest did not boot".into()))
+                .collect();
+        }
+    };
+    if let Some(f) = &report.failure {
+        eprintln!("xtask: error: {f}");
+    }
+    let results = report.read("results").unwrap_or_default();
+    let mut outcomes: Vec<Outcome> = items
+        .iter()
+        .map(|_| {
+            Outcome::Unfinished(
+                report
+                    .failure
+                    .as_deref()
+                    .and_then(|f| f.lines().next())
+                    .unwrap_or("no result recorded")
+                    .to_string(),
+            )
+        })
+        .collect();
+    for line in results.lines() {
+        let mut it = line.split_whitespace();
+        if let (Some(Ok(rc)), Some(Ok(i))) = (
+            it.next().map(str::parse),
+            it.next().map(str::parse::<usize>),
+        ) {
+            if let Some(o) = outcomes.get_mut(i) {
+                *o = Outcome::Exited(rc);
+            }
+        }
+    }
+    outcomes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_script_runs_items_in_order() {
+        let items = [
+            Item {
+                name: "test a b".into(),
+                argv: vec!["/t/a".into(), "--test-threads=1".into(), "x y".into()],
+            },
+            Item {
+                name: "tests/guest/z.sh".into(),
+                argv: vec!["/bin/sh".into(), "/p/z.sh".into()],
+            },
+        ];
+        let s = guest_script(&items, 60);
+        assert!(s.contains("timeout -k 10 60 \"$@\""), "{s}");
+        assert!(
+            s.contains("item 0 'test a b' /t/a --test-threads=1 'x y'\n"),
+            "{s}"
+        );
+        assert!(
+            s.ends_with("item 1 tests/guest/z.sh /bin/sh /p/z.sh\n"),
+            "{s}"
+        );
+    }
+}
