@@ -7,6 +7,7 @@ use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortResp, QueryPortR
 use crate::sys::cmd;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -47,9 +48,16 @@ pub(crate) struct ContextInner {
     pub(crate) device: DeviceInfo,
     pub(crate) provider: Box<dyn ProviderContext>,
     pub(crate) num_comp_vectors: u32,
+    next_user_handle: AtomicU64,
 }
 
 impl ContextInner {
+    /// A fresh handle to name an object in events (its kernel handle is not known before it
+    /// is created).
+    pub(crate) fn new_user_handle(&self) -> u64 {
+        self.next_user_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
@@ -111,9 +119,26 @@ const METHOD_ASYNC_EVENT_ALLOC: u16 = 0;
 impl Context {
     /// Opens `device` with the provider that drives it.
     pub fn open(device: &DeviceInfo) -> Result<Self> {
+        let file = DeviceFile::open(device)?;
+        Self::with_file(device, file)
+    }
+
+    /// Builds a context on a uverbs character device that is already open, as a host that
+    /// opened the device itself hands it over (libibverbs passes its `cmd_fd` to a provider's
+    /// `alloc_context`). `fd` must be `device`'s `/dev/infiniband/uverbsN`, opened read-write;
+    /// that is checked against sysfs. The context takes ownership of `fd` (pass a `dup` to keep
+    /// one) and, exactly as [`Context::open`], runs GET_CONTEXT on it and allocates its own
+    /// async event fd. A uverbs file holds at most one kernel context, so `fd` must not have
+    /// had GET_CONTEXT run on it before.
+    pub fn from_fd(device: &DeviceInfo, fd: OwnedFd) -> Result<Self> {
+        let file = DeviceFile::from_fd(device, fd)?;
+        Self::with_file(device, file)
+    }
+
+    fn with_file(device: &DeviceInfo, file: DeviceFile) -> Result<Self> {
         let provider = crate::providers::find(device)?;
         let driver_id = provider.driver_id();
-        let file = Arc::new(DeviceFile::open(device)?);
+        let file = Arc::new(file);
         let mut num_comp_vectors = 0u32;
         let provider_ctx = provider.open(&file, &mut |drv_in, drv_out| {
             let mut core_support = 0u64;
@@ -141,6 +166,7 @@ impl Context {
                 device: device.clone(),
                 provider: provider_ctx,
                 num_comp_vectors,
+                next_user_handle: AtomicU64::new(1),
             }),
         })
     }
@@ -229,8 +255,13 @@ impl Context {
         crate::Pd::new(self)
     }
 
-    /// Creates a completion queue of at least `cqe` entries.
+    /// Creates a completion queue of at least `cqe` entries, with no completion channel.
     pub fn create_cq(&self, cqe: u32) -> Result<crate::Cq> {
-        crate::Cq::new(self, cqe)
+        crate::Cq::new(self, &crate::CqInit::new(cqe))
+    }
+
+    /// Creates a completion queue as `init` says.
+    pub fn create_cq_with(&self, init: &crate::CqInit<'_>) -> Result<crate::Cq> {
+        crate::Cq::new(self, init)
     }
 }

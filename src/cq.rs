@@ -2,31 +2,56 @@
 
 use crate::context::{Context, ContextInner};
 use crate::error::Result;
+use crate::event::CompChannel;
 use crate::provider::{create_object, CqCreated, CqRing};
-use crate::sys::abi::DestroyCqResp;
+use crate::sys::abi::{self, DestroyCqResp, ReqNotifyCq, ResizeCq, ResizeCqResp};
+use crate::sys::cmd;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wc::WorkCompletion;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
 const METHOD_CQ_CREATE: u16 = 0;
 const METHOD_CQ_DESTROY: u16 = 1;
 
+/// How to create a CQ.
+#[derive(Debug, Clone, Copy)]
+pub struct CqInit<'a> {
+    /// Least number of entries.
+    pub cqe: u32,
+    /// Channel that receives this CQ's completion events.
+    pub channel: Option<&'a CompChannel>,
+    /// Completion vector (below [`Context::num_comp_vectors`]).
+    pub comp_vector: u32,
+}
+
+impl CqInit<'_> {
+    /// `cqe` entries, no channel, vector 0.
+    pub fn new(cqe: u32) -> Self {
+        Self {
+            cqe,
+            channel: None,
+            comp_vector: 0,
+        }
+    }
+}
+
 /// The kernel CQ and its ring. QPs hold an `Arc` of this to keep the CQ alive; only the unique
 /// [`Cq`] handle touches the ring.
 pub(crate) struct CqInner {
     pub(crate) ctx: Arc<ContextInner>,
     pub(crate) handle: u32,
-    cqe: u32,
+    user_handle: u64,
     ring: UnsafeCell<Box<dyn CqRing>>,
+    _channel: Option<Arc<OwnedFd>>,
 }
 
-// SAFETY: `ring` is only accessed through `Cq::poll(&mut self)`, and there is exactly one `Cq`
-// per `CqInner`; everything else in it is immutable. So sharing the `Arc` across threads
-// (QPs holding it) never shares the ring.
+// SAFETY: `ring` is only accessed through `Cq` methods taking `&mut self`, and there is exactly
+// one `Cq` per `CqInner`; everything else in it is immutable. So sharing the `Arc` across
+// threads (QPs holding it) never shares the ring.
 unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
@@ -52,6 +77,7 @@ fn destroy_cq(ctx: &ContextInner, handle: u32) {
 /// lock. The handle is `Send` (move it to the polling thread) but not `Sync`.
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
+    cqe: u32,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -59,26 +85,30 @@ impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cq")
             .field("handle", &self.inner.handle)
-            .field("cqe", &self.inner.cqe)
+            .field("cqe", &self.cqe)
             .finish()
     }
 }
 
 impl Cq {
-    pub(crate) fn new(ctx: &Context, cqe: u32) -> Result<Self> {
+    pub(crate) fn new(ctx: &Context, init: &CqInit<'_>) -> Result<Self> {
         let inner = &ctx.inner;
+        let user_handle = inner.new_user_handle();
         let (created, ring) = create_object(
             "CREATE_CQ",
-            |kernel| inner.provider.create_cq(cqe, kernel),
+            |kernel| inner.provider.create_cq(init.cqe, kernel),
             |drv_in, drv_out| {
-                let (mut resp_cqe, user_handle, comp_vector) = (0u32, 0u64, 0u32);
+                let mut resp_cqe = 0u32;
                 let mut call = inner.ioctl(object::CQ, METHOD_CQ_CREATE);
                 let handle = call.new_handle(0);
-                call.input(1, &cqe)
+                call.input(1, &init.cqe)
                     .input(2, &user_handle)
-                    .input(4, &comp_vector)
+                    .input(4, &init.comp_vector)
                     .output(6, resp_cqe.as_mut_bytes())
                     .fd(7, inner.async_fd.as_raw_fd());
+                if let Some(channel) = init.channel {
+                    call.fd(3, channel.as_raw_fd());
+                }
                 if !drv_in.is_empty() {
                     call.input(UHW_IN, drv_in);
                 }
@@ -97,11 +127,19 @@ impl Cq {
             inner: Arc::new(CqInner {
                 ctx: inner.clone(),
                 handle: created.handle,
-                cqe: created.cqe,
+                user_handle,
                 ring: UnsafeCell::new(ring),
+                _channel: init.channel.map(|c| c.fd.clone()),
             }),
+            cqe: created.cqe,
             _not_sync: PhantomData,
         })
+    }
+
+    fn ring(&mut self) -> &mut dyn CqRing {
+        // SAFETY: `&mut self` on the only `Cq` for this `CqInner` gives exclusive access to
+        // the ring (see `CqInner`'s `Sync` impl).
+        unsafe { &mut **self.inner.ring.get() }
     }
 
     /// Moves up to `wc.len()` ready completions into `wc` and returns how many: fewer than
@@ -109,18 +147,126 @@ impl Cq {
     /// makes a system call.
     #[inline]
     pub fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
-        // SAFETY: `&mut self` on the only `Cq` for this `CqInner` gives exclusive access to
-        // the ring (see `CqInner`'s `Sync` impl).
-        unsafe { (*self.inner.ring.get()).poll(wc) }
+        self.ring().poll(wc)
+    }
+
+    /// Borrows the ready completions in place, without copying them out of the ring (the
+    /// Rust form of `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`). The ring slots are
+    /// handed back to the device, with one index store, when the batch is dropped: only the
+    /// completions the iterator yielded are consumed.
+    pub fn batch(&mut self) -> Batch<'_> {
+        let ring = self.ring();
+        let ready = ring.ready();
+        Batch {
+            ring,
+            ready,
+            next: 0,
+        }
+    }
+
+    /// Asks for an event on the CQ's channel at the next completion (or the next solicited
+    /// one). One event per request: call again after each event.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let req = ReqNotifyCq {
+            cq_handle: self.inner.handle,
+            solicited_only: u32::from(solicited_only),
+        };
+        self.inner
+            .ctx
+            .write_cmd("REQ_NOTIFY_CQ", abi::cmd::REQ_NOTIFY_CQ, &req)
+    }
+
+    /// Resizes the CQ to at least `cqe` entries, keeping the completions it holds.
+    pub fn resize(&mut self, cqe: u32) -> Result<()> {
+        let ctx = self.inner.ctx.clone();
+        let handle = self.inner.handle;
+        let mut granted = 0;
+        self.ring().resize(&mut |drv_in, drv_out| {
+            let req = ResizeCq {
+                response: 0,
+                cq_handle: handle,
+                cqe,
+            };
+            // SAFETY: the driver request holds no user pointers (provider contract).
+            let resp: ResizeCqResp = unsafe {
+                cmd::execute(
+                    ctx.fd(),
+                    "RESIZE_CQ",
+                    abi::cmd::RESIZE_CQ,
+                    &req,
+                    drv_in,
+                    drv_out,
+                )
+            }?;
+            granted = resp.cqe;
+            Ok(resp.cqe)
+        })?;
+        self.cqe = granted;
+        Ok(())
     }
 
     /// Capacity the kernel granted.
     pub fn capacity(&self) -> u32 {
-        self.inner.cqe
+        self.cqe
     }
 
     /// The kernel's handle.
     pub fn handle(&self) -> u32 {
         self.inner.handle
+    }
+
+    /// The value naming this CQ in [`crate::CqEvent`]s and [`crate::AsyncEvent`]s.
+    pub fn user_handle(&self) -> u64 {
+        self.inner.user_handle
+    }
+}
+
+/// Ready completions borrowed in place from the ring; see [`Cq::batch`].
+///
+/// A lending iterator: each completion borrows the batch, so none can outlive it, and the
+/// slots go back to the device only when the batch is dropped.
+///
+/// ```no_run
+/// # fn f(cq: &mut uverbs::Cq) {
+/// let mut batch = cq.batch();
+/// while let Some(wc) = batch.next() {
+///     println!("{} {:?} {}", wc.wr_id, wc.status, wc.byte_len);
+/// }
+/// # }
+/// ```
+pub struct Batch<'a> {
+    ring: &'a mut dyn CqRing,
+    ready: usize,
+    next: usize,
+}
+
+impl Batch<'_> {
+    /// The next ready completion, or `None` at the end of the batch. Completions that
+    /// arrive after the batch started wait for the next batch.
+    #[allow(clippy::should_implement_trait)] // lending: the item borrows the batch
+    pub fn next(&mut self) -> Option<&WorkCompletion> {
+        if self.next == self.ready {
+            return None;
+        }
+        self.next += 1;
+        Some(self.ring.entry(self.next - 1))
+    }
+
+    /// Completions left in the batch.
+    pub fn len(&self) -> usize {
+        self.ready - self.next
+    }
+
+    /// Whether the batch is exhausted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if self.next > 0 {
+            self.ring.consume(self.next);
+        }
     }
 }

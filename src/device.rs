@@ -132,12 +132,22 @@ pub struct DeviceFile {
 impl DeviceFile {
     /// Opens `info`'s character device and checks it is the device sysfs describes.
     pub(crate) fn open(info: &DeviceInfo) -> Result<Self> {
-        let what = || info.dev_path.display().to_string();
         let file = File::options()
             .read(true)
             .write(true)
             .open(&info.dev_path)
-            .map_err(|e| Error::io(what(), e))?;
+            .map_err(|e| Error::io(info.dev_path.display().to_string(), e))?;
+        Self::from_file(info, file)
+    }
+
+    /// Adopts a character device someone else opened (read-write), after checking it is the
+    /// device sysfs describes for `info`.
+    pub(crate) fn from_fd(info: &DeviceInfo, fd: std::os::fd::OwnedFd) -> Result<Self> {
+        Self::from_file(info, File::from(fd))
+    }
+
+    fn from_file(info: &DeviceInfo, file: File) -> Result<Self> {
+        let what = || info.dev_path.display().to_string();
         let rdev = file.metadata().map_err(|e| Error::io(what(), e))?.rdev();
         let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
         if format!("{major}:{minor}") != info.dev_number {

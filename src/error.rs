@@ -74,6 +74,14 @@ pub enum Error {
         /// Why it was rejected.
         reason: WrReject,
     },
+    /// The device or kernel lacks something this operation needs.
+    #[error("{verb}: not supported: {what}")]
+    Unsupported {
+        /// The verb.
+        verb: Verb,
+        /// What is missing.
+        what: &'static str,
+    },
     /// Reading sysfs or opening the device file failed.
     #[error("{what}: {source}")]
     Io {
@@ -109,7 +117,8 @@ pub enum WrReject {
     WrongState(crate::QpState),
     /// An atomic needs an 8-byte aligned remote address and one 8-byte local buffer.
     BadAtomic,
-    /// The opcode is not valid for this QP type.
+    /// The operation is not valid for this QP type (or lacks a UD destination, or asks for
+    /// inline data on an operation the device writes).
     OpcodeNotSupported,
 }
 

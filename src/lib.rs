@@ -22,28 +22,35 @@
 
 #![deny(missing_docs, unsafe_op_in_unsafe_fn, rust_2018_idioms)]
 
+mod ah;
 mod context;
 mod cq;
 mod device;
 mod error;
+mod event;
 mod mr;
 mod netlink;
+mod open_enum;
 mod pd;
 pub mod provider;
 #[path = "../providers/mod.rs"]
 mod providers;
 mod qp;
+mod srq;
 mod sys;
 mod wc;
 mod wr;
 
+pub use ah::Ah;
 pub use context::{Context, DeviceAttr, Gid, PortAttr};
-pub use cq::Cq;
+pub use cq::{Batch, Cq, CqInit};
 pub use device::{devices, open, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
+pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Mr};
 pub use pd::Pd;
 pub use qp::{AhAttr, GlobalRoute, Mtu, Qp, QpAttr, QpInfo, QpInit, QpState, QpType};
+pub use srq::{Srq, SrqAttr, SrqInit};
 pub use sys::abi::QpCap;
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};
+pub use wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest};

@@ -79,7 +79,25 @@ pub struct QpRequest {
     pub has_srq: bool,
 }
 
-/// Per-context vendor state: makes the vendor halves of CQs and QPs.
+/// What the core knows of an SRQ the kernel just created.
+#[derive(Debug, Clone, Copy)]
+pub struct SrqCreated {
+    /// The kernel's handle.
+    pub handle: u32,
+    /// Work requests the kernel granted.
+    pub max_wr: u32,
+    /// Scatter/gather entries per request the kernel granted.
+    pub max_sge: u32,
+}
+
+/// Runs a kernel command that takes driver request bytes and returns no driver response.
+pub type KernelInput<'a> = &'a mut dyn FnMut(&[u8]) -> Result<()>;
+
+/// Per-context vendor state: makes the vendor halves of CQs, QPs, SRQs and AHs.
+///
+/// Driver request bytes a provider passes to a kernel call may contain user pointers (rxe's
+/// SRQ resize names a buffer for the kernel to fill); the provider guarantees each names live
+/// memory of the right size for the duration of the call.
 pub trait ProviderContext: Send + Sync {
     /// Creates the vendor half of a CQ of at least `cqe` entries.
     fn create_cq(&self, cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>>;
@@ -90,6 +108,13 @@ pub trait ProviderContext: Send + Sync {
         request: &QpRequest,
         kernel: KernelCall<'_, QpCreated>,
     ) -> Result<Box<dyn QpQueues>>;
+
+    /// Creates the vendor half of an SRQ.
+    fn create_srq(&self, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>>;
+
+    /// Creates the vendor half of an address handle; the kernel call returns the AH's
+    /// handle. Returns a value the provider reads back from the AH when posting UD sends.
+    fn create_ah(&self, kernel: KernelCall<'_, u32>) -> Result<u64>;
 }
 
 /// The consumer side of a completion queue. There is exactly one consumer: the core only
@@ -98,6 +123,32 @@ pub trait CqRing: Send {
     /// Moves up to `wc.len()` ready completions into `wc` and returns how many; fewer (or 0)
     /// when fewer are ready. Must not block, allocate or make a system call.
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize;
+
+    /// How many completions are ready to be read in place.
+    fn ready(&mut self) -> usize;
+
+    /// The `i`-th ready completion, in place (`i < ready()`).
+    fn entry(&self, i: usize) -> &WorkCompletion;
+
+    /// Hands the first `n` ready completions back to the device.
+    fn consume(&mut self, n: usize);
+
+    /// Resizes: runs RESIZE_CQ through `kernel` (which returns the granted size) and moves to
+    /// the new ring, keeping queued completions.
+    fn resize(&mut self, kernel: KernelCall<'_, u32>) -> Result<()>;
+}
+
+/// The producer side of a shared receive queue.
+pub trait SrqQueue: Send {
+    /// Writes `wrs` into the SRQ; same contract as [`QpQueues::post_recv`].
+    ///
+    /// # Safety
+    /// See [`crate::Srq::post_recv`].
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
+
+    /// Runs MODIFY_SRQ through `kernel` with the driver's request bytes; when `resize` is
+    /// set the kernel moves the SRQ to a new ring, which the provider then adopts.
+    fn modify(&mut self, resize: bool, kernel: KernelInput<'_>) -> Result<()>;
 }
 
 /// The producer side of a QP's send and receive queues.

@@ -6,6 +6,7 @@ use crate::error::{Error, Result, WrReject};
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, QpCreated, QpQueues, QpRequest};
+use crate::srq::{Srq, SrqInner};
 use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpCap, QpDest, QueryQp, QueryQpResp};
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::{RecvWr, SendWr};
@@ -314,6 +315,8 @@ pub struct QpInit<'a> {
     pub cap: QpCap,
     /// Signal every send, whatever its flags.
     pub sq_sig_all: bool,
+    /// Take receives from this SRQ instead of a receive queue of the QP's own.
+    pub srq: Option<&'a Srq>,
 }
 
 impl<'a> QpInit<'a> {
@@ -331,6 +334,7 @@ impl<'a> QpInit<'a> {
                 max_inline_data: 0,
             },
             sq_sig_all: false,
+            srq: None,
         }
     }
 }
@@ -343,11 +347,13 @@ pub struct Qp {
     qp_type: QpType,
     cap: QpCap,
     state: QpState,
+    user_handle: u64,
     // Dropped after `queues` is released by `Drop`; kept alive so the kernel objects the QP
     // uses outlive it.
     pd: Arc<PdInner>,
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
+    _srq: Option<Arc<SrqInner>>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -372,16 +378,18 @@ impl Qp {
     fn new(pd: &Pd, init: &QpInit<'_>) -> Result<Self> {
         let ctx = &pd.inner.ctx;
         let same_ctx = |cq: &Cq| Arc::ptr_eq(&cq.inner.ctx, ctx);
-        if !same_ctx(init.send_cq) || !same_ctx(init.recv_cq) {
+        let srq_ctx = init.srq.is_none_or(|s| Arc::ptr_eq(&s.inner.pd.ctx, ctx));
+        if !same_ctx(init.send_cq) || !same_ctx(init.recv_cq) || !srq_ctx {
             return Err(Error::invalid(
                 "CREATE_QP",
-                "CQs and PD belong to different contexts",
+                "CQs, SRQ and PD belong to different contexts",
             ));
         }
+        let user_handle = ctx.new_user_handle();
         let request = QpRequest {
             qp_type: init.qp_type,
             cap: init.cap,
-            has_srq: false,
+            has_srq: init.srq.is_some(),
         };
         let (created, queues) = create_object(
             "CREATE_QP",
@@ -389,7 +397,6 @@ impl Qp {
             |drv_in, drv_out| {
                 let mut cap = QpCap::default();
                 let mut qpn = 0u32;
-                let user_handle = 0u64;
                 let flags = if init.sq_sig_all {
                     CREATE_FLAG_SQ_SIG_ALL
                 } else {
@@ -408,6 +415,9 @@ impl Qp {
                     .fd(12, ctx.async_fd.as_raw_fd())
                     .output(13, cap.as_mut_bytes())
                     .output(14, qpn.as_mut_bytes());
+                if let Some(srq) = init.srq {
+                    call.handle(3, srq.inner.handle);
+                }
                 if !drv_in.is_empty() {
                     call.input(UHW_IN, drv_in);
                 }
@@ -430,15 +440,22 @@ impl Qp {
             qp_type: init.qp_type,
             cap: created.cap,
             state: QpState::Reset,
+            user_handle,
             pd: pd.inner.clone(),
             _send_cq: init.send_cq.inner.clone(),
             _recv_cq: init.recv_cq.inner.clone(),
+            _srq: init.srq.map(|s| s.inner.clone()),
         })
     }
 
     /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// The value naming this QP in [`crate::AsyncEvent`]s.
+    pub fn user_handle(&self) -> u64 {
+        self.user_handle
     }
 
     /// The transport.

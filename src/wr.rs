@@ -1,5 +1,7 @@
 //! Work requests: what `post_send` and `post_recv` take.
 
+use crate::error::WrReject;
+use crate::qp::QpType;
 use crate::sys::assert_layout;
 
 /// One scatter/gather entry: the same layout as C `struct ibv_sge`.
@@ -102,6 +104,17 @@ impl SendOp {
     }
 }
 
+/// The destination of a UD send.
+#[derive(Debug, Clone, Copy)]
+pub struct UdDest<'a> {
+    /// Address handle of the destination port.
+    pub ah: &'a crate::Ah,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key.
+    pub remote_qkey: u32,
+}
+
 /// A send-queue work request.
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr<'a> {
@@ -113,6 +126,8 @@ pub struct SendWr<'a> {
     pub sg_list: &'a [Sge],
     /// Flags.
     pub flags: SendFlags,
+    /// Destination, for UD QPs (required there, ignored elsewhere).
+    pub ud: Option<UdDest<'a>>,
 }
 
 impl<'a> SendWr<'a> {
@@ -123,13 +138,43 @@ impl<'a> SendWr<'a> {
             op,
             sg_list,
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
+    }
+
+    /// Sets the UD destination.
+    pub fn to(mut self, dest: UdDest<'a>) -> Self {
+        self.ud = Some(dest);
+        self
     }
 
     /// Replaces the flags.
     pub fn flags(mut self, flags: SendFlags) -> Self {
         self.flags = flags;
         self
+    }
+
+    /// Checks the rules every transport imposes, whatever the device: which operations the
+    /// QP type allows, that UD sends have a destination, that inline data is not used where
+    /// the device must write, and atomic alignment.
+    pub(crate) fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
+        let allowed = match qp_type {
+            QpType::Rc => true,
+            QpType::Uc => !matches!(self.op, SendOp::RdmaRead(_)) && !self.op.is_atomic(),
+            QpType::Ud => {
+                matches!(self.op, SendOp::Send | SendOp::SendWithImm { .. }) && self.ud.is_some()
+            }
+        };
+        let device_writes = matches!(self.op, SendOp::RdmaRead(_)) || self.op.is_atomic();
+        if !allowed || (device_writes && self.flags.contains(SendFlags::INLINE)) {
+            return Err(WrReject::OpcodeNotSupported);
+        }
+        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = self.op {
+            if remote.addr % 8 != 0 || self.sg_list.len() != 1 || self.sg_list[0].length < 8 {
+                return Err(WrReject::BadAtomic);
+            }
+        }
+        Ok(())
     }
 
     /// Total bytes named by the scatter/gather list.

@@ -24,6 +24,33 @@ pub struct CreateQpResp {
 }
 assert_layout!(CreateQpResp, size 32, rq_mi @ 0, sq_mi @ 16);
 
+/// `struct rxe_create_srq_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CreateSrqResp {
+    pub mi: MmInfo,
+    pub srq_num: u32,
+    pub reserved: u32,
+}
+assert_layout!(CreateSrqResp, size 24, srq_num @ 16);
+
+/// `struct rxe_modify_srq_cmd`: where the kernel writes the new ring's `mminfo` on resize.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ModifySrqCmd {
+    pub mmap_info_addr: u64,
+}
+assert_layout!(ModifySrqCmd, size 8);
+
+/// `struct rxe_create_ah_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CreateAhResp {
+    pub ah_num: u32,
+    pub reserved: u32,
+}
+assert_layout!(CreateAhResp, size 8);
+
 /// Offsets inside `struct rxe_queue_buf`, the header of every ring.
 pub mod queue {
     pub const LOG2_ELEM_SIZE: usize = 0;
@@ -66,12 +93,25 @@ pub struct AtomicArm {
     pub reserved: u32,
 }
 
+/// The `ud` arm of `rxe_send_wr.wr` (without the legacy address vector that follows it).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UdArm {
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+    pub pkey_index: u16,
+    pub reserved: u16,
+    pub ah_num: u32,
+}
+assert_layout!(UdArm, size 16, remote_qkey @ 4, pkey_index @ 8, ah_num @ 12);
+
 /// `rxe_send_wr.wr`: 120 bytes of operation-specific fields.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union WrArm {
     pub rdma: RdmaArm,
     pub atomic: AtomicArm,
+    pub ud: UdArm,
     pub raw: [u64; 15],
 }
 assert_layout!(WrArm, size 120);

@@ -5,16 +5,19 @@ mod abi;
 mod cq;
 mod qp;
 mod queue;
+mod srq;
 
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{
     CqCreated, CqRing, KernelCall, Provider, ProviderContext, QpCreated, QpQueues, QpRequest,
+    SrqCreated, SrqQueue,
 };
-use abi::MmInfo;
+use abi::{CreateAhResp, MmInfo};
 use memmap2::MmapOptions;
 use queue::{Backing, Queue};
 use std::sync::Arc;
+use zerocopy::IntoBytes;
 
 /// `RDMA_DRIVER_RXE` in `enum rdma_driver_id`.
 const DRIVER_ID: u32 = 14;
@@ -53,6 +56,7 @@ impl Provider for Rxe {
     }
 }
 
+#[derive(Clone)]
 struct RxeContext {
     file: Arc<DeviceFile>,
 }
@@ -89,5 +93,23 @@ impl ProviderContext for RxeContext {
         kernel: KernelCall<'_, QpCreated>,
     ) -> Result<Box<dyn QpQueues>> {
         qp::create(self, request, kernel)
+    }
+
+    fn create_srq(&self, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
+        srq::create(self, kernel)
+    }
+
+    fn create_ah(&self, kernel: KernelCall<'_, u32>) -> Result<u64> {
+        let mut resp = CreateAhResp::default();
+        kernel(&[], resp.as_mut_bytes())?;
+        if resp.ah_num == 0 {
+            // Kernels before 5.14 return no AH number; UD sends would then need a full
+            // address vector in every WQE, which this provider does not build.
+            return Err(Error::Unsupported {
+                verb: "CREATE_AH",
+                what: "rxe kernels without AH numbers (before Linux 5.14)",
+            });
+        }
+        Ok(u64::from(resp.ah_num))
     }
 }

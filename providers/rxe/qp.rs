@@ -1,7 +1,7 @@
 //! rxe queue pairs: send WQEs written into the SQ ring and rung with an empty POST_SEND
 //! command; receive WQEs written into the RQ ring with no system call.
 
-use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, WrArm};
+use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
 use super::queue::Producer;
 use super::RxeContext;
 use crate::device::DeviceFile;
@@ -115,29 +115,14 @@ impl RxeQp {
                 max: self.max_send_sge,
             });
         }
-        let allowed = match self.qp_type {
-            QpType::Rc => true,
-            QpType::Uc => !matches!(wr.op, SendOp::RdmaRead(_)) && !wr.op.is_atomic(),
-            QpType::Ud => false,
-        };
-        if !allowed {
-            return Err(WrReject::OpcodeNotSupported);
-        }
+        wr.check_transport(self.qp_type)?;
         if wr.flags.contains(SendFlags::INLINE) {
             let len = wr.total_len();
-            if wr.op.is_atomic() || matches!(wr.op, SendOp::RdmaRead(_)) {
-                return Err(WrReject::OpcodeNotSupported);
-            }
             if len > u64::from(self.max_inline) {
                 return Err(WrReject::InlineTooLong {
                     given: len as usize,
                     max: self.max_inline,
                 });
-            }
-        }
-        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = wr.op {
-            if remote.addr % 8 != 0 || sges != 1 || wr.sg_list[0].length < 8 {
-                return Err(WrReject::BadAtomic);
             }
         }
         Ok(())
@@ -186,7 +171,17 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>) {
             };
             iova = remote.addr;
         }
-        SendOp::Send | SendOp::SendWithImm { .. } => {}
+        SendOp::Send | SendOp::SendWithImm { .. } => {
+            if let Some(ud) = wr.ud {
+                arm.ud = UdArm {
+                    remote_qpn: ud.remote_qpn,
+                    remote_qkey: ud.remote_qkey,
+                    pkey_index: 0,
+                    reserved: 0,
+                    ah_num: ud.ah.provider_data() as u32,
+                };
+            }
+        }
     }
     let length = wr.total_len() as u32;
     let inline = wr.flags.contains(SendFlags::INLINE);

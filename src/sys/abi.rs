@@ -14,10 +14,16 @@ pub const UVERBS_ABI_VERSION: u32 = 6;
 pub mod cmd {
     pub const QUERY_DEVICE: u32 = 1;
     pub const ALLOC_PD: u32 = 3;
+    pub const CREATE_AH: u32 = 5;
     pub const REG_MR: u32 = 9;
+    pub const CREATE_COMP_CHANNEL: u32 = 17;
+    pub const RESIZE_CQ: u32 = 19;
+    pub const REQ_NOTIFY_CQ: u32 = 23;
     pub const QUERY_QP: u32 = 25;
     pub const MODIFY_QP: u32 = 26;
     pub const POST_SEND: u32 = 28;
+    pub const MODIFY_SRQ: u32 = 33;
+    pub const QUERY_SRQ: u32 = 34;
 }
 
 /// `struct ib_uverbs_cmd_hdr`: the head of every non-extended `write()` command.
@@ -322,3 +328,144 @@ pub struct DestroyQpResp {
     pub events_reported: u32,
 }
 assert_layout!(DestroyQpResp, size 4);
+
+/// `struct ib_uverbs_create_comp_channel`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CreateCompChannel {
+    pub response: u64,
+}
+
+/// `struct ib_uverbs_create_comp_channel_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CreateCompChannelResp {
+    pub fd: u32,
+}
+assert_layout!(CreateCompChannelResp, size 4);
+
+/// `struct ib_uverbs_req_notify_cq`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ReqNotifyCq {
+    pub cq_handle: u32,
+    pub solicited_only: u32,
+}
+assert_layout!(ReqNotifyCq, size 8);
+
+/// `struct ib_uverbs_resize_cq`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ResizeCq {
+    pub response: u64,
+    pub cq_handle: u32,
+    pub cqe: u32,
+}
+assert_layout!(ResizeCq, size 16, cq_handle @ 8);
+
+/// `struct ib_uverbs_resize_cq_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ResizeCqResp {
+    pub cqe: u32,
+    pub reserved: u32,
+}
+assert_layout!(ResizeCqResp, size 8);
+
+/// `struct ib_uverbs_ah_attr`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct AhAttrAbi {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub grh_reserved: u8,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+    pub reserved: u8,
+}
+assert_layout!(AhAttrAbi, size 32, sgid_index @ 20, dlid @ 24, is_global @ 29, port_num @ 30);
+
+/// `struct ib_uverbs_create_ah`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CreateAh {
+    pub response: u64,
+    pub user_handle: u64,
+    pub pd_handle: u32,
+    pub reserved: u32,
+    pub attr: AhAttrAbi,
+}
+assert_layout!(CreateAh, size 56, pd_handle @ 16, attr @ 24);
+
+/// `struct ib_uverbs_create_ah_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CreateAhResp {
+    pub ah_handle: u32,
+}
+assert_layout!(CreateAhResp, size 4);
+
+/// `struct ib_uverbs_modify_srq`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ModifySrq {
+    pub srq_handle: u32,
+    pub attr_mask: u32,
+    pub max_wr: u32,
+    pub srq_limit: u32,
+}
+assert_layout!(ModifySrq, size 16);
+
+/// `struct ib_uverbs_query_srq`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct QuerySrq {
+    pub response: u64,
+    pub srq_handle: u32,
+    pub reserved: u32,
+}
+assert_layout!(QuerySrq, size 16);
+
+/// `struct ib_uverbs_query_srq_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct QuerySrqResp {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+    pub reserved: u32,
+}
+assert_layout!(QuerySrqResp, size 16);
+
+/// `struct ib_uverbs_destroy_srq_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct DestroySrqResp {
+    pub events_reported: u32,
+}
+assert_layout!(DestroySrqResp, size 4);
+
+/// `struct ib_uverbs_comp_event_desc`: what a completion channel's fd yields.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct CompEventDesc {
+    pub cq_handle: u64,
+}
+assert_layout!(CompEventDesc, size 8);
+
+/// `struct ib_uverbs_async_event_desc`: what the async event fd yields.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct AsyncEventDesc {
+    pub element: u64,
+    pub event_type: u32,
+    pub reserved: u32,
+}
+assert_layout!(AsyncEventDesc, size 16, event_type @ 8);

@@ -21,6 +21,8 @@ pub mod object {
     pub const PD: u16 = 1;
     pub const CQ: u16 = 3;
     pub const QP: u16 = 4;
+    pub const SRQ: u16 = 5;
+    pub const AH: u16 = 6;
     pub const MR: u16 = 7;
     pub const ASYNC_EVENT: u16 = 16;
 }

@@ -9,7 +9,7 @@ use uverbs::*;
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Opens the device named by `UVERBS_TEST_DEVICE`, or the first one.
-pub fn open() -> Context {
+pub fn open_test_device() -> Context {
     let name = std::env::var("UVERBS_TEST_DEVICE").ok();
     uverbs::open(name.as_deref()).unwrap_or_else(|e| {
         panic!("{e}\nThese tests need an RDMA device: run them with `cargo xtask test`, which boots a guest with rdma_rxe")
@@ -101,7 +101,7 @@ impl Pair {
 
     /// A connected pair with `opts`.
     pub fn with(opts: PairOpts) -> Self {
-        let ctx = open();
+        let ctx = open_test_device();
         let pd = ctx.alloc_pd().expect("alloc_pd");
         let gid = loopback_gid(&ctx);
         let make = || {

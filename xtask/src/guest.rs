@@ -92,15 +92,24 @@ pub fn run(job: &Job) -> Result<Report> {
         cpus: env_number("UVERBS_GUEST_CPUS", 2)?,
         timeout: Duration::from_secs(env_number(ENV_TIMEOUT, 1200u64)?),
     };
-    let log = kernel_log();
-    let _ = std::fs::remove_file(&log);
-    eprintln!(
+    // Written inside the results directory so that concurrent runs do not
+    // mix their logs; moved to target/guest/kernel.log after the run.
+    let run_log = results.join("kernel.log");
+    note!(
         "xtask: booting kernel {} in QEMU ({}, timeout {} s)",
         kernel.version,
         if machine.kvm { "kvm" } else { "tcg" },
         machine.timeout.as_secs()
     );
-    let out = qemu::boot(&machine, &kernel, &initramfs, &results, &log)?;
+    let out = qemu::boot(&machine, &kernel, &initramfs, &results, &run_log)?;
+    let log_path = kernel_log();
+    let log = std::fs::read_to_string(&run_log)
+        .map(|t| t.replace('\r', ""))
+        .unwrap_or_else(|e| format!("(no kernel log at {}: {e})", run_log.display()));
+    if std::fs::rename(&run_log, &log_path).is_err() {
+        let _ = std::fs::write(&log_path, &log);
+    }
+    let diagnostics = || diagnostics(&out.qemu_stderr, &log, &log_path);
 
     let status = std::fs::read_to_string(results.join("status"))
         .ok()
@@ -119,9 +128,17 @@ pub fn run(job: &Job) -> Result<Report> {
                 },
             },
         };
-        bail!("{why}{}", diagnostics(&out.qemu_stderr, &log));
+        bail!("{why}{}", diagnostics());
     }
     report.status = status;
+    let problems = kernel_problems(&log);
+    if !problems.is_empty() {
+        note!(
+            "xtask: warning: the guest kernel logged problems (see {}):\n{}",
+            log_path.display(),
+            problems.join("\n")
+        );
+    }
     if status.is_none() {
         let why = match out.end {
             End::TimedOut => format!(
@@ -133,7 +150,7 @@ pub fn run(job: &Job) -> Result<Report> {
                 None => format!("the guest stopped while the command was running (QEMU {st})"),
             },
         };
-        report.failure = Some(format!("{why}{}", diagnostics(&out.qemu_stderr, &log)));
+        report.failure = Some(format!("{why}{}", diagnostics()));
     }
     Ok(report)
 }
@@ -169,9 +186,8 @@ fn header(results: &Path, command: &str) -> String {
 }
 
 /// Error lines init or guest.sh wrote to the kernel log.
-fn guest_errors(log: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(log).ok()?;
-    let errs: Vec<&str> = text
+fn guest_errors(log: &str) -> Option<String> {
+    let errs: Vec<&str> = log
         .lines()
         .filter_map(|l| l.split_once("uverbs-guest: ERROR: ").map(|(_, e)| e.trim()))
         .collect();
@@ -179,33 +195,42 @@ fn guest_errors(log: &Path) -> Option<String> {
 }
 
 /// The kernel's "Kernel panic" line, if the log has one.
-fn panic_line(log: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(log).ok()?;
-    let line = text
-        .lines()
-        .find(|l| l.contains("Kernel panic - not syncing"))?;
-    Some(line.trim_end_matches('\r').to_string())
+fn panic_line(log: &str) -> Option<&str> {
+    log.lines()
+        .find(|l| l.contains("Kernel panic - not syncing"))
+}
+
+/// Kernel log lines that report a kernel bug or warning (oops, BUG, WARN_ON).
+fn kernel_problems(log: &str) -> Vec<&str> {
+    const SIGNS: &[&str] = &[
+        "BUG:",
+        "WARNING:",
+        "Oops",
+        "general protection fault",
+        "UBSAN:",
+        "KASAN:",
+        "Kernel panic",
+    ];
+    log.lines()
+        .filter(|l| SIGNS.iter().any(|s| l.contains(s)))
+        .take(20)
+        .collect()
 }
 
 /// QEMU's stderr and the tail of the kernel log, for error messages.
-fn diagnostics(qemu_stderr: &str, log: &Path) -> String {
+fn diagnostics(qemu_stderr: &str, log: &str, log_path: &Path) -> String {
     let mut s = String::new();
     if !qemu_stderr.trim().is_empty() {
         s.push_str(&format!("\nQEMU stderr:\n{}", qemu_stderr.trim_end()));
     }
-    match std::fs::read_to_string(log) {
-        Ok(text) => {
-            let lines: Vec<&str> = text.lines().map(|l| l.trim_end_matches('\r')).collect();
-            let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
-            s.push_str(&format!(
-                "\nlast {} lines of {}:\n{}",
-                tail.len(),
-                log.display(),
-                tail.join("\n")
-            ));
-        }
-        Err(e) => s.push_str(&format!("\n(no kernel log at {}: {e})", log.display())),
-    }
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+    s.push_str(&format!(
+        "\nlast {} lines of the kernel log ({}):\n{}",
+        tail.len(),
+        log_path.display(),
+        tail.join("\n")
+    ));
     s
 }
 
@@ -239,16 +264,14 @@ mod tests {
     }
 
     #[test]
-    fn finds_guest_errors_in_the_log() {
-        let dir = std::env::temp_dir().join(format!("xtask-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("k.log");
-        std::fs::write(
-            &log,
-            "[ 1.0] x\r\n[ 1.1] uverbs-guest: ERROR: insmod 9p failed\r\n",
-        )
-        .unwrap();
-        assert_eq!(guest_errors(&log).as_deref(), Some("insmod 9p failed"));
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn reads_errors_and_panics_from_the_log() {
+        let log = "[ 1.0] x\n[ 1.1] uverbs-guest: ERROR: insmod 9p failed\n\
+                   [ 2.0] Kernel panic - not syncing: sysrq triggered crash\n";
+        assert_eq!(guest_errors(log).as_deref(), Some("insmod 9p failed"));
+        assert_eq!(guest_errors("[ 1.0] fine\n"), None);
+        assert_eq!(kernel_problems(log).len(), 1);
+        assert!(panic_line(log).is_some_and(|l| l.ends_with("sysrq triggered crash")));
+        let d = diagnostics("", log, Path::new("/k.log"));
+        assert!(d.contains("last 3 lines of the kernel log (/k.log)"), "{d}");
     }
 }

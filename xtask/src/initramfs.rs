@@ -108,7 +108,7 @@ pub fn prepare(kernel: &Kernel, cache: &Path) -> Result<PathBuf> {
     }
     crate::write_atomic(&path, &a.finish())?;
     let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
-    eprintln!(
+    note!(
         "xtask: built {} (modules: {})",
         path.display(),
         names.join(" ")

@@ -102,7 +102,7 @@ pub fn prepare(cache: &Path) -> Result<Kernel> {
     let modules = PathBuf::from(format!("/lib/modules/{version}"));
 
     if !has_pvh(&version) {
-        eprintln!("xtask: kernel {version} lacks CONFIG_PVH; booting the bzImage (slower)");
+        note!("xtask: kernel {version} lacks CONFIG_PVH; booting the bzImage (slower)");
         return Ok(Kernel {
             version,
             image: bz_path,
@@ -120,7 +120,7 @@ pub fn prepare(cache: &Path) -> Result<Kernel> {
             .with_context(|| format!("extracting vmlinux from {}", bz_path.display()))?;
         crate::write_atomic(&image, &elf)?;
         crate::write_atomic(&stamp_file, stamp.as_bytes())?;
-        eprintln!(
+        note!(
             "xtask: extracted {} ({} MiB)",
             image.display(),
             elf.len() >> 20

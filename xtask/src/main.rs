@@ -27,6 +27,30 @@
 //! `target/guest/`: cached `vmlinux-<release>` and initramfs, `kernel.log`
 //! (the guest's kernel console, ttyS1) of the last run.
 
+/// `eprintln!` that ignores a closed stderr (e.g. `| head`) instead of panicking.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that ignores a closed stderr.
+macro_rules! note_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` that ignores a closed stdout.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod cpio;
 mod error;
 mod guest;
@@ -62,7 +86,7 @@ fn main() -> ExitCode {
     match dispatch(&args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("xtask: error: {e}");
+            note!("xtask: error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -84,7 +108,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         "test" => testrun::run(rest),
         "demo" => demo(),
         "help" | "-h" | "--help" => {
-            println!("{USAGE}");
+            say!("{USAGE}");
             Ok(ExitCode::SUCCESS)
         }
         other => bail!("unknown command `{other}`\n{USAGE}"),

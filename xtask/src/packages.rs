@@ -85,7 +85,7 @@ pub fn ensure() -> Result<()> {
             pkgs.join(" ")
         );
     }
-    eprintln!("xtask: missing {list}; installing {}", pkgs.join(" "));
+    note!("xtask: missing {list}; installing {}", pkgs.join(" "));
     let apt = |args: &[&str]| {
         let mut c = Command::new("apt-get");
         c.env("DEBIAN_FRONTEND", "noninteractive")

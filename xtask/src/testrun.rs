@@ -32,14 +32,19 @@ pub fn cargo() -> Command {
 
 /// Runs everything; `extra` goes to every test binary (e.g. a name filter).
 pub fn run(extra: &[String]) -> Result<ExitCode> {
+    let native = crate::native();
+    if !native {
+        // Early, so that missing tools show up before minutes of building.
+        crate::packages::ensure()?;
+    }
     let mut failures: Vec<String> = Vec::new();
     for args in [
-        &["test", "--workspace", "--lib", "--bins"][..],
+        &["test", "--workspace", "--lib", "--bins", "--no-fail-fast"][..],
         &["test", "--doc", "-p", "uverbs"],
     ] {
         let mut c = cargo();
         c.args(args);
-        eprintln!("xtask: host: {}", proc::describe(&c));
+        note!("xtask: host: {}", proc::describe(&c));
         if let Err(e) = proc::check(&mut c) {
             failures.push(format!("host: {e}"));
         }
@@ -62,32 +67,33 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     }
     let mut c = cargo();
     c.args(["build", "-p", "uverbs", "--examples"]);
-    eprintln!("xtask: {}", proc::describe(&c));
+    note!("xtask: {}", proc::describe(&c));
     if let Err(e) = proc::check(&mut c) {
         failures.push(format!("build: {e}"));
     }
     items.extend(scripts()?);
 
-    let outcomes = if crate::native() {
-        eprintln!("xtask: running {} test binaries/scripts natively (host has an RDMA device or UVERBS_NATIVE=1)", items.len());
-        items.iter().map(|i| run_native(i, timeout)).collect()
+    let (outcomes, guest_failure) = if native {
+        note!("xtask: running {} test binaries/scripts natively (host has an RDMA device or UVERBS_NATIVE=1)", items.len());
+        (items.iter().map(|i| run_native(i, timeout)).collect(), None)
     } else {
-        eprintln!(
+        note!(
             "xtask: running {} test binaries/scripts in a QEMU guest",
             items.len()
         );
         run_in_guest(&items, timeout)
     };
+    failures.extend(guest_failure);
 
     let (mut passed, mut failed) = (0, failures.len());
     for f in &failures {
-        println!("FAIL {f}");
+        say!("FAIL {f}");
     }
     for (item, outcome) in items.iter().zip(&outcomes) {
         match outcome {
             Outcome::Exited(0) => {
                 passed += 1;
-                println!("PASS {}", item.name);
+                say!("PASS {}", item.name);
             }
             Outcome::Exited(code) => {
                 failed += 1;
@@ -96,15 +102,15 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
                 } else {
                     format!("exit status {code}")
                 };
-                println!("FAIL {} ({why})", item.name);
+                say!("FAIL {} ({why})", item.name);
             }
             Outcome::Unfinished(why) => {
                 failed += 1;
-                println!("FAIL {} (did not finish: {why})", item.name);
+                say!("FAIL {} (did not finish: {why})", item.name);
             }
         }
     }
-    println!("guest: {passed} passed, {failed} failed");
+    say!("guest: {passed} passed, {failed} failed");
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
@@ -124,7 +130,7 @@ fn test_binaries() -> Result<Vec<(String, String)>> {
         "--message-format=json",
     ])
     .stdout(Stdio::piped());
-    eprintln!("xtask: {}", proc::describe(&c));
+    note!("xtask: {}", proc::describe(&c));
     let what = proc::describe(&c);
     let mut child = c
         .spawn()
@@ -143,7 +149,7 @@ fn test_binaries() -> Result<Vec<(String, String)>> {
                     .and_then(|m| m.get("rendered"))
                     .and_then(json::Value::as_str)
                 {
-                    eprint!("{r}");
+                    note_raw!("{r}");
                 }
             }
             Some("compiler-artifact") => {
@@ -200,7 +206,7 @@ fn scripts() -> Result<Vec<Item>> {
 
 /// Runs one item on the host with an unlimited RLIMIT_MEMLOCK (where allowed).
 fn run_native(item: &Item, timeout: u32) -> Outcome {
-    eprintln!("==== native: {}", item.name);
+    note!("==== native: {}", item.name);
     let mut c = Command::new("sh");
     c.args([
         "-c",
@@ -235,8 +241,9 @@ fn guest_script(items: &[Item], timeout: u32) -> String {
     s
 }
 
-/// Boots one guest for all items; an item the guest never finished counts as failed.
-fn run_in_guest(items: &[Item], timeout: u32) -> Vec<Outcome> {
+/// Boots one guest for all items; an item the guest never finished counts as
+/// failed. Also returns why the guest failed (did not boot, crashed), if it did.
+fn run_in_guest(items: &[Item], timeout: u32) -> (Vec<Outcome>, Option<String>) {
     let job = guest::Job {
         command: "/bin/sh \"$UVERBS_RESULTS/tests.sh\"".into(),
         files: vec![("tests.sh".into(), guest_script(items, timeout))],
@@ -244,21 +251,23 @@ fn run_in_guest(items: &[Item], timeout: u32) -> Vec<Outcome> {
     let report = match guest::run(&job) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("xtask: error: {e}");
-            println!(
-                "FAIL guest boot: {}",
-                e.to_string().lines().next().unwrap_or_default()
-            );
-            return items
+            note!("xtask: error: {e}");
+            let first = e.to_string().lines().next().unwrap_or_default().to_string();
+            let outcomes = items
                 .iter()
                 .map(|_| Outcome::Unfinished("the guest did not boot".into()))
                 .collect();
+            return (outcomes, Some(format!("guest: {first}")));
         }
     };
     if let Some(f) = &report.failure {
-        eprintln!("xtask: error: {f}");
+        note!("xtask: error: {f}");
     }
     let results = report.read("results").unwrap_or_default();
+    note!(
+        "xtask: the guest's kernel log is in {}",
+        guest::kernel_log().display()
+    );
     let mut outcomes: Vec<Outcome> = items
         .iter()
         .map(|_| {
@@ -283,7 +292,12 @@ fn run_in_guest(items: &[Item], timeout: u32) -> Vec<Outcome> {
             }
         }
     }
-    outcomes
+    let failure = report
+        .failure
+        .as_deref()
+        .and_then(|f| f.lines().next())
+        .map(|f| format!("guest: {f}"));
+    (outcomes, failure)
 }
 
 #[cfg(test)]

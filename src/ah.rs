@@ -1,0 +1,101 @@
+//! Address handles: where a UD send goes.
+
+use crate::context::ContextInner;
+use crate::error::Result;
+use crate::pd::{Pd, PdInner};
+use crate::provider::create_object;
+use crate::qp::AhAttr;
+use crate::sys::abi::{self, AhAttrAbi, CreateAh, CreateAhResp};
+use crate::sys::cmd;
+use crate::sys::ioctl::object;
+use std::sync::Arc;
+
+const METHOD_AH_DESTROY: u16 = 0;
+
+/// An address handle.
+pub struct Ah {
+    pd: Arc<PdInner>,
+    handle: u32,
+    /// What the provider needs to address a UD send with this AH.
+    provider_data: u64,
+}
+
+impl std::fmt::Debug for Ah {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ah").field("handle", &self.handle).finish()
+    }
+}
+
+impl Pd {
+    /// Creates an address handle for `attr` (CREATE_AH).
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
+        let ctx = &self.inner.ctx;
+        let grh = attr.grh.unwrap_or_default();
+        let req = CreateAh {
+            response: 0,
+            user_handle: 0,
+            pd_handle: self.inner.handle,
+            reserved: 0,
+            attr: AhAttrAbi {
+                dgid: grh.dgid,
+                flow_label: grh.flow_label,
+                sgid_index: grh.sgid_index,
+                hop_limit: grh.hop_limit,
+                traffic_class: grh.traffic_class,
+                grh_reserved: 0,
+                dlid: attr.dlid,
+                sl: attr.sl,
+                src_path_bits: attr.src_path_bits,
+                static_rate: attr.static_rate,
+                is_global: u8::from(attr.grh.is_some()),
+                port_num: attr.port_num,
+                reserved: 0,
+            },
+        };
+        let (handle, provider_data) = create_object(
+            "CREATE_AH",
+            |kernel| ctx.provider.create_ah(kernel),
+            |drv_in, drv_out| {
+                // SAFETY: no user pointers but `response` (provider contract for `drv_in`).
+                let resp: CreateAhResp = unsafe {
+                    cmd::execute(
+                        ctx.fd(),
+                        "CREATE_AH",
+                        abi::cmd::CREATE_AH,
+                        &req,
+                        drv_in,
+                        drv_out,
+                    )
+                }?;
+                Ok(resp.ah_handle)
+            },
+            |h| destroy_ah(ctx, h),
+        )?;
+        Ok(Ah {
+            pd: self.inner.clone(),
+            handle,
+            provider_data,
+        })
+    }
+}
+
+fn destroy_ah(ctx: &ContextInner, handle: u32) {
+    let _ = ctx.destroy("DESTROY_AH", object::AH, METHOD_AH_DESTROY, handle, &mut []);
+}
+
+impl Ah {
+    /// The kernel's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    pub(crate) fn provider_data(&self) -> u64 {
+        self.provider_data
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        destroy_ah(&self.pd.ctx, self.handle);
+    }
+}

@@ -1,0 +1,211 @@
+//! Completion channels and async events: the two event fds the kernel gives a context.
+//!
+//! Both fds are plain pollable files: hand them to an event loop (`AsFd`/`AsRawFd`), and call
+//! the `get_*` methods when readable, or block in them with a timeout.
+//!
+//! There is no "acknowledge" call. libibverbs needs `ibv_ack_*_events` only so that destroying
+//! a CQ or QP can wait for threads still holding an event that points at it; here an event is
+//! a plain value naming the object by its user handle, so nothing can dangle and there is
+//! nothing to wait for. Each event is consumed exactly once by the read that returns it.
+
+use crate::context::{Context, ContextInner};
+use crate::error::{Error, Result, Verb};
+use crate::open_enum::open_enum;
+use crate::sys::abi::{
+    self, AsyncEventDesc, CompEventDesc, CreateCompChannel, CreateCompChannelResp,
+};
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Waits up to `timeout` (forever with `None`) for one event record on `fd` and reads it.
+/// `Ok(None)` when the time ran out.
+fn read_event<T: FromBytes + IntoBytes>(
+    fd: BorrowedFd<'_>,
+    verb: Verb,
+    timeout: Option<Duration>,
+) -> Result<Option<T>> {
+    let timeout = match timeout {
+        None => PollTimeout::NONE,
+        Some(t) => PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX),
+    };
+    loop {
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => return Ok(None),
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(Error::kernel(verb, e)),
+        }
+        let mut record = T::new_zeroed();
+        return match nix::unistd::read(fd.as_raw_fd(), record.as_mut_bytes()) {
+            Ok(n) if n == size_of::<T>() => Ok(Some(record)),
+            Ok(n) => Err(Error::malformed(verb, format!("{n}-byte event record"))),
+            // Another reader took it between poll and read.
+            Err(Errno::EAGAIN) if timeout == PollTimeout::ZERO => Ok(None),
+            Err(Errno::EAGAIN | Errno::EINTR) => continue,
+            Err(e) => Err(Error::kernel(verb, e)),
+        };
+    }
+}
+
+/// A completion channel: CQs created on it report "a completion arrived" events here after
+/// [`crate::Cq::req_notify`].
+#[derive(Clone)]
+pub struct CompChannel {
+    pub(crate) fd: Arc<OwnedFd>,
+}
+
+impl std::fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("fd", &self.fd.as_raw_fd())
+            .finish()
+    }
+}
+
+/// A completion event: the CQ with this user handle has new completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqEvent {
+    /// [`crate::Cq::user_handle`] of the CQ.
+    pub cq_user_handle: u64,
+}
+
+impl CompChannel {
+    pub(crate) fn new(ctx: &ContextInner) -> Result<Self> {
+        let resp: CreateCompChannelResp = ctx.write_cmd(
+            "CREATE_COMP_CHANNEL",
+            abi::cmd::CREATE_COMP_CHANNEL,
+            &CreateCompChannel::default(),
+        )?;
+        // SAFETY: the kernel just created this fd for this process; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(resp.fd as RawFd) };
+        Ok(Self { fd: Arc::new(fd) })
+    }
+
+    /// Waits up to `timeout` (forever with `None`, not at all with `Some(ZERO)`) for the next
+    /// event. Re-arm the CQ with `req_notify` and drain it with `poll` after each event.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CqEvent>> {
+        let desc: Option<CompEventDesc> = read_event(self.fd.as_fd(), "get_cq_event", timeout)?;
+        Ok(desc.map(|d| CqEvent {
+            cq_user_handle: d.cq_handle,
+        }))
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+open_enum! {
+    /// `enum ibv_event_type` (the kernel's `enum ib_event_type`).
+    AsyncEventKind {
+        CQ_ERR = 0, QP_FATAL = 1, QP_REQ_ERR = 2, QP_ACCESS_ERR = 3, COMM_EST = 4,
+        SQ_DRAINED = 5, PATH_MIG = 6, PATH_MIG_ERR = 7, DEVICE_FATAL = 8, PORT_ACTIVE = 9,
+        PORT_ERR = 10, LID_CHANGE = 11, PKEY_CHANGE = 12, SM_CHANGE = 13, SRQ_ERR = 14,
+        SRQ_LIMIT_REACHED = 15, QP_LAST_WQE_REACHED = 16, CLIENT_REREGISTER = 17,
+        GID_CHANGE = 18, WQ_FATAL = 19,
+    }
+}
+
+/// What an async event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventTarget {
+    /// A CQ, by [`crate::Cq::user_handle`].
+    Cq(u64),
+    /// A QP, by [`crate::Qp::user_handle`].
+    Qp(u64),
+    /// An SRQ, by [`crate::Srq::user_handle`].
+    Srq(u64),
+    /// A port of the device.
+    Port(u8),
+    /// The device as a whole.
+    Device,
+    /// A kind this crate does not know; the raw element.
+    Unknown(u64),
+}
+
+/// An async event from the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// What happened.
+    pub kind: AsyncEventKind,
+    /// What it happened to.
+    pub target: EventTarget,
+}
+
+impl AsyncEvent {
+    fn from_desc(d: &AsyncEventDesc) -> Self {
+        use AsyncEventKind as K;
+        let kind = AsyncEventKind(d.event_type);
+        let target = match kind {
+            K::CQ_ERR => EventTarget::Cq(d.element),
+            K::QP_FATAL
+            | K::QP_REQ_ERR
+            | K::QP_ACCESS_ERR
+            | K::COMM_EST
+            | K::SQ_DRAINED
+            | K::PATH_MIG
+            | K::PATH_MIG_ERR
+            | K::QP_LAST_WQE_REACHED => EventTarget::Qp(d.element),
+            K::SRQ_ERR | K::SRQ_LIMIT_REACHED => EventTarget::Srq(d.element),
+            K::PORT_ACTIVE
+            | K::PORT_ERR
+            | K::LID_CHANGE
+            | K::PKEY_CHANGE
+            | K::SM_CHANGE
+            | K::CLIENT_REREGISTER
+            | K::GID_CHANGE => EventTarget::Port(d.element as u8),
+            K::DEVICE_FATAL => EventTarget::Device,
+            _ => EventTarget::Unknown(d.element),
+        };
+        Self { kind, target }
+    }
+}
+
+impl Context {
+    /// Creates a completion channel.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        CompChannel::new(&self.inner)
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for the next async event. The fd to poll is
+    /// [`Context::async_fd`].
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
+        let desc: Option<AsyncEventDesc> = read_event(self.async_fd(), "get_async_event", timeout)?;
+        Ok(desc.as_ref().map(AsyncEvent::from_desc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_name_their_target() {
+        let e = |event_type, element| {
+            AsyncEvent::from_desc(&AsyncEventDesc {
+                element,
+                event_type,
+                reserved: 0,
+            })
+        };
+        assert_eq!(e(0, 9).target, EventTarget::Cq(9));
+        assert_eq!(e(16, 3).target, EventTarget::Qp(3));
+        assert_eq!(e(15, 4).target, EventTarget::Srq(4));
+        assert_eq!(e(9, 1).target, EventTarget::Port(1));
+        assert_eq!(e(99, 5).target, EventTarget::Unknown(5));
+        assert_eq!(format!("{:?}", e(10, 1).kind), "PORT_ERR");
+    }
+}

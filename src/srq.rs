@@ -1,0 +1,227 @@
+//! Shared receive queues.
+
+use crate::context::ContextInner;
+use crate::error::Result;
+use crate::pd::{Pd, PdInner};
+use crate::provider::{create_object, SrqCreated, SrqQueue};
+use crate::sys::abi::{self, DestroySrqResp, ModifySrq, QuerySrq, QuerySrqResp};
+use crate::sys::cmd;
+use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
+use crate::wr::RecvWr;
+use std::cell::UnsafeCell;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use zerocopy::IntoBytes;
+
+const METHOD_SRQ_CREATE: u16 = 0;
+const METHOD_SRQ_DESTROY: u16 = 1;
+/// `IB_SRQT_BASIC`.
+const SRQ_TYPE_BASIC: u64 = 0;
+/// `enum ibv_srq_attr_mask`.
+const SRQ_MAX_WR: u32 = 1;
+const SRQ_LIMIT: u32 = 2;
+
+/// How to create an SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqInit {
+    /// Least number of outstanding receives.
+    pub max_wr: u32,
+    /// Scatter/gather entries per receive.
+    pub max_sge: u32,
+    /// Arm the limit event at this fill level (0: not armed).
+    pub srq_limit: u32,
+}
+
+/// SRQ attributes as QUERY_SRQ reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Capacity.
+    pub max_wr: u32,
+    /// Scatter/gather entries per receive.
+    pub max_sge: u32,
+    /// Armed limit (0 once the limit event fired).
+    pub srq_limit: u32,
+}
+
+pub(crate) struct SrqInner {
+    pub(crate) pd: Arc<PdInner>,
+    pub(crate) handle: u32,
+    user_handle: u64,
+    queue: UnsafeCell<Box<dyn SrqQueue>>,
+}
+
+// SAFETY: `queue` is only accessed through `Srq` methods taking `&mut self`, and there is one
+// `Srq` per `SrqInner`; QPs holding the `Arc` never touch it.
+unsafe impl Sync for SrqInner {}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        destroy_srq(&self.pd.ctx, self.handle);
+    }
+}
+
+fn destroy_srq(ctx: &ContextInner, handle: u32) {
+    let mut resp = DestroySrqResp::default();
+    let _ = ctx.destroy(
+        "DESTROY_SRQ",
+        object::SRQ,
+        METHOD_SRQ_DESTROY,
+        handle,
+        resp.as_mut_bytes(),
+    );
+}
+
+/// A shared receive queue: QPs created with it take their receives from it. Posting takes
+/// `&mut self` (one producer, no lock).
+pub struct Srq {
+    pub(crate) inner: Arc<SrqInner>,
+    max_wr: u32,
+    max_sge: u32,
+}
+
+impl std::fmt::Debug for Srq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Srq")
+            .field("handle", &self.inner.handle)
+            .field("max_wr", &self.max_wr)
+            .finish()
+    }
+}
+
+impl Pd {
+    /// Creates an SRQ in this PD.
+    pub fn create_srq(&self, init: &SrqInit) -> Result<Srq> {
+        let ctx = &self.inner.ctx;
+        let user_handle = ctx.new_user_handle();
+        let (created, queue) = create_object(
+            "CREATE_SRQ",
+            |kernel| ctx.provider.create_srq(kernel),
+            |drv_in, drv_out| {
+                let (mut max_wr, mut max_sge) = (0u32, 0u32);
+                let mut call = ctx.ioctl(object::SRQ, METHOD_SRQ_CREATE);
+                let handle = call.new_handle(0);
+                call.handle(1, self.inner.handle)
+                    .input(4, &user_handle)
+                    .input(5, &init.max_wr)
+                    .input(6, &init.max_sge)
+                    .input(7, &init.srq_limit)
+                    .input(9, &SRQ_TYPE_BASIC)
+                    .fd(10, ctx.async_fd.as_raw_fd())
+                    .output(11, max_wr.as_mut_bytes())
+                    .output(12, max_sge.as_mut_bytes());
+                if !drv_in.is_empty() {
+                    call.input(UHW_IN, drv_in);
+                }
+                if !drv_out.is_empty() {
+                    call.output(UHW_OUT, drv_out);
+                }
+                let done = call.execute(ctx.fd(), "CREATE_SRQ")?;
+                Ok(SrqCreated {
+                    handle: done.handle(handle),
+                    max_wr,
+                    max_sge,
+                })
+            },
+            |c| destroy_srq(ctx, c.handle),
+        )?;
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                pd: self.inner.clone(),
+                handle: created.handle,
+                user_handle,
+                queue: UnsafeCell::new(queue),
+            }),
+            max_wr: created.max_wr,
+            max_sge: created.max_sge,
+        })
+    }
+}
+
+impl Srq {
+    fn queue(&mut self) -> &mut dyn SrqQueue {
+        // SAFETY: `&mut self` on the only `Srq` for this `SrqInner` (see its `Sync` impl).
+        unsafe { &mut **self.inner.queue.get() }
+    }
+
+    /// Posts receives (no system call). Same contract and errors as [`crate::Qp::post_recv`].
+    ///
+    /// # Safety
+    /// Until each request completes (or the SRQ is destroyed), the buffers it names must stay
+    /// valid and must not be accessed: the device writes incoming data into them.
+    pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.queue().post_recv(wrs) }
+    }
+
+    /// Arms the limit: when fewer than `limit` receives remain, the device raises one
+    /// `SRQ_LIMIT_REACHED` async event and disarms.
+    pub fn arm_limit(&mut self, limit: u32) -> Result<()> {
+        self.modify(SRQ_LIMIT, 0, limit)
+    }
+
+    /// Grows the SRQ to at least `max_wr` receives, keeping those posted.
+    pub fn resize(&mut self, max_wr: u32) -> Result<()> {
+        self.modify(SRQ_MAX_WR, max_wr, 0)?;
+        self.max_wr = self.query()?.max_wr;
+        Ok(())
+    }
+
+    fn modify(&mut self, attr_mask: u32, max_wr: u32, srq_limit: u32) -> Result<()> {
+        let ctx = self.inner.pd.ctx.clone();
+        let req = ModifySrq {
+            srq_handle: self.inner.handle,
+            attr_mask,
+            max_wr,
+            srq_limit,
+        };
+        self.queue()
+            .modify(attr_mask & SRQ_MAX_WR != 0, &mut |drv_in| {
+                // SAFETY: pointers in the driver request are the provider's to keep valid
+                // (`ProviderContext` contract); the core request has none.
+                unsafe {
+                    cmd::execute::<_, ()>(
+                        ctx.fd(),
+                        "MODIFY_SRQ",
+                        abi::cmd::MODIFY_SRQ,
+                        &req,
+                        drv_in,
+                        &mut [],
+                    )
+                }
+            })
+    }
+
+    /// Reads the attributes back (QUERY_SRQ).
+    pub fn query(&self) -> Result<SrqAttr> {
+        let req = QuerySrq {
+            response: 0,
+            srq_handle: self.inner.handle,
+            reserved: 0,
+        };
+        let r: QuerySrqResp =
+            self.inner
+                .pd
+                .ctx
+                .write_cmd("QUERY_SRQ", abi::cmd::QUERY_SRQ, &req)?;
+        Ok(SrqAttr {
+            max_wr: r.max_wr,
+            max_sge: r.max_sge,
+            srq_limit: r.srq_limit,
+        })
+    }
+
+    /// Capacity the kernel granted.
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// Scatter/gather entries per receive.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
+    /// The value naming this SRQ in [`crate::AsyncEvent`]s.
+    pub fn user_handle(&self) -> u64 {
+        self.inner.user_handle
+    }
+}

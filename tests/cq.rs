@@ -1,0 +1,197 @@
+//! Completion queues: completion channels and events (blocking, non-blocking, solicited
+//! only), in-place batches, resize keeping completions, and overrun reported as an event.
+
+mod common;
+
+use common::*;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+use uverbs::*;
+
+fn write_n(p: &mut Pair, ids: std::ops::Range<u64>) {
+    let sge = [p.a.mr.sge(0, 8).unwrap()];
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    let wrs: Vec<_> = ids
+        .map(|i| SendWr::new(i, SendOp::RdmaWrite(remote), &sge))
+        .collect();
+    // SAFETY: the source buffer is not modified.
+    unsafe { p.a.qp.post_send(&wrs) }.unwrap();
+}
+
+#[test]
+fn completion_channel_wakes_a_waiter_once_per_request() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let channel = ctx.create_comp_channel().unwrap();
+    assert!(channel.as_raw_fd() > 2);
+    let mut cq = ctx
+        .create_cq_with(&CqInit {
+            cqe: 64,
+            channel: Some(&channel),
+            comp_vector: 0,
+        })
+        .unwrap();
+    let gid = loopback_gid(&ctx);
+    let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let mr = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let qpn = qp.qpn();
+    qp.to_init(1, AccessFlags::REMOTE_WRITE).unwrap();
+    qp.to_rtr(path_to(&gid), qpn, 0, Mtu::Mtu1024).unwrap(); // connected to itself
+    qp.to_rts(0).unwrap();
+    let sge = [mr.sge(0, 8).unwrap()];
+    let remote = Remote {
+        addr: mr.addr() + 64,
+        rkey: mr.rkey(),
+    };
+
+    assert_eq!(
+        channel.get_event(Some(Duration::ZERO)).unwrap(),
+        None,
+        "nothing pending"
+    );
+    for round in 0..3u64 {
+        cq.req_notify(false).unwrap();
+        unsafe { qp.post_send(&[SendWr::new(round, SendOp::RdmaWrite(remote), &sge)]) }.unwrap();
+        let ev = channel
+            .get_event(Some(Duration::from_secs(10)))
+            .unwrap()
+            .expect("a completion event");
+        assert_eq!(ev.cq_user_handle, cq.user_handle());
+        assert_eq!(poll_n(&mut cq, 1, 4)[0].wr_id, round);
+    }
+    // Not re-armed: a completion raises no event.
+    unsafe { qp.post_send(&[SendWr::new(9, SendOp::RdmaWrite(remote), &sge)]) }.unwrap();
+    poll_n(&mut cq, 1, 1);
+    assert_eq!(
+        channel.get_event(Some(Duration::from_millis(200))).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn solicited_only_waits_for_a_solicited_receive() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let gid = loopback_gid(&ctx);
+    let channel = ctx.create_comp_channel().unwrap();
+    let mut scq = ctx.create_cq(64).unwrap();
+    let mut rcq = ctx
+        .create_cq_with(&CqInit {
+            cqe: 64,
+            channel: Some(&channel),
+            comp_vector: 0,
+        })
+        .unwrap();
+    let mut tx = pd.create_qp(&QpInit::new(QpType::Rc, &scq, &scq)).unwrap();
+    let mut rx = pd.create_qp(&QpInit::new(QpType::Rc, &scq, &rcq)).unwrap();
+    let (txn, rxn) = (tx.qpn(), rx.qpn());
+    for (qp, peer) in [(&mut tx, rxn), (&mut rx, txn)] {
+        qp.to_init(1, AccessFlags::LOCAL_WRITE).unwrap();
+        qp.to_rtr(path_to(&gid), peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rts(0).unwrap();
+    }
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        let sge = mr.sge(1024 + i * 64, 64).unwrap();
+        unsafe { rx.post_recv(&[RecvWr::new(i as u64, &[sge])]) }.unwrap();
+    }
+    let sge = [mr.sge(0, 16).unwrap()];
+    rcq.req_notify(true).unwrap();
+    unsafe { tx.post_send(&[SendWr::new(1, SendOp::Send, &sge)]) }.unwrap();
+    poll_n(&mut scq, 1, 1);
+    assert_eq!(
+        channel.get_event(Some(Duration::from_millis(300))).unwrap(),
+        None,
+        "unsolicited: no event"
+    );
+    let wr = SendWr::new(2, SendOp::Send, &sge).flags(SendFlags::SIGNALED | SendFlags::SOLICITED);
+    unsafe { tx.post_send(&[wr]) }.unwrap();
+    let ev = channel
+        .get_event(Some(Duration::from_secs(10)))
+        .unwrap()
+        .expect("solicited event");
+    assert_eq!(ev.cq_user_handle, rcq.user_handle());
+    assert_eq!(poll_n(&mut rcq, 2, 4).len(), 2);
+}
+
+#[test]
+fn batch_borrows_in_place_and_consumes_only_what_it_yielded() {
+    let mut p = Pair::new();
+    write_n(&mut p, 0..5);
+    std::thread::sleep(Duration::from_millis(500));
+    {
+        let mut batch = p.a.cq.batch();
+        assert_eq!(batch.len(), 5);
+        for want in 0..3 {
+            let wc = batch.next().unwrap();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode),
+                (want, WcStatus::SUCCESS, WcOpcode::RDMA_WRITE)
+            );
+        }
+    }
+    let rest = poll_n(&mut p.a.cq, 2, 8);
+    assert_eq!(rest.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [3, 4]);
+    assert!(p.a.cq.batch().next().is_none());
+}
+
+#[test]
+fn resize_keeps_queued_completions() {
+    let mut opts = PairOpts::default();
+    opts.cq_depth = 16;
+    let mut p = Pair::with(opts);
+    let before = p.a.cq.capacity();
+    write_n(&mut p, 0..10);
+    std::thread::sleep(Duration::from_millis(500));
+    p.a.cq.resize(300).unwrap();
+    assert!(
+        p.a.cq.capacity() >= 300 && before < 300,
+        "{before} -> {}",
+        p.a.cq.capacity()
+    );
+    write_n(&mut p, 10..200);
+    let ids: Vec<u64> = poll_n(&mut p.a.cq, 200, 64)
+        .iter()
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!(
+        ids,
+        (0..200).collect::<Vec<_>>(),
+        "queued completions kept, in order"
+    );
+    p.a.cq.resize(32).unwrap();
+    write_n(&mut p, 200..210);
+    assert_eq!(poll_n(&mut p.a.cq, 10, 16).len(), 10);
+}
+
+#[test]
+fn overrun_is_reported_as_a_cq_error_event() {
+    let mut opts = PairOpts::default();
+    opts.cq_depth = 4;
+    let mut p = Pair::with(opts);
+    let cap = p.a.cq.capacity() as u64;
+    write_n(&mut p, 0..cap + 4);
+    let ev = p
+        .ctx
+        .get_async_event(Some(Duration::from_secs(10)))
+        .unwrap()
+        .expect("CQ error event");
+    assert_eq!(
+        ev,
+        AsyncEvent {
+            kind: AsyncEventKind::CQ_ERR,
+            target: EventTarget::Cq(p.a.cq.user_handle())
+        }
+    );
+    // What fit is still delivered, exactly once and in order.
+    let got: Vec<u64> = poll_n(&mut p.a.cq, cap as usize, 8)
+        .iter()
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!(got, (0..cap).collect::<Vec<_>>());
+}

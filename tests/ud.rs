@@ -1,0 +1,129 @@
+//! UD: address handles, Q_Keys, the 40-byte GRH at the head of every receive buffer, and the
+//! source QP in completions.
+
+mod common;
+
+use common::*;
+use uverbs::*;
+
+const QKEY: u32 = 0x1111_2222;
+
+fn ud_qp(pd: &Pd, cq: &Cq) -> Qp {
+    let mut init = QpInit::new(QpType::Ud, cq, cq);
+    init.cap.max_inline_data = 64;
+    let mut qp = pd.create_qp(&init).expect("create UD QP");
+    qp.modify(&QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port_num: Some(1),
+        qkey: Some(QKEY),
+        ..Default::default()
+    })
+    .expect("UD to INIT");
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rtr),
+        ..Default::default()
+    })
+    .expect("UD to RTR");
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(0),
+        ..Default::default()
+    })
+    .expect("UD to RTS");
+    qp
+}
+
+#[test]
+fn ud_sends_carry_grh_src_qp_and_payload() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let gid = loopback_gid(&ctx);
+    let (mut scq, mut rcq) = (ctx.create_cq(64).unwrap(), ctx.create_cq(64).unwrap());
+    let mut tx = ud_qp(&pd, &scq);
+    let mut rx = ud_qp(&pd, &rcq);
+    let ah = pd.create_ah(&path_to(&gid)).expect("create_ah");
+    let mut mr = pd.alloc_mr(65536, AccessFlags::LOCAL_WRITE).unwrap();
+
+    const N: u64 = 20;
+    for i in 0..N {
+        let sge = mr.sge(32768 + i as usize * 1024, 1024).unwrap();
+        // SAFETY: the buffer is read only after the completion.
+        unsafe { rx.post_recv(&[RecvWr::new(i, &[sge])]) }.unwrap();
+    }
+    for i in 0..N {
+        let len = 100 + i as usize * 10;
+        mr.as_mut_slice()[..len].fill(i as u8 + 1);
+        let sge = [mr.sge(0, len as u32).unwrap()];
+        let dest = UdDest {
+            ah: &ah,
+            remote_qpn: rx.qpn(),
+            remote_qkey: QKEY,
+        };
+        let op = if i % 2 == 0 {
+            SendOp::Send
+        } else {
+            SendOp::SendWithImm {
+                imm_data: (i as u32).to_be(),
+            }
+        };
+        // SAFETY: the buffer is rewritten only after the send completed (polled below).
+        unsafe { tx.post_send(&[SendWr::new(i, op, &sge).to(dest)]) }.unwrap();
+        let c = poll_n(&mut scq, 1, 1)[0];
+        assert_eq!(
+            (c.status, c.opcode, c.wr_id),
+            (WcStatus::SUCCESS, WcOpcode::SEND, i),
+            "{c:?}"
+        );
+    }
+    for (i, c) in poll_n(&mut rcq, N as usize, 8).into_iter().enumerate() {
+        let len = 100 + i * 10;
+        assert_eq!(
+            (c.status, c.opcode, c.wr_id),
+            (WcStatus::SUCCESS, WcOpcode::RECV, i as u64),
+            "{c:?}"
+        );
+        assert_eq!(
+            c.byte_len as usize,
+            40 + len,
+            "byte_len counts the GRH: {c:?}"
+        );
+        assert_eq!((c.src_qp, c.qp_num), (tx.qpn(), rx.qpn()), "{c:?}");
+        assert!(c.wc_flags.contains(WcFlags::GRH), "{c:?}");
+        assert_eq!(c.imm(), (i % 2 == 1).then_some(i as u32), "{c:?}");
+        let buf = &mr.as_slice()[32768 + i * 1024..][..40 + len];
+        if gid.ip().to_ipv4_mapped().is_some() {
+            // IPv4: 20 unused bytes, then the IPv4 header (version 4, IHL 5).
+            assert_eq!(buf[20], 0x45, "IPv4 header in the GRH area");
+        } else {
+            assert_eq!(buf[0] >> 4, 6, "IPv6 header in the GRH area");
+        }
+        assert!(
+            buf[40..].iter().all(|&b| b == i as u8 + 1),
+            "payload of message {i}"
+        );
+    }
+    assert_idle(&mut rcq);
+}
+
+#[test]
+fn ud_rejects_one_sided_operations_and_missing_destinations() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let mut qp = ud_qp(&pd, &cq);
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 8).unwrap()];
+    let write = SendWr::new(1, SendOp::RdmaWrite(Remote { addr: 0, rkey: 0 }), &sge);
+    let no_dest = SendWr::new(2, SendOp::Send, &sge);
+    for wr in [write, no_dest] {
+        match unsafe { qp.post_send(&[wr]) } {
+            Err(Error::WorkRequest {
+                index: 0,
+                reason: WrReject::OpcodeNotSupported,
+                ..
+            }) => {}
+            other => panic!("expected OpcodeNotSupported for {wr:?}, got {other:?}"),
+        }
+    }
+}
