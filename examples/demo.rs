@@ -40,8 +40,15 @@ fn run() -> DemoResult<()> {
     let port = ctx.query_port(1)?;
     println!(
         "\n{}: vendor {:#x}, max_qp {}, max_cqe {}, max_mr {}, max_sge {}; port 1 state {} mtu {} link layer {}",
-        ctx.device().name, attr.vendor_id, attr.max_qp, attr.max_cqe, attr.max_mr, attr.max_sge,
-        port.state, Mtu::from_raw(port.active_mtu).map_or(0, Mtu::bytes), port.link_layer
+        ctx.device().name,
+        attr.vendor_id,
+        attr.max_qp,
+        attr.max_cqe,
+        attr.max_mr,
+        attr.max_sge,
+        port.state,
+        Mtu::from_raw(port.active_mtu).map_or(0, Mtu::bytes),
+        port.link_layer
     );
     let gids = ctx.gid_table()?;
     for g in &gids {
@@ -91,9 +98,7 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     let mut src = pd.alloc_mr(MSG * DEPTH as usize, access)?;
     let dst = pd.alloc_mr(MSG * DEPTH as usize, access)?;
     let post_recv = |b: &mut Qp, i: u64| {
-        let sge = dst
-            .sge((i % DEPTH) as usize * MSG, MSG as u32)
-            .expect("in bounds");
+        let sge = dst.sge((i % DEPTH) as usize * MSG, MSG as u32).expect("in bounds");
         // SAFETY: the slot is read only after its completion and reposted after that.
         unsafe { b.post_recv(&[RecvWr::new(i, &[sge])]) }
     };
@@ -153,8 +158,7 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     let back = [src.sge(MSG, MSG as u32).expect("in bounds")];
     unsafe { a.post_send(&[SendWr::new(2, SendOp::RdmaRead(remote), &back)]) }?;
     wait_one(&mut scq)?;
-    let same = src.as_slice()[..MSG] == dst.as_slice()[..MSG]
-        && src.as_slice()[..MSG] == src.as_slice()[MSG..2 * MSG];
+    let same = src.as_slice()[..MSG] == dst.as_slice()[..MSG] && src.as_slice()[..MSG] == src.as_slice()[MSG..2 * MSG];
     println!(
         "RC: RDMA write then read of {MSG} B: {}",
         if same { "bytes match" } else { "MISMATCH" }

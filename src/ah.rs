@@ -57,16 +57,8 @@ impl Pd {
             |kernel| ctx.provider.create_ah(kernel),
             |drv_in, drv_out| {
                 // SAFETY: no user pointers but `response` (provider contract for `drv_in`).
-                let resp: CreateAhResp = unsafe {
-                    cmd::execute(
-                        ctx.fd(),
-                        "CREATE_AH",
-                        abi::cmd::CREATE_AH,
-                        &req,
-                        drv_in,
-                        drv_out,
-                    )
-                }?;
+                let resp: CreateAhResp =
+                    unsafe { cmd::execute(ctx.fd(), "CREATE_AH", abi::cmd::CREATE_AH, &req, drv_in, drv_out) }?;
                 Ok(resp.ah_handle)
             },
             |h| destroy_ah(ctx, h),

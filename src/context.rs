@@ -79,14 +79,7 @@ impl ContextInner {
     }
 
     /// Destroys a kernel object through its ioctl DESTROY method.
-    pub(crate) fn destroy(
-        &self,
-        verb: Verb,
-        obj: u16,
-        method: u16,
-        handle: u32,
-        resp: &mut [u8],
-    ) -> Result<()> {
+    pub(crate) fn destroy(&self, verb: Verb, obj: u16, method: u16, handle: u32, resp: &mut [u8]) -> Result<()> {
         let mut call = self.ioctl(obj, method);
         call.handle(0, handle);
         if !resp.is_empty() {
@@ -188,11 +181,8 @@ impl Context {
 
     /// Device attributes (QUERY_DEVICE).
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        self.inner.write_cmd(
-            "QUERY_DEVICE",
-            abi::cmd::QUERY_DEVICE,
-            &abi::QueryDevice::default(),
-        )
+        self.inner
+            .write_cmd("QUERY_DEVICE", abi::cmd::QUERY_DEVICE, &abi::QueryDevice::default())
     }
 
     /// Port attributes (ioctl QUERY_PORT). Ports are numbered from 1.
@@ -224,10 +214,7 @@ impl Context {
         call.execute(self.inner.fd(), "QUERY_GID_TABLE")?;
         let count = usize::try_from(count).unwrap_or(usize::MAX);
         if count > entries.len() {
-            return Err(Error::malformed(
-                "QUERY_GID_TABLE",
-                format!("{count} entries returned"),
-            ));
+            return Err(Error::malformed("QUERY_GID_TABLE", format!("{count} entries returned")));
         }
         entries.truncate(count);
         Ok(entries
@@ -248,6 +235,16 @@ impl Context {
             .into_iter()
             .find(|g| g.port == u32::from(port) && g.index == index)
             .ok_or_else(|| Error::invalid("query_gid", format!("port {port} has no GID {index}")))
+    }
+
+    /// The P_Key at `index` of `port` (from sysfs, as libibverbs reads it).
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        let path = std::path::Path::new("/sys/class/infiniband")
+            .join(&self.inner.device.name)
+            .join(format!("ports/{port}/pkeys/{index}"));
+        let text = crate::device::read_attr(&path)?;
+        u16::from_str_radix(text.trim_start_matches("0x"), 16)
+            .map_err(|_| Error::malformed("query_pkey", format!("{}: {text:?}", path.display())))
     }
 
     /// Allocates a protection domain.

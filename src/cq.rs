@@ -11,6 +11,7 @@ use crate::wc::WorkCompletion;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
@@ -47,6 +48,8 @@ pub(crate) struct CqInner {
     user_handle: u64,
     ring: UnsafeCell<Box<dyn CqRing>>,
     _channel: Option<Arc<OwnedFd>>,
+    /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
+    destroyed: AtomicBool,
 }
 
 // SAFETY: `ring` is only accessed through `Cq` methods taking `&mut self`, and there is exactly
@@ -58,19 +61,15 @@ impl Drop for CqInner {
     fn drop(&mut self) {
         // Runs after every QP using the CQ is gone (they hold this `Arc`). Kernel destroy
         // first; the ring is unmapped after, when the field drops.
-        destroy_cq(&self.ctx, self.handle);
+        if !self.destroyed.load(Ordering::Relaxed) {
+            let _ = destroy_cq(&self.ctx, self.handle);
+        }
     }
 }
 
-fn destroy_cq(ctx: &ContextInner, handle: u32) {
+fn destroy_cq(ctx: &ContextInner, handle: u32) -> Result<()> {
     let mut resp = DestroyCqResp::default();
-    let _ = ctx.destroy(
-        "DESTROY_CQ",
-        object::CQ,
-        METHOD_CQ_DESTROY,
-        handle,
-        resp.as_mut_bytes(),
-    );
+    ctx.destroy("DESTROY_CQ", object::CQ, METHOD_CQ_DESTROY, handle, resp.as_mut_bytes())
 }
 
 /// A completion queue. Polling takes `&mut self`: a CQ has one consumer, so the ring needs no
@@ -121,7 +120,7 @@ impl Cq {
                     cqe: resp_cqe,
                 })
             },
-            |c| destroy_cq(inner, c.handle),
+            |c| drop(destroy_cq(inner, c.handle)),
         )?;
         Ok(Self {
             inner: Arc::new(CqInner {
@@ -130,6 +129,7 @@ impl Cq {
                 user_handle,
                 ring: UnsafeCell::new(ring),
                 _channel: init.channel.map(|c| c.fd.clone()),
+                destroyed: AtomicBool::new(false),
             }),
             cqe: created.cqe,
             _not_sync: PhantomData,
@@ -157,11 +157,7 @@ impl Cq {
     pub fn batch(&mut self) -> Batch<'_> {
         let ring = self.ring();
         let ready = ring.ready();
-        Batch {
-            ring,
-            ready,
-            next: 0,
-        }
+        Batch { ring, ready, next: 0 }
     }
 
     /// Asks for an event on the CQ's channel at the next completion (or the next solicited
@@ -171,9 +167,7 @@ impl Cq {
             cq_handle: self.inner.handle,
             solicited_only: u32::from(solicited_only),
         };
-        self.inner
-            .ctx
-            .write_cmd("REQ_NOTIFY_CQ", abi::cmd::REQ_NOTIFY_CQ, &req)
+        self.inner.ctx.write_cmd("REQ_NOTIFY_CQ", abi::cmd::REQ_NOTIFY_CQ, &req)
     }
 
     /// Resizes the CQ to at least `cqe` entries, keeping the completions it holds.
@@ -188,21 +182,26 @@ impl Cq {
                 cqe,
             };
             // SAFETY: the driver request holds no user pointers (provider contract).
-            let resp: ResizeCqResp = unsafe {
-                cmd::execute(
-                    ctx.fd(),
-                    "RESIZE_CQ",
-                    abi::cmd::RESIZE_CQ,
-                    &req,
-                    drv_in,
-                    drv_out,
-                )
-            }?;
+            let resp: ResizeCqResp =
+                unsafe { cmd::execute(ctx.fd(), "RESIZE_CQ", abi::cmd::RESIZE_CQ, &req, drv_in, drv_out) }?;
             granted = resp.cqe;
             Ok(resp.cqe)
         })?;
         self.cqe = granted;
         Ok(())
+    }
+
+    /// Destroys the CQ now and reports the kernel's answer. Dropping a `Cq` destroys it too,
+    /// but only once no QP uses it; this asks the kernel at once, and if it refuses (EBUSY
+    /// while a QP still uses the CQ) hands the CQ back, unchanged and usable, with the error.
+    pub fn destroy(self) -> std::result::Result<(), (Self, crate::Error)> {
+        match destroy_cq(&self.inner.ctx, self.inner.handle) {
+            Ok(()) => {
+                self.inner.destroyed.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
     }
 
     /// Capacity the kernel granted.

@@ -153,11 +153,7 @@ impl DeviceFile {
         if format!("{major}:{minor}") != info.dev_number {
             return Err(Error::malformed(
                 "open",
-                format!(
-                    "{} is {major}:{minor}, sysfs says {}",
-                    what(),
-                    info.dev_number
-                ),
+                format!("{} is {major}:{minor}, sysfs says {}", what(), info.dev_number),
             ));
         }
         Ok(Self { file })

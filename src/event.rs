@@ -11,9 +11,7 @@
 use crate::context::{Context, ContextInner};
 use crate::error::{Error, Result, Verb};
 use crate::open_enum::open_enum;
-use crate::sys::abi::{
-    self, AsyncEventDesc, CompEventDesc, CreateCompChannel, CreateCompChannelResp,
-};
+use crate::sys::abi::{self, AsyncEventDesc, CompEventDesc, CreateCompChannel, CreateCompChannelResp};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -61,9 +59,7 @@ pub struct CompChannel {
 
 impl std::fmt::Debug for CompChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompChannel")
-            .field("fd", &self.fd.as_raw_fd())
-            .finish()
+        f.debug_struct("CompChannel").field("fd", &self.fd.as_raw_fd()).finish()
     }
 }
 

@@ -153,12 +153,9 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         // Deregister before the owned mapping (a later field) is unmapped.
-        let _ = self.pd.ctx.destroy(
-            "DEREG_MR",
-            object::MR,
-            METHOD_MR_DESTROY,
-            self.handle,
-            &mut [],
-        );
+        let _ = self
+            .pd
+            .ctx
+            .destroy("DEREG_MR", object::MR, METHOD_MR_DESTROY, self.handle, &mut []);
     }
 }

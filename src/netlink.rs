@@ -2,9 +2,7 @@
 //! (`RDMA_NLDEV_CMD_GET` dump, then `RDMA_NLDEV_CMD_GET_CHARDEV` per device), the way
 //! rdma-core matches providers by driver id.
 
-use nix::sys::socket::{
-    recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType,
-};
+use nix::sys::socket::{recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -55,13 +53,7 @@ pub(crate) fn uverbs_driver_ids() -> std::io::Result<HashMap<String, u32>> {
             let mut driver = None;
             for (kind, value) in attrs(&msg) {
                 match kind {
-                    ATTR_CHARDEV_NAME => {
-                        name = Some(
-                            String::from_utf8_lossy(value)
-                                .trim_end_matches('\0')
-                                .to_owned(),
-                        )
-                    }
+                    ATTR_CHARDEV_NAME => name = Some(String::from_utf8_lossy(value).trim_end_matches('\0').to_owned()),
                     ATTR_UVERBS_DRIVER_ID => driver = as_u32(value),
                     _ => {}
                 }
@@ -75,13 +67,7 @@ pub(crate) fn uverbs_driver_ids() -> std::io::Result<HashMap<String, u32>> {
 }
 
 /// Sends one request and collects the payloads of its reply messages.
-fn exchange(
-    sock: &OwnedFd,
-    seq: &mut u32,
-    cmd: u16,
-    flags: u16,
-    payload: &[u8],
-) -> std::io::Result<Vec<Vec<u8>>> {
+fn exchange(sock: &OwnedFd, seq: &mut u32, cmd: u16, flags: u16, payload: &[u8]) -> std::io::Result<Vec<Vec<u8>>> {
     *seq += 1;
     let len = NLMSG_HDRLEN + payload.len();
     let mut msg = Vec::with_capacity(len);

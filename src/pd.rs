@@ -16,13 +16,9 @@ pub(crate) struct PdInner {
 impl Drop for PdInner {
     fn drop(&mut self) {
         // Nothing can still use the PD: every MR, QP and AH holds this `Arc`.
-        let _ = self.ctx.destroy(
-            "DESTROY_PD",
-            object::PD,
-            METHOD_PD_DESTROY,
-            self.handle,
-            &mut [],
-        );
+        let _ = self
+            .ctx
+            .destroy("DESTROY_PD", object::PD, METHOD_PD_DESTROY, self.handle, &mut []);
     }
 }
 
@@ -34,17 +30,15 @@ pub struct Pd {
 
 impl std::fmt::Debug for Pd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pd")
-            .field("handle", &self.inner.handle)
-            .finish()
+        f.debug_struct("Pd").field("handle", &self.inner.handle).finish()
     }
 }
 
 impl Pd {
     pub(crate) fn new(ctx: &Context) -> Result<Self> {
-        let resp: AllocPdResp =
-            ctx.inner
-                .write_cmd("ALLOC_PD", abi::cmd::ALLOC_PD, &AllocPd::default())?;
+        let resp: AllocPdResp = ctx
+            .inner
+            .write_cmd("ALLOC_PD", abi::cmd::ALLOC_PD, &AllocPd::default())?;
         Ok(Self {
             inner: Arc::new(PdInner {
                 ctx: ctx.inner.clone(),

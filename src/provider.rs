@@ -41,11 +41,7 @@ pub trait Provider: Sync {
 
     /// Opens a context: runs GET_CONTEXT through `kernel` with the driver's data, and keeps
     /// whatever per-context state the driver needs (UAR mappings, say).
-    fn open(
-        &self,
-        file: &Arc<DeviceFile>,
-        kernel: KernelCall<'_, ()>,
-    ) -> Result<Box<dyn ProviderContext>>;
+    fn open(&self, file: &Arc<DeviceFile>, kernel: KernelCall<'_, ()>) -> Result<Box<dyn ProviderContext>>;
 }
 
 /// What the core knows of a CQ the kernel just created.
@@ -103,11 +99,7 @@ pub trait ProviderContext: Send + Sync {
     fn create_cq(&self, cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>>;
 
     /// Creates the vendor half of a QP.
-    fn create_qp(
-        &self,
-        request: &QpRequest,
-        kernel: KernelCall<'_, QpCreated>,
-    ) -> Result<Box<dyn QpQueues>>;
+    fn create_qp(&self, request: &QpRequest, kernel: KernelCall<'_, QpCreated>) -> Result<Box<dyn QpQueues>>;
 
     /// Creates the vendor half of an SRQ.
     fn create_srq(&self, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>>;
@@ -184,10 +176,7 @@ pub(crate) fn create_object<C: Copy, R>(
     });
     match (result, created) {
         (Ok(r), Some(c)) => Ok((c, r)),
-        (Ok(_), None) => Err(crate::Error::malformed(
-            verb,
-            "provider never ran the command",
-        )),
+        (Ok(_), None) => Err(crate::Error::malformed(verb, "provider never ran the command")),
         (Err(e), created) => {
             created.map(destroy);
             Err(e)

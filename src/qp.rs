@@ -248,10 +248,7 @@ impl QpAttr {
         };
         set(mask::STATE, self.state.is_some());
         set(mask::CUR_STATE, self.cur_state.is_some());
-        set(
-            mask::EN_SQD_ASYNC_NOTIFY,
-            self.en_sqd_async_notify.is_some(),
-        );
+        set(mask::EN_SQD_ASYNC_NOTIFY, self.en_sqd_async_notify.is_some());
         set(mask::ACCESS_FLAGS, self.access.is_some());
         set(mask::PKEY_INDEX, self.pkey_index.is_some());
         set(mask::PORT, self.port_num.is_some());
@@ -397,11 +394,7 @@ impl Qp {
             |drv_in, drv_out| {
                 let mut cap = QpCap::default();
                 let mut qpn = 0u32;
-                let flags = if init.sq_sig_all {
-                    CREATE_FLAG_SQ_SIG_ALL
-                } else {
-                    0
-                };
+                let flags = if init.sq_sig_all { CREATE_FLAG_SQ_SIG_ALL } else { 0 };
                 let qp_type = init.qp_type as u64;
                 let mut call = ctx.ioctl(object::QP, METHOD_QP_CREATE);
                 let handle = call.new_handle(0);
@@ -477,9 +470,7 @@ impl Qp {
     /// Changes attributes and/or state (MODIFY_QP).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         let req = attr.to_abi(self.handle);
-        let () = self
-            .ctx()
-            .write_cmd("MODIFY_QP", abi::cmd::MODIFY_QP, &req)?;
+        let () = self.ctx().write_cmd("MODIFY_QP", abi::cmd::MODIFY_QP, &req)?;
         if let Some(state) = attr.state {
             self.state = state;
         }
@@ -616,11 +607,5 @@ impl Drop for Qp {
 
 fn destroy_qp(ctx: &Arc<ContextInner>, handle: u32) {
     let mut resp = DestroyQpResp::default();
-    let _ = ctx.destroy(
-        "DESTROY_QP",
-        object::QP,
-        METHOD_QP_DESTROY,
-        handle,
-        resp.as_mut_bytes(),
-    );
+    let _ = ctx.destroy("DESTROY_QP", object::QP, METHOD_QP_DESTROY, handle, resp.as_mut_bytes());
 }

@@ -174,21 +174,11 @@ impl Srq {
             max_wr,
             srq_limit,
         };
-        self.queue()
-            .modify(attr_mask & SRQ_MAX_WR != 0, &mut |drv_in| {
-                // SAFETY: pointers in the driver request are the provider's to keep valid
-                // (`ProviderContext` contract); the core request has none.
-                unsafe {
-                    cmd::execute::<_, ()>(
-                        ctx.fd(),
-                        "MODIFY_SRQ",
-                        abi::cmd::MODIFY_SRQ,
-                        &req,
-                        drv_in,
-                        &mut [],
-                    )
-                }
-            })
+        self.queue().modify(attr_mask & SRQ_MAX_WR != 0, &mut |drv_in| {
+            // SAFETY: pointers in the driver request are the provider's to keep valid
+            // (`ProviderContext` contract); the core request has none.
+            unsafe { cmd::execute::<_, ()>(ctx.fd(), "MODIFY_SRQ", abi::cmd::MODIFY_SRQ, &req, drv_in, &mut []) }
+        })
     }
 
     /// Reads the attributes back (QUERY_SRQ).
@@ -198,11 +188,7 @@ impl Srq {
             srq_handle: self.inner.handle,
             reserved: 0,
         };
-        let r: QuerySrqResp =
-            self.inner
-                .pd
-                .ctx
-                .write_cmd("QUERY_SRQ", abi::cmd::QUERY_SRQ, &req)?;
+        let r: QuerySrqResp = self.inner.pd.ctx.write_cmd("QUERY_SRQ", abi::cmd::QUERY_SRQ, &req)?;
         Ok(SrqAttr {
             max_wr: r.max_wr,
             max_sge: r.max_sge,

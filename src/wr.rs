@@ -161,9 +161,7 @@ impl<'a> SendWr<'a> {
         let allowed = match qp_type {
             QpType::Rc => true,
             QpType::Uc => !matches!(self.op, SendOp::RdmaRead(_)) && !self.op.is_atomic(),
-            QpType::Ud => {
-                matches!(self.op, SendOp::Send | SendOp::SendWithImm { .. }) && self.ud.is_some()
-            }
+            QpType::Ud => matches!(self.op, SendOp::Send | SendOp::SendWithImm { .. }) && self.ud.is_some(),
         };
         let device_writes = matches!(self.op, SendOp::RdmaRead(_)) || self.op.is_atomic();
         if !allowed || (device_writes && self.flags.contains(SendFlags::INLINE)) {

@@ -21,11 +21,7 @@ fn sq_drained_event_after_moving_to_sqd() {
             ..Default::default()
         })
         .unwrap();
-    let ev = p
-        .ctx
-        .get_async_event(WAIT)
-        .unwrap()
-        .expect("SQ drained event");
+    let ev = p.ctx.get_async_event(WAIT).unwrap().expect("SQ drained event");
     assert_eq!(
         ev,
         AsyncEvent {
@@ -47,11 +43,7 @@ fn sq_drained_event_after_moving_to_sqd() {
         addr: p.b.mr.addr(),
         rkey: p.b.mr.rkey(),
     };
-    unsafe {
-        p.a.qp
-            .post_send(&[SendWr::new(3, SendOp::RdmaWrite(remote), &sge)])
-    }
-    .unwrap();
+    unsafe { p.a.qp.post_send(&[SendWr::new(3, SendOp::RdmaWrite(remote), &sge)]) }.unwrap();
     assert_eq!(poll_n(&mut p.a.cq, 1, 1)[0].status, WcStatus::SUCCESS);
 }
 
@@ -89,10 +81,7 @@ fn port_error_and_active_when_the_netdev_goes_down_and_up() {
     let ctx = uverbs::open(Some("rxe_uvt")).expect("open rxe_uvt");
     assert_eq!(ctx.query_port(1).unwrap().state, 4, "ACTIVE");
     run("ip link set uvt0 down");
-    let ev = ctx
-        .get_async_event(WAIT)
-        .unwrap()
-        .expect("port error event");
+    let ev = ctx.get_async_event(WAIT).unwrap().expect("port error event");
     assert_eq!(
         ev,
         AsyncEvent {
@@ -106,9 +95,6 @@ fn port_error_and_active_when_the_netdev_goes_down_and_up() {
     while let Some(ev) = ctx.get_async_event(Some(Duration::from_secs(2))).unwrap() {
         kinds.push(ev.kind);
     }
-    assert!(
-        kinds.contains(&AsyncEventKind::PORT_ACTIVE),
-        "got {kinds:?}"
-    );
+    assert!(kinds.contains(&AsyncEventKind::PORT_ACTIVE), "got {kinds:?}");
     assert_eq!(ctx.query_port(1).unwrap().state, 4, "ACTIVE again");
 }

@@ -36,10 +36,7 @@ fn compare_swap_and_fetch_add_return_old_values() {
             add: 42,
         },
     );
-    assert_eq!(
-        (op, old, remote_u64(&p.b.mr, 64)),
-        (WcOpcode::FETCH_ADD, 100, 142)
-    );
+    assert_eq!((op, old, remote_u64(&p.b.mr, 64)), (WcOpcode::FETCH_ADD, 100, 142));
     // Compare-and-swap that misses: old 142, unchanged.
     let (op, old) = atomic(
         &mut p,
@@ -50,10 +47,7 @@ fn compare_swap_and_fetch_add_return_old_values() {
             swap: 9,
         },
     );
-    assert_eq!(
-        (op, old, remote_u64(&p.b.mr, 64)),
-        (WcOpcode::COMP_SWAP, 142, 142)
-    );
+    assert_eq!((op, old, remote_u64(&p.b.mr, 64)), (WcOpcode::COMP_SWAP, 142, 142));
     // Compare-and-swap that hits: old 142, now 9.
     let (_, old) = atomic(
         &mut p,
@@ -67,16 +61,7 @@ fn compare_swap_and_fetch_add_return_old_values() {
     assert_eq!((old, remote_u64(&p.b.mr, 64)), (142, 9));
     // 100 adds in one doorbell batch.
     let wrs: Vec<_> = (0..100)
-        .map(|i| {
-            SendWr::new(
-                10 + i,
-                SendOp::FetchAdd {
-                    remote: target,
-                    add: 1,
-                },
-                &result,
-            )
-        })
+        .map(|i| SendWr::new(10 + i, SendOp::FetchAdd { remote: target, add: 1 }, &result))
         .collect();
     unsafe { p.a.qp.post_send(&wrs) }.unwrap();
     let done = poll_n(&mut p.a.cq, 100, 32);
@@ -100,14 +85,7 @@ fn misaligned_atomics_are_rejected_before_posting() {
     let short = [p.a.mr.sge(0, 4).unwrap()];
     let wrs = [
         SendWr::new(1, SendOp::FetchAdd { remote: ok, add: 1 }, &result),
-        SendWr::new(
-            2,
-            SendOp::FetchAdd {
-                remote: odd,
-                add: 1,
-            },
-            &result,
-        ),
+        SendWr::new(2, SendOp::FetchAdd { remote: odd, add: 1 }, &result),
         SendWr::new(3, SendOp::FetchAdd { remote: ok, add: 1 }, &result),
     ];
     match unsafe { p.a.qp.post_send(&wrs) } {
@@ -156,14 +134,8 @@ fn atomics_without_remote_atomic_access_fail_with_rem_access_err() {
     };
     let result = [p.a.mr.sge(0, 8).unwrap()];
     unsafe {
-        p.a.qp.post_send(&[SendWr::new(
-            5,
-            SendOp::FetchAdd {
-                remote: target,
-                add: 1,
-            },
-            &result,
-        )])
+        p.a.qp
+            .post_send(&[SendWr::new(5, SendOp::FetchAdd { remote: target, add: 1 }, &result)])
     }
     .unwrap();
     let c = poll_n(&mut p.a.cq, 1, 1)[0];

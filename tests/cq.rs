@@ -14,9 +14,7 @@ fn write_n(p: &mut Pair, ids: std::ops::Range<u64>) {
         addr: p.b.mr.addr(),
         rkey: p.b.mr.rkey(),
     };
-    let wrs: Vec<_> = ids
-        .map(|i| SendWr::new(i, SendOp::RdmaWrite(remote), &sge))
-        .collect();
+    let wrs: Vec<_> = ids.map(|i| SendWr::new(i, SendOp::RdmaWrite(remote), &sge)).collect();
     // SAFETY: the source buffer is not modified.
     unsafe { p.a.qp.post_send(&wrs) }.unwrap();
 }
@@ -67,10 +65,7 @@ fn completion_channel_wakes_a_waiter_once_per_request() {
     // Not re-armed: a completion raises no event.
     unsafe { qp.post_send(&[SendWr::new(9, SendOp::RdmaWrite(remote), &sge)]) }.unwrap();
     poll_n(&mut cq, 1, 1);
-    assert_eq!(
-        channel.get_event(Some(Duration::from_millis(200))).unwrap(),
-        None
-    );
+    assert_eq!(channel.get_event(Some(Duration::from_millis(200))).unwrap(), None);
 }
 
 #[test]
@@ -155,15 +150,8 @@ fn resize_keeps_queued_completions() {
         p.a.cq.capacity()
     );
     write_n(&mut p, 10..200);
-    let ids: Vec<u64> = poll_n(&mut p.a.cq, 200, 64)
-        .iter()
-        .map(|c| c.wr_id)
-        .collect();
-    assert_eq!(
-        ids,
-        (0..200).collect::<Vec<_>>(),
-        "queued completions kept, in order"
-    );
+    let ids: Vec<u64> = poll_n(&mut p.a.cq, 200, 64).iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..200).collect::<Vec<_>>(), "queued completions kept, in order");
     p.a.cq.resize(32).unwrap();
     write_n(&mut p, 200..210);
     assert_eq!(poll_n(&mut p.a.cq, 10, 16).len(), 10);
@@ -189,9 +177,6 @@ fn overrun_is_reported_as_a_cq_error_event() {
         }
     );
     // What fit is still delivered, exactly once and in order.
-    let got: Vec<u64> = poll_n(&mut p.a.cq, cap as usize, 8)
-        .iter()
-        .map(|c| c.wr_id)
-        .collect();
+    let got: Vec<u64> = poll_n(&mut p.a.cq, cap as usize, 8).iter().map(|c| c.wr_id).collect();
     assert_eq!(got, (0..cap).collect::<Vec<_>>());
 }

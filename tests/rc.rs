@@ -56,38 +56,21 @@ fn hundred_thousand_sends_complete_exactly_once() {
             fill(&mut p.a.mr.as_mut_slice()[off..off + MSG], sent);
             let sge = p.a.mr.sge(off, MSG as u32).unwrap();
             // SAFETY: the slot is rewritten only after this send's completion.
-            unsafe { p.a.qp.post_send(&[SendWr::new(sent, SendOp::Send, &[sge])]) }
-                .expect("post_send");
+            unsafe { p.a.qp.post_send(&[SendWr::new(sent, SendOp::Send, &[sge])]) }.expect("post_send");
             sent += 1;
         }
         let n = p.a.cq.poll(&mut wc);
         for c in &wc[..n] {
-            assert_eq!(
-                (c.status, c.opcode),
-                (WcStatus::SUCCESS, WcOpcode::SEND),
-                "{c:?}"
-            );
+            assert_eq!((c.status, c.opcode), (WcStatus::SUCCESS, WcOpcode::SEND), "{c:?}");
             assert_eq!((c.qp_num, c.byte_len as usize), (a_qpn, MSG), "{c:?}");
             assert_eq!(c.wr_id, send_done, "send completions arrive in order");
-            assert!(
-                seen_send.insert(c.wr_id),
-                "send {} completed twice",
-                c.wr_id
-            );
+            assert!(seen_send.insert(c.wr_id), "send {} completed twice", c.wr_id);
             send_done += 1;
         }
         let n = p.b.cq.poll(&mut wc);
         for c in &wc[..n] {
-            assert_eq!(
-                (c.status, c.opcode),
-                (WcStatus::SUCCESS, WcOpcode::RECV),
-                "{c:?}"
-            );
-            assert_eq!(
-                (c.qp_num, c.byte_len as usize, c.src_qp),
-                (b_qpn, MSG, 0),
-                "{c:?}"
-            );
+            assert_eq!((c.status, c.opcode), (WcStatus::SUCCESS, WcOpcode::RECV), "{c:?}");
+            assert_eq!((c.qp_num, c.byte_len as usize, c.src_qp), (b_qpn, MSG, 0), "{c:?}");
             assert_eq!(c.wr_id, recv_done, "receives complete in order, once each");
             let off = recv_base + (c.wr_id % RECV_DEPTH) as usize * MSG;
             check(&p.b.mr.as_slice()[off..off + MSG], c.wr_id);
@@ -104,13 +87,13 @@ fn hundred_thousand_sends_complete_exactly_once() {
             "stalled at sent={sent} send_done={send_done} recv_done={recv_done}"
         );
     }
-    assert_eq!(
-        (send_done, recv_done, seen_send.len() as u64),
-        (TOTAL, TOTAL, TOTAL)
-    );
+    assert_eq!((send_done, recv_done, seen_send.len() as u64), (TOTAL, TOTAL, TOTAL));
     assert_idle(&mut p.a.cq);
     assert_idle(&mut p.b.cq);
-    println!("{TOTAL} sends: {TOTAL} send and {TOTAL} receive completions, 0 lost, 0 duplicated, in {:?}", start.elapsed());
+    println!(
+        "{TOTAL} sends: {TOTAL} send and {TOTAL} receive completions, 0 lost, 0 duplicated, in {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -131,10 +114,7 @@ fn send_with_imm_carries_flag_and_value() {
     );
     unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
     let s = poll_n(&mut p.a.cq, 1, 1)[0];
-    assert_eq!(
-        (s.status, s.opcode, s.wr_id),
-        (WcStatus::SUCCESS, WcOpcode::SEND, 1)
-    );
+    assert_eq!((s.status, s.opcode, s.wr_id), (WcStatus::SUCCESS, WcOpcode::SEND, 1));
     let r = poll_n(&mut p.b.cq, 1, 1)[0];
     assert_eq!(
         (r.status, r.opcode, r.wr_id, r.byte_len),
@@ -164,11 +144,7 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
         *b = (i % 251) as u8;
     }
     let sge = p.a.mr.sge(0, 1000).unwrap();
-    unsafe {
-        p.a.qp
-            .post_send(&[SendWr::new(10, SendOp::RdmaWrite(w), &[sge])])
-    }
-    .unwrap();
+    unsafe { p.a.qp.post_send(&[SendWr::new(10, SendOp::RdmaWrite(w), &[sge])]) }.unwrap();
     let c = poll_n(&mut p.a.cq, 1, 4)[0];
     assert_eq!(
         (c.status, c.opcode, c.wr_id, c.byte_len),
@@ -199,27 +175,17 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
     assert!(p.b.mr.as_slice()[8192..8292].iter().all(|&b| b == 0x5a));
 
     // Read: B's bytes at 12288 land in A at 3000.
-    for (i, b) in p.b.mr.as_mut_slice()[12288..12288 + 777]
-        .iter_mut()
-        .enumerate()
-    {
+    for (i, b) in p.b.mr.as_mut_slice()[12288..12288 + 777].iter_mut().enumerate() {
         *b = (i * 7 % 256) as u8;
     }
     let sge = p.a.mr.sge(3000, 777).unwrap();
-    unsafe {
-        p.a.qp
-            .post_send(&[SendWr::new(12, SendOp::RdmaRead(rd), &[sge])])
-    }
-    .unwrap();
+    unsafe { p.a.qp.post_send(&[SendWr::new(12, SendOp::RdmaRead(rd), &[sge])]) }.unwrap();
     let c = poll_n(&mut p.a.cq, 1, 4)[0];
     assert_eq!(
         (c.status, c.opcode, c.wr_id, c.byte_len),
         (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 12, 777)
     );
-    assert_eq!(
-        &p.a.mr.as_slice()[3000..3777],
-        &p.b.mr.as_slice()[12288..12288 + 777]
-    );
+    assert_eq!(&p.a.mr.as_slice()[3000..3777], &p.b.mr.as_slice()[12288..12288 + 777]);
 }
 
 #[test]
@@ -233,21 +199,14 @@ fn write_to_mr_without_remote_write_is_rem_access_err() {
         addr: read_only.addr(),
         rkey: read_only.rkey(),
     };
-    unsafe {
-        p.a.qp
-            .post_send(&[SendWr::new(99, SendOp::RdmaWrite(target), &[sge])])
-    }
-    .unwrap();
+    unsafe { p.a.qp.post_send(&[SendWr::new(99, SendOp::RdmaWrite(target), &[sge])]) }.unwrap();
     let c = poll_n(&mut p.a.cq, 1, 4)[0];
     assert_eq!(
         (c.wr_id, c.status, c.qp_num),
         (99, WcStatus::REM_ACCESS_ERR, p.a.qp.qpn()),
         "{c:?}"
     );
-    assert!(
-        read_only.as_slice().iter().all(|&b| b == 0),
-        "nothing written"
-    );
+    assert!(read_only.as_slice().iter().all(|&b| b == 0), "nothing written");
 }
 
 #[test]
@@ -272,11 +231,7 @@ fn qp_moved_to_err_flushes_each_receive_once() {
         "each receive flushed once, in order"
     );
     for c in &wcs {
-        assert_eq!(
-            (c.status, c.qp_num),
-            (WcStatus::WR_FLUSH_ERR, p.b.qp.qpn()),
-            "{c:?}"
-        );
+        assert_eq!((c.status, c.qp_num), (WcStatus::WR_FLUSH_ERR, p.b.qp.qpn()), "{c:?}");
     }
     assert_idle(&mut p.b.cq);
     assert_eq!(p.b.qp.query().unwrap().attr.state, Some(QpState::Err));
@@ -316,9 +271,7 @@ fn inline_sends_arrive_and_free_the_buffer_at_once() {
         assert_eq!((c.status, c.byte_len), (WcStatus::SUCCESS, 64), "{c:?}");
         let off = c.wr_id as usize * 128;
         assert!(
-            p.b.mr.as_slice()[off..off + 64]
-                .iter()
-                .all(|&b| b == c.wr_id as u8 + 1),
+            p.b.mr.as_slice()[off..off + 64].iter().all(|&b| b == c.wr_id as u8 + 1),
             "message {}",
             c.wr_id
         );

@@ -34,9 +34,7 @@ fn setup(max_wr: u32) -> Setup {
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
     for _ in 0..2 {
-        let mut tx = pd
-            .create_qp(&QpInit::new(QpType::Rc, &send_cq, &send_cq))
-            .unwrap();
+        let mut tx = pd.create_qp(&QpInit::new(QpType::Rc, &send_cq, &send_cq)).unwrap();
         let mut init = QpInit::new(QpType::Rc, &send_cq, &recv_cq);
         init.srq = Some(&srq);
         let mut rx = pd.create_qp(&init).expect("QP on an SRQ");
@@ -109,11 +107,7 @@ fn two_qps_share_one_srq() {
     }
     assert_eq!(per_qp, [20, 20]);
     ids.sort();
-    assert_eq!(
-        ids,
-        (0..40).collect::<Vec<_>>(),
-        "each SRQ receive used once"
-    );
+    assert_eq!(ids, (0..40).collect::<Vec<_>>(), "each SRQ receive used once");
     assert_idle(&mut s.recv_cq);
 }
 
@@ -140,11 +134,7 @@ fn limit_event_fires_once_when_the_srq_runs_low() {
         }
     );
     assert_eq!(s.srq.query().unwrap().srq_limit, 0, "disarmed after firing");
-    assert_eq!(
-        s.ctx.get_async_event(Some(Duration::ZERO)).unwrap(),
-        None,
-        "fired once"
-    );
+    assert_eq!(s.ctx.get_async_event(Some(Duration::ZERO)).unwrap(), None, "fired once");
 }
 
 #[test]
@@ -157,10 +147,7 @@ fn resize_keeps_posted_receives() {
     for i in 0..150 {
         send(&mut s, (i % 2) as usize, i);
     }
-    let mut ids: Vec<u64> = poll_n(&mut s.recv_cq, 150, 32)
-        .iter()
-        .map(|c| c.wr_id)
-        .collect();
+    let mut ids: Vec<u64> = poll_n(&mut s.recv_cq, 150, 32).iter().map(|c| c.wr_id).collect();
     ids.sort();
     assert_eq!(ids, (0..150).collect::<Vec<_>>());
 }
@@ -180,15 +167,7 @@ fn qp_on_srq_moved_to_error_flushes_nothing_of_the_srq() {
     assert_idle(&mut s.recv_cq);
     send(&mut s, 0, 9);
     let c = poll_n(&mut s.recv_cq, 1, 1)[0];
-    assert_eq!(
-        (c.status, c.qp_num),
-        (WcStatus::SUCCESS, s.receivers[0].qpn())
-    );
-    assert_eq!(
-        s.ctx
-            .get_async_event(Some(Duration::from_millis(200)))
-            .unwrap(),
-        None
-    );
+    assert_eq!((c.status, c.qp_num), (WcStatus::SUCCESS, s.receivers[0].qpn()));
+    assert_eq!(s.ctx.get_async_event(Some(Duration::from_millis(200))).unwrap(), None);
     let _ = &s.pd;
 }

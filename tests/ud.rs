@@ -83,11 +83,7 @@ fn ud_sends_carry_grh_src_qp_and_payload() {
             (WcStatus::SUCCESS, WcOpcode::RECV, i as u64),
             "{c:?}"
         );
-        assert_eq!(
-            c.byte_len as usize,
-            40 + len,
-            "byte_len counts the GRH: {c:?}"
-        );
+        assert_eq!(c.byte_len as usize, 40 + len, "byte_len counts the GRH: {c:?}");
         assert_eq!((c.src_qp, c.qp_num), (tx.qpn(), rx.qpn()), "{c:?}");
         assert!(c.wc_flags.contains(WcFlags::GRH), "{c:?}");
         assert_eq!(c.imm(), (i % 2 == 1).then_some(i as u32), "{c:?}");
@@ -98,10 +94,7 @@ fn ud_sends_carry_grh_src_qp_and_payload() {
         } else {
             assert_eq!(buf[0] >> 4, 6, "IPv6 header in the GRH area");
         }
-        assert!(
-            buf[40..].iter().all(|&b| b == i as u8 + 1),
-            "payload of message {i}"
-        );
+        assert!(buf[40..].iter().all(|&b| b == i as u8 + 1), "payload of message {i}");
     }
     assert_idle(&mut rcq);
 }

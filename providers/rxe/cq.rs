@@ -9,26 +9,15 @@ use crate::provider::{CqCreated, CqRing, KernelCall};
 use crate::wc::WorkCompletion;
 use zerocopy::IntoBytes;
 
-pub(super) fn create(
-    ctx: &RxeContext,
-    _cqe: u32,
-    kernel: KernelCall<'_, CqCreated>,
-) -> Result<Box<dyn CqRing>> {
+pub(super) fn create(ctx: &RxeContext, _cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>> {
     let mut mi = MmInfo::default();
     kernel(&[], mi.as_mut_bytes())?;
     let ring = map_ring(ctx, &mi, "CREATE_CQ")?;
-    Ok(Box::new(RxeCq {
-        ring,
-        ctx: ctx.clone(),
-    }))
+    Ok(Box::new(RxeCq { ring, ctx: ctx.clone() }))
 }
 
 fn map_ring(ctx: &RxeContext, mi: &MmInfo, verb: Verb) -> Result<Consumer> {
-    Ok(Consumer::new(ctx.map(
-        mi,
-        verb,
-        size_of::<WorkCompletion>(),
-    )?))
+    Ok(Consumer::new(ctx.map(mi, verb, size_of::<WorkCompletion>())?))
 }
 
 struct RxeCq {

@@ -10,8 +10,7 @@ mod srq;
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{
-    CqCreated, CqRing, KernelCall, Provider, ProviderContext, QpCreated, QpQueues, QpRequest,
-    SrqCreated, SrqQueue,
+    CqCreated, CqRing, KernelCall, Provider, ProviderContext, QpCreated, QpQueues, QpRequest, SrqCreated, SrqQueue,
 };
 use abi::{CreateAhResp, MmInfo};
 use memmap2::MmapOptions;
@@ -45,11 +44,7 @@ impl Provider for Rxe {
         driver && ABI_VERSIONS.contains(&device.abi_version)
     }
 
-    fn open(
-        &self,
-        file: &Arc<DeviceFile>,
-        kernel: KernelCall<'_, ()>,
-    ) -> Result<Box<dyn ProviderContext>> {
+    fn open(&self, file: &Arc<DeviceFile>, kernel: KernelCall<'_, ()>) -> Result<Box<dyn ProviderContext>> {
         // rxe has no driver data in GET_CONTEXT.
         kernel(&[], &mut [])?;
         Ok(Box::new(RxeContext { file: file.clone() }))
@@ -72,12 +67,7 @@ impl RxeContext {
                 .len(mi.size as usize)
                 .map_mut(self.file.file())
         }
-        .map_err(|e| {
-            Error::io(
-                format!("{verb}: mmap of ring at cookie {:#x}", mi.offset),
-                e,
-            )
-        })?;
+        .map_err(|e| Error::io(format!("{verb}: mmap of ring at cookie {:#x}", mi.offset), e))?;
         Queue::new(Backing::Mapped(map), verb, min_elem)
     }
 }
@@ -87,11 +77,7 @@ impl ProviderContext for RxeContext {
         cq::create(self, cqe, kernel)
     }
 
-    fn create_qp(
-        &self,
-        request: &QpRequest,
-        kernel: KernelCall<'_, QpCreated>,
-    ) -> Result<Box<dyn QpQueues>> {
+    fn create_qp(&self, request: &QpRequest, kernel: KernelCall<'_, QpCreated>) -> Result<Box<dyn QpQueues>> {
         qp::create(self, request, kernel)
     }
 

@@ -36,9 +36,7 @@ pub(super) fn create(
         Some(Producer::new(ctx.map(&resp.rq_mi, "CREATE_QP", min)?))
     };
     // The kernel may grant more inline room than asked; what fits in a slot is the limit.
-    let max_inline = cap
-        .max_inline_data
-        .min((sq.elem_size() - size_of::<SendWqe>()) as u32);
+    let max_inline = cap.max_inline_data.min((sq.elem_size() - size_of::<SendWqe>()) as u32);
     Ok(Box::new(RxeQp {
         sq: Producer::new(sq),
         rq,
@@ -90,8 +88,7 @@ impl Doorbell {
         self.cmd.body.response = std::ptr::addr_of_mut!(self.resp) as u64;
         // SAFETY: the only user pointer in the command is `response`, which names `self.resp`:
         // live, 4 bytes, the `out_words` the header declares.
-        unsafe { write_raw(file.as_fd(), self.cmd.as_bytes()) }
-            .map_err(|e| Error::kernel("POST_SEND", e))
+        unsafe { write_raw(file.as_fd(), self.cmd.as_bytes()) }.map_err(|e| Error::kernel("POST_SEND", e))
     }
 }
 
@@ -147,11 +144,7 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>) {
             };
             iova = r.addr;
         }
-        SendOp::CompareSwap {
-            remote,
-            compare,
-            swap,
-        } => {
+        SendOp::CompareSwap { remote, compare, swap } => {
             arm.atomic = AtomicArm {
                 remote_addr: remote.addr,
                 compare_add: compare,
@@ -221,11 +214,7 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>) {
                 tail = tail.add(len);
             }
         } else {
-            std::ptr::copy_nonoverlapping(
-                wr.sg_list.as_ptr(),
-                tail.cast::<Sge>().as_ptr(),
-                wr.sg_list.len(),
-            );
+            std::ptr::copy_nonoverlapping(wr.sg_list.as_ptr(), tail.cast::<Sge>().as_ptr(), wr.sg_list.len());
         }
     }
 }
@@ -265,10 +254,7 @@ impl QpQueues for RxeQp {
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let Some(rq) = self.rq.as_mut() else {
-            return Err(Error::invalid(
-                "post_recv",
-                "the QP takes receives from its SRQ",
-            ));
+            return Err(Error::invalid("post_recv", "the QP takes receives from its SRQ"));
         };
         let result = post_recv_wqes(rq, self.max_recv_sge, wrs);
         rq.publish();
@@ -295,11 +281,7 @@ pub(super) fn post_recv_wqes(rq: &mut Producer, max_sge: u32, wrs: &[RecvWr<'_>]
         let Some(slot) = rq.next_slot() else {
             return reject(WrReject::QueueFull);
         };
-        let length = wr
-            .sg_list
-            .iter()
-            .map(|s| s.length)
-            .fold(0u32, u32::wrapping_add);
+        let length = wr.sg_list.iter().map(|s| s.length).fold(0u32, u32::wrapping_add);
         let header = RecvWqe {
             wr_id: wr.wr_id,
             reserved: 0,

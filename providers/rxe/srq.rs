@@ -9,10 +9,7 @@ use crate::provider::{KernelCall, KernelInput, SrqCreated, SrqQueue};
 use crate::wr::{RecvWr, Sge};
 use zerocopy::IntoBytes;
 
-pub(super) fn create(
-    ctx: &RxeContext,
-    kernel: KernelCall<'_, SrqCreated>,
-) -> Result<Box<dyn SrqQueue>> {
+pub(super) fn create(ctx: &RxeContext, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
     let mut resp = CreateSrqResp::default();
     let created = kernel(&[], resp.as_mut_bytes())?;
     let ring = map_ring(ctx, &resp.mi, created.max_sge, "CREATE_SRQ")?;

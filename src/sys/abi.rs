@@ -188,9 +188,7 @@ assert_layout!(RegMrResp, size 12);
 
 /// `struct ib_uverbs_qp_cap` (ioctl `QP_CREATE` capabilities in and out).
 #[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, IntoBytes, FromBytes, Immutable, KnownLayout,
-)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, IntoBytes, FromBytes, Immutable, KnownLayout)]
 pub struct QpCap {
     pub max_send_wr: u32,
     pub max_recv_wr: u32,

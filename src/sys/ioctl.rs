@@ -134,11 +134,7 @@ impl<'a> Ioctl<'a> {
 
     /// A value the method reads. Values up to 8 bytes travel inline, as the ABI requires.
     /// `CONST_IN` attributes (enum-typed constants) must be passed as `u64`.
-    pub fn input<T: IntoBytes + Immutable + ?Sized>(
-        &mut self,
-        attr_id: u16,
-        value: &'a T,
-    ) -> &mut Self {
+    pub fn input<T: IntoBytes + Immutable + ?Sized>(&mut self, attr_id: u16, value: &'a T) -> &mut Self {
         let bytes = value.as_bytes();
         let data = if bytes.len() <= 8 {
             let mut inline = [0u8; 8];
@@ -169,13 +165,7 @@ impl<'a> Ioctl<'a> {
         // SAFETY: `buf` is a valid header followed by `num_attrs` attributes, `length` bytes
         // in all. Every pointer in an attribute names a buffer borrowed for `'a` (by
         // `input`/`output`), so it is live and of the declared `len` for the whole call.
-        let rc = unsafe {
-            nix::libc::ioctl(
-                fd.as_raw_fd(),
-                RDMA_VERBS_IOCTL as _,
-                std::ptr::addr_of_mut!(self.buf),
-            )
-        };
+        let rc = unsafe { nix::libc::ioctl(fd.as_raw_fd(), RDMA_VERBS_IOCTL as _, std::ptr::addr_of_mut!(self.buf)) };
         Errno::result(rc)?;
         Ok(Done {
             data: std::array::from_fn(|i| self.buf.attrs[i].data),

@@ -12,7 +12,9 @@ pub const TIMEOUT: Duration = Duration::from_secs(30);
 pub fn open_test_device() -> Context {
     let name = std::env::var("UVERBS_TEST_DEVICE").ok();
     uverbs::open(name.as_deref()).unwrap_or_else(|e| {
-        panic!("{e}\nThese tests need an RDMA device: run them with `cargo xtask test`, which boots a guest with rdma_rxe")
+        panic!(
+            "{e}\nThese tests need an RDMA device: run them with `cargo xtask test`, which boots a guest with rdma_rxe"
+        )
     })
 }
 
@@ -21,10 +23,7 @@ pub fn open_test_device() -> Context {
 pub fn loopback_gid(ctx: &Context) -> Gid {
     let table = ctx.gid_table().expect("GID table");
     let v2 = |g: &&Gid| g.port == 1 && g.gid_type == Gid::TYPE_ROCE_V2;
-    let mapped = table
-        .iter()
-        .filter(v2)
-        .find(|g| g.ip().to_ipv4_mapped().is_some());
+    let mapped = table.iter().filter(v2).find(|g| g.ip().to_ipv4_mapped().is_some());
     let global = table
         .iter()
         .filter(v2)
@@ -117,9 +116,7 @@ impl Pair {
         let (a_qpn, b_qpn) = (a.qp.qpn(), b.qp.qpn());
         for (me, peer) in [(&mut a, b_qpn), (&mut b, a_qpn)] {
             me.qp.to_init(1, access).expect("to INIT");
-            me.qp
-                .to_rtr(path_to(&gid), peer, 0, Mtu::Mtu1024)
-                .expect("to RTR");
+            me.qp.to_rtr(path_to(&gid), peer, 0, Mtu::Mtu1024).expect("to RTR");
             me.qp.to_rts(0).expect("to RTS");
         }
         Self { ctx, pd, a, b }

@@ -1,0 +1,201 @@
+//! Bad input gets a typed error, loses nothing, and leaves the objects usable.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use uverbs::*;
+
+fn write(p: &mut Pair, wr_id: u64) -> WorkCompletion {
+    let sge = [p.a.mr.sge(0, 64).unwrap()];
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    unsafe { p.a.qp.post_send(&[SendWr::new(wr_id, SendOp::RdmaWrite(remote), &sge)]) }.unwrap();
+    poll_n(&mut p.a.cq, 1, 1)[0]
+}
+
+#[test]
+fn too_many_sges_are_rejected_and_the_qp_still_works() {
+    let mut p = Pair::new();
+    let max = p.a.qp.cap().max_send_sge as usize;
+    let sges = vec![p.a.mr.sge(0, 8).unwrap(); max + 1];
+    match unsafe { p.a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sges)]) } {
+        Err(Error::WorkRequest {
+            verb: "post_send",
+            index: 0,
+            reason: WrReject::TooManySge { given, .. },
+        }) => {
+            assert_eq!(given, max + 1)
+        }
+        other => panic!("{other:?}"),
+    }
+    let rmax = p.b.qp.cap().max_recv_sge as usize;
+    let rsges = vec![p.b.mr.sge(0, 8).unwrap(); rmax + 1];
+    let ok = [p.b.mr.sge(0, 8).unwrap()];
+    match unsafe { p.b.qp.post_recv(&[RecvWr::new(1, &ok), RecvWr::new(2, &rsges)]) } {
+        Err(Error::WorkRequest {
+            verb: "post_recv",
+            index: 1,
+            reason: WrReject::TooManySge { .. },
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    // The first receive was posted and is used by the next send; the second was not.
+    let sge = [p.a.mr.sge(0, 8).unwrap()];
+    unsafe { p.a.qp.post_send(&[SendWr::new(3, SendOp::Send, &sge)]) }.unwrap();
+    assert_eq!(poll_n(&mut p.b.cq, 1, 4)[0].wr_id, 1);
+    assert_eq!(write(&mut p, 4).status, WcStatus::SUCCESS);
+    assert_idle(&mut p.b.cq);
+}
+
+#[test]
+fn posting_in_reset_or_init_is_a_state_error() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 8).unwrap()];
+    let state_err = |r: Result<()>, want| match r {
+        Err(Error::WorkRequest {
+            index: 0,
+            reason: WrReject::WrongState(s),
+            ..
+        }) => assert_eq!(s, want),
+        other => panic!("expected WrongState({want:?}), got {other:?}"),
+    };
+    state_err(
+        unsafe { qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]) },
+        QpState::Reset,
+    );
+    state_err(unsafe { qp.post_recv(&[RecvWr::new(1, &sge)]) }, QpState::Reset);
+    qp.to_init(1, AccessFlags::empty()).unwrap();
+    state_err(
+        unsafe { qp.post_send(&[SendWr::new(2, SendOp::Send, &sge)]) },
+        QpState::Init,
+    );
+    unsafe { qp.post_recv(&[RecvWr::new(3, &sge)]) }.expect("receives may be posted in INIT");
+}
+
+#[test]
+fn bad_lkey_and_bad_rkey_complete_in_error_and_the_qp_recovers() {
+    let mut p = Pair::new();
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    // An lkey naming no MR: rxe (Linux 6.1, `copy_data` → -EINVAL) reports LOC_QP_OP_ERR.
+    let unknown = [Sge {
+        lkey: p.a.mr.lkey() ^ 0x5a5a00,
+        ..p.a.mr.sge(0, 64).unwrap()
+    }];
+    // A real lkey with an address past the end of its MR: -EFAULT → LOC_PROT_ERR.
+    let outside = [Sge {
+        addr: p.a.mr.addr() + p.a.mr.len() as u64,
+        ..p.a.mr.sge(0, 64).unwrap()
+    }];
+    for (wr_id, sges, want) in [
+        (1, unknown, WcStatus::LOC_QP_OP_ERR),
+        (2, outside, WcStatus::LOC_PROT_ERR),
+    ] {
+        unsafe {
+            p.a.qp
+                .post_send(&[SendWr::new(wr_id, SendOp::RdmaWrite(remote), &sges)])
+        }
+        .unwrap();
+        let c = poll_n(&mut p.a.cq, 1, 1)[0];
+        assert_eq!((c.wr_id, c.status), (wr_id, want), "{c:?}");
+        reconnect(&mut p);
+    }
+
+    let sge = [p.a.mr.sge(0, 64).unwrap()];
+    let bad_remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey() ^ 0x5a5a00,
+    };
+    unsafe { p.a.qp.post_send(&[SendWr::new(3, SendOp::RdmaWrite(bad_remote), &sge)]) }.unwrap();
+    let c = poll_n(&mut p.a.cq, 1, 1)[0];
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::REM_ACCESS_ERR), "{c:?}");
+    reconnect(&mut p);
+    assert_eq!(write(&mut p, 4).status, WcStatus::SUCCESS, "usable again");
+}
+
+/// Takes both QPs of `p` (the failed one is in the error state) through RESET back to RTS.
+fn reconnect(p: &mut Pair) {
+    let gid = loopback_gid(&p.ctx);
+    let (a, b) = (p.a.qp.qpn(), p.b.qp.qpn());
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    for (qp, peer) in [(&mut p.a.qp, b), (&mut p.b.qp, a)] {
+        qp.modify(&QpAttr {
+            state: Some(QpState::Reset),
+            ..Default::default()
+        })
+        .unwrap();
+        qp.to_init(1, access).unwrap();
+        qp.to_rtr(path_to(&gid), peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rts(0).unwrap();
+    }
+    // Anything the reset flushed is gone with the reset; start clean.
+    let mut wc = [WorkCompletion::default(); 16];
+    while p.a.cq.poll(&mut wc) > 0 {}
+    while p.b.cq.poll(&mut wc) > 0 {}
+}
+
+#[test]
+fn destroying_a_cq_in_use_is_ebusy_and_the_cq_survives() {
+    let mut p = Pair::new();
+    let Pair { ctx, pd, a, b } = p;
+    let End { qp, cq, mr } = a;
+    let (cq, err) = cq.destroy().expect_err("a QP still uses the CQ");
+    assert_eq!(err.errno(), Some(nix::errno::Errno::EBUSY), "{err}");
+    assert!(err.to_string().contains("destroy those first"), "{err}");
+    p = Pair {
+        ctx,
+        pd,
+        a: End { qp, cq, mr },
+        b,
+    };
+    assert_eq!(write(&mut p, 7).status, WcStatus::SUCCESS, "the CQ still works");
+    let End { qp, cq, .. } = p.a;
+    drop(qp);
+    cq.destroy().expect("no QP uses it any more");
+}
+
+/// Registration beyond RLIMIT_MEMLOCK, in a child process without CAP_IPC_LOCK (root would
+/// bypass the limit).
+#[test]
+fn registering_beyond_rlimit_memlock_is_a_clear_error() {
+    if std::env::var_os("UVERBS_MEMLOCK_CHILD").is_some() {
+        let ctx = open_test_device();
+        let pd = ctx.alloc_pd().unwrap();
+        let err = pd
+            .alloc_mr(8 << 20, AccessFlags::LOCAL_WRITE)
+            .expect_err("8 MiB over a 1 MiB limit");
+        assert_eq!(err.errno(), Some(nix::errno::Errno::ENOMEM), "{err}");
+        assert!(err.to_string().contains("RLIMIT_MEMLOCK"), "{err}");
+        pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE)
+            .expect("a small region still registers");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("prlimit")
+        .args([
+            "--memlock=1048576",
+            "setpriv",
+            "--inh-caps=-ipc_lock",
+            "--bounding-set=-ipc_lock",
+        ])
+        .arg(exe)
+        .args([
+            "--exact",
+            "registering_beyond_rlimit_memlock_is_a_clear_error",
+            "--test-threads=1",
+        ])
+        .env("UVERBS_MEMLOCK_CHILD", "1")
+        .output()
+        .expect("prlimit and setpriv (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "child: {text}");
+}
