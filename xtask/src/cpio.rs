@@ -96,12 +96,7 @@ mod tests {
         let Some(cpio) = crate::proc::find_program("cpio") else {
             return;
         };
-        let out = crate::proc::filter(
-            std::process::Command::new(cpio).args(["-t", "--quiet"]),
-            &bytes,
-            &[0],
-        )
-        .unwrap();
+        let out = crate::proc::filter(std::process::Command::new(cpio).args(["-t", "--quiet"]), &bytes, &[0]).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "bin\nbin/hello\nbin/sh\n");
     }
 }

@@ -68,13 +68,7 @@ mod tests {
     #[test]
     fn context_prefixes_the_cause() {
         let r: std::result::Result<(), &str> = Err("boom");
-        assert_eq!(
-            r.context("doing x").unwrap_err().to_string(),
-            "doing x: boom"
-        );
-        assert_eq!(
-            None::<u8>.context("missing").unwrap_err().to_string(),
-            "missing"
-        );
+        assert_eq!(r.context("doing x").unwrap_err().to_string(), "doing x: boom");
+        assert_eq!(None::<u8>.context("missing").unwrap_err().to_string(), "missing");
     }
 }

@@ -170,14 +170,8 @@ fn header(results: &Path, command: &str) -> String {
     }
     for (k, v) in [
         ("UVERBS_RESULTS", results.to_string_lossy().into_owned()),
-        (
-            "UVERBS_PROJECT",
-            paths::root().to_string_lossy().into_owned(),
-        ),
-        (
-            "UVERBS_TARGET_DIR",
-            paths::target_dir().to_string_lossy().into_owned(),
-        ),
+        ("UVERBS_PROJECT", paths::root().to_string_lossy().into_owned()),
+        ("UVERBS_TARGET_DIR", paths::target_dir().to_string_lossy().into_owned()),
         ("UVERBS_COMMAND", command.to_string()),
     ] {
         h.push_str(&format!("{k}={}\n", sh_quote(&v)));
@@ -196,8 +190,7 @@ fn guest_errors(log: &str) -> Option<String> {
 
 /// The kernel's "Kernel panic" line, if the log has one.
 fn panic_line(log: &str) -> Option<&str> {
-    log.lines()
-        .find(|l| l.contains("Kernel panic - not syncing"))
+    log.lines().find(|l| l.contains("Kernel panic - not syncing"))
 }
 
 /// Kernel log lines that report a kernel bug or warning (oops, BUG, WARN_ON).
@@ -257,10 +250,7 @@ mod tests {
     fn header_quotes_the_command() {
         let h = header(Path::new("/r"), "echo 'hi' && false");
         assert!(h.contains("UVERBS_RESULTS=/r\n"), "{h}");
-        assert!(
-            h.contains(r"UVERBS_COMMAND='echo '\''hi'\'' && false'"),
-            "{h}"
-        );
+        assert!(h.contains(r"UVERBS_COMMAND='echo '\''hi'\'' && false'"), "{h}");
     }
 
     #[test]

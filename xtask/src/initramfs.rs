@@ -21,8 +21,8 @@ pub const MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
 
 /// Busybox applets init uses, linked into /bin.
 const APPLETS: &[&str] = &[
-    "sh", "mount", "umount", "mkdir", "insmod", "chroot", "env", "poweroff", "stty", "cat", "echo",
-    "sleep", "sync", "ls", "dmesg",
+    "sh", "mount", "umount", "mkdir", "insmod", "chroot", "env", "poweroff", "stty", "cat", "echo", "sleep", "sync",
+    "ls", "dmesg",
 ];
 
 const BUSYBOX: &str = "/bin/busybox";
@@ -30,24 +30,14 @@ const BUSYBOX: &str = "/bin/busybox";
 /// Returns the path of the initramfs for `kernel`, building it if the cached one is stale.
 pub fn prepare(kernel: &Kernel, cache: &Path) -> Result<PathBuf> {
     let dep_path = kernel.modules.join("modules.dep");
-    let dep = std::fs::read_to_string(&dep_path)
-        .with_context(|| format!("reading {}", dep_path.display()))?;
-    let builtin =
-        std::fs::read_to_string(kernel.modules.join("modules.builtin")).unwrap_or_default();
-    let order = resolve(&dep, &builtin, MODULES)
-        .with_context(|| format!("resolving modules of kernel {}", kernel.version))?;
+    let dep = std::fs::read_to_string(&dep_path).with_context(|| format!("reading {}", dep_path.display()))?;
+    let builtin = std::fs::read_to_string(kernel.modules.join("modules.builtin")).unwrap_or_default();
+    let order =
+        resolve(&dep, &builtin, MODULES).with_context(|| format!("resolving modules of kernel {}", kernel.version))?;
 
     let bb_meta = std::fs::metadata(BUSYBOX).with_context(|| format!("reading {BUSYBOX}"))?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (
-        &kernel.version,
-        &kernel.stamp,
-        INIT,
-        MODPROBE_HELPER,
-        APPLETS,
-        &order,
-    )
-        .hash(&mut h);
+    (&kernel.version, &kernel.stamp, INIT, MODPROBE_HELPER, APPLETS, &order).hash(&mut h);
     (bb_meta.len(), bb_meta.modified().ok()).hash(&mut h);
     let name = format!("initramfs-{}-{:016x}.cpio", kernel.version, h.finish());
     let path = cache.join(&name);
@@ -87,11 +77,7 @@ pub fn prepare(kernel: &Kernel, cache: &Path) -> Result<PathBuf> {
     let mut load = String::new();
     for (name, rel) in &order {
         let src = kernel.modules.join(rel);
-        a.file(
-            &format!("/lib/modules/{name}.ko"),
-            0o644,
-            &read_module(&src)?,
-        );
+        a.file(&format!("/lib/modules/{name}.ko"), 0o644, &read_module(&src)?);
         load.push_str(name);
         load.push('\n');
     }
@@ -108,11 +94,7 @@ pub fn prepare(kernel: &Kernel, cache: &Path) -> Result<PathBuf> {
     }
     crate::write_atomic(&path, &a.finish())?;
     let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
-    note!(
-        "xtask: built {} (modules: {})",
-        path.display(),
-        names.join(" ")
-    );
+    note!("xtask: built {} (modules: {})", path.display(), names.join(" "));
     Ok(path)
 }
 
@@ -164,9 +146,9 @@ fn resolve(modules_dep: &str, builtin: &str, wanted: &[&str]) -> Result<Vec<(Str
         if builtin.contains(m) || !seen.insert(m.to_string()) {
             return Ok(());
         }
-        let (path, ds) = deps.get(m).with_context(|| {
-            format!("module {m} is neither in modules.dep nor in modules.builtin")
-        })?;
+        let (path, ds) = deps
+            .get(m)
+            .with_context(|| format!("module {m} is neither in modules.dep nor in modules.builtin"))?;
         for d in ds.iter().rev() {
             visit(d, deps, builtin, seen, out)?;
         }

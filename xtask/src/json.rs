@@ -149,10 +149,7 @@ impl Parser<'_> {
     }
 
     fn hex4(&mut self) -> Result<u32, String> {
-        let h = self
-            .s
-            .get(self.i..self.i + 4)
-            .and_then(|h| std::str::from_utf8(h).ok());
+        let h = self.s.get(self.i..self.i + 4).and_then(|h| std::str::from_utf8(h).ok());
         let Some(v) = h.and_then(|h| u32::from_str_radix(h, 16).ok()) else {
             return self.err("bad \\u escape");
         };
@@ -215,10 +212,7 @@ mod tests {
     fn parses_a_cargo_artifact_line() {
         let line = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"basic","doctest":false},"executable":"/w/target/debug/deps/basic-1a2b","fresh":true,"n":-1.5e3,"x":null}"#;
         let v = parse(line).unwrap();
-        assert_eq!(
-            v.get("reason").and_then(Value::as_str),
-            Some("compiler-artifact")
-        );
+        assert_eq!(v.get("reason").and_then(Value::as_str), Some("compiler-artifact"));
         let kind = v
             .get("target")
             .and_then(|t| t.get("kind"))

@@ -86,13 +86,12 @@ pub fn prepare(cache: &Path) -> Result<Kernel> {
             }
             v
         }
-        _ => installed_versions().pop().context(
-            "no kernel in /boot with modules in /lib/modules (install linux-image-amd64)",
-        )?,
+        _ => installed_versions()
+            .pop()
+            .context("no kernel in /boot with modules in /lib/modules (install linux-image-amd64)")?,
     };
     let bz_path = PathBuf::from(format!("/boot/vmlinuz-{version}"));
-    let meta =
-        std::fs::metadata(&bz_path).with_context(|| format!("reading {}", bz_path.display()))?;
+    let meta = std::fs::metadata(&bz_path).with_context(|| format!("reading {}", bz_path.display()))?;
     let mtime = meta
         .modified()
         .ok()
@@ -114,17 +113,11 @@ pub fn prepare(cache: &Path) -> Result<Kernel> {
     let stamp_file = cache.join(format!("vmlinux-{version}.stamp"));
     let cached = image.is_file() && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp);
     if !cached {
-        let bz =
-            std::fs::read(&bz_path).with_context(|| format!("reading {}", bz_path.display()))?;
-        let elf = extract_vmlinux(&bz)
-            .with_context(|| format!("extracting vmlinux from {}", bz_path.display()))?;
+        let bz = std::fs::read(&bz_path).with_context(|| format!("reading {}", bz_path.display()))?;
+        let elf = extract_vmlinux(&bz).with_context(|| format!("extracting vmlinux from {}", bz_path.display()))?;
         crate::write_atomic(&image, &elf)?;
         crate::write_atomic(&stamp_file, stamp.as_bytes())?;
-        note!(
-            "xtask: extracted {} ({} MiB)",
-            image.display(),
-            elf.len() >> 20
-        );
+        note!("xtask: extracted {} ({} MiB)", image.display(), elf.len() >> 20);
     }
     Ok(Kernel {
         version,
@@ -182,12 +175,8 @@ fn payload(bz: &[u8]) -> Result<&[u8]> {
     };
     let start = (setup_sects + 1) * 512 + u32_at(0x248);
     let len = u32_at(0x24c);
-    bz.get(start..start + len).with_context(|| {
-        format!(
-            "payload {start}+{len} lies outside the {}-byte image",
-            bz.len()
-        )
-    })
+    bz.get(start..start + len)
+        .with_context(|| format!("payload {start}+{len} lies outside the {}-byte image", bz.len()))
 }
 
 /// Decompresses the vmlinux ELF out of a bzImage (or returns an ELF as is).
@@ -223,8 +212,7 @@ fn extract_vmlinux(bz: &[u8]) -> Result<Vec<u8>> {
     if format == Format::Xz {
         cmd.arg("--single-stream");
     }
-    let elf = proc::filter(&mut cmd, body, ok)
-        .with_context(|| format!("decompressing the {format:?} payload"))?;
+    let elf = proc::filter(&mut cmd, body, ok).with_context(|| format!("decompressing the {format:?} payload"))?;
     if !elf.starts_with(b"\x7fELF") {
         bail!("the decompressed {format:?} payload is not an ELF file");
     }
@@ -237,23 +225,14 @@ mod tests {
 
     #[test]
     fn versions_sort_numerically() {
-        assert_eq!(
-            version_cmp("6.1.0-9-amd64", "6.1.0-10-amd64"),
-            Ordering::Less
-        );
-        assert_eq!(
-            version_cmp("6.10.0-1-amd64", "6.9.0-1-amd64"),
-            Ordering::Greater
-        );
+        assert_eq!(version_cmp("6.1.0-9-amd64", "6.1.0-10-amd64"), Ordering::Less);
+        assert_eq!(version_cmp("6.10.0-1-amd64", "6.9.0-1-amd64"), Ordering::Greater);
         assert_eq!(version_cmp("6.1.0-1", "6.1.0-1"), Ordering::Equal);
     }
 
     #[test]
     fn detects_formats() {
-        assert_eq!(
-            detect(&[0xfd, b'7', b'z', b'X', b'Z', 0, 1]),
-            Some(Format::Xz)
-        );
+        assert_eq!(detect(&[0xfd, b'7', b'z', b'X', b'Z', 0, 1]), Some(Format::Xz));
         assert_eq!(detect(&[0x28, 0xb5, 0x2f, 0xfd, 0]), Some(Format::Zstd));
         assert_eq!(detect(&[0x1f, 0x8b, 8]), Some(Format::Gzip));
         assert_eq!(detect(b"ELF?"), None);

@@ -99,11 +99,7 @@ pub fn ensure() -> Result<()> {
             .args(&pkgs)
             .stdout(std::process::Stdio::null()),
     )?;
-    let still: Vec<String> = needs()
-        .into_iter()
-        .filter(|n| !n.present)
-        .map(|n| n.what)
-        .collect();
+    let still: Vec<String> = needs().into_iter().filter(|n| !n.present).map(|n| n.what).collect();
     if !still.is_empty() {
         bail!(
             "after installing {}, still missing: {}",

@@ -63,15 +63,10 @@ pub fn filter(cmd: &mut Command, input: &[u8], ok_codes: &[i32]) -> Result<Vec<u
         let r = stdout.read_to_end(&mut out);
         (r.map(|_| out), err.join().unwrap_or_default())
     });
-    let st = child
-        .wait()
-        .with_context(|| format!("waiting for `{what}`"))?;
+    let st = child.wait().with_context(|| format!("waiting for `{what}`"))?;
     let out = out.with_context(|| format!("reading the output of `{what}`"))?;
     if !st.code().is_some_and(|c| ok_codes.contains(&c)) {
-        bail!(
-            "`{what}` failed ({st}): {}",
-            String::from_utf8_lossy(&err).trim()
-        );
+        bail!("`{what}` failed ({st}): {}", String::from_utf8_lossy(&err).trim());
     }
     Ok(out)
 }
@@ -128,13 +123,9 @@ mod tests {
     fn filter_pipes_and_reports_failures() {
         let out = filter(&mut Command::new("cat"), b"hello", &[0]).unwrap();
         assert_eq!(out, b"hello");
-        let e = filter(
-            Command::new("sh").args(["-c", "echo nope >&2; exit 3"]),
-            b"",
-            &[0],
-        )
-        .unwrap_err()
-        .to_string();
+        let e = filter(Command::new("sh").args(["-c", "echo nope >&2; exit 3"]), b"", &[0])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nope") && e.contains('3'), "{e}");
     }
 }

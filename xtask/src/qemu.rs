@@ -41,13 +41,7 @@ fn opt_path(p: &Path) -> String {
 }
 
 /// Boots `kernel`+`initramfs`; the guest's init runs `<results>/guest.sh`.
-pub fn boot(
-    m: &Machine,
-    kernel: &Kernel,
-    initramfs: &Path,
-    results: &Path,
-    kernel_log: &Path,
-) -> Result<Outcome> {
+pub fn boot(m: &Machine, kernel: &Kernel, initramfs: &Path, results: &Path, kernel_log: &Path) -> Result<Outcome> {
     let results_str = results.to_string_lossy();
     if results_str.contains(|c: char| c.is_whitespace() || c == '"') {
         bail!("the results directory {results_str} contains whitespace or quotes, which the kernel command line cannot carry");
@@ -70,13 +64,7 @@ pub fn boot(
     ]
     .join(" ");
     let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args([
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-    ]);
+    cmd.args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
     if m.kvm {
         cmd.args(["-accel", "kvm", "-cpu", "host"]);
     } else {
@@ -90,12 +78,7 @@ pub fn boot(
         .args(["-append", &append, "-nic", "none"])
         // ttyS0: the command's output, on our stdout. (A virtio console was
         // tried: it is ~50x slower than the UART under TCG.)
-        .args([
-            "-chardev",
-            "stdio,id=out,signal=off",
-            "-serial",
-            "chardev:out",
-        ])
+        .args(["-chardev", "stdio,id=out,signal=off", "-serial", "chardev:out"])
         // ttyS1: the kernel console.
         .arg("-serial")
         .arg(format!("file:{}", kernel_log.display()))
@@ -105,10 +88,7 @@ pub fn boot(
             "-virtfs",
             "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             "-virtfs",
-            &format!(
-                "local,path={},mount_tag=results,security_model=none",
-                opt_path(results)
-            ),
+            &format!("local,path={},mount_tag=results,security_model=none", opt_path(results)),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -145,11 +125,7 @@ pub fn boot(
     let _ = reader.join();
     let qemu_stderr = err_reader.join().unwrap_or_default();
     Ok(Outcome {
-        end: if timed_out {
-            End::TimedOut
-        } else {
-            End::Exited(status)
-        },
+        end: if timed_out { End::TimedOut } else { End::Exited(status) },
         started_after,
         qemu_stderr,
     })

@@ -66,7 +66,9 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         Err(e) => failures.push(format!("build: {e}")),
     }
     let mut c = cargo();
-    c.args(["build", "-p", "uverbs", "--examples"]);
+    // Examples and every library, the libibverbs provider cdylib among them: guest scripts
+    // run them.
+    c.args(["build", "--workspace", "--lib", "--examples"]);
     note!("xtask: {}", proc::describe(&c));
     if let Err(e) = proc::check(&mut c) {
         failures.push(format!("build: {e}"));
@@ -74,13 +76,13 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     items.extend(scripts()?);
 
     let (outcomes, guest_failure) = if native {
-        note!("xtask: running {} test binaries/scripts natively (host has an RDMA device or UVERBS_NATIVE=1)", items.len());
-        (items.iter().map(|i| run_native(i, timeout)).collect(), None)
-    } else {
         note!(
-            "xtask: running {} test binaries/scripts in a QEMU guest",
+            "xtask: running {} test binaries/scripts natively (host has an RDMA device or UVERBS_NATIVE=1)",
             items.len()
         );
+        (items.iter().map(|i| run_native(i, timeout)).collect(), None)
+    } else {
+        note!("xtask: running {} test binaries/scripts in a QEMU guest", items.len());
         run_in_guest(&items, timeout)
     };
     failures.extend(guest_failure);
@@ -121,20 +123,11 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
 /// Builds the main crate's integration tests; returns (target name, executable).
 fn test_binaries() -> Result<Vec<(String, String)>> {
     let mut c = cargo();
-    c.args([
-        "test",
-        "-p",
-        "uverbs",
-        "--tests",
-        "--no-run",
-        "--message-format=json",
-    ])
-    .stdout(Stdio::piped());
+    c.args(["test", "-p", "uverbs", "--tests", "--no-run", "--message-format=json"])
+        .stdout(Stdio::piped());
     note!("xtask: {}", proc::describe(&c));
     let what = proc::describe(&c);
-    let mut child = c
-        .spawn()
-        .with_context(|| format!("cannot start `{what}`"))?;
+    let mut child = c.spawn().with_context(|| format!("cannot start `{what}`"))?;
     let stdout = child.stdout.take().context("cargo stdout missing")?;
     let mut bins = Vec::new();
     for line in std::io::BufReader::new(stdout).lines() {
@@ -159,9 +152,7 @@ fn test_binaries() -> Result<Vec<(String, String)>> {
                     .and_then(json::Value::as_array)
                     .is_some_and(|k| k.iter().any(|k| k.as_str() == Some("test")));
                 let exe = msg.get("executable").and_then(json::Value::as_str);
-                let name = target
-                    .and_then(|t| t.get("name"))
-                    .and_then(json::Value::as_str);
+                let name = target.and_then(|t| t.get("name")).and_then(json::Value::as_str);
                 if let (true, Some(exe), Some(name)) = (is_test, exe, name) {
                     bins.push((name.to_string(), exe.to_string()));
                 }
@@ -169,9 +160,7 @@ fn test_binaries() -> Result<Vec<(String, String)>> {
             _ => {}
         }
     }
-    let st = child
-        .wait()
-        .with_context(|| format!("waiting for `{what}`"))?;
+    let st = child.wait().with_context(|| format!("waiting for `{what}`"))?;
     if !st.success() {
         bail!("`{what}` failed ({st})");
     }
@@ -194,11 +183,7 @@ fn scripts() -> Result<Vec<Item>> {
     Ok(paths
         .into_iter()
         .map(|p| Item {
-            name: p
-                .strip_prefix(paths::root())
-                .unwrap_or(&p)
-                .display()
-                .to_string(),
+            name: p.strip_prefix(paths::root()).unwrap_or(&p).display().to_string(),
             argv: vec!["/bin/sh".into(), p.to_string_lossy().into_owned()],
         })
         .collect())
@@ -232,11 +217,7 @@ fn guest_script(items: &[Item], timeout: u32) -> String {
     .replace("TIMEOUT", &timeout.to_string());
     for (i, item) in items.iter().enumerate() {
         let argv: Vec<String> = item.argv.iter().map(|a| sh_quote(a)).collect();
-        s.push_str(&format!(
-            "item {i} {} {}\n",
-            sh_quote(&item.name),
-            argv.join(" ")
-        ));
+        s.push_str(&format!("item {i} {} {}\n", sh_quote(&item.name), argv.join(" ")));
     }
     s
 }
@@ -264,10 +245,7 @@ fn run_in_guest(items: &[Item], timeout: u32) -> (Vec<Outcome>, Option<String>) 
         note!("xtask: error: {f}");
     }
     let results = report.read("results").unwrap_or_default();
-    note!(
-        "xtask: the guest's kernel log is in {}",
-        guest::kernel_log().display()
-    );
+    note!("xtask: the guest's kernel log is in {}", guest::kernel_log().display());
     let mut outcomes: Vec<Outcome> = items
         .iter()
         .map(|_| {
@@ -283,10 +261,7 @@ fn run_in_guest(items: &[Item], timeout: u32) -> (Vec<Outcome>, Option<String>) 
         .collect();
     for line in results.lines() {
         let mut it = line.split_whitespace();
-        if let (Some(Ok(rc)), Some(Ok(i))) = (
-            it.next().map(str::parse),
-            it.next().map(str::parse::<usize>),
-        ) {
+        if let (Some(Ok(rc)), Some(Ok(i))) = (it.next().map(str::parse), it.next().map(str::parse::<usize>)) {
             if let Some(o) = outcomes.get_mut(i) {
                 *o = Outcome::Exited(rc);
             }
@@ -318,13 +293,7 @@ mod tests {
         ];
         let s = guest_script(&items, 60);
         assert!(s.contains("timeout -k 10 60 \"$@\""), "{s}");
-        assert!(
-            s.contains("item 0 'test a b' /t/a --test-threads=1 'x y'\n"),
-            "{s}"
-        );
-        assert!(
-            s.ends_with("item 1 tests/guest/z.sh /bin/sh /p/z.sh\n"),
-            "{s}"
-        );
+        assert!(s.contains("item 0 'test a b' /t/a --test-threads=1 'x y'\n"), "{s}");
+        assert!(s.ends_with("item 1 tests/guest/z.sh /bin/sh /p/z.sh\n"), "{s}");
     }
 }
