@@ -20,10 +20,6 @@ pub(crate) fn find(device: &DeviceInfo) -> Result<&'static dyn Provider> {
         .ok_or_else(|| Error::NoProvider {
             device: device.name.clone(),
             driver_id: device.driver_id,
-            known: PROVIDERS
-                .iter()
-                .map(|p| p.name())
-                .collect::<Vec<_>>()
-                .join(", "),
+            known: PROVIDERS.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "),
         })
 }

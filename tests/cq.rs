@@ -137,9 +137,10 @@ fn batch_borrows_in_place_and_consumes_only_what_it_yielded() {
 
 #[test]
 fn resize_keeps_queued_completions() {
-    let mut opts = PairOpts::default();
-    opts.cq_depth = 16;
-    let mut p = Pair::with(opts);
+    let mut p = Pair::with(PairOpts {
+        cq_depth: 16,
+        ..Default::default()
+    });
     let before = p.a.cq.capacity();
     write_n(&mut p, 0..10);
     std::thread::sleep(Duration::from_millis(500));
@@ -159,9 +160,10 @@ fn resize_keeps_queued_completions() {
 
 #[test]
 fn overrun_is_reported_as_a_cq_error_event() {
-    let mut opts = PairOpts::default();
-    opts.cq_depth = 4;
-    let mut p = Pair::with(opts);
+    let mut p = Pair::with(PairOpts {
+        cq_depth: 4,
+        ..Default::default()
+    });
     let cap = p.a.cq.capacity() as u64;
     write_n(&mut p, 0..cap + 4);
     let ev = p

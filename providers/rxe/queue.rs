@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub(super) enum Backing {
     /// A ring mapped from the device.
     Mapped(MmapMut),
-    /// A synthetic ring for tests.
+    /// A synthetic ring for tests, cache-line aligned like the kernel's.
     #[cfg(test)]
-    Heap(Box<[u64]>),
+    Heap(Box<[tests::Line]>),
 }
 
 impl Backing {
@@ -29,7 +29,7 @@ impl Backing {
         let (ptr, len) = match self {
             Self::Mapped(m) => (m.as_mut_ptr(), m.len()),
             #[cfg(test)]
-            Self::Heap(h) => (h.as_mut_ptr().cast::<u8>(), h.len() * 8),
+            Self::Heap(h) => (h.as_mut_ptr().cast::<u8>(), size_of_val(&**h)),
         };
         (NonNull::new(ptr).unwrap_or(NonNull::dangling()), len)
     }
@@ -192,29 +192,37 @@ impl Consumer {
 pub(super) mod tests {
     use super::*;
 
+    /// One cache line of a synthetic ring.
+    #[repr(C, align(64))]
+    #[derive(Clone, Copy)]
+    pub(crate) struct Line([u32; 16]);
+
     /// A synthetic ring of `slots` slots of `1 << log2` bytes, as the kernel would lay it out.
     pub(crate) fn heap_ring(log2: u32, slots: u32) -> Backing {
         let bytes = off::DATA + ((slots as usize) << log2);
-        let mut words = vec![0u64; bytes / 8].into_boxed_slice();
-        words[0] = u64::from(log2) | (u64::from(slots - 1) << 32);
-        Backing::Heap(words)
+        let mut lines = vec![Line([0; 16]); bytes.div_ceil(64)].into_boxed_slice();
+        lines[0].0[0] = log2;
+        lines[0].0[1] = slots - 1;
+        Backing::Heap(lines)
+    }
+
+    fn set_mask(b: &mut Backing, mask: u32) {
+        if let Backing::Heap(lines) = b {
+            lines[0].0[1] = mask;
+        }
     }
 
     #[test]
     fn rejects_headers_that_point_outside_the_mapping() {
         let mut b = heap_ring(7, 4);
-        if let Backing::Heap(w) = &mut b {
-            w[0] = 7 | (1023u64 << 32); // claims 1024 slots in a 4-slot buffer
-        }
+        set_mask(&mut b, 1023); // claims 1024 slots in a 4-slot buffer
         assert!(Queue::new(b, "test", 48).is_err());
         assert!(
             Queue::new(heap_ring(5, 4), "test", 48).is_err(),
             "slots smaller than an entry"
         );
         let mut b = heap_ring(7, 4);
-        if let Backing::Heap(w) = &mut b {
-            w[0] = 7 | (2u64 << 32); // 3 slots: not a power of two
-        }
+        set_mask(&mut b, 2); // 3 slots: not a power of two
         assert!(Queue::new(b, "test", 48).is_err());
         assert!(Queue::new(heap_ring(7, 4), "test", 48).is_ok());
     }
