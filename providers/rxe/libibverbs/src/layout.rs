@@ -1,0 +1,59 @@
+//! Checks the public struct layouts in [`crate::abi`] against the installed
+//! `<infiniband/verbs.h>` by compiling and running a C program that prints each number.
+//! Skipped (with a note) where there is no C compiler or no libibverbs-dev headers.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn matches_verbs_h() {
+    let header = Path::new("/usr/include/infiniband/verbs.h");
+    if !header.exists() {
+        eprintln!("skipped: {} is not installed (libibverbs-dev)", header.display());
+        return;
+    }
+    let table = crate::abi::public_layouts();
+    let mut c =
+        String::from("#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
+    for (expr, _) in &table {
+        c.push_str(&format!("    printf(\"%zu\\n\", (size_t)({expr}));\n"));
+    }
+    c.push_str("    return 0;\n}\n");
+    let dir = std::env::temp_dir().join(format!("uverbs-rxe-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("layout.c");
+    let exe = dir.join("layout");
+    std::fs::write(&src, c).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = match Command::new(&cc).arg("-o").arg(&exe).arg(&src).output() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: cannot run C compiler `{cc}`: {e}");
+            return;
+        }
+    };
+    assert!(
+        built.status.success(),
+        "compiling the layout check failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(got.len(), table.len());
+    let wrong: Vec<String> = table
+        .iter()
+        .zip(&got)
+        .filter(|((_, rust), c)| rust != *c)
+        .map(|((expr, rust), c)| format!("{expr}: C says {c}, Rust says {rust}"))
+        .collect();
+    assert!(wrong.is_empty(), "layout mismatches:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn name_match_is_the_c_providers() {
+    assert_eq!(crate::device::name_modalias().to_str().unwrap(), "rdma_device:*Nrxe*");
+}
