@@ -27,6 +27,8 @@ pub struct CqInit<'a> {
     pub channel: Option<&'a CompChannel>,
     /// Completion vector (below [`Context::num_comp_vectors`]).
     pub comp_vector: u32,
+    /// The value naming the CQ in events; `None` picks a fresh one.
+    pub user_handle: Option<u64>,
 }
 
 impl CqInit<'_> {
@@ -36,6 +38,7 @@ impl CqInit<'_> {
             cqe,
             channel: None,
             comp_vector: 0,
+            user_handle: None,
         }
     }
 }
@@ -92,7 +95,7 @@ impl std::fmt::Debug for Cq {
 impl Cq {
     pub(crate) fn new(ctx: &Context, init: &CqInit<'_>) -> Result<Self> {
         let inner = &ctx.inner;
-        let user_handle = inner.new_user_handle();
+        let user_handle = init.user_handle.unwrap_or_else(|| inner.new_user_handle());
         let (created, ring) = create_object(
             "CREATE_CQ",
             |kernel| inner.provider.create_cq(init.cqe, kernel),

@@ -92,6 +92,14 @@ impl CompChannel {
     }
 }
 
+/// Adopts a completion channel fd created elsewhere (for example by libibverbs, or a `dup` of
+/// one). The kernel checks it is one when a CQ is created on it.
+impl From<OwnedFd> for CompChannel {
+    fn from(fd: OwnedFd) -> Self {
+        Self { fd: Arc::new(fd) }
+    }
+}
+
 impl AsFd for CompChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

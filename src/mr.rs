@@ -37,6 +37,7 @@ pub struct Mr {
     lkey: u32,
     rkey: u32,
     addr: *mut u8,
+    iova: u64,
     len: usize,
     _owned: Option<MmapMut>,
 }
@@ -76,11 +77,21 @@ impl Pd {
     /// using it has completed. With remote access enabled, peers may write it at any time:
     /// the caller must not hold Rust references to bytes a peer may be writing.
     pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.reg_mr_iova(addr, len, addr as u64, access) }
+    }
+
+    /// Like [`Pd::reg_mr`], but work requests address the region from `iova` instead of from
+    /// `addr` (`ibv_reg_mr_iova`): byte `addr + i` is `iova + i` in SGEs and RDMA.
+    ///
+    /// # Safety
+    /// As for [`Pd::reg_mr`].
+    pub unsafe fn reg_mr_iova(&self, addr: *mut u8, len: usize, iova: u64, access: AccessFlags) -> Result<Mr> {
         let req = RegMr {
             response: 0,
             start: addr as u64,
             length: len as u64,
-            hca_va: addr as u64,
+            hca_va: iova,
             pd_handle: self.inner.handle,
             access_flags: access.bits(),
         };
@@ -93,6 +104,7 @@ impl Pd {
             lkey: resp.lkey,
             rkey: resp.rkey,
             addr,
+            iova,
             len,
             _owned: None,
         })
@@ -110,9 +122,15 @@ impl Mr {
         self.rkey
     }
 
-    /// Start address (also the address peers use in RDMA operations).
+    /// The address work requests and peers use for the region's first byte (its start
+    /// address unless registered with [`Pd::reg_mr_iova`]).
     pub fn addr(&self) -> u64 {
-        self.addr as u64
+        self.iova
+    }
+
+    /// The kernel's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
     }
 
     /// Length in bytes.
@@ -129,7 +147,7 @@ impl Mr {
     pub fn sge(&self, offset: usize, len: u32) -> Option<Sge> {
         let end = offset.checked_add(len as usize)?;
         (end <= self.len).then(|| Sge {
-            addr: self.addr as u64 + offset as u64,
+            addr: self.iova + offset as u64,
             length: len,
             lkey: self.lkey,
         })

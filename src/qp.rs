@@ -314,6 +314,8 @@ pub struct QpInit<'a> {
     pub sq_sig_all: bool,
     /// Take receives from this SRQ instead of a receive queue of the QP's own.
     pub srq: Option<&'a Srq>,
+    /// The value naming the QP in events; `None` picks a fresh one.
+    pub user_handle: Option<u64>,
 }
 
 impl<'a> QpInit<'a> {
@@ -332,6 +334,7 @@ impl<'a> QpInit<'a> {
             },
             sq_sig_all: false,
             srq: None,
+            user_handle: None,
         }
     }
 }
@@ -382,7 +385,7 @@ impl Qp {
                 "CQs, SRQ and PD belong to different contexts",
             ));
         }
-        let user_handle = ctx.new_user_handle();
+        let user_handle = init.user_handle.unwrap_or_else(|| ctx.new_user_handle());
         let request = QpRequest {
             qp_type: init.qp_type,
             cap: init.cap,
@@ -444,6 +447,11 @@ impl Qp {
     /// The QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// The kernel's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
     }
 
     /// The value naming this QP in [`crate::AsyncEvent`]s.

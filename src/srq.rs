@@ -30,6 +30,20 @@ pub struct SrqInit {
     pub max_sge: u32,
     /// Arm the limit event at this fill level (0: not armed).
     pub srq_limit: u32,
+    /// The value naming the SRQ in events; `None` picks a fresh one.
+    pub user_handle: Option<u64>,
+}
+
+impl SrqInit {
+    /// `max_wr` receives of `max_sge` entries, limit not armed.
+    pub fn new(max_wr: u32, max_sge: u32) -> Self {
+        Self {
+            max_wr,
+            max_sge,
+            srq_limit: 0,
+            user_handle: None,
+        }
+    }
 }
 
 /// SRQ attributes as QUERY_SRQ reports them.
@@ -92,7 +106,7 @@ impl Pd {
     /// Creates an SRQ in this PD.
     pub fn create_srq(&self, init: &SrqInit) -> Result<Srq> {
         let ctx = &self.inner.ctx;
-        let user_handle = ctx.new_user_handle();
+        let user_handle = init.user_handle.unwrap_or_else(|| ctx.new_user_handle());
         let (created, queue) = create_object(
             "CREATE_SRQ",
             |kernel| ctx.provider.create_srq(kernel),
@@ -204,6 +218,11 @@ impl Srq {
     /// Scatter/gather entries per receive.
     pub fn max_sge(&self) -> u32 {
         self.max_sge
+    }
+
+    /// The kernel's handle.
+    pub fn handle(&self) -> u32 {
+        self.inner.handle
     }
 
     /// The value naming this SRQ in [`crate::AsyncEvent`]s.

@@ -27,9 +27,8 @@ fn completion_channel_wakes_a_waiter_once_per_request() {
     assert!(channel.as_raw_fd() > 2);
     let mut cq = ctx
         .create_cq_with(&CqInit {
-            cqe: 64,
             channel: Some(&channel),
-            comp_vector: 0,
+            ..CqInit::new(64)
         })
         .unwrap();
     let gid = loopback_gid(&ctx);
@@ -77,9 +76,8 @@ fn solicited_only_waits_for_a_solicited_receive() {
     let mut scq = ctx.create_cq(64).unwrap();
     let mut rcq = ctx
         .create_cq_with(&CqInit {
-            cqe: 64,
             channel: Some(&channel),
-            comp_vector: 0,
+            ..CqInit::new(64)
         })
         .unwrap();
     let mut tx = pd.create_qp(&QpInit::new(QpType::Rc, &scq, &scq)).unwrap();

@@ -22,13 +22,7 @@ fn setup(max_wr: u32) -> Setup {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
     let gid = loopback_gid(&ctx);
-    let srq = pd
-        .create_srq(&SrqInit {
-            max_wr,
-            max_sge: 1,
-            srq_limit: 0,
-        })
-        .expect("create_srq");
+    let srq = pd.create_srq(&SrqInit::new(max_wr, 1)).expect("create_srq");
     let (send_cq, recv_cq) = (ctx.create_cq(512).unwrap(), ctx.create_cq(512).unwrap());
     let access = AccessFlags::LOCAL_WRITE;
     let mut senders = Vec::new();

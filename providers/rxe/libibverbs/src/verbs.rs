@@ -364,6 +364,7 @@ pub unsafe extern "C" fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_att
             max_wr: a.attr.max_wr,
             max_sge: a.attr.max_sge,
             srq_limit: a.attr.srq_limit,
+            user_handle: None,
         };
         match p.pd.create_srq(&init) {
             Ok(srq) => {
