@@ -107,7 +107,7 @@ fn main() -> DemoResult<()> {
                     }
                 }
                 ASYNC_EVENTS => {
-                    while let Some(e) = ctx.get_async_event(Some(Duration::ZERO))? {
+                    if let Some(e) = ctx.get_async_event(Some(Duration::ZERO))? {
                         return Err(format!("unexpected async event {e:?}").into());
                     }
                 }
