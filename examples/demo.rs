@@ -54,24 +54,8 @@ fn run() -> DemoResult<()> {
     for g in &gids {
         println!("  gid[{}] {} type {}", g.index, g.ip(), g.gid_type);
     }
-    let gid = gids
-        .iter()
-        .find(|g| g.gid_type == Gid::TYPE_ROCE_V2 && g.ip().to_ipv4_mapped().is_some())
-        .or_else(|| gids.iter().find(|g| g.gid_type == Gid::TYPE_ROCE_V2))
-        .ok_or_else(|| Error::NoDevice {
-            name: None,
-            reason: "no RoCE v2 GID".into(),
-        })?;
-    let path = AhAttr {
-        port_num: 1,
-        grh: Some(GlobalRoute {
-            dgid: gid.raw,
-            sgid_index: gid.index as u8,
-            hop_limit: 64,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let gid = ctx.roce_v2_gid(1)?;
+    let path = AhAttr::roce(1, gid.raw, gid.index as u8);
     println!("\nusing gid[{}] {}", gid.index, gid.ip());
     rc_traffic(&ctx, path)?;
     ud_traffic(&ctx, path)
@@ -178,22 +162,7 @@ fn ud_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     let mut qps = Vec::new();
     for _ in 0..2 {
         let mut qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq))?;
-        qp.modify(&QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qkey: Some(QKEY),
-            ..Default::default()
-        })?;
-        qp.modify(&QpAttr {
-            state: Some(QpState::Rtr),
-            ..Default::default()
-        })?;
-        qp.modify(&QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(0),
-            ..Default::default()
-        })?;
+        qp.ud_to_rts(1, QKEY)?;
         qps.push(qp);
     }
     let ah = pd.create_ah(&path)?;

@@ -20,11 +20,7 @@ type DemoResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> DemoResult<()> {
     let ctx = open(std::env::args().nth(1).as_deref())?;
-    let gid = ctx
-        .gid_table()?
-        .into_iter()
-        .find(|g| g.gid_type == Gid::TYPE_ROCE_V2 && g.ip().to_ipv4_mapped().is_some())
-        .ok_or("no IPv4 RoCE v2 GID")?;
+    let gid = ctx.roce_v2_gid(1)?;
     let pd = ctx.alloc_pd()?;
     let channel = ctx.create_comp_channel()?;
     let mut cq = ctx.create_cq_with(&CqInit {
@@ -35,16 +31,7 @@ fn main() -> DemoResult<()> {
         pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?,
         pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?,
     );
-    let path = AhAttr {
-        port_num: 1,
-        grh: Some(GlobalRoute {
-            dgid: gid.raw,
-            sgid_index: gid.index as u8,
-            hop_limit: 64,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let path = AhAttr::roce(1, gid.raw, gid.index as u8);
     let (an, bn) = (a.qpn(), b.qpn());
     for (qp, peer) in [(&mut a, bn), (&mut b, an)] {
         qp.to_init(1, AccessFlags::LOCAL_WRITE)?;

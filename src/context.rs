@@ -237,6 +237,24 @@ impl Context {
             .ok_or_else(|| Error::invalid("query_gid", format!("port {port} has no GID {index}")))
     }
 
+    /// The GID RoCE v2 traffic on `port` should use: an IPv4-mapped one first (what most
+    /// networks route), else any that is not link-local.
+    pub fn roce_v2_gid(&self, port: u8) -> Result<Gid> {
+        let table = self.gid_table()?;
+        let v2 = |g: &&Gid| g.port == u32::from(port) && g.gid_type == Gid::TYPE_ROCE_V2;
+        let mapped = table.iter().filter(v2).find(|g| g.ip().to_ipv4_mapped().is_some());
+        let global = table
+            .iter()
+            .filter(v2)
+            .find(|g| g.ip().segments()[0] & 0xffc0 != 0xfe80);
+        mapped.or(global).copied().ok_or_else(|| {
+            Error::invalid(
+                "roce_v2_gid",
+                format!("port {port} has no routable RoCE v2 GID ({} GIDs)", table.len()),
+            )
+        })
+    }
+
     /// The P_Key at `index` of `port` (from sysfs, as libibverbs reads it).
     pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
         let path = std::path::Path::new("/sys/class/infiniband")

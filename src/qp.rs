@@ -133,6 +133,20 @@ pub struct AhAttr {
 }
 
 impl AhAttr {
+    /// The RoCE address of `dgid`, reached from local GID `sgid_index` on `port_num`.
+    pub fn roce(port_num: u8, dgid: [u8; 16], sgid_index: u8) -> Self {
+        Self {
+            port_num,
+            grh: Some(GlobalRoute {
+                dgid,
+                sgid_index,
+                hop_limit: 64,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
     fn to_abi(self) -> QpDest {
         let grh = self.grh.unwrap_or_default();
         QpDest {
@@ -545,6 +559,26 @@ impl Qp {
             rq_psn: Some(rq_psn),
             max_dest_rd_atomic: rc.then_some(16),
             min_rnr_timer: rc.then_some(12),
+            ..Default::default()
+        })
+    }
+
+    /// RESET → INIT → RTR → RTS for a UD QP on `port_num` with `qkey`.
+    pub fn ud_to_rts(&mut self, port_num: u8, qkey: u32) -> Result<()> {
+        self.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(port_num),
+            qkey: Some(qkey),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(0),
             ..Default::default()
         })
     }

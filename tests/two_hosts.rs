@@ -116,8 +116,7 @@ fn rc_qp(h: &Host, peer_gid: &Gid, peer_qpn: Option<u32>) -> Qp {
 
 fn connect(qp: &mut Qp, h: &Host, peer_gid: &Gid, peer_qpn: u32) {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    let mut ah = path_to(peer_gid);
-    ah.grh.as_mut().unwrap().sgid_index = h.gid.index as u8;
+    let ah = AhAttr::roce(1, peer_gid.raw, h.gid.index as u8);
     qp.to_init(1, access).unwrap();
     qp.to_rtr(ah, peer_qpn, 0, Mtu::Mtu1024).unwrap();
     // rxe (Linux 6.1) treats retry_cnt 7 as "retry forever"; 6 lets a dead peer surface as
@@ -242,31 +241,11 @@ fn ud_datagrams_cross_the_wire() {
     let (mut a, mut b) = (host(A), host(B));
     let ud = |h: &Host| {
         let mut qp = h.pd.create_qp(&QpInit::new(QpType::Ud, &h.cq, &h.cq)).unwrap();
-        qp.modify(&QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            qkey: Some(QKEY),
-            ..Default::default()
-        })
-        .unwrap();
-        qp.modify(&QpAttr {
-            state: Some(QpState::Rtr),
-            ..Default::default()
-        })
-        .unwrap();
-        qp.modify(&QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(0),
-            ..Default::default()
-        })
-        .unwrap();
+        qp.ud_to_rts(1, QKEY).unwrap();
         qp
     };
     let (mut qa, mut qb) = (ud(&a), ud(&b));
-    let mut ah_attr = path_to(&b.gid);
-    ah_attr.grh.as_mut().unwrap().sgid_index = a.gid.index as u8;
-    let ah = a.pd.create_ah(&ah_attr).unwrap();
+    let ah = a.pd.create_ah(&AhAttr::roce(1, b.gid.raw, a.gid.index as u8)).unwrap();
     let before = wire.tx_packets();
     for i in 0..50u64 {
         let sge = b.mr.sge(i as usize * 1024, 1024).unwrap();

@@ -12,25 +12,7 @@ fn ud_qp(pd: &Pd, cq: &Cq) -> Qp {
     let mut init = QpInit::new(QpType::Ud, cq, cq);
     init.cap.max_inline_data = 64;
     let mut qp = pd.create_qp(&init).expect("create UD QP");
-    qp.modify(&QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port_num: Some(1),
-        qkey: Some(QKEY),
-        ..Default::default()
-    })
-    .expect("UD to INIT");
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rtr),
-        ..Default::default()
-    })
-    .expect("UD to RTR");
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(0),
-        ..Default::default()
-    })
-    .expect("UD to RTS");
+    qp.ud_to_rts(1, QKEY).expect("UD to RTS");
     qp
 }
 

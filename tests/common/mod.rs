@@ -18,33 +18,14 @@ pub fn open_test_device() -> Context {
     })
 }
 
-/// A RoCE v2 GID index usable for loopback on this device: IPv4-mapped first (on `lo`,
-/// `::ffff:127.0.0.1`), else any non-link-local RoCE v2 GID.
+/// The RoCE v2 GID to use on port 1 (on `lo`, `::ffff:127.0.0.1`).
 pub fn loopback_gid(ctx: &Context) -> Gid {
-    let table = ctx.gid_table().expect("GID table");
-    let v2 = |g: &&Gid| g.port == 1 && g.gid_type == Gid::TYPE_ROCE_V2;
-    let mapped = table.iter().filter(v2).find(|g| g.ip().to_ipv4_mapped().is_some());
-    let global = table
-        .iter()
-        .filter(v2)
-        .find(|g| g.ip().segments()[0] & 0xffc0 != 0xfe80);
-    *mapped
-        .or(global)
-        .unwrap_or_else(|| panic!("no usable RoCE v2 GID in {table:#?}"))
+    ctx.roce_v2_gid(1).expect("a RoCE v2 GID")
 }
 
-/// The address of `gid` on port 1, as a QP's path.
+/// The address of `gid` on port 1, as a QP's path (from the same GID index locally).
 pub fn path_to(gid: &Gid) -> AhAttr {
-    AhAttr {
-        port_num: 1,
-        grh: Some(GlobalRoute {
-            dgid: gid.raw,
-            sgid_index: gid.index as u8,
-            hop_limit: 64,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    AhAttr::roce(1, gid.raw, gid.index as u8)
 }
 
 /// Two RC QPs on one device connected to each other, each with its own CQ and MR.
