@@ -15,6 +15,8 @@ use crate::abi::{
 use crate::context::Context;
 use crate::ffi;
 use libc::{c_int, c_void, size_t};
+use std::mem::MaybeUninit;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use uverbs::{
@@ -25,6 +27,32 @@ use uverbs::{
 /// object stays consistent across one: the `uverbs` objects keep their own invariants).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Heap room for a C object whose address is needed before the object can be built: CQs,
+/// QPs and SRQs are created in the kernel with their C pointer as user handle, because
+/// libibverbs turns the handle of a completion or async event straight back into the
+/// `struct ibv_cq *` (`ibv_qp *`, `ibv_srq *`) it gives the program.
+struct Slot<T>(Box<MaybeUninit<T>>);
+
+impl<T> Slot<T> {
+    fn new() -> Self {
+        Self(Box::new(MaybeUninit::uninit()))
+    }
+
+    /// The address the object will have, as a kernel user handle.
+    fn user_handle(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+
+    /// Moves `value` in and hands the object over to C. Dropping an unfilled slot just frees
+    /// the memory.
+    fn fill(mut self, value: T) -> *mut T {
+        self.0.write(value);
+        // `MaybeUninit<T>` has `T`'s layout, and the value is initialized: the pointer can be
+        // turned back into a `Box<T>` by `Box::from_raw`.
+        Box::into_raw(self.0).cast::<T>()
+    }
 }
 
 /// Initializes a pthread mutex and condition variable libibverbs will use.
@@ -105,6 +133,8 @@ pub struct Mr {
     pd: *const Pd,
 }
 
+/// `reg_mr`, behind `ibv_reg_mr` (`hca_va` = `addr`) and `ibv_reg_mr_iova` (any `hca_va`):
+/// work requests and peers address byte `addr + i` as `hca_va + i`.
 pub unsafe extern "C" fn reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -113,30 +143,22 @@ pub unsafe extern "C" fn reg_mr(
     access: c_int,
 ) -> *mut ibv_mr {
     ffi::guard("reg_mr", std::ptr::null_mut(), || {
-        if hca_va != addr as u64 {
-            return ffi::refuse_null(
-                "reg_mr",
-                libc::EOPNOTSUPP,
-                "an I/O virtual address other than the buffer address (uverbs registers \
-                 iova = addr)",
-            );
-        }
         // SAFETY: libibverbs passes one of our PDs.
         let p = unsafe { pd_ref(pd) };
         let access = AccessFlags::from_bits_retain(access as u32);
         // SAFETY: the caller of ibv_reg_mr keeps `addr..addr+length` mapped until it
-        // deregisters, which is the contract `uverbs::Pd::reg_mr` asks for; remote peers
+        // deregisters, which is the contract `uverbs::Pd::reg_mr_iova` asks for; remote peers
         // writing it is the C program's business, not Rust references'.
-        match unsafe { p.pd.reg_mr(addr.cast::<u8>(), length, access) } {
+        match unsafe { p.pd.reg_mr_iova(addr.cast::<u8>(), length, hca_va, access) } {
             Ok(mr) => {
                 let vmr = verbs_mr {
                     ibv_mr: ibv_mr {
                         context: p.ibv.context,
                         pd,
+                        // The buffer address, as libibverbs also sets it (not the iova).
                         addr,
                         length,
-                        // uverbs keeps the MR's kernel handle to itself.
-                        handle: 0,
+                        handle: mr.handle(),
                         lkey: mr.lkey(),
                         rkey: mr.rkey(),
                     },
@@ -182,6 +204,10 @@ unsafe fn cq_ref<'a>(cq: *mut ibv_cq) -> &'a Cq {
     unsafe { &*cq.cast::<Cq>() }
 }
 
+/// `create_cq`. With a completion channel, the CQ is created on a duplicate of the channel's
+/// fd (libibverbs made the channel with CREATE_COMP_CHANNEL on its cmd fd and reads its events
+/// itself in `ibv_get_cq_event`), and with the `ibv_cq` pointer as user handle, which is what
+/// `ibv_get_cq_event` hands the program as the CQ of each event.
 pub unsafe extern "C" fn create_cq(
     ibctx: *mut ibv_context,
     cqe: c_int,
@@ -191,24 +217,37 @@ pub unsafe extern "C" fn create_cq(
     ffi::guard("create_cq", std::ptr::null_mut(), || {
         // SAFETY: libibverbs passes one of our contexts.
         let ctx = unsafe { Context::from_ibv(ibctx) };
-        if !channel.is_null() {
-            // libibverbs reads completion events itself and takes the event's CQ handle for
-            // the `ibv_cq` pointer; uverbs picks its own handles and has no way to adopt
-            // libibverbs' channel fd, so events could not reach the program.
-            return ffi::refuse_null(
-                "create_cq",
-                libc::EOPNOTSUPP,
-                "completion channels are not supported yet",
-            );
-        }
         let Ok(cqe) = u32::try_from(cqe) else {
             return ffi::refuse_null("create_cq", libc::EINVAL, "negative cqe");
         };
         if comp_vector < 0 || comp_vector as u32 >= ctx.core().num_comp_vectors().max(1) {
             return ffi::refuse_null("create_cq", libc::EINVAL, "comp_vector out of range");
         }
+        let channel = if channel.is_null() {
+            None
+        } else {
+            // SAFETY: a non-null channel is a live `ibv_comp_channel` of the caller's
+            // (libibverbs takes a reference on it only after we return, but the caller may
+            // not destroy it while it creates a CQ on it).
+            let fd = unsafe { (*channel).fd };
+            if fd < 0 {
+                return ffi::refuse_null("create_cq", libc::EINVAL, "completion channel has no fd");
+            }
+            // SAFETY: `fd` is the channel's open fd for the duration of this call; we keep a
+            // duplicate of our own, so the CQ never depends on libibverbs' copy staying open.
+            match unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned() {
+                Ok(owned) => Some(uverbs::CompChannel::from(owned)),
+                Err(e) => {
+                    let errno = e.raw_os_error().unwrap_or(libc::EMFILE);
+                    return ffi::refuse_null("create_cq", errno, &format!("dup of the channel fd: {e}"));
+                }
+            }
+        };
+        let slot = Slot::<Cq>::new();
         let mut init = uverbs::CqInit::new(cqe);
         init.comp_vector = comp_vector as u32;
+        init.channel = channel.as_ref();
+        init.user_handle = Some(slot.user_handle());
         match ctx.core().create_cq_with(&init) {
             Ok(cq) => {
                 // SAFETY: all-zero is a valid verbs_cq; libibverbs' verbs_init_cq fills in
@@ -217,12 +256,12 @@ pub unsafe extern "C" fn create_cq(
                 vcq.cq.context = ibctx;
                 vcq.cq.handle = cq.handle();
                 vcq.cq.cqe = cq.capacity() as c_int;
-                let b = Box::new(Cq {
+                slot.fill(Cq {
                     vcq,
                     cq: Mutex::new(cq),
                     users: AtomicUsize::new(0),
-                });
-                Box::into_raw(b).cast::<ibv_cq>()
+                })
+                .cast::<ibv_cq>()
             }
             Err(e) => ffi::fail_null("create_cq", &e),
         }
@@ -360,11 +399,13 @@ pub unsafe extern "C" fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_att
     ffi::guard("create_srq", std::ptr::null_mut(), || {
         // SAFETY: libibverbs passes one of our PDs and the caller's attributes.
         let (p, a) = unsafe { (pd_ref(pd), &mut *attr) };
+        // Events name the SRQ by its `ibv_srq` pointer (see `Slot`).
+        let slot = Slot::<Srq>::new();
         let init = uverbs::SrqInit {
             max_wr: a.attr.max_wr,
             max_sge: a.attr.max_sge,
             srq_limit: a.attr.srq_limit,
-            user_handle: None,
+            user_handle: Some(slot.user_handle()),
         };
         match p.pd.create_srq(&init) {
             Ok(srq) => {
@@ -375,15 +416,14 @@ pub unsafe extern "C" fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_att
                 let mut ibv: ibv_srq = unsafe { std::mem::zeroed() };
                 ibv.context = p.ibv.context;
                 ibv.pd = pd;
-                // uverbs keeps the SRQ's kernel handle to itself.
-                ibv.handle = 0;
-                let b = Box::new(Srq {
+                ibv.handle = srq.handle();
+                slot.fill(Srq {
                     ibv,
                     srq: Mutex::new(srq),
                     pd: p,
                     users: AtomicUsize::new(0),
-                });
-                Box::into_raw(b).cast::<ibv_srq>()
+                })
+                .cast::<ibv_srq>()
             }
             Err(e) => ffi::fail_null("create_srq", &e),
         }
@@ -563,7 +603,10 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     // SAFETY: a non-null `srq` is one of our SRQs (libibverbs contract).
     let srq = (!attr.srq.is_null()).then(|| unsafe { srq_ref(attr.srq) });
     let srq_guard = srq.map(|s| lock(&s.srq));
+    // Events name the QP by its `ibv_qp` pointer (see `Slot`).
+    let slot = Slot::<Qp>::new();
     let mut init = uverbs::QpInit::new(qp_type, send_ref, recv_ref);
+    init.user_handle = Some(slot.user_handle());
     init.cap = attr.cap;
     init.sq_sig_all = attr.sq_sig_all != 0;
     init.srq = srq_guard.as_deref();
@@ -585,8 +628,7 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     vqp.qp.send_cq = attr.send_cq;
     vqp.qp.recv_cq = attr.recv_cq;
     vqp.qp.srq = attr.srq;
-    // uverbs keeps the QP's kernel handle to itself.
-    vqp.qp.handle = 0;
+    vqp.qp.handle = qp.handle();
     vqp.qp.qp_num = qp.qpn();
     vqp.qp.state = QpState::Reset as c_int;
     vqp.qp.qp_type = attr.qp_type;
@@ -596,7 +638,7 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     if let Some(s) = srq {
         s.users.fetch_add(1, Ordering::AcqRel);
     }
-    let b = Box::into_raw(Box::new(Qp {
+    let b = slot.fill(Qp {
         vqp,
         qp: Mutex::new(qp),
         pd: p,
@@ -604,7 +646,7 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
         recv_cq: rcq,
         srq: srq.map_or(std::ptr::null(), |s| s as *const Srq),
         ud: qp_type == QpType::Ud,
-    }));
+    });
     // SAFETY: `b` is live and not yet shared.
     unsafe {
         init_sync(
