@@ -70,9 +70,20 @@ impl Drop for CqInner {
     }
 }
 
-fn destroy_cq(ctx: &ContextInner, handle: u32) -> Result<()> {
+fn destroy_cq(ctx: &ContextInner, handle: u32) -> Result<DestroyCqResp> {
     let mut resp = DestroyCqResp::default();
-    ctx.destroy("DESTROY_CQ", object::CQ, METHOD_CQ_DESTROY, handle, resp.as_mut_bytes())
+    ctx.destroy("DESTROY_CQ", object::CQ, METHOD_CQ_DESTROY, handle, resp.as_mut_bytes())?;
+    Ok(resp)
+}
+
+/// What the kernel had reported for an object when it was destroyed: hosts that hand events
+/// out by reference (libibverbs' `ibv_ack_*_events`) wait until as many were acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EventsReported {
+    /// Completion events delivered on the CQ's channel.
+    pub comp: u32,
+    /// Async events delivered for the object.
+    pub r#async: u32,
 }
 
 /// A completion queue. Polling takes `&mut self`: a CQ has one consumer, so the ring needs no
@@ -197,11 +208,14 @@ impl Cq {
     /// Destroys the CQ now and reports the kernel's answer. Dropping a `Cq` destroys it too,
     /// but only once no QP uses it; this asks the kernel at once, and if it refuses (EBUSY
     /// while a QP still uses the CQ) hands the CQ back, unchanged and usable, with the error.
-    pub fn destroy(self) -> std::result::Result<(), (Self, crate::Error)> {
+    pub fn destroy(self) -> std::result::Result<EventsReported, (Self, crate::Error)> {
         match destroy_cq(&self.inner.ctx, self.inner.handle) {
-            Ok(()) => {
+            Ok(r) => {
                 self.inner.destroyed.store(true, Ordering::Relaxed);
-                Ok(())
+                Ok(EventsReported {
+                    comp: r.comp_events_reported,
+                    r#async: r.async_events_reported,
+                })
             }
             Err(e) => Err((self, e)),
         }

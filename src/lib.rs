@@ -43,7 +43,7 @@ mod wr;
 
 pub use ah::Ah;
 pub use context::{Context, DeviceAttr, Gid, PortAttr};
-pub use cq::{Batch, Cq, CqInit};
+pub use cq::{Batch, Cq, CqInit, EventsReported};
 pub use device::{devices, open, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};

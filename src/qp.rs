@@ -1,7 +1,7 @@
 //! Queue pairs: creation, the state machine (modify/query) and posting.
 
 use crate::context::ContextInner;
-use crate::cq::{Cq, CqInner};
+use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
@@ -362,6 +362,8 @@ pub struct Qp {
     cap: QpCap,
     state: QpState,
     user_handle: u64,
+    /// Set once an explicit [`Qp::destroy`] succeeded, so `Drop` does not repeat it.
+    destroyed: bool,
     // Dropped after `queues` is released by `Drop`; kept alive so the kernel objects the QP
     // uses outlive it.
     pd: Arc<PdInner>,
@@ -441,7 +443,7 @@ impl Qp {
                     cap,
                 })
             },
-            |c| destroy_qp(ctx, c.handle),
+            |c| drop(destroy_qp(ctx, c.handle)),
         )?;
         Ok(Self {
             queues,
@@ -451,6 +453,7 @@ impl Qp {
             cap: created.cap,
             state: QpState::Reset,
             user_handle,
+            destroyed: false,
             pd: pd.inner.clone(),
             _send_cq: init.send_cq.inner.clone(),
             _recv_cq: init.recv_cq.inner.clone(),
@@ -635,6 +638,18 @@ impl Qp {
         unsafe { self.queues.post_recv(wrs) }
     }
 
+    /// Destroys the QP now and reports the kernel's answer: how many async events it
+    /// reported for the QP. On failure the QP comes back, unchanged, with the error.
+    pub fn destroy(mut self) -> std::result::Result<EventsReported, (Self, Error)> {
+        match destroy_qp(&self.pd.ctx, self.handle) {
+            Ok(n) => {
+                self.destroyed = true;
+                Ok(EventsReported { comp: 0, r#async: n })
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
     fn ctx(&self) -> &ContextInner {
         &self.pd.ctx
     }
@@ -643,11 +658,15 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         // Kernel destroy first; `queues` (the ring mappings) drop after this body.
-        destroy_qp(&self.pd.ctx, self.handle);
+        if !self.destroyed {
+            let _ = destroy_qp(&self.pd.ctx, self.handle);
+        }
     }
 }
 
-fn destroy_qp(ctx: &Arc<ContextInner>, handle: u32) {
+/// Destroys QP `handle`; returns how many async events the kernel reported for it.
+fn destroy_qp(ctx: &Arc<ContextInner>, handle: u32) -> Result<u32> {
     let mut resp = DestroyQpResp::default();
-    let _ = ctx.destroy("DESTROY_QP", object::QP, METHOD_QP_DESTROY, handle, resp.as_mut_bytes());
+    ctx.destroy("DESTROY_QP", object::QP, METHOD_QP_DESTROY, handle, resp.as_mut_bytes())?;
+    Ok(resp.events_reported)
 }

@@ -1,6 +1,7 @@
 //! Shared receive queues.
 
 use crate::context::ContextInner;
+use crate::cq::EventsReported;
 use crate::error::Result;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, SrqCreated, SrqQueue};
@@ -10,6 +11,7 @@ use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::RecvWr;
 use std::cell::UnsafeCell;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
@@ -62,6 +64,8 @@ pub(crate) struct SrqInner {
     pub(crate) handle: u32,
     user_handle: u64,
     queue: UnsafeCell<Box<dyn SrqQueue>>,
+    /// Set once an explicit [`Srq::destroy`] succeeded, so `Drop` does not repeat it.
+    destroyed: AtomicBool,
 }
 
 // SAFETY: `queue` is only accessed through `Srq` methods taking `&mut self`, and there is one
@@ -70,19 +74,23 @@ unsafe impl Sync for SrqInner {}
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
-        destroy_srq(&self.pd.ctx, self.handle);
+        if !self.destroyed.load(Ordering::Relaxed) {
+            let _ = destroy_srq(&self.pd.ctx, self.handle);
+        }
     }
 }
 
-fn destroy_srq(ctx: &ContextInner, handle: u32) {
+/// Destroys SRQ `handle`; returns how many async events the kernel reported for it.
+fn destroy_srq(ctx: &ContextInner, handle: u32) -> Result<u32> {
     let mut resp = DestroySrqResp::default();
-    let _ = ctx.destroy(
+    ctx.destroy(
         "DESTROY_SRQ",
         object::SRQ,
         METHOD_SRQ_DESTROY,
         handle,
         resp.as_mut_bytes(),
-    );
+    )?;
+    Ok(resp.events_reported)
 }
 
 /// A shared receive queue: QPs created with it take their receives from it. Posting takes
@@ -136,7 +144,7 @@ impl Pd {
                     max_sge,
                 })
             },
-            |c| destroy_srq(ctx, c.handle),
+            |c| drop(destroy_srq(ctx, c.handle)),
         )?;
         Ok(Srq {
             inner: Arc::new(SrqInner {
@@ -144,6 +152,7 @@ impl Pd {
                 handle: created.handle,
                 user_handle,
                 queue: UnsafeCell::new(queue),
+                destroyed: AtomicBool::new(false),
             }),
             max_wr: created.max_wr,
             max_sge: created.max_sge,
@@ -223,6 +232,19 @@ impl Srq {
     /// The kernel's handle.
     pub fn handle(&self) -> u32 {
         self.inner.handle
+    }
+
+    /// Destroys the SRQ now and reports the kernel's answer: how many async events it reported
+    /// for the SRQ. While a QP uses the SRQ the kernel refuses (EBUSY) and the SRQ comes back,
+    /// unchanged, with the error.
+    pub fn destroy(self) -> std::result::Result<EventsReported, (Self, crate::Error)> {
+        match destroy_srq(&self.inner.pd.ctx, self.inner.handle) {
+            Ok(n) => {
+                self.inner.destroyed.store(true, Ordering::Relaxed);
+                Ok(EventsReported { comp: 0, r#async: n })
+            }
+            Err(e) => Err((self, e)),
+        }
     }
 
     /// The value naming this SRQ in [`crate::AsyncEvent`]s.

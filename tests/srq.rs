@@ -129,6 +129,15 @@ fn limit_event_fires_once_when_the_srq_runs_low() {
     );
     assert_eq!(s.srq.query().unwrap().srq_limit, 0, "disarmed after firing");
     assert_eq!(s.ctx.get_async_event(Some(Duration::ZERO)).unwrap(), None, "fired once");
+    // Explicit destroy: refused while QPs use the SRQ; afterwards the kernel reports the one
+    // async event it delivered for it.
+    let Setup { srq, receivers, .. } = s;
+    let (srq, err) = srq.destroy().expect_err("QPs still use the SRQ");
+    assert_eq!(err.errno(), Some(nix::errno::Errno::EBUSY), "{err}");
+    for qp in receivers {
+        assert_eq!(qp.destroy().expect("destroy QP").r#async, 0);
+    }
+    assert_eq!(srq.destroy().expect("destroy SRQ"), EventsReported { comp: 0, r#async: 1 });
 }
 
 #[test]
