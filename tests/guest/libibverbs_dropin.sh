@@ -148,8 +148,10 @@ pair "ib_send_bw -e (RC), Rust <-> Rust" "$RUST" "$RUST" 18515 ib_send_bw $pt -e
 #    layout unit test). It raises SRQ_LIMIT_REACHED, SQ_DRAINED and CQ_ERR, checks that
 #    ibv_get_async_event names the very `ibv_srq *`/`ibv_qp *`/`ibv_cq *` before
 #    acknowledging (which locks that object's mutex), RDMA-writes to and from an MR
-#    registered at another iova, and checks MR and QP handles are distinct. Run on the C
-#    provider first, as the reference for the program itself.
+#    registered at another iova, checks MR and QP handles are distinct, and that destroying a
+#    CQ after acknowledging its completion event returns 0 (destroys wait for as many
+#    acknowledgements as the kernel reported events). Run on the C provider first, as the
+#    reference for the program itself.
 rm -f "$work"/*.out
 cat >"$work/async_events.c" <<'C_EOF'
 /* Async events through libibverbs, ibv_reg_mr_iova and kernel handles, on one device (argv[1],
@@ -280,6 +282,29 @@ int main(int argc, char **argv)
 	struct ibv_qp_attr sqd = { .qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1 };
 	CHECK(!ibv_modify_qp(qa, &sqd, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY), "SQD");
 	expect(IBV_EVENT_SQ_DRAINED, qa, "QP");
+
+	/* Completion event on a channel, acknowledged, then the CQ destroyed: returns 0 (the
+	 * destroy waits for as many acknowledgements as the kernel reported events). */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	CHECK(ch, "ibv_create_comp_channel");
+	struct ibv_cq *ecq = ibv_create_cq(ctx, 16, NULL, ch, 0), *evcq = NULL;
+	CHECK(ecq, "ibv_create_cq on a channel");
+	struct ibv_qp *qe = rc_qp(pd, ecq, ecq, NULL), *qf = rc_qp(pd, cq, cq, NULL);
+	rc_connect(qe, qf->qp_num);
+	rc_connect(qf, qe->qp_num);
+	CHECK(!ibv_req_notify_cq(ecq, 0), "ibv_req_notify_cq");
+	post(qe, IBV_WR_RDMA_WRITE, (uintptr_t)buf, mr->lkey, (uintptr_t)buf + 4096, mr->rkey);
+	struct pollfd cp = { .fd = ch->fd, .events = POLLIN };
+	void *evctx;
+	CHECK(poll(&cp, 1, 10000) == 1, "no completion event");
+	CHECK(!ibv_get_cq_event(ch, &evcq, &evctx), "ibv_get_cq_event");
+	CHECK(evcq == ecq, "the completion event names %p, the CQ is %p", (void *)evcq, (void *)ecq);
+	drain(ecq, 1);
+	ibv_ack_cq_events(ecq, 1);
+	CHECK(!ibv_destroy_qp(qe) && !ibv_destroy_qp(qf), "destroy the channel CQ's QPs");
+	CHECK(!ibv_destroy_cq(ecq), "ibv_destroy_cq after acknowledging its completion event");
+	CHECK(!ibv_destroy_comp_channel(ch), "ibv_destroy_comp_channel");
+	printf("completion event acknowledged, then ibv_destroy_cq returns 0\n");
 
 	/* CQ overrun: more signaled writes than the small CQ holds. */
 	struct ibv_qp *qc = rc_qp(pd, small, cq, NULL), *qd = rc_qp(pd, cq, cq, NULL);

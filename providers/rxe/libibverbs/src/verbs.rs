@@ -18,9 +18,10 @@ use libc::{c_int, c_void, size_t};
 use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use uverbs::{
-    AccessFlags, AhAttr, GlobalRoute, Mtu, QpAttr, QpState, QpType, RecvWr, Remote, SendFlags, SendOp, SendWr, UdDest,
+    AccessFlags, AhAttr, EventsReported, GlobalRoute, Mtu, QpAttr, QpState, QpType, RecvWr, Remote, SendFlags, SendOp,
+    SendWr, UdDest,
 };
 
 /// Locks `m`, ignoring poisoning (a panic is already reported by `ffi::guard`, and every
@@ -64,6 +65,60 @@ unsafe fn init_sync(mutex: *mut libc::pthread_mutex_t, cond: *mut libc::pthread_
     unsafe {
         libc::pthread_mutex_init(mutex, std::ptr::null());
         libc::pthread_cond_init(cond, std::ptr::null());
+    }
+}
+
+// The C halves and counters of a CQ, QP or SRQ need no drop: once its `uverbs` half has been
+// moved out by `destroy_core`, the C object is freed as `MaybeUninit` memory.
+const _: () = assert!(
+    !std::mem::needs_drop::<verbs_cq>() && !std::mem::needs_drop::<verbs_qp>() && !std::mem::needs_drop::<ibv_srq>()
+);
+
+/// Destroys the `uverbs` half of a C object explicitly (`destroy` is `Cq::destroy`,
+/// `Qp::destroy` or `Srq::destroy`), returning the events the kernel reported for it. On
+/// failure the object is put back where it was, so the C object stays intact.
+///
+/// # Safety
+/// `field` must point at the initialized `uverbs` half of a live C object that no other thread
+/// uses (libibverbs' contract for destroys). On `Ok` the field has been moved out: the caller
+/// must free the C object without dropping the field again.
+unsafe fn destroy_core<T>(
+    field: *mut Mutex<T>,
+    destroy: impl FnOnce(T) -> Result<EventsReported, (T, uverbs::Error)>,
+) -> Result<EventsReported, uverbs::Error> {
+    // SAFETY: per the contract the field is initialized and ours alone; it is written back
+    // below on failure, and the caller never reads it again on success.
+    let core = unsafe { field.read() }
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    destroy(core).map_err(|(core, e)| {
+        // SAFETY: the same field, whose value was moved out above; nothing saw the gap.
+        unsafe { field.write(Mutex::new(core)) };
+        e
+    })
+}
+
+/// What `ibv_cmd_destroy_cq` (`_qp`, `_srq`) do after the kernel destroyed the object: lock its
+/// `mutex` and wait on its `cond` until each counter in `counts` equals its number, i.e. until
+/// the program has acknowledged as many events as the kernel reported (libibverbs'
+/// `ibv_ack_cq_events` and `ibv_ack_async_event` add to those counters under that mutex and
+/// signal the cond), so no thread still holding an event for the object touches freed memory.
+///
+/// # Safety
+/// `mutex` and `cond` must be initialized, and they and the counters live, until this returns.
+unsafe fn wait_for_acks(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    counts: &[(*const u32, u32)],
+) {
+    // SAFETY: per the contract. The counters are read with the mutex held, as their writers
+    // hold it, and through raw pointers, as other threads write them.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        while counts.iter().any(|&(counter, n)| counter.read() != n) {
+            libc::pthread_cond_wait(cond, mutex);
+        }
+        libc::pthread_mutex_unlock(mutex);
     }
 }
 
@@ -315,6 +370,8 @@ pub unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     })
 }
 
+/// `destroy_cq`, as `ibv_cmd_destroy_cq`: the kernel destroy, then a wait until the program
+/// has acknowledged every completion and async event the kernel reported for the CQ.
 pub unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     ffi::guard("destroy_cq", libc::EIO, || {
         // SAFETY: libibverbs passes one of our CQs.
@@ -322,8 +379,28 @@ pub unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
             // As the kernel answers while QPs still use the CQ.
             return libc::EBUSY;
         }
-        // SAFETY: made by `create_cq` with Box::into_raw; this is its last use.
-        drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+        let c = cq.cast::<Cq>();
+        // SAFETY: `c` is live, made by `create_cq`, and the program does not use a CQ it is
+        // destroying from other threads; on success the field is never read again.
+        let reported = match unsafe { destroy_core(std::ptr::addr_of_mut!((*c).cq), uverbs::Cq::destroy) } {
+            Ok(r) => r,
+            Err(e) => return ffi::fail("destroy_cq", &e),
+        };
+        // SAFETY: `cq` is live until freed below, and libibverbs initialized its mutex and cond
+        // (verbs_init_cq).
+        unsafe {
+            wait_for_acks(
+                std::ptr::addr_of_mut!((*cq).mutex),
+                std::ptr::addr_of_mut!((*cq).cond),
+                &[
+                    (std::ptr::addr_of!((*cq).comp_events_completed), reported.comp),
+                    (std::ptr::addr_of!((*cq).async_events_completed), reported.r#async),
+                ],
+            );
+        }
+        // SAFETY: made by `create_cq` with Box::into_raw (`MaybeUninit<Cq>` has `Cq`'s layout);
+        // its `uverbs` half is gone and the rest needs no drop; this is its last use.
+        drop(unsafe { Box::from_raw(c.cast::<MaybeUninit<Cq>>()) });
         0
     })
 }
@@ -473,17 +550,35 @@ pub unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -
     })
 }
 
+/// `destroy_srq`, as `ibv_cmd_destroy_srq`: the kernel destroy, then a wait until the program
+/// has acknowledged every async event the kernel reported for the SRQ.
 pub unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     ffi::guard("destroy_srq", libc::EIO, || {
         // SAFETY: libibverbs passes one of our SRQs.
         if unsafe { srq_ref(srq) }.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
         }
-        // SAFETY: made by `create_srq` with Box::into_raw; this is its last use.
-        let s = unsafe { Box::from_raw(srq.cast::<Srq>()) };
-        // SAFETY: the PD outlives the SRQs counted in it.
-        unsafe { &*s.pd }.users.fetch_sub(1, Ordering::AcqRel);
-        drop(s);
+        let s = srq.cast::<Srq>();
+        // SAFETY: `s` is live, made by `create_srq`, and not used by other threads while the
+        // program destroys it; on success the field is never read again.
+        let reported = match unsafe { destroy_core(std::ptr::addr_of_mut!((*s).srq), uverbs::Srq::destroy) } {
+            Ok(r) => r,
+            Err(e) => return ffi::fail("destroy_srq", &e),
+        };
+        // SAFETY: the PD outlives the SRQs counted in it; the kernel no longer counts this one.
+        unsafe { &*(*s).pd }.users.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: `srq` is live until freed below, and libibverbs initialized its mutex and
+        // cond (ibv_create_srq).
+        unsafe {
+            wait_for_acks(
+                std::ptr::addr_of_mut!((*srq).mutex),
+                std::ptr::addr_of_mut!((*srq).cond),
+                &[(std::ptr::addr_of!((*srq).events_completed), reported.r#async)],
+            );
+        }
+        // SAFETY: made by `create_srq` with Box::into_raw (`MaybeUninit<Srq>` has `Srq`'s
+        // layout); its `uverbs` half is gone and the rest needs no drop; this is its last use.
+        drop(unsafe { Box::from_raw(s.cast::<MaybeUninit<Srq>>()) });
         0
     })
 }
@@ -657,22 +752,43 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     b.cast::<ibv_qp>()
 }
 
+/// `destroy_qp`, as `ibv_cmd_destroy_qp`: the kernel destroy, then a wait until the program
+/// has acknowledged every async event the kernel reported for the QP.
 pub unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     ffi::guard("destroy_qp", libc::EIO, || {
-        // SAFETY: made by `create_qp_common` with Box::into_raw; this is its last use.
-        let q = unsafe { Box::from_raw(qp.cast::<Qp>()) };
-        // SAFETY: PDs and CQs outlive the QPs counted in them (their destroy refuses).
+        let q = qp.cast::<Qp>();
+        // SAFETY: libibverbs passes one of our QPs, made by `create_qp_common`, which the
+        // program does not use from other threads while destroying it; on success the field
+        // is never read again.
+        let reported = match unsafe { destroy_core(std::ptr::addr_of_mut!((*q).qp), uverbs::Qp::destroy) } {
+            Ok(r) => r,
+            Err(e) => return ffi::fail("destroy_qp", &e),
+        };
+        // SAFETY: PDs, CQs and SRQs outlive the QPs counted in them (their destroy refuses);
+        // the kernel no longer counts this one.
         unsafe {
-            (*q.pd).users.fetch_sub(1, Ordering::AcqRel);
-            (*q.send_cq).users.fetch_sub(1, Ordering::AcqRel);
-            (*q.recv_cq).users.fetch_sub(1, Ordering::AcqRel);
-            if !q.srq.is_null() {
-                (*q.srq).users.fetch_sub(1, Ordering::AcqRel);
+            (*(*q).pd).users.fetch_sub(1, Ordering::AcqRel);
+            (*(*q).send_cq).users.fetch_sub(1, Ordering::AcqRel);
+            (*(*q).recv_cq).users.fetch_sub(1, Ordering::AcqRel);
+            if !(*q).srq.is_null() {
+                (*(*q).srq).users.fetch_sub(1, Ordering::AcqRel);
             }
-            libc::pthread_mutex_destroy(std::ptr::addr_of!(q.vqp.qp.mutex).cast_mut());
-            libc::pthread_cond_destroy(std::ptr::addr_of!(q.vqp.qp.cond).cast_mut());
         }
-        drop(q);
+        // SAFETY: `qp` is live until freed below, and `create_qp_common` initialized its mutex
+        // and cond, which nobody uses after the wait.
+        unsafe {
+            let (mutex, cond) = (std::ptr::addr_of_mut!((*qp).mutex), std::ptr::addr_of_mut!((*qp).cond));
+            wait_for_acks(
+                mutex,
+                cond,
+                &[(std::ptr::addr_of!((*qp).events_completed), reported.r#async)],
+            );
+            libc::pthread_mutex_destroy(mutex);
+            libc::pthread_cond_destroy(cond);
+        }
+        // SAFETY: made by `create_qp_common` with Box::into_raw (`MaybeUninit<Qp>` has `Qp`'s
+        // layout); its `uverbs` half is gone and the rest needs no drop; this is its last use.
+        drop(unsafe { Box::from_raw(q.cast::<MaybeUninit<Qp>>()) });
         0
     })
 }
