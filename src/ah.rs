@@ -30,6 +30,7 @@ impl Pd {
     /// Creates an address handle for `attr` (CREATE_AH).
     pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
         let ctx = &self.inner.ctx;
+        ctx.check_owner("CREATE_AH")?;
         let grh = attr.grh.unwrap_or_default();
         let req = CreateAh {
             response: 0,

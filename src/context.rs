@@ -49,6 +49,9 @@ pub(crate) struct ContextInner {
     pub(crate) provider: Box<dyn ProviderContext>,
     pub(crate) num_comp_vectors: u32,
     next_user_handle: AtomicU64,
+    /// The fork generation the context was created in; a forked child must not touch its
+    /// objects (see `crate::fork`).
+    generation: u32,
 }
 
 impl ContextInner {
@@ -62,9 +65,23 @@ impl ContextInner {
         self.file.as_fd()
     }
 
+    /// Whether this process is a fork of the one that created the context.
+    #[inline]
+    pub(crate) fn forked(&self) -> bool {
+        crate::fork::forked_since(self.generation)
+    }
+
+    /// [`Error::Forked`] in a forked child.
+    pub(crate) fn check_owner(&self, verb: Verb) -> Result<()> {
+        if self.forked() {
+            return Err(Error::Forked { verb });
+        }
+        Ok(())
+    }
+
     /// Starts an ioctl call on this context's device.
     pub(crate) fn ioctl<'a>(&self, object: u16, method: u16) -> Ioctl<'a> {
-        Ioctl::new(self.driver_id, object, method)
+        Ioctl::new(self.driver_id, object, method).owned_by(self.generation)
     }
 
     /// Runs a plain-data `write()` command (no user pointers but the response).
@@ -73,13 +90,20 @@ impl ContextInner {
         Req: IntoBytes + zerocopy::Immutable,
         Resp: FromBytes + IntoBytes,
     {
+        self.check_owner(verb)?;
         // SAFETY: callers pass requests whose only user pointer is `response`, which
         // `execute` fills in itself.
         unsafe { cmd::execute(self.fd(), verb, command, req, &[], &mut []) }
     }
 
     /// Destroys a kernel object through its ioctl DESTROY method.
+    ///
+    /// In a forked child this does nothing: the object is the parent's (the child's copy of
+    /// the device fd goes away harmlessly when it closes).
     pub(crate) fn destroy(&self, verb: Verb, obj: u16, method: u16, handle: u32, resp: &mut [u8]) -> Result<()> {
+        if self.forked() {
+            return Ok(());
+        }
         let mut call = self.ioctl(obj, method);
         call.handle(0, handle);
         if !resp.is_empty() {
@@ -160,6 +184,7 @@ impl Context {
                 provider: provider_ctx,
                 num_comp_vectors,
                 next_user_handle: AtomicU64::new(1),
+                generation: crate::fork::generation(),
             }),
         })
     }

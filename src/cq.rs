@@ -160,7 +160,12 @@ impl Cq {
     /// asked (possibly 0) when fewer are ready, as `ibv_poll_cq(3)`. Never blocks, allocates or
     /// makes a system call.
     #[inline]
+    ///
+    /// In a forked child the CQ is the parent's and its ring is not mapped: this returns 0.
     pub fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
+        if self.inner.ctx.forked() {
+            return 0;
+        }
         self.ring().poll(wc)
     }
 
@@ -169,8 +174,9 @@ impl Cq {
     /// handed back to the device, with one index store, when the batch is dropped: only the
     /// completions the iterator yielded are consumed.
     pub fn batch(&mut self) -> Batch<'_> {
+        let forked = self.inner.ctx.forked();
         let ring = self.ring();
-        let ready = ring.ready();
+        let ready = if forked { 0 } else { ring.ready() };
         Batch { ring, ready, next: 0 }
     }
 
@@ -186,6 +192,7 @@ impl Cq {
 
     /// Resizes the CQ to at least `cqe` entries, keeping the completions it holds.
     pub fn resize(&mut self, cqe: u32) -> Result<()> {
+        self.inner.ctx.check_owner("RESIZE_CQ")?;
         let ctx = self.inner.ctx.clone();
         let handle = self.inner.handle;
         let mut granted = 0;

@@ -82,6 +82,13 @@ pub enum Error {
         /// What is missing.
         what: &'static str,
     },
+    /// A forked child used a handle it inherited: the kernel objects belong to the parent.
+    /// The child must open its own context.
+    #[error("{verb}: this process is a fork of the one that opened the device; open a new context here")]
+    Forked {
+        /// The verb.
+        verb: Verb,
+    },
     /// Reading sysfs or opening the device file failed.
     #[error("{what}: {source}")]
     Io {
@@ -199,7 +206,7 @@ fn hint(verb: Verb, errno: Errno) -> &'static str {
             ": objects that use it still exist; destroy those first"
         }
         (_, Errno::EOPNOTSUPP) => ": the device does not implement this",
-        (_, Errno::EACCES) => ": the device file was opened by another user",
+        (_, Errno::EACCES) => ": the device file was opened by another process (another user, or the parent of a fork)",
         _ => "",
     }
 }

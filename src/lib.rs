@@ -28,6 +28,7 @@ mod cq;
 mod device;
 mod error;
 mod event;
+mod fork;
 mod mr;
 mod netlink;
 mod open_enum;

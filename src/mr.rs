@@ -63,6 +63,10 @@ impl Pd {
     /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`.
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
         let mut map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::io("mmap anonymous", e))?;
+        // Registered memory stays with the parent across fork(), as with rdma-core's
+        // ibv_fork_init; a child that needs the bytes copies them before forking.
+        map.advise(memmap2::Advice::DontFork)
+            .map_err(|e| Error::io("madvise(DONTFORK)", e))?;
         let addr = map.as_mut_ptr();
         // SAFETY: `map` is kept in the returned `Mr`, so the region outlives the registration.
         let mut mr = unsafe { self.reg_mr(addr, len, access) }?;

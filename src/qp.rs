@@ -610,6 +610,7 @@ impl Qp {
     /// entries name must stay valid, and memory the device writes (RDMA read and atomic
     /// targets) must not be accessed. Inline requests' buffers are copied before return.
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.pd.ctx.check_owner("post_send")?;
         if self.state < QpState::Rts {
             return Err(Error::WorkRequest {
                 verb: "post_send",
@@ -627,6 +628,7 @@ impl Qp {
     /// Until each request completes (or the QP is destroyed), the buffers it names must stay
     /// valid and must not be accessed: the device writes incoming data into them.
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.pd.ctx.check_owner("post_recv")?;
         if self.state == QpState::Reset {
             return Err(Error::WorkRequest {
                 verb: "post_recv",

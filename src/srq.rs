@@ -172,6 +172,7 @@ impl Srq {
     /// Until each request completes (or the SRQ is destroyed), the buffers it names must stay
     /// valid and must not be accessed: the device writes incoming data into them.
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.inner.pd.ctx.check_owner("post_srq_recv")?;
         // SAFETY: forwarded caller contract.
         unsafe { self.queue().post_recv(wrs) }
     }
@@ -190,6 +191,7 @@ impl Srq {
     }
 
     fn modify(&mut self, attr_mask: u32, max_wr: u32, srq_limit: u32) -> Result<()> {
+        self.inner.pd.ctx.check_owner("MODIFY_SRQ")?;
         let ctx = self.inner.pd.ctx.clone();
         let req = ModifySrq {
             srq_handle: self.inner.handle,

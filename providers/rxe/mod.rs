@@ -68,6 +68,10 @@ impl RxeContext {
                 .map_mut(self.file.file())
         }
         .map_err(|e| Error::io(format!("{verb}: mmap of ring at cookie {:#x}", mi.offset), e))?;
+        // A forked child gets no copy of the rings: it could only steal or corrupt the
+        // parent's queues (rdma-core's ibv_fork_init does the same).
+        map.advise(memmap2::Advice::DontFork)
+            .map_err(|e| Error::io(format!("{verb}: madvise(DONTFORK)"), e))?;
         Queue::new(Backing::Mapped(map), verb, min_elem)
     }
 }

@@ -74,6 +74,8 @@ pub struct Slot(usize);
 /// One method call being built. Buffers lent to it stay borrowed until it is executed.
 pub struct Ioctl<'a> {
     buf: Buf,
+    /// The fork generation of the kernel context, when checked (see [`Ioctl::owned_by`]).
+    owner: Option<u32>,
     _lent: PhantomData<&'a mut [u8]>,
 }
 
@@ -91,8 +93,17 @@ impl<'a> Ioctl<'a> {
                 },
                 attrs: [Attr::default(); MAX_ATTRS],
             },
+            owner: None,
             _lent: PhantomData,
         }
+    }
+
+    /// Refuses to run (with [`Error::Forked`]) in a fork of the process where fork
+    /// `generation` was current. The kernel runs ioctls from a forked child on the parent's
+    /// context, so a child destroying inherited handles would destroy the parent's objects.
+    pub fn owned_by(mut self, generation: u32) -> Self {
+        self.owner = Some(generation);
+        self
     }
 
     fn push(&mut self, attr_id: u16, len: usize, data: u64) -> Slot {
@@ -155,11 +166,13 @@ impl<'a> Ioctl<'a> {
 
     /// Runs the call.
     pub fn execute(mut self, fd: BorrowedFd<'_>, verb: Verb) -> Result<Done> {
-        self.try_execute(fd).map_err(|e| Error::kernel(verb, e))
+        if self.owner.is_some_and(crate::fork::forked_since) {
+            return Err(Error::Forked { verb });
+        }
+        self.run(fd).map_err(|e| Error::kernel(verb, e))
     }
 
-    /// Runs the call and returns the bare errno on failure (for probing).
-    pub fn try_execute(&mut self, fd: BorrowedFd<'_>) -> Result<Done, Errno> {
+    fn run(&mut self, fd: BorrowedFd<'_>) -> Result<Done, Errno> {
         let n = usize::from(self.buf.hdr.num_attrs);
         self.buf.hdr.length = (size_of::<IoctlHdr>() + n * size_of::<Attr>()) as u16;
         // SAFETY: `buf` is a valid header followed by `num_attrs` attributes, `length` bytes
