@@ -137,7 +137,10 @@ fn limit_event_fires_once_when_the_srq_runs_low() {
     for qp in receivers {
         assert_eq!(qp.destroy().expect("destroy QP").r#async, 0);
     }
-    assert_eq!(srq.destroy().expect("destroy SRQ"), EventsReported { comp: 0, r#async: 1 });
+    assert_eq!(
+        srq.destroy().expect("destroy SRQ"),
+        EventsReported { comp: 0, r#async: 1 }
+    );
 }
 
 #[test]

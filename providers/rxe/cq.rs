@@ -1,5 +1,14 @@
 //! rxe completion queues: the kernel writes `struct ib_uverbs_wc` (the first 48 bytes of
 //! each slot), which is byte-for-byte a [`WorkCompletion`].
+//!
+//! `poll` is the hot path (docs/benchmarks.md has its numbers). It reads the producer index
+//! once, copies every ready completion it was asked for, and hands the slots back with one
+//! index store; rdma-core's C provider takes a spinlock per call and loads and stores the
+//! indices once per completion. The ready slots are one run `stride` bytes apart unless the
+//! ring wraps inside them (once per lap), so the copy walks the run with a pointer, four
+//! completions per step. Each completion moves as one 32-byte and one 16-byte AVX move where
+//! the CPU has AVX (the copy is chosen once, when the CQ is created), else as six 8-byte
+//! moves (see [`copy_words`] for why not three 16-byte SSE moves).
 
 use super::abi::MmInfo;
 use super::queue::Consumer;
@@ -7,53 +16,65 @@ use super::RxeContext;
 use crate::error::{Result, Verb};
 use crate::provider::{CqCreated, CqRing, KernelCall};
 use crate::wc::WorkCompletion;
+use std::marker::PhantomData;
 use zerocopy::IntoBytes;
 
 pub(super) fn create(ctx: &RxeContext, _cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>> {
     let mut mi = MmInfo::default();
     kernel(&[], mi.as_mut_bytes())?;
-    let ring = map_ring(ctx, &mi, "CREATE_CQ")?;
-    Ok(Box::new(RxeCq { ring, ctx: ctx.clone() }))
+    let (ring, stride) = map_ring(ctx, &mi, "CREATE_CQ")?;
+    let ctx = ctx.clone();
+    // Each copy is its own type behind the `dyn CqRing`, so `poll` has no branch for it.
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        return Ok(Box::new(RxeCq::<Avx>::new(ring, stride, ctx)));
+    }
+    Ok(Box::new(RxeCq::<Words>::new(ring, stride, ctx)))
 }
 
-fn map_ring(ctx: &RxeContext, mi: &MmInfo, verb: Verb) -> Result<Consumer> {
-    Ok(Consumer::new(ctx.map(mi, verb, size_of::<WorkCompletion>())?))
+/// Maps a CQ ring; returns it with its slot size.
+fn map_ring(ctx: &RxeContext, mi: &MmInfo, verb: Verb) -> Result<(Consumer, usize)> {
+    let queue = ctx.map(mi, verb, size_of::<WorkCompletion>())?;
+    let stride = queue.elem_size();
+    Ok((Consumer::new(queue), stride))
 }
 
-struct RxeCq {
+struct RxeCq<K> {
     ring: Consumer,
+    /// Bytes from one slot to the next (the ring's element size, at least 48).
+    stride: usize,
     ctx: RxeContext,
+    _copy: PhantomData<K>,
 }
 
-impl RxeCq {
-    fn slot(&self, i: usize) -> &WorkCompletion {
-        // SAFETY: callers pass `i` below the ready count: the kernel finished writing the slot
-        // before its Release store, and leaves it alone until we release it. The slot is
-        // 64-byte aligned, at least 48 bytes (checked at map time), and every bit pattern is a
-        // valid `WorkCompletion`. The borrow is tied to `&self`, and releasing needs `&mut`.
-        unsafe { self.ring.entry(i as u32).cast::<WorkCompletion>().as_ref() }
+impl<K> RxeCq<K> {
+    fn new(ring: Consumer, stride: usize, ctx: RxeContext) -> Self {
+        Self {
+            ring,
+            stride,
+            ctx,
+            _copy: PhantomData,
+        }
     }
 }
 
-impl CqRing for RxeCq {
+impl<K: Copy48> CqRing for RxeCq<K> {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
-        let n = (self.ring.ready() as usize).min(wc.len());
-        for (i, out) in wc[..n].iter_mut().enumerate() {
-            *out = *self.slot(i);
-        }
-        if n > 0 {
-            self.ring.release(n as u32);
-        }
-        n
+        K::poll(&mut self.ring, self.stride, wc)
     }
 
     fn ready(&mut self) -> usize {
         self.ring.ready() as usize
     }
 
+    #[inline]
     fn entry(&self, i: usize) -> &WorkCompletion {
-        self.slot(i)
+        // SAFETY: callers pass `i` below the ready count: the kernel finished writing the slot
+        // before its Release store, and leaves it alone until we release it. The slot is
+        // 64-byte aligned, at least 48 bytes (checked at map time), and every bit pattern is a
+        // valid `WorkCompletion`. The borrow is tied to `&self`, and releasing needs `&mut`.
+        unsafe { self.ring.entry(i as u32).cast::<WorkCompletion>().as_ref() }
     }
 
     fn consume(&mut self, n: usize) {
@@ -65,7 +86,318 @@ impl CqRing for RxeCq {
         kernel(&[], mi.as_mut_bytes())?;
         // The kernel copied the queued completions to the start of the new ring; the old
         // mapping goes when `ring` is replaced.
-        self.ring = map_ring(&self.ctx, &mi, "RESIZE_CQ")?;
+        (self.ring, self.stride) = map_ring(&self.ctx, &mi, "RESIZE_CQ")?;
         Ok(())
+    }
+}
+
+/// How a CQ copies completions out of its ring: [`Words`] anywhere, [`Avx`] where the CPU
+/// has it.
+trait Copy48: Send + 'static {
+    /// [`CqRing::poll`] on `ring`, whose slots are `stride` bytes apart.
+    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize;
+}
+
+/// Reads the producer index: how many completions are ready, or `None` for none.
+#[inline(always)]
+fn ready(ring: &Consumer) -> Option<usize> {
+    let ready = ring.ready() as usize;
+    (ready != 0).then_some(ready)
+}
+
+/// Six 8-byte moves per completion.
+struct Words;
+
+impl Copy48 for Words {
+    #[inline(always)]
+    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
+        let Some(ready) = ready(ring) else {
+            return 0;
+        };
+        let copy = |s, o: &mut WorkCompletion| {
+            // SAFETY: `take_few` and `take_with` pass only ready slots, all `copy_words` needs.
+            unsafe { copy_words(s, o) }
+        };
+        take_few(ring, stride, wc, ready, copy, |ring, stride, wc, ready| {
+            take_with(ring, stride, wc, ready, copy)
+        })
+    }
+}
+
+/// One 32-byte and one 16-byte AVX move per completion. Only made where the CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+struct Avx;
+
+#[cfg(target_arch = "x86_64")]
+impl Copy48 for Avx {
+    #[inline(always)]
+    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
+        // An empty CQ is answered here, without entering AVX code.
+        let Some(ready) = ready(ring) else {
+            return 0;
+        };
+        // SAFETY: an `RxeCq<Avx>` is only made after checking the CPU has AVX; the tests
+        // check it themselves.
+        unsafe { take_few_avx(ring, stride, wc, ready) }
+    }
+}
+
+/// [`take_few`] with AVX enabled, so that the copy inlines.
+///
+/// # Safety
+/// The CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline(never)]
+unsafe fn take_few_avx(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion], ready: usize) -> usize {
+    let copy = |s, o: &mut WorkCompletion| {
+        // SAFETY: `take_few` passes only ready slots, all `copy_avx` needs besides AVX, which
+        // our caller guarantees.
+        unsafe { copy_avx(s, o) }
+    };
+    let many = |ring: &mut Consumer, stride, wc: &mut [WorkCompletion], ready| {
+        // SAFETY: our caller guarantees AVX.
+        unsafe { take_avx(ring, stride, wc, ready) }
+    };
+    take_few(ring, stride, wc, ready, copy, many)
+}
+
+/// [`take_with`] with AVX enabled.
+///
+/// # Safety
+/// The CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline(never)]
+unsafe fn take_avx(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion], ready: usize) -> usize {
+    let copy = |s, o: &mut WorkCompletion| {
+        // SAFETY: `take_with` passes only ready slots, all `copy_avx` needs besides AVX, which
+        // our caller guarantees.
+        unsafe { copy_avx(s, o) }
+    };
+    take_with(ring, stride, wc, ready, copy)
+}
+
+/// Moves `min(ready, wc.len())` completions (`ready` at least 1) into `wc` and hands their
+/// slots back with one index store; returns how many. One or two are moved right here with
+/// `copy`, more by `many` (which [`Avx`] keeps out of line, so that taking one or two does not
+/// pay for the registers the loop needs; `many` clamps `ready` itself, so that the call can be
+/// a jump). `copy(s, o)` is only called with `s` pointing at a ready slot (48 readable bytes,
+/// 64-byte aligned, a completion the kernel finished writing) and copies that completion to
+/// `o`.
+#[inline(always)]
+fn take_few(
+    ring: &mut Consumer,
+    stride: usize,
+    wc: &mut [WorkCompletion],
+    ready: usize,
+    copy: impl Fn(*const u8, &mut WorkCompletion),
+    many: impl FnOnce(&mut Consumer, usize, &mut [WorkCompletion], usize) -> usize,
+) -> usize {
+    match ready.min(wc.len()) {
+        0 => 0,
+        1 => {
+            copy(ring.entry(0).as_ptr().cast_const(), &mut wc[0]);
+            ring.release(1);
+            1
+        }
+        2 => {
+            copy(ring.entry(0).as_ptr().cast_const(), &mut wc[0]);
+            copy(ring.entry(1).as_ptr().cast_const(), &mut wc[1]);
+            ring.release(2);
+            2
+        }
+        _ => many(ring, stride, wc, ready),
+    }
+}
+
+/// Moves `min(ready, wc.len())` (at least 3) completions of `ring`, `ready` of which are
+/// ready, into `wc` with `copy` (as in [`take_few`]), releases their slots and returns how
+/// many.
+#[inline(always)]
+fn take_with(
+    ring: &mut Consumer,
+    stride: usize,
+    wc: &mut [WorkCompletion],
+    ready: usize,
+    copy: impl Fn(*const u8, &mut WorkCompletion),
+) -> usize {
+    let n = ready.min(wc.len());
+    let wc = &mut wc[..n];
+    let first = ring.entry(0).as_ptr().cast_const();
+    // rxe's slots are 128 bytes (its `struct rxe_cqe` rounded up to a power of two); with the
+    // stride a constant the offsets fold into the moves. The slots are one run unless the
+    // ring wraps inside them (once per lap): then the last one comes before the first.
+    if stride != 128 || ring.entry(n as u32 - 1).as_ptr().cast_const() < first {
+        return take_other(ring, stride, wc);
+    }
+    copy_run(first, 128, wc, &copy);
+    ring.release(n as u32);
+    n
+}
+
+/// [`take_with`] for the rare rest: a run that wraps, or another slot size (one run, or two
+/// when it wraps). Out of line, with the plain copy, so that the common case keeps its
+/// registers.
+#[cold]
+#[inline(never)]
+fn take_other(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
+    let n = wc.len();
+    let copy = |s, o: &mut WorkCompletion| {
+        // SAFETY: only ready slots are passed below, all `copy_words` needs.
+        unsafe { copy_words(s, o) }
+    };
+    let first = ring.entry(0).as_ptr().cast_const();
+    if ring.entry(n as u32 - 1).as_ptr().cast_const() > first {
+        copy_run(first, stride, wc, &copy);
+    } else {
+        for (i, o) in wc.iter_mut().enumerate() {
+            copy(ring.entry(i as u32).as_ptr().cast_const(), o);
+        }
+    }
+    ring.release(n as u32);
+    n
+}
+
+/// Copies the completions at `s`, `s + stride`, ... into `out` with `copy`, four per step.
+#[inline(always)]
+fn copy_run(
+    mut s: *const u8,
+    stride: usize,
+    out: &mut [WorkCompletion],
+    copy: &impl Fn(*const u8, &mut WorkCompletion),
+) {
+    let (quads, rest) = out.split_at_mut(out.len() & !3);
+    for q in quads.chunks_exact_mut(4) {
+        copy(s, &mut q[0]);
+        copy(s.wrapping_add(stride), &mut q[1]);
+        copy(s.wrapping_add(2 * stride), &mut q[2]);
+        copy(s.wrapping_add(3 * stride), &mut q[3]);
+        s = s.wrapping_add(4 * stride);
+    }
+    for o in rest {
+        copy(s, o);
+        s = s.wrapping_add(stride);
+    }
+}
+
+/// Copies the completion at `s` to `o` as six 8-byte moves (on CPUs without AVX).
+///
+/// Not as three 16-byte SSE moves, which is what the compiler (and gcc, for rdma-core's
+/// `memcpy`) would pick: QEMU's TCG, the emulated CPU the benchmarks run on, executes a
+/// 16-byte SSE load or store several times slower than an 8-byte one (docs/benchmarks.md);
+/// on hardware they cost about the same. The accesses are volatile so that the compiler keeps
+/// them as they are instead of merging them back into 16-byte moves.
+///
+/// # Safety
+/// `s` must have 48 readable, 8-aligned bytes.
+#[inline(always)]
+unsafe fn copy_words(s: *const u8, o: &mut WorkCompletion) {
+    let from = s.cast::<u64>();
+    let to = std::ptr::from_mut(o).cast::<u64>();
+    // SAFETY: per the contract for `from`; `to` is the 48-byte, 8-aligned `*o`, and any bytes
+    // are a valid `WorkCompletion`.
+    unsafe {
+        for w in 0..6 {
+            to.add(w).write_volatile(from.add(w).read_volatile());
+        }
+    }
+}
+
+/// Copies the completion at `s` to `o` as one 32-byte and one 16-byte move: 4 instructions,
+/// where [`copy_words`] takes 12 and rdma-core's `memcpy` 6.
+///
+/// # Safety
+/// `s` must have 48 readable, 8-aligned bytes, and the CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn copy_avx(s: *const u8, o: &mut WorkCompletion) {
+    use std::arch::x86_64::{
+        __m128i, __m256i, _mm256_loadu_si256, _mm256_storeu_si256, _mm_loadu_si128, _mm_storeu_si128,
+    };
+    let d = std::ptr::from_mut(o).cast::<u8>();
+    // SAFETY: per the contract for `s`; `d` is the 48-byte, 8-aligned `*o`, and any bytes are
+    // a valid `WorkCompletion`. The moves are the unaligned kind.
+    unsafe {
+        let head = _mm256_loadu_si256(s.cast::<__m256i>());
+        let tail = _mm_loadu_si128(s.add(32).cast::<__m128i>());
+        _mm256_storeu_si256(d.cast::<__m256i>(), head);
+        _mm_storeu_si128(d.add(32).cast::<__m128i>(), tail);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::rxe::abi::queue as off;
+    use crate::providers::rxe::queue::{tests::heap_ring, Queue};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    type Poll = fn(&mut Consumer, usize, &mut [WorkCompletion]) -> usize;
+
+    fn wc(i: u64) -> WorkCompletion {
+        let mut w = WorkCompletion::default();
+        w.wr_id = i;
+        w.byte_len = i as u32 * 3;
+        w.qp_num = 7;
+        w.imm_data = !(i as u32);
+        w.dlid_path_bits = 0xa5;
+        w
+    }
+
+    /// Both copies, for three slot sizes, in runs and across the wrap of a 16-slot ring, asking
+    /// for more or fewer completions than are ready.
+    #[test]
+    fn poll_copies_runs_and_wrapped_runs_exactly() {
+        let kinds: Vec<(&str, Poll)> = vec![("words", Words::poll)];
+        #[cfg(target_arch = "x86_64")]
+        let kinds = if std::arch::is_x86_feature_detected!("avx") {
+            [kinds, vec![("avx", Avx::poll as Poll)]].concat()
+        } else {
+            kinds
+        };
+        const SLOTS: u64 = 16;
+        for (kind, poll) in kinds {
+            for log2 in [6, 7, 8] {
+                let q = Queue::new(heap_ring(log2, SLOTS as u32), "test", 48).unwrap();
+                let stride = q.elem_size();
+                let mut ring = Consumer::new(q);
+                // Stands in for the kernel: writes slots, then the producer index, through the
+                // ring's memory.
+                let data = ring.entry(0).as_ptr();
+                // SAFETY: the producer index word of the ring header, 4-aligned.
+                let prod = unsafe { &*data.sub(off::DATA - off::PRODUCER_INDEX).cast::<AtomicU32>() };
+                let (mut next, mut seen) = (0u64, 0u64);
+                let mut out = [WorkCompletion::default(); 20];
+                for step in 0..300u64 {
+                    let room = SLOTS - 1 - (next - seen);
+                    for _ in 0..(step * 7 % 16).min(room) {
+                        // SAFETY: a slot of the heap ring that is not ready, so unread.
+                        unsafe {
+                            data.add((next % SLOTS) as usize * stride)
+                                .cast::<WorkCompletion>()
+                                .write(wc(next))
+                        };
+                        next += 1;
+                    }
+                    prod.store((next % SLOTS) as u32, Ordering::Release);
+                    let ask = (step * 5 % 21) as usize;
+                    let n = poll(&mut ring, stride, &mut out[..ask]);
+                    assert_eq!(n, ask.min((next - seen) as usize), "{kind} {stride} step {step}");
+                    for o in &out[..n] {
+                        assert_eq!(*o, wc(seen), "{kind} {stride} step {step}");
+                        seen += 1;
+                    }
+                }
+                while poll(&mut ring, stride, &mut out[..1]) == 1 {
+                    assert_eq!(out[0], wc(seen), "{kind} {stride}");
+                    seen += 1;
+                }
+                assert_eq!(seen, next);
+                assert!(next > 1000, "{next}");
+                assert_eq!(poll(&mut ring, stride, &mut out), 0);
+            }
+        }
     }
 }

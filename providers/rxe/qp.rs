@@ -11,7 +11,7 @@ use crate::qp::QpType;
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
 use crate::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -45,7 +45,8 @@ pub(super) fn create(
         max_recv_sge: cap.max_recv_sge,
         max_inline,
         doorbell: Doorbell::new(created.handle),
-        file: ctx.file.clone(),
+        fd: ctx.file.as_fd().as_raw_fd(),
+        _file: ctx.file.clone(),
     }))
 }
 
@@ -84,11 +85,18 @@ impl Doorbell {
         }
     }
 
-    fn ring(&mut self, file: &DeviceFile) -> Result<()> {
+    /// Rings: `fd` is the device file's descriptor.
+    ///
+    /// # Safety
+    /// `fd` must be open for the duration of the call.
+    #[inline]
+    unsafe fn ring(&mut self, fd: RawFd) -> Result<()> {
         self.cmd.body.response = std::ptr::addr_of_mut!(self.resp) as u64;
+        // SAFETY: open per the contract.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         // SAFETY: the only user pointer in the command is `response`, which names `self.resp`:
         // live, 4 bytes, the `out_words` the header declares.
-        unsafe { write_raw(file.as_fd(), self.cmd.as_bytes()) }.map_err(|e| Error::kernel("POST_SEND", e))
+        unsafe { write_raw(fd, self.cmd.as_bytes()) }.map_err(|e| Error::kernel("POST_SEND", e))
     }
 }
 
@@ -100,11 +108,16 @@ struct RxeQp {
     max_recv_sge: u32,
     max_inline: u32,
     doorbell: Doorbell,
-    file: Arc<DeviceFile>,
+    /// `_file`'s descriptor, kept so that ringing the doorbell needs no call to find it.
+    fd: RawFd,
+    /// Keeps `fd` open.
+    _file: Arc<DeviceFile>,
 }
 
 impl RxeQp {
-    fn check_send(&self, wr: &SendWr<'_>) -> Result<(), WrReject> {
+    /// Checks `wr` against the QP; for an inline request returns its total length.
+    #[inline]
+    fn check_send(&self, wr: &SendWr<'_>) -> Result<u32, WrReject> {
         let sges = wr.sg_list.len();
         if sges > self.max_send_sge as usize {
             return Err(WrReject::TooManySge {
@@ -113,26 +126,32 @@ impl RxeQp {
             });
         }
         wr.check_transport(self.qp_type)?;
-        if wr.flags.contains(SendFlags::INLINE) {
-            let len = wr.total_len();
-            if len > u64::from(self.max_inline) {
-                return Err(WrReject::InlineTooLong {
-                    given: len as usize,
-                    max: self.max_inline,
-                });
-            }
+        if !wr.flags.contains(SendFlags::INLINE) {
+            return Ok(0);
         }
-        Ok(())
+        let len = wr.total_len();
+        if len > u64::from(self.max_inline) {
+            return Err(WrReject::InlineTooLong {
+                given: len as usize,
+                max: self.max_inline,
+            });
+        }
+        Ok(len as u32)
     }
 }
 
-/// Writes `wr` into the send slot at `slot`.
+/// Writes `wr` into the send slot at `slot`. `inline_len` is the total length of an inline
+/// request (from `check_send`).
+///
+/// The SGEs (or inline bytes) are copied in one pass that also sums the length, and the
+/// 208-byte header is stored straight into the slot.
 ///
 /// # Safety
 /// `slot` must be a free SQ slot large enough for the header plus the SGEs or inline data
 /// (checked by `check_send` against the slot size), and for inline requests every SGE must
 /// name readable memory.
-unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>) {
+#[inline]
+unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
     let mut arm = WrArm { raw: [0; 15] };
     let mut iova = 0;
     match wr.op {
@@ -176,8 +195,29 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>) {
             }
         }
     }
-    let length = wr.total_len() as u32;
     let inline = wr.flags.contains(SendFlags::INLINE);
+    // SAFETY: per the contract the slot is free and large enough for what follows the header;
+    // slots are 64-byte aligned, so the SGE array after the 208-byte header is 16-aligned.
+    let (length, num_sge) = unsafe {
+        let tail = slot.add(size_of::<SendWqe>());
+        if inline {
+            let mut to = tail.as_ptr();
+            for sge in wr.sg_list {
+                let len = sge.length as usize;
+                std::ptr::copy_nonoverlapping(sge.addr as *const u8, to, len);
+                to = to.add(len);
+            }
+            (inline_len, 0)
+        } else {
+            let to = tail.cast::<Sge>().as_ptr();
+            let mut length = 0u32;
+            for (i, sge) in wr.sg_list.iter().enumerate() {
+                to.add(i).write(*sge);
+                length = length.wrapping_add(sge.length);
+            }
+            (length, wr.sg_list.len() as u32)
+        }
+    };
     let header = SendWqe {
         wr_id: wr.wr_id,
         reserved: 0,
@@ -198,25 +238,13 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>) {
             length,
             resid: length,
             cur_sge: 0,
-            num_sge: if inline { 0 } else { wr.sg_list.len() as u32 },
+            num_sge,
             sge_offset: 0,
             reserved: 0,
         },
     };
-    // SAFETY: per the contract the slot is free and large enough; slots are 64-byte aligned.
-    unsafe {
-        slot.cast::<SendWqe>().write(header);
-        let mut tail = slot.add(size_of::<SendWqe>());
-        if inline {
-            for sge in wr.sg_list {
-                let len = sge.length as usize;
-                std::ptr::copy_nonoverlapping(sge.addr as *const u8, tail.as_ptr(), len);
-                tail = tail.add(len);
-            }
-        } else {
-            std::ptr::copy_nonoverlapping(wr.sg_list.as_ptr(), tail.cast::<Sge>().as_ptr(), wr.sg_list.len());
-        }
-    }
+    // SAFETY: as above.
+    unsafe { slot.cast::<SendWqe>().write(header) };
 }
 
 impl QpQueues for RxeQp {
@@ -224,23 +252,27 @@ impl QpQueues for RxeQp {
         let mut rejected = None;
         let mut posted = 0;
         for (index, wr) in wrs.iter().enumerate() {
-            if let Err(reason) = self.check_send(wr) {
-                rejected = Some((index, reason));
-                break;
-            }
+            let inline_len = match self.check_send(wr) {
+                Ok(len) => len,
+                Err(reason) => {
+                    rejected = Some((index, reason));
+                    break;
+                }
+            };
             let Some(slot) = self.sq.next_slot() else {
                 rejected = Some((index, WrReject::QueueFull));
                 break;
             };
             // SAFETY: a free slot; `check_send` bounded SGEs and inline data by what the
             // kernel granted, which sized the slot; inline memory is the caller's contract.
-            unsafe { write_send_wqe(slot, wr) };
+            unsafe { write_send_wqe(slot, wr, inline_len) };
             self.sq.advance();
             posted += 1;
         }
         if posted > 0 {
             self.sq.publish();
-            self.doorbell.ring(&self.file)?;
+            // SAFETY: `self._file` keeps the descriptor open.
+            unsafe { self.doorbell.ring(self.fd) }?;
         }
         match rejected {
             None => Ok(()),

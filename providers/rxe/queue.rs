@@ -8,6 +8,12 @@
 //! an Acquire load before touching a slot. Every index read from shared memory is masked with
 //! the mask cached at map time, so no value the kernel writes can move an access outside the
 //! mapping.
+//!
+//! The index protocol ([`ProdIndex`], [`ConsIndex`]) is kept apart from the memory it runs on:
+//! it reaches the two shared words only through [`Word`], so the same code runs on the mapped
+//! header here and on loom's model atomics in `queue/model.rs` (`cargo xtask loom`). The
+//! synthetic heap rings below let the unit tests, `cargo xtask miri` and the hostile-ring
+//! harness in `queue/hostile.rs` (also the `fuzz/` target) run the real code without a device.
 
 use super::abi::queue as off;
 use crate::error::{Error, Result, Verb};
@@ -15,21 +21,196 @@ use memmap2::MmapMut;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+#[cfg(any(test, fuzzing))]
+#[path = "queue/hostile.rs"]
+pub(super) mod hostile;
+#[cfg(all(test, loom))]
+#[path = "queue/model.rs"]
+mod model;
+#[cfg(test)]
+#[path = "queue/provider_fuzz.rs"]
+mod provider_fuzz;
+
+/// One shared 32-bit index word: a mapped `AtomicU32` in the library, a loom atomic in the
+/// model checker.
+pub(super) trait Word {
+    /// Loads the word.
+    fn load(&self, order: Ordering) -> u32;
+    /// Stores the word.
+    fn store(&self, value: u32, order: Ordering);
+}
+
+impl Word for AtomicU32 {
+    #[inline]
+    fn load(&self, order: Ordering) -> u32 {
+        AtomicU32::load(self, order)
+    }
+
+    #[inline]
+    fn store(&self, value: u32, order: Ordering) {
+        AtomicU32::store(self, value, order)
+    }
+}
+
+/// The producing side's index logic (user side of send, receive and shared receive queues;
+/// the kernel's side of completion queues): its own index, the last consumer index it saw, and
+/// the mask. Every value taken from shared memory is masked.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ProdIndex {
+    mask: u32,
+    prod: u32,
+    cons: u32,
+}
+
+impl ProdIndex {
+    /// Starts from the indices in shared memory.
+    pub(super) fn new(mask: u32, producer: &impl Word, consumer: &impl Word) -> Self {
+        Self {
+            mask,
+            prod: producer.load(Ordering::Relaxed) & mask,
+            cons: consumer.load(Ordering::Acquire) & mask,
+        }
+    }
+
+    /// The slot index the next entry goes in, or `None` when the ring is full. The consumer's
+    /// index is re-read (Acquire: its reads of the slots it released happen before our
+    /// writes) only when the cached one says full.
+    #[inline]
+    pub(super) fn next_free(&mut self, consumer: &impl Word) -> Option<u32> {
+        let next = (self.prod + 1) & self.mask;
+        if next == self.cons {
+            self.cons = consumer.load(Ordering::Acquire) & self.mask;
+            if next == self.cons {
+                return None;
+            }
+        }
+        Some(self.prod)
+    }
+
+    /// Counts the slot from `next_free` as filled (still private).
+    #[inline]
+    pub(super) fn advance(&mut self) {
+        self.prod = (self.prod + 1) & self.mask;
+    }
+
+    /// Makes every advanced entry visible (Release: the slot writes happen before the index).
+    #[inline]
+    pub(super) fn publish(&self, producer: &impl Word) {
+        producer.store(self.prod, Ordering::Release);
+    }
+
+    /// The private producer index (always `<= mask`).
+    #[cfg(any(test, fuzzing))]
+    pub(super) fn index(&self) -> u32 {
+        self.prod
+    }
+}
+
+/// The consuming side's index logic (user side of completion queues; the kernel's side of the
+/// others).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ConsIndex {
+    mask: u32,
+    cons: u32,
+}
+
+impl ConsIndex {
+    /// Starts from the consumer index in shared memory.
+    pub(super) fn new(mask: u32, consumer: &impl Word) -> Self {
+        Self {
+            mask,
+            cons: consumer.load(Ordering::Relaxed) & mask,
+        }
+    }
+
+    /// How many entries are ready (at most `mask`). Acquire: the producer's slot writes
+    /// happen before our reads of the slots counted here.
+    #[inline]
+    pub(super) fn ready(&self, producer: &impl Word) -> u32 {
+        let prod = producer.load(Ordering::Acquire) & self.mask;
+        prod.wrapping_sub(self.cons) & self.mask
+    }
+
+    /// The slot index of the `i`-th ready entry (masked).
+    #[inline]
+    pub(super) fn at(&self, i: u32) -> u32 {
+        self.cons.wrapping_add(i) & self.mask
+    }
+
+    /// Hands the first `n` ready entries back with one Release store (our reads of them
+    /// happen before the producer may refill them).
+    #[inline]
+    pub(super) fn release(&mut self, n: u32, consumer: &impl Word) {
+        self.cons = self.cons.wrapping_add(n) & self.mask;
+        consumer.store(self.cons, Ordering::Release);
+    }
+
+    /// The private consumer index (always `<= mask`).
+    #[cfg(any(test, fuzzing))]
+    pub(super) fn index(&self) -> u32 {
+        self.cons
+    }
+}
+
 /// Memory holding a ring.
 pub(super) enum Backing {
     /// A ring mapped from the device.
     Mapped(MmapMut),
-    /// A synthetic ring for tests, cache-line aligned like the kernel's.
-    #[cfg(test)]
-    Heap(Box<[tests::Line]>),
+    /// A synthetic ring (tests, miri, fuzzing), cache-line aligned like the kernel's.
+    #[cfg(any(test, fuzzing))]
+    #[allow(dead_code)] // built only by the harnesses
+    Heap(HeapRing),
+}
+
+/// One cache line of a synthetic ring.
+#[cfg(any(test, fuzzing))]
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(super) struct Line(pub(super) [u32; 16]);
+
+/// Heap memory for a synthetic ring, held as a raw allocation rather than a `Box`: like a
+/// mapping, it is reached through pointers derived once, which moving a `Box` (a unique
+/// owner) would invalidate (miri's Stacked Borrows reports exactly that).
+#[cfg(any(test, fuzzing))]
+pub(super) struct HeapRing {
+    lines: NonNull<Line>,
+    count: usize,
+}
+
+#[cfg(any(test, fuzzing))]
+impl HeapRing {
+    pub(super) fn new(lines: Box<[Line]>) -> Self {
+        let count = lines.len();
+        let raw = Box::into_raw(lines).cast::<Line>();
+        Self {
+            lines: NonNull::new(raw).unwrap_or(NonNull::dangling()),
+            count,
+        }
+    }
+
+    /// The lines, before the ring is handed to a [`Queue`].
+    #[allow(dead_code)] // used by the unit tests only
+    pub(super) fn lines_mut(&mut self) -> &mut [Line] {
+        // SAFETY: the allocation from `new`, `count` lines, uniquely borrowed through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_ptr(), self.count) }
+    }
+}
+
+#[cfg(any(test, fuzzing))]
+impl Drop for HeapRing {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.lines.as_ptr(), self.count);
+        // SAFETY: `slice` is exactly the allocation `Box::into_raw` gave up in `new`.
+        drop(unsafe { Box::from_raw(slice) });
+    }
 }
 
 impl Backing {
     fn region(&mut self) -> (NonNull<u8>, usize) {
         let (ptr, len) = match self {
             Self::Mapped(m) => (m.as_mut_ptr(), m.len()),
-            #[cfg(test)]
-            Self::Heap(h) => (h.as_mut_ptr().cast::<u8>(), size_of_val(&**h)),
+            #[cfg(any(test, fuzzing))]
+            Self::Heap(h) => (h.lines.as_ptr().cast::<u8>(), h.count * size_of::<Line>()),
         };
         (NonNull::new(ptr).unwrap_or(NonNull::dangling()), len)
     }
@@ -39,6 +220,7 @@ impl Backing {
 /// cached so later header changes cannot affect bounds.
 pub(super) struct Queue {
     base: NonNull<u8>,
+    len: usize,
     mask: u32,
     log2_elem: u32,
     _backing: Backing,
@@ -78,6 +260,7 @@ impl Queue {
         }
         Ok(Self {
             base,
+            len,
             mask,
             log2_elem,
             _backing: backing,
@@ -102,6 +285,7 @@ impl Queue {
     /// The slot at `index` (masked), `elem_size()` bytes, 64-byte aligned.
     fn slot(&self, index: u32) -> NonNull<u8> {
         let at = off::DATA + (((index & self.mask) as usize) << self.log2_elem);
+        debug_assert!(at + self.elem_size() <= self.len);
         // SAFETY: `new` checked that every masked slot lies inside the mapping.
         unsafe { self.base.add(at) }
     }
@@ -119,72 +303,64 @@ unsafe fn header_word<'a>(base: NonNull<u8>, offset: usize) -> &'a AtomicU32 {
 /// The user side of a ring userspace fills (send, receive and shared receive queues).
 pub(super) struct Producer {
     queue: Queue,
-    prod: u32,
-    /// Last consumer index seen; refreshed only when the ring looks full.
-    cons: u32,
+    index: ProdIndex,
 }
 
 impl Producer {
     pub(super) fn new(queue: Queue) -> Self {
-        let prod = queue.producer().load(Ordering::Relaxed) & queue.mask;
-        let cons = queue.consumer().load(Ordering::Acquire) & queue.mask;
-        Self { queue, prod, cons }
+        let index = ProdIndex::new(queue.mask, queue.producer(), queue.consumer());
+        Self { queue, index }
     }
 
     /// The slot the next entry goes in, or `None` when the ring is full. The entry becomes
     /// visible only after [`Producer::advance`] and [`Producer::publish`].
+    #[inline]
     pub(super) fn next_slot(&mut self) -> Option<NonNull<u8>> {
-        let next = (self.prod + 1) & self.queue.mask;
-        if next == self.cons {
-            self.cons = self.queue.consumer().load(Ordering::Acquire) & self.queue.mask;
-            if next == self.cons {
-                return None;
-            }
-        }
-        Some(self.queue.slot(self.prod))
+        let index = self.index.next_free(self.queue.consumer())?;
+        Some(self.queue.slot(index))
     }
 
     /// Counts the slot from `next_slot` as filled (still private).
+    #[inline]
     pub(super) fn advance(&mut self) {
-        self.prod = (self.prod + 1) & self.queue.mask;
+        self.index.advance();
     }
 
     /// Makes every advanced entry visible to the kernel.
+    #[inline]
     pub(super) fn publish(&self) {
-        self.queue.producer().store(self.prod, Ordering::Release);
+        self.index.publish(self.queue.producer());
     }
 }
 
 /// The user side of a ring the kernel fills (completion queues).
 pub(super) struct Consumer {
     queue: Queue,
-    cons: u32,
+    index: ConsIndex,
 }
 
 impl Consumer {
     pub(super) fn new(queue: Queue) -> Self {
-        let cons = queue.consumer().load(Ordering::Relaxed) & queue.mask;
-        Self { queue, cons }
+        let index = ConsIndex::new(queue.mask, queue.consumer());
+        Self { queue, index }
     }
 
     /// How many entries are ready. Entries counted here may be read until `release`.
     #[inline]
     pub(super) fn ready(&self) -> u32 {
-        let prod = self.queue.producer().load(Ordering::Acquire) & self.queue.mask;
-        prod.wrapping_sub(self.cons) & self.queue.mask
+        self.index.ready(self.queue.producer())
     }
 
     /// The `i`-th ready entry.
     #[inline]
     pub(super) fn entry(&self, i: u32) -> NonNull<u8> {
-        self.queue.slot(self.cons.wrapping_add(i))
+        self.queue.slot(self.index.at(i))
     }
 
     /// Hands the first `n` ready entries back to the kernel with one Release store.
     #[inline]
     pub(super) fn release(&mut self, n: u32) {
-        self.cons = (self.cons + n) & self.queue.mask;
-        self.queue.consumer().store(self.cons, Ordering::Release);
+        self.index.release(n, self.queue.consumer());
     }
 }
 
@@ -192,23 +368,18 @@ impl Consumer {
 pub(super) mod tests {
     use super::*;
 
-    /// One cache line of a synthetic ring.
-    #[repr(C, align(64))]
-    #[derive(Clone, Copy)]
-    pub(crate) struct Line([u32; 16]);
-
     /// A synthetic ring of `slots` slots of `1 << log2` bytes, as the kernel would lay it out.
     pub(crate) fn heap_ring(log2: u32, slots: u32) -> Backing {
         let bytes = off::DATA + ((slots as usize) << log2);
         let mut lines = vec![Line([0; 16]); bytes.div_ceil(64)].into_boxed_slice();
         lines[0].0[0] = log2;
         lines[0].0[1] = slots - 1;
-        Backing::Heap(lines)
+        Backing::Heap(HeapRing::new(lines))
     }
 
     fn set_mask(b: &mut Backing, mask: u32) {
-        if let Backing::Heap(lines) = b {
-            lines[0].0[1] = mask;
+        if let Backing::Heap(h) = b {
+            h.lines_mut()[0].0[1] = mask;
         }
     }
 
@@ -260,5 +431,160 @@ pub(super) mod tests {
         c.release(2);
         assert_eq!(c.queue.consumer().load(Ordering::Relaxed), 2);
         assert_eq!(c.ready(), 0);
+    }
+
+    #[test]
+    fn release_of_any_count_stays_in_range() {
+        let q = Queue::new(heap_ring(6, 8), "test", 1).unwrap();
+        let mut c = Consumer::new(q);
+        for n in [u32::MAX, 7, u32::MAX - 3, 1 << 31] {
+            c.release(n);
+            assert!(c.index.index() <= 7);
+            assert!(c.queue.consumer().load(Ordering::Relaxed) <= 7);
+        }
+    }
+
+    /// Raw access to a synthetic ring from a second thread, standing in for the kernel.
+    #[derive(Clone, Copy)]
+    struct KernelView {
+        base: NonNull<u8>,
+        mask: u32,
+        log2: u32,
+    }
+
+    // SAFETY: the view is used only inside `thread::scope` while the queue it points into is
+    // alive, and only through atomics on the index words and slots the protocol hands it.
+    unsafe impl Send for KernelView {}
+
+    impl KernelView {
+        fn of(q: &Queue) -> Self {
+            Self {
+                base: q.base,
+                mask: q.mask,
+                log2: q.log2_elem,
+            }
+        }
+
+        fn word(&self, offset: usize) -> &AtomicU32 {
+            // SAFETY: header offsets of a validated queue that outlives the scope.
+            unsafe { header_word(self.base, offset) }
+        }
+
+        fn slot(&self, index: u32) -> *mut u64 {
+            let at = off::DATA + (((index & self.mask) as usize) << self.log2);
+            // SAFETY: inside the validated ring (every masked slot is).
+            unsafe { self.base.as_ptr().add(at).cast::<u64>() }
+        }
+    }
+
+    /// The user consumer (a CQ) against a concurrent producer written as the kernel's
+    /// `rxe_queue.h` does it, with plain (non-atomic) slot accesses: under `cargo miri test`
+    /// the data-race detector and weak-memory emulation check the index orderings.
+    #[test]
+    fn consumer_against_a_concurrent_kernel_producer() {
+        const N: u64 = if cfg!(miri) { 40 } else { 20_000 };
+        let q = Queue::new(heap_ring(6, 4), "test", 8).unwrap();
+        let view = KernelView::of(&q);
+        let mut c = Consumer::new(q);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let (prod_w, cons_w) = (view.word(off::PRODUCER_INDEX), view.word(off::CONSUMER_INDEX));
+                let mut prod = prod_w.load(Ordering::Relaxed);
+                for v in 0..N {
+                    let next = (prod + 1) & view.mask;
+                    while next == cons_w.load(Ordering::Acquire) & view.mask {
+                        std::thread::yield_now();
+                    }
+                    // SAFETY: the slot is free (the consumer released it: Acquire above).
+                    unsafe { view.slot(prod).write(v) };
+                    prod = next;
+                    prod_w.store(prod, Ordering::Release);
+                }
+            });
+            let mut want = 0;
+            while want < N {
+                let ready = c.ready();
+                for i in 0..ready {
+                    // SAFETY: a ready slot (Acquire in `ready`), not yet released.
+                    let got = unsafe { c.entry(i).cast::<u64>().read() };
+                    assert_eq!(got, want, "each value once, in order");
+                    want += 1;
+                }
+                if ready > 0 {
+                    c.release(ready);
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        assert_eq!(c.ready(), 0);
+    }
+
+    /// The user producer (an SQ or RQ) against a concurrent consumer written as the kernel's.
+    #[test]
+    fn producer_against_a_concurrent_kernel_consumer() {
+        const N: u64 = if cfg!(miri) { 40 } else { 20_000 };
+        let q = Queue::new(heap_ring(6, 4), "test", 8).unwrap();
+        let view = KernelView::of(&q);
+        let mut p = Producer::new(q);
+        std::thread::scope(|s| {
+            let kernel = s.spawn(move || {
+                let (prod_w, cons_w) = (view.word(off::PRODUCER_INDEX), view.word(off::CONSUMER_INDEX));
+                let mut cons = cons_w.load(Ordering::Relaxed);
+                let mut want = 0;
+                while want < N {
+                    if prod_w.load(Ordering::Acquire) & view.mask == cons {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    // SAFETY: a published slot (Acquire above), not yet handed back.
+                    let got = unsafe { view.slot(cons).read() };
+                    assert_eq!(got, want, "each value once, in order");
+                    want += 1;
+                    cons = (cons + 1) & view.mask;
+                    cons_w.store(cons, Ordering::Release);
+                }
+            });
+            let mut v = 0;
+            while v < N {
+                let mut wrote = false;
+                // Up to two per "post", one publish each, as `post_send` batches.
+                for _ in 0..2 {
+                    if v == N {
+                        break;
+                    }
+                    let Some(slot) = p.next_slot() else { break };
+                    // SAFETY: a free slot (the kernel released it: Acquire in `next_slot`).
+                    unsafe { slot.cast::<u64>().write(v) };
+                    p.advance();
+                    v += 1;
+                    wrote = true;
+                }
+                if wrote {
+                    p.publish();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            kernel.join().unwrap();
+        });
+    }
+
+    /// Prints a figure on stdout past the test harness's output capture, so `cargo xtask test`
+    /// shows it (docs/reliability.md).
+    pub(crate) fn report(line: impl std::fmt::Display) {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+    }
+
+    /// A deterministic run of the hostile-ring harness (the `fuzz/` target's entry point)
+    /// over a few thousand pseudo-random inputs.
+    #[test]
+    fn hostile_rings_never_escape_the_mapping() {
+        let cases = if cfg!(miri) { 64 } else { 4000 };
+        let stats = hostile::run_many(0x5eed_f71c, cases);
+        report(stats);
+        assert!(stats.rejected > 0 && stats.accepted > 0, "{stats}");
     }
 }

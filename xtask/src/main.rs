@@ -11,6 +11,11 @@
 //!   executable `tests/guest/*.sh` against an rxe device; ends with
 //!   `guest: N passed, M failed` (M also counts failed host steps and builds).
 //! - `cargo xtask demo`: build and run `examples/demo` (release) in the guest.
+//! - `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the
+//!   rxe ring code under loom, miri (nightly) and cargo-fuzz (nightly); no
+//!   device needed (xtask/src/models.rs, docs/reliability.md).
+//! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
+//!   guest boot; table and plot in `target/bench/` (docs/benchmarks.md).
 //!
 //! Environment knobs:
 //! - `UVERBS_GUEST_KERNEL=<release>`: kernel to boot (default: newest
@@ -51,12 +56,14 @@ macro_rules! say {
     }};
 }
 
+mod bench;
 mod cpio;
 mod error;
 mod guest;
 mod initramfs;
 mod json;
 mod kernel;
+mod models;
 mod packages;
 mod proc;
 mod qemu;
@@ -79,6 +86,8 @@ const USAGE: &str = "\
 usage: cargo xtask guest [--] <command...>   run a shell command in the rxe guest
        cargo xtask test [-- <test args>]     run all tests (host, then rxe guest)
        cargo xtask demo                      build and run examples/demo in the guest
+       cargo xtask bench                     benchmarks against rdma-core's C provider
+       cargo xtask loom|miri|fuzz [secs]     the rxe rings under loom, miri, cargo-fuzz
 (environment knobs: see the doc comment of xtask/src/main.rs)";
 
 fn main() -> ExitCode {
@@ -107,6 +116,8 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         "test" => testrun::run(rest),
         "demo" => demo(),
+        "loom" | "miri" | "fuzz" => models::run(cmd, rest),
+        "bench" => bench::run(rest),
         "help" | "-h" | "--help" => {
             say!("{USAGE}");
             Ok(ExitCode::SUCCESS)

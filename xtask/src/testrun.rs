@@ -38,12 +38,20 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         crate::packages::ensure()?;
     }
     let mut failures: Vec<String> = Vec::new();
-    for args in [
+    let mut host_steps: Vec<Command> = [
         &["test", "--workspace", "--lib", "--bins", "--no-fail-fast"][..],
         &["test", "--doc", "-p", "uverbs"],
-    ] {
+    ]
+    .iter()
+    .map(|args| {
         let mut c = cargo();
-        c.args(args);
+        c.args(*args);
+        c
+    })
+    .collect();
+    // Every interleaving of the rxe ring protocol's producer and consumer (loom).
+    host_steps.push(crate::models::loom());
+    for mut c in host_steps {
         note!("xtask: host: {}", proc::describe(&c));
         if let Err(e) = proc::check(&mut c) {
             failures.push(format!("host: {e}"));

@@ -1,0 +1,587 @@
+//! The Rust side of `cargo xtask bench`: the workloads of benches/c/verbs_bench.c on the
+//! `uverbs` API, against a real rxe device (run it in the test guest; see docs/benchmarks.md).
+//!
+//! Keep it in step with the C harness: same queue sizes, QP attributes, work requests, round
+//! counts and output. Every result is one JSON line on stdout, e.g.
+//!
+//! ```text
+//! {"impl":"rust","workload":"drain","param":16,"unit":"ns","samples":[...],"median":...,"min":...,"max":...}
+//! ```
+//!
+//! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
+//! empty, post, pingpong, rate), `--device NAME`, `--gid-index N`, `--cq-depth N` (default
+//! 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
+//! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
+
+use std::process::ExitCode;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+use uverbs::{
+    AccessFlags, AhAttr, Context, Cq, Gid, GlobalRoute, Mr, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote,
+    SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+const N_DRAIN: usize = 4096;
+const SEND_WR: u32 = 4096;
+const RECV_WR: u32 = 1024;
+const MR_LEN: usize = 1 << 20;
+const MSG: u32 = 64;
+const RECV_DEPTH: u64 = 512;
+const WINDOW: u64 = 64;
+const POST_K: usize = 1024;
+
+struct Opts {
+    impl_name: String,
+    only: Option<Vec<String>>,
+    device: Option<String>,
+    gid_index: u32,
+    cq_depth: u32,
+    callgrind: bool,
+}
+
+impl Opts {
+    fn wanted(&self, w: &str) -> bool {
+        self.only.as_ref().map_or(true, |o| o.iter().any(|x| x == w))
+    }
+
+    /// One result line: the per-round values, and their median, min and max.
+    fn report(&self, workload: &str, param: usize, mut v: Vec<f64>) {
+        let samples: Vec<String> = v.iter().map(|x| format!("{x:.3}")).collect();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let med = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        println!(
+            "{{\"impl\":\"{}\",\"workload\":\"{workload}\",\"param\":{param},\"unit\":\"ns\",\"samples\":[{}],\"median\":{med:.3},\"min\":{:.3},\"max\":{:.3}}}",
+            self.impl_name,
+            samples.join(","),
+            v[0],
+            v[n - 1]
+        );
+    }
+
+    /// Callgrind: start counting.
+    fn collect_on(&self) {
+        if self.callgrind {
+            callgrind::toggle_collect();
+        }
+    }
+
+    /// Callgrind: stop counting and dump what was counted since the last dump.
+    fn collect_off(&self, workload: &str, param: usize, ops: usize) {
+        if self.callgrind {
+            callgrind::toggle_collect();
+            callgrind::dump_stats_at(&format!("{workload} {param} {ops}"));
+        }
+    }
+}
+
+/// Callgrind client requests (`<valgrind/callgrind.h>`): the magic instruction sequence
+/// valgrind recognizes, a no-op on a real CPU.
+mod callgrind {
+    /// `VG_USERREQ_TOOL_BASE('C','T')`.
+    const BASE: u64 = ((b'C' as u64) << 24) | ((b'T' as u64) << 16);
+    const TOGGLE_COLLECT: u64 = BASE + 2;
+    const DUMP_STATS_AT: u64 = BASE + 3;
+
+    #[cfg(target_arch = "x86_64")]
+    fn request(code: u64, arg1: u64) {
+        let args: [u64; 6] = [code, arg1, 0, 0, 0, 0];
+        // SAFETY: valgrind's amd64 client-request preamble: four rotations of rdi by a total
+        // of 128 bits (rdi ends unchanged; declared clobbered anyway) and `xchg rbx, rbx`,
+        // a no-op natively. Under valgrind it reads the six words at rax (live for the
+        // call) and writes its answer to rdx; rdx holds the default (0) otherwise.
+        unsafe {
+            std::arch::asm!(
+                "rol rdi, 3",
+                "rol rdi, 13",
+                "rol rdi, 61",
+                "rol rdi, 51",
+                "xchg rbx, rbx",
+                in("rax") args.as_ptr(),
+                inout("rdx") 0u64 => _,
+                out("rdi") _,
+                options(nostack),
+            );
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn request(_code: u64, _arg1: u64) {}
+
+    pub fn toggle_collect() {
+        request(TOGGLE_COLLECT, 0);
+    }
+
+    pub fn dump_stats_at(name: &str) {
+        let c = std::ffi::CString::new(name).expect("no NUL in dump names");
+        request(DUMP_STATS_AT, c.as_ptr() as u64);
+    }
+}
+
+struct Side {
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+}
+
+struct Pair {
+    _ctx: Context,
+    _pd: Pd,
+    a: Side,
+    b: Side,
+}
+
+fn access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+}
+
+fn make_side(ctx: &Context, pd: &Pd, cq_depth: u32) -> uverbs::Result<Side> {
+    let cq = ctx.create_cq(cq_depth)?;
+    let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+    init.cap = QpCap {
+        max_send_wr: SEND_WR,
+        max_recv_wr: RECV_WR,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let qp = pd.create_qp(&init)?;
+    let mr = pd.alloc_mr(MR_LEN, access())?;
+    Ok(Side { qp, cq, mr })
+}
+
+fn connect(qp: &mut Qp, gid: &Gid, dest: u32) -> uverbs::Result<()> {
+    let path = AhAttr {
+        port_num: 1,
+        grh: Some(GlobalRoute {
+            dgid: gid.raw,
+            sgid_index: gid.index as u8,
+            hop_limit: 64,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    qp.to_init(1, access())?;
+    qp.to_rtr(path, dest, 0, Mtu::Mtu1024)?;
+    qp.to_rts(0)
+}
+
+impl Pair {
+    fn open(o: &Opts) -> uverbs::Result<Self> {
+        let ctx = uverbs::open(o.device.as_deref())?;
+        let pd = ctx.alloc_pd()?;
+        let gid = ctx.query_gid(1, o.gid_index)?;
+        let mut a = make_side(&ctx, &pd, o.cq_depth)?;
+        let mut b = make_side(&ctx, &pd, o.cq_depth)?;
+        let (aq, bq) = (a.qp.qpn(), b.qp.qpn());
+        connect(&mut a.qp, &gid, bq)?;
+        connect(&mut b.qp, &gid, aq)?;
+        Ok(Self {
+            _ctx: ctx,
+            _pd: pd,
+            a,
+            b,
+        })
+    }
+}
+
+fn fail(what: &str) -> ! {
+    eprintln!("verbs_bench: {what}");
+    std::process::exit(1);
+}
+
+/// Polls `cq` until `n` completions arrived (30 s limit); all must have succeeded.
+fn wait_completions(cq: &mut Cq, mut n: usize) {
+    let mut wc = [WorkCompletion::default(); 64];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while n > 0 {
+        let got = cq.poll(&mut wc[..n.min(64)]);
+        for c in &wc[..got] {
+            if c.status != WcStatus::SUCCESS {
+                fail(&format!("completion {}: {:?}", c.wr_id, c.status));
+            }
+        }
+        n -= got;
+        if Instant::now() > deadline {
+            fail("timed out waiting for completions");
+        }
+    }
+}
+
+/// Posts N_DRAIN signaled 8-byte RDMA writes from A to B, in lists of 64.
+fn post_writes(p: &mut Pair) {
+    let sge = [p.a.mr.sge(0, 8).expect("in the MR")];
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    let mut wrs = [SendWr::new(0, SendOp::RdmaWrite(remote), &sge); 64];
+    for base in (0..N_DRAIN).step_by(64) {
+        for (i, wr) in wrs.iter_mut().enumerate() {
+            wr.wr_id = (base + i) as u64;
+        }
+        // SAFETY: both MRs live as long as the pair; nothing reads the target bytes.
+        unsafe { p.a.qp.post_send(&wrs) }.unwrap_or_else(|e| fail(&format!("post_send: {e}")));
+    }
+}
+
+/// 1. Draining a CQ holding N_DRAIN ready completions, `batch` at a time (0: in place).
+fn bench_drain(o: &Opts, p: &mut Pair, batch: usize) {
+    let inplace = batch == 0;
+    let name = if inplace { "inplace" } else { "drain" };
+    let rounds = if o.callgrind { 3 } else { 11 };
+    let (mut wait_ms, mut retries) = (20, 0);
+    let mut v = Vec::with_capacity(rounds);
+    let mut wc = [WorkCompletion::default(); 64];
+    let mut r: isize = -1;
+    while r < rounds as isize {
+        post_writes(p);
+        std::thread::sleep(Duration::from_millis(wait_ms));
+        let (mut got, mut last, mut bad, mut acc) = (0usize, 0usize, false, 0u64);
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        if inplace {
+            let mut b = p.a.cq.batch();
+            while let Some(c) = b.next() {
+                acc += c.wr_id;
+                bad |= c.status != WcStatus::SUCCESS;
+                got += 1;
+                if got == N_DRAIN {
+                    break;
+                }
+            }
+        } else {
+            let wc = &mut wc[..batch];
+            while got < N_DRAIN {
+                let n = p.a.cq.poll(wc);
+                if n == 0 {
+                    break;
+                }
+                got += n;
+                last = n;
+            }
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off(name, batch, got);
+        }
+        if bad {
+            fail("in-place drain: a completion failed");
+        }
+        if !inplace && got > 0 && (wc[last - 1].wr_id != got as u64 - 1 || wc[last - 1].status != WcStatus::SUCCESS) {
+            fail("drain: unexpected completion");
+        }
+        if got < N_DRAIN {
+            // Not all were ready: finish untimed, wait longer next time.
+            wait_completions(&mut p.a.cq, N_DRAIN - got);
+            wait_ms *= 2;
+            retries += 1;
+            if retries > 8 {
+                fail("completions never became ready in time");
+            }
+            continue;
+        }
+        if inplace && acc != (N_DRAIN * (N_DRAIN - 1) / 2) as u64 {
+            fail("in-place drain: wrong wr_ids");
+        }
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / N_DRAIN as f64);
+        }
+        r += 1;
+    }
+    o.report(name, batch, v);
+}
+
+/// 2. Polling an empty CQ.
+fn bench_empty(o: &Opts, p: &mut Pair) {
+    let rounds = if o.callgrind { 1 } else { 11 };
+    let k: usize = if o.callgrind { 4096 } else { 1 << 18 };
+    let mut v = Vec::with_capacity(rounds);
+    let mut wc = [WorkCompletion::default(); 16];
+    for r in -1..rounds as isize {
+        let mut sum = 0;
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        for _ in 0..k {
+            sum += p.a.cq.poll(&mut wc);
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off("empty", 16, k);
+        }
+        if sum != 0 {
+            fail("empty CQ returned completions");
+        }
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report("empty", 16, v);
+}
+
+/// 3. post_send of POST_K unsignaled 8-byte RDMA writes (the last signaled), `list` per call.
+fn bench_post(o: &Opts, p: &mut Pair, list: usize) {
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let sge = [p.a.mr.sge(0, 8).expect("in the MR")];
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    let wrs: Vec<SendWr<'_>> = (0..k)
+        .map(|i| {
+            let flags = if i == k - 1 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            SendWr::new(i as u64, SendOp::RdmaWrite(remote), &sge).flags(flags)
+        })
+        .collect();
+    for r in -1..rounds as isize {
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        for chunk in wrs.chunks(list) {
+            // SAFETY: both MRs outlive the requests; nothing reads the target bytes.
+            unsafe { p.a.qp.post_send(chunk) }.unwrap_or_else(|e| fail(&format!("post_send: {e}")));
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off("post", list, k);
+        }
+        wait_completions(&mut p.a.cq, 1);
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report("post", list, v);
+}
+
+fn post_recv(s: &mut Side, id: u64) {
+    let off = MR_LEN / 2 + (id % RECV_DEPTH) as usize * MSG as usize;
+    let sge = [s.mr.sge(off, MSG).expect("in the MR")];
+    // SAFETY: the slot is only rewritten by the device; the benchmark never reads it.
+    unsafe { s.qp.post_recv(&[RecvWr::new(id, &sge)]) }.unwrap_or_else(|e| fail(&format!("post_recv: {e}")));
+}
+
+fn post_msg(s: &mut Side, id: u64) {
+    let sge = [s.mr.sge(0, MSG).expect("in the MR")];
+    // SAFETY: the MR outlives the request; the bytes are never rewritten.
+    unsafe { s.qp.post_send(&[SendWr::new(id, SendOp::Send, &sge)]) }
+        .unwrap_or_else(|e| fail(&format!("post_send: {e}")));
+}
+
+/// Polls until one receive completed (reposting it); counts send completions in `sends`.
+fn wait_recv(s: &mut Side, sends: &mut usize) {
+    let mut wc = [WorkCompletion::default(); 16];
+    loop {
+        let n = s.cq.poll(&mut wc);
+        let mut recvd = 0;
+        for c in &wc[..n] {
+            if c.status != WcStatus::SUCCESS {
+                fail("ping-pong: completion failed");
+            }
+            if c.opcode == WcOpcode::RECV {
+                post_recv(s, c.wr_id + RECV_DEPTH);
+                recvd += 1;
+            } else {
+                *sends += 1;
+            }
+        }
+        if recvd > 1 {
+            fail("ping-pong: more than one message in flight");
+        }
+        if recvd == 1 {
+            return;
+        }
+    }
+}
+
+fn finish_sends(s: &mut Side, sends: usize, want: usize) {
+    if want > sends {
+        wait_completions(&mut s.cq, want - sends);
+    }
+}
+
+/// 4a. Ping-pong between A and B (two threads): one-way latency = round trip / 2.
+fn bench_pingpong(o: &Opts, p: &mut Pair) {
+    let rounds = 5;
+    let iters = 2000;
+    let mut v = Vec::with_capacity(rounds);
+    for i in 0..RECV_DEPTH {
+        post_recv(&mut p.a, i);
+        post_recv(&mut p.b, i);
+    }
+    for r in -1..rounds as isize {
+        let n = if r < 0 { 200 } else { iters };
+        let go = Barrier::new(2);
+        let (a, b) = (&mut p.a, &mut p.b);
+        let dt = std::thread::scope(|s| {
+            s.spawn(|| {
+                // The echo side: B answers each message.
+                let mut sends = 0;
+                go.wait();
+                for i in 0..n {
+                    wait_recv(b, &mut sends);
+                    post_msg(b, i as u64);
+                }
+                finish_sends(b, sends, n);
+            });
+            let mut sends = 0;
+            go.wait();
+            let t0 = Instant::now();
+            for i in 0..n {
+                post_msg(a, i as u64);
+                wait_recv(a, &mut sends);
+            }
+            let dt = t0.elapsed();
+            finish_sends(a, sends, n);
+            dt
+        });
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / n as f64 / 2.0);
+        }
+    }
+    o.report("pingpong", MSG as usize, v);
+}
+
+/// 4b. One-way message rate A -> B, WINDOW sends in flight: ns per message.
+fn bench_rate(o: &Opts, p: &mut Pair) {
+    let rounds = 5;
+    let total = 20000u64;
+    let mut v = Vec::with_capacity(rounds);
+    for r in -1..rounds as isize {
+        let n = if r < 0 { 1000 } else { total };
+        let go = Barrier::new(2);
+        let (a, b) = (&mut p.a, &mut p.b);
+        let dt = std::thread::scope(|s| {
+            s.spawn(|| {
+                // The receiving side: counts `n` receives, reposting each.
+                let mut wc = [WorkCompletion::default(); 16];
+                let mut got = 0u64;
+                go.wait();
+                while got < n {
+                    let k = b.cq.poll(&mut wc);
+                    for c in &wc[..k] {
+                        if c.status != WcStatus::SUCCESS || c.opcode != WcOpcode::RECV {
+                            fail("rate: unexpected completion at the receiver");
+                        }
+                        post_recv(b, c.wr_id + RECV_DEPTH);
+                    }
+                    got += k as u64;
+                }
+            });
+            let mut wc = [WorkCompletion::default(); 16];
+            let (mut posted, mut done) = (0u64, 0u64);
+            go.wait();
+            let t0 = Instant::now();
+            while done < n {
+                while posted < n && posted - done < WINDOW {
+                    post_msg(a, posted);
+                    posted += 1;
+                }
+                let k = a.cq.poll(&mut wc);
+                for c in &wc[..k] {
+                    if c.status != WcStatus::SUCCESS {
+                        fail("rate: send failed");
+                    }
+                }
+                done += k as u64;
+            }
+            t0.elapsed()
+        });
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / n as f64);
+        }
+    }
+    o.report("rate", MSG as usize, v);
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let mut o = Opts {
+        impl_name: "rust".into(),
+        only: None,
+        device: None,
+        gid_index: 1,
+        cq_depth: 8192,
+        callgrind: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--impl" => o.impl_name = value()?,
+            "--only" => o.only = Some(value()?.split(',').map(String::from).collect()),
+            "--device" => o.device = Some(value()?),
+            "--gid-index" => o.gid_index = value()?.parse().map_err(|e| format!("--gid-index: {e}"))?,
+            "--cq-depth" => o.cq_depth = value()?.parse().map_err(|e| format!("--cq-depth: {e}"))?,
+            "--callgrind" => o.callgrind = true,
+            // `cargo bench` passes --bench; accept and ignore it.
+            "--bench" => {}
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!(
+                "verbs_bench: {e}\nusage: verbs [--impl NAME] [--only W,...] [--device D] [--gid-index N] [--cq-depth N] [--callgrind]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let open = || {
+        Pair::open(&o).unwrap_or_else(|e| {
+            fail(&format!(
+                "{e}\n(needs an RDMA device: run through `cargo xtask bench`, which boots a guest with rdma_rxe)"
+            ))
+        })
+    };
+    if o.wanted("drain") || o.wanted("empty") || o.wanted("post") {
+        let mut p = open();
+        if o.wanted("drain") {
+            for batch in [1, 2, 4, 8, 16, 32, 64] {
+                bench_drain(&o, &mut p, batch);
+            }
+        }
+        if o.wanted("empty") {
+            bench_empty(&o, &mut p);
+        }
+        if o.wanted("post") {
+            bench_post(&o, &mut p, 1);
+            bench_post(&o, &mut p, 32);
+        }
+    }
+    if o.wanted("inplace") {
+        bench_drain(&o, &mut open(), 0);
+    }
+    if o.wanted("pingpong") || o.wanted("rate") {
+        if o.wanted("pingpong") {
+            bench_pingpong(&o, &mut open());
+        }
+        if o.wanted("rate") {
+            // Fresh receive queues: the ping-pong left its own receives posted.
+            let mut p = open();
+            for i in 0..RECV_DEPTH {
+                post_recv(&mut p.b, i);
+            }
+            bench_rate(&o, &mut p);
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,183 @@
+//! The data path never touches the heap: with a counting global allocator, many rounds of
+//! `Cq::poll` (with and without completions), `Cq::batch` iteration, `Qp::post_send` (single
+//! requests and lists, inline and not) and `Qp::post_recv` (single and lists) on a real device
+//! make zero allocations.
+
+mod common;
+
+use common::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Instant;
+use uverbs::*;
+
+/// The system allocator, counting what this thread asks of it while `COUNTING` is set.
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    // `try_with`: the allocator may run while this thread's locals are being torn down. The
+    // locals are const-initialized and need no destructor, so touching them never allocates.
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            CALLS.with(|c| c.set(c.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every method forwards to `System` unchanged; counting has no effect on memory.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Runs `f`, returning its result and how many allocator calls (allocations, reallocations
+/// and frees) this thread made meanwhile.
+fn allocator_calls<R>(f: impl FnOnce() -> R) -> (u64, R) {
+    CALLS.with(|c| c.set(0));
+    COUNTING.with(|on| on.set(true));
+    let r = f();
+    COUNTING.with(|on| on.set(false));
+    (CALLS.with(Cell::get), r)
+}
+
+#[test]
+fn the_counter_sees_allocations() {
+    let (calls, v) = allocator_calls(|| vec![1u8; 100]);
+    assert_eq!(v.len(), 100);
+    assert_eq!(calls, 1, "one allocation (the free comes later)");
+    let (calls, ()) = allocator_calls(|| drop(v));
+    assert_eq!(calls, 1);
+}
+
+/// Polls `cq` until it has handed out `want` completions (checking each succeeded), with
+/// `poll` (`in_place == false`) or `batch`.
+fn take(cq: &mut Cq, want: usize, in_place: bool, wc: &mut [WorkCompletion]) -> u64 {
+    let start = Instant::now();
+    let (mut got, mut ids) = (0, 0u64);
+    while got < want {
+        if in_place {
+            let mut b = cq.batch();
+            while let Some(c) = b.next() {
+                assert_eq!(c.status, WcStatus::SUCCESS);
+                ids = ids.wrapping_add(c.wr_id);
+                got += 1;
+            }
+        } else {
+            let room = (want - got).min(wc.len());
+            let n = cq.poll(&mut wc[..room]);
+            for c in &wc[..n] {
+                assert_eq!(c.status, WcStatus::SUCCESS);
+                ids = ids.wrapping_add(c.wr_id);
+            }
+            got += n;
+        }
+        assert!(start.elapsed() < TIMEOUT, "timed out with {got} of {want} completions");
+    }
+    assert_eq!(got, want, "more completions than expected");
+    ids
+}
+
+#[test]
+fn poll_and_post_make_no_allocation() {
+    const ROUNDS: u64 = 300;
+    let mut p = Pair::new();
+    // Everything the measured loop uses is made before it.
+    let remote = Remote {
+        addr: p.b.mr.addr() + 8192,
+        rkey: p.b.mr.rkey(),
+    };
+    let send_sge = [p.a.mr.sge(0, 64).unwrap()];
+    let two_sges = [p.a.mr.sge(0, 16).unwrap(), p.a.mr.sge(256, 16).unwrap()];
+    let scratch = [0x5au8; 48];
+    let inline_sge = [Sge {
+        addr: scratch.as_ptr() as u64,
+        length: scratch.len() as u32,
+        lkey: 0,
+    }];
+    let recv_sges: Vec<[Sge; 1]> = (0..4).map(|i| [p.b.mr.sge(4096 + i * 128, 128).unwrap()]).collect();
+    let mut wc = [WorkCompletion::default(); 16];
+    let inline = SendFlags::INLINE | SendFlags::SIGNALED;
+
+    let (calls, (sends, recvs)) = allocator_calls(|| {
+        let (mut sends, mut recvs) = (0u64, 0u64);
+        for r in 0..ROUNDS {
+            let id = r * 8;
+            // Four receives on B: one alone, three in a list.
+            // SAFETY: the receive buffers are only read back after their completions.
+            unsafe {
+                p.b.qp.post_recv(&[RecvWr::new(id, &recv_sges[0])]).unwrap();
+                p.b.qp
+                    .post_recv(&[
+                        RecvWr::new(id + 1, &recv_sges[1]),
+                        RecvWr::new(id + 2, &recv_sges[2]),
+                        RecvWr::new(id + 3, &recv_sges[3]),
+                    ])
+                    .unwrap();
+            }
+            // Six sends from A: a send alone, an inline send alone, then a list of a send with
+            // two SGEs, an inline send with immediate data, an RDMA write and an inline RDMA
+            // write. The four sends consume B's four receives.
+            // SAFETY: A's MR outlives the requests and is not rewritten; inline data is copied
+            // before `post_send` returns.
+            unsafe {
+                p.a.qp.post_send(&[SendWr::new(id, SendOp::Send, &send_sge)]).unwrap();
+                p.a.qp
+                    .post_send(&[SendWr::new(id + 1, SendOp::Send, &inline_sge).flags(inline)])
+                    .unwrap();
+                p.a.qp
+                    .post_send(&[
+                        SendWr::new(id + 2, SendOp::Send, &two_sges),
+                        SendWr::new(id + 3, SendOp::SendWithImm { imm_data: 7 }, &inline_sge).flags(inline),
+                        SendWr::new(id + 4, SendOp::RdmaWrite(remote), &send_sge),
+                        SendWr::new(id + 5, SendOp::RdmaWrite(remote), &inline_sge).flags(inline),
+                    ])
+                    .unwrap();
+            }
+            let in_place = r % 2 == 1;
+            let s = take(&mut p.a.cq, 6, !in_place, &mut wc);
+            assert_eq!(s, 6 * id + 15, "send completions of round {r}");
+            let v = take(&mut p.b.cq, 4, in_place, &mut wc);
+            assert_eq!(v, 4 * id + 6, "receive completions of round {r}");
+            sends += 6;
+            recvs += 4;
+            // And polls of empty CQs, both ways.
+            assert_eq!(p.a.cq.poll(&mut wc), 0);
+            assert!(p.b.cq.batch().next().is_none());
+        }
+        (sends, recvs)
+    });
+    assert_eq!((sends, recvs), (6 * ROUNDS, 4 * ROUNDS));
+    assert_eq!(
+        calls, 0,
+        "{calls} allocator calls in {ROUNDS} rounds of posting and polling"
+    );
+}

@@ -1,0 +1,637 @@
+//! `cargo xtask bench`: the uverbs hot paths against rdma-core's C provider, every
+//! implementation in the same guest boot (docs/benchmarks.md).
+//!
+//! Builds the Rust harness (`benches/verbs.rs`), the drop-in libibverbs provider and the C
+//! harness (`benches/c/verbs_bench.c`, compiled here with gcc against the system libibverbs:
+//! a comparison tool, never part of the library), runs `benches/guest.sh` in one guest (or
+//! natively, as `cargo xtask test` decides), and turns what it wrote into
+//! `target/bench/summary.md` (the table), `bench-poll.csv` and `bench-poll.png` (the plot,
+//! with python3 and matplotlib). The raw results stay in `target/bench/raw/`.
+//!
+//! Knobs (environment, passed into the guest): `UVERBS_BENCH_REPS` (default 3),
+//! `UVERBS_BENCH_SKIP` (comma list of `timing`, `callgrind`, `perftest`).
+
+use crate::error::{bail, Context, Result};
+use crate::json::{self, Value};
+use crate::proc::{self, sh_quote};
+use crate::testrun::cargo;
+use crate::{guest, paths};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+/// `cargo xtask bench [--report]`: `--report` only redoes the table and plot from the raw
+/// results of the last run.
+pub fn run(args: &[String]) -> Result<ExitCode> {
+    let out = paths::target_dir().join("bench");
+    match args {
+        [] => {}
+        [a] if a == "--report" => {
+            report(&out)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => bail!("usage: cargo xtask bench [--report] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_SKIP)"),
+    }
+    let native = crate::native();
+    if !native {
+        crate::packages::ensure()?;
+    }
+    for (tool, package) in [("gcc", "gcc"), ("valgrind", "valgrind"), ("python3", "python3")] {
+        if proc::find_program(tool).is_none() {
+            bail!("`cargo xtask bench` needs {tool} (Debian package {package})");
+        }
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let rust = build_rust_harness()?;
+    let mut c = cargo();
+    c.args(["build", "--release", "-p", "uverbs-rxe-libibverbs"]);
+    note!("xtask: {}", proc::describe(&c));
+    proc::check(&mut c)?;
+    let dropin = paths::target_dir().join("release/libuverbs_rxe.so");
+    let c_harness = out.join("verbs_bench_c");
+    let mut gcc = Command::new("gcc");
+    gcc.args(["-O2", "-g", "-Wall", "-o"])
+        .arg(&c_harness)
+        .arg(paths::root().join("benches/c/verbs_bench.c"))
+        .args(["-libverbs", "-lpthread"]);
+    note!("xtask: {}", proc::describe(&gcc));
+    proc::check(&mut gcc).context("building the C harness (needs libibverbs-dev and valgrind's headers)")?;
+
+    let load_before = host_load();
+    let raw = out.join("raw");
+    let _ = std::fs::remove_dir_all(&raw);
+    std::fs::create_dir_all(&raw).with_context(|| format!("creating {}", raw.display()))?;
+    let script = paths::root().join("benches/guest.sh");
+    let argv: Vec<String> = [&script, &rust, &c_harness, &dropin]
+        .iter()
+        .map(|p| sh_quote(&p.to_string_lossy()))
+        .collect();
+    let status = if native {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!(
+                "ulimit -l unlimited 2>/dev/null; exec /bin/sh {}",
+                argv.join(" ")
+            ))
+            .current_dir(paths::root())
+            .env("UVERBS_RESULTS", &raw);
+        proc::status(&mut c)?.code()
+    } else {
+        let report = guest::run(&guest::Job {
+            command: format!("/bin/sh {}", argv.join(" ")),
+            files: Vec::new(),
+        })?;
+        copy_tree(&report.results, &raw)?;
+        if let Some(f) = &report.failure {
+            note!("xtask: error: {f}");
+        }
+        report.status
+    };
+    let host = format!("{}load_before={load_before}\nload_after={}\n", host_env(), host_load());
+    std::fs::write(raw.join("host.txt"), host).context("writing host.txt")?;
+
+    report(&out)?;
+    Ok(match status {
+        Some(0) => ExitCode::SUCCESS,
+        Some(s) => {
+            note!(
+                "xtask: the benchmark script failed (status {s}); see {}",
+                raw.join("log.txt").display()
+            );
+            ExitCode::FAILURE
+        }
+        None => ExitCode::FAILURE,
+    })
+}
+
+/// Writes the table and the plot from `out/raw`.
+fn report(out: &Path) -> Result<()> {
+    let raw = out.join("raw");
+    let summary = summarize(&raw)?;
+    crate::write_atomic(&out.join("summary.md"), summary.markdown.as_bytes())?;
+    crate::write_atomic(&out.join("bench-poll.csv"), summary.csv.as_bytes())?;
+    say!("{}", summary.markdown);
+    let png = out.join("bench-poll.png");
+    let mut plot = Command::new("python3");
+    plot.arg(paths::root().join("benches/plot.py"))
+        .arg(out.join("bench-poll.csv"))
+        .arg(&png);
+    match proc::status(&mut plot) {
+        Ok(st) if st.success() => note!("xtask: plot in {}", png.display()),
+        _ => note!("xtask: warning: no plot (benches/plot.py needs python3 with matplotlib: pip install matplotlib)"),
+    }
+    note!("xtask: results in {} (raw data in {})", out.display(), raw.display());
+    Ok(())
+}
+
+/// Builds `benches/verbs.rs` (bench profile) and returns its executable.
+fn build_rust_harness() -> Result<PathBuf> {
+    let mut c = cargo();
+    c.args([
+        "bench",
+        "-p",
+        "uverbs",
+        "--bench",
+        "verbs",
+        "--no-run",
+        "--message-format=json",
+    ])
+    .stdout(Stdio::piped());
+    note!("xtask: {}", proc::describe(&c));
+    let what = proc::describe(&c);
+    let mut child = c.spawn().with_context(|| format!("cannot start `{what}`"))?;
+    let stdout = child.stdout.take().context("cargo stdout missing")?;
+    let mut exe = None;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.with_context(|| format!("reading the output of `{what}`"))?;
+        let Ok(msg) = json::parse(&line) else {
+            continue;
+        };
+        match msg.get("reason").and_then(Value::as_str) {
+            Some("compiler-message") => {
+                if let Some(r) = msg
+                    .get("message")
+                    .and_then(|m| m.get("rendered"))
+                    .and_then(Value::as_str)
+                {
+                    note_raw!("{r}");
+                }
+            }
+            Some("compiler-artifact") => {
+                let name = msg.get("target").and_then(|t| t.get("name")).and_then(Value::as_str);
+                if let (Some("verbs"), Some(e)) = (name, msg.get("executable").and_then(Value::as_str)) {
+                    exe = Some(PathBuf::from(e));
+                }
+            }
+            _ => {}
+        }
+    }
+    let st = child.wait().with_context(|| format!("waiting for `{what}`"))?;
+    if !st.success() {
+        bail!("`{what}` failed ({st})");
+    }
+    exe.with_context(|| format!("`{what}` named no executable for the `verbs` bench"))
+}
+
+/// Copies the files under `from` into `to` (directories recursively).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e.with_context(|| format!("reading {}", from.display()))?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if src.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst).with_context(|| format!("copying {}", src.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The host side of the environment: CPU, kernel, QEMU and compilers.
+fn host_env() -> String {
+    let first_line = |prog: &str, args: &[&str]| {
+        Command::new(prog)
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .unwrap_or_default()
+    };
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "host_cpu={cpu}\nhost_cpus={cpus}\nhost_kernel={}\nqemu={}\nrustc={}\ngcc={}\nnative={}\n",
+        first_line("uname", &["-r"]),
+        first_line("qemu-system-x86_64", &["--version"]),
+        first_line("rustc", &["--version"]),
+        first_line("gcc", &["--version"]),
+        crate::native()
+    )
+}
+
+/// The host's load average, and how many QEMU processes run (other guests slow ours down).
+fn host_load() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let qemus = std::fs::read_dir("/proc").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("qemu-system")))
+            .count()
+    });
+    format!("{} ({qemus} QEMU processes)", load.trim())
+}
+
+/// Key of one measurement: workload, parameter, implementation.
+type Key = (String, i64, String);
+
+/// Per-round samples of one measurement, by repetition (0 where there is none).
+type Samples = BTreeMap<Key, BTreeMap<i64, Vec<f64>>>;
+
+/// What `summarize` produces.
+struct Summary {
+    markdown: String,
+    csv: String,
+}
+
+/// Median and interquartile range of `v` (sorted in place).
+fn median_iqr(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        let x = p * (v.len() - 1) as f64;
+        let (lo, hi) = (x.floor() as usize, x.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (x - lo as f64)
+    };
+    (q(0.5), q(0.75) - q(0.25))
+}
+
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Timing samples from results.jsonl.
+fn read_samples(raw: &Path) -> Result<Samples> {
+    let path = raw.join("results.jsonl");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut samples = Samples::new();
+    for line in text.lines().filter(|l| l.starts_with('{')) {
+        let v = json::parse(line).map_err(|e| crate::error::Error::msg(format!("{}: {e}: {line}", path.display())))?;
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let param = v.get("param").and_then(number).unwrap_or(0.0) as i64;
+        let rep = v.get("rep").and_then(number).unwrap_or(0.0) as i64;
+        let values = v.get("samples").and_then(Value::as_array).unwrap_or(&[]);
+        samples
+            .entry((s("workload"), param, s("impl")))
+            .or_default()
+            .entry(rep)
+            .or_default()
+            .extend(values.iter().filter_map(number));
+    }
+    Ok(samples)
+}
+
+/// Instructions per operation from the callgrind dumps in `raw/cg`: each dump is named
+/// `<workload> <param> <ops>` by the harness and counts only the measured region.
+fn read_callgrind(raw: &Path) -> BTreeMap<Key, f64> {
+    let mut sums: BTreeMap<Key, (f64, f64)> = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(raw.join("cg")) else {
+        return BTreeMap::new();
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((imp, _)) = name.split_once(".out.") else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let trigger = text
+            .lines()
+            .find_map(|l| l.strip_prefix("desc: Trigger: Client Request: "));
+        let totals = text.lines().find_map(|l| l.strip_prefix("totals: "));
+        let (Some(trigger), Some(totals)) = (trigger, totals) else {
+            continue;
+        };
+        let f: Vec<&str> = trigger.split_whitespace().collect();
+        let (Some(ir), [w, p, ops]) = (totals.trim().parse::<f64>().ok(), f.as_slice()) else {
+            continue;
+        };
+        let (Ok(p), Ok(ops)) = (p.parse::<i64>(), ops.parse::<f64>()) else {
+            continue;
+        };
+        let s = sums.entry((w.to_string(), p, imp.to_string())).or_default();
+        s.0 += ir;
+        s.1 += ops;
+    }
+    sums.into_iter()
+        .filter(|(_, (_, ops))| *ops > 0.0)
+        .map(|(k, (ir, ops))| (k, ir / ops))
+        .collect()
+}
+
+/// One row of the table.
+struct Row {
+    workload: &'static str,
+    param: i64,
+    what: String,
+    unit: &'static str,
+    /// Values are rates (higher is better) rather than times.
+    rate: bool,
+    /// Ratio targets (implementation/C) for time and instructions.
+    target: Option<f64>,
+    ir_target: Option<f64>,
+}
+
+fn rows() -> Vec<Row> {
+    let row = |workload, param, what: String, unit, target, ir_target| Row {
+        workload,
+        param,
+        what,
+        unit,
+        rate: unit == "Mpps",
+        target,
+        ir_target,
+    };
+    let mut v = Vec::new();
+    for b in [1, 2, 4, 8, 16, 32, 64] {
+        let t = [1, 16, 64].contains(&b).then_some(0.5);
+        v.push(row(
+            "drain",
+            b,
+            format!("drain 4096 ready, poll {b} at a time"),
+            "ns/completion",
+            t,
+            t,
+        ));
+    }
+    v.push(row(
+        "inplace",
+        0,
+        "drain 4096 ready in place (`Cq::batch` / `ibv_start_poll`)".into(),
+        "ns/completion",
+        None,
+        None,
+    ));
+    v.push(row(
+        "empty",
+        16,
+        "poll an empty CQ".into(),
+        "ns/call",
+        Some(0.5),
+        Some(0.5),
+    ));
+    v.push(row(
+        "post",
+        1,
+        "post_send, 1 WR per call (+ doorbell)".into(),
+        "ns/WR",
+        Some(1.0),
+        None,
+    ));
+    v.push(row(
+        "post",
+        32,
+        "post_send, lists of 32 WRs (+ doorbell)".into(),
+        "ns/WR",
+        Some(1.0),
+        None,
+    ));
+    v.push(row(
+        "pingpong",
+        64,
+        "send/recv ping-pong, 64 B, one-way latency".into(),
+        "ns",
+        None,
+        None,
+    ));
+    v.push(row(
+        "rate",
+        64,
+        "send, 64 B, 64 in flight, one-way".into(),
+        "ns/message",
+        None,
+        None,
+    ));
+    v.push(row(
+        "ib_send_lat",
+        64,
+        "perftest ib_send_lat -s 64, t_typical".into(),
+        "µs",
+        Some(1.0),
+        None,
+    ));
+    v.push(row(
+        "ib_write_bw",
+        64,
+        "perftest ib_write_bw -s 64, message rate".into(),
+        "Mpps",
+        Some(1.0),
+        None,
+    ));
+    v.push(row(
+        "ib_send_bw",
+        64,
+        "perftest ib_send_bw -s 64, message rate".into(),
+        "Mpps",
+        Some(1.0),
+        None,
+    ));
+    v
+}
+
+fn fmt_value(x: f64) -> String {
+    if x >= 1000.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// The median of `impl`/C (each repetition's median over the C one's: the implementations of a
+/// repetition ran back to back), with the lowest and highest of those ratios.
+fn paired_ratio(samples: &Samples, w: &str, p: i64, imp: &str) -> Option<(f64, f64, f64)> {
+    let of = |i: &str| samples.get(&(w.to_string(), p, i.to_string()));
+    let (a, c) = (of(imp)?, of("c")?);
+    let mut ratios: Vec<f64> = a
+        .iter()
+        .filter_map(|(rep, v)| {
+            let cv = c.get(rep)?;
+            let (ma, mc) = (median_iqr(&mut v.clone()).0, median_iqr(&mut cv.clone()).0);
+            (!v.is_empty() && !cv.is_empty() && mc > 0.0).then(|| ma / mc)
+        })
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    let m = median_iqr(&mut ratios).0;
+    Some((m, ratios[0], ratios[ratios.len() - 1]))
+}
+
+/// The table (markdown) and the plot data (CSV).
+fn summarize(raw: &Path) -> Result<Summary> {
+    let samples = read_samples(raw)?;
+    let ir = read_callgrind(raw);
+    let mut med: BTreeMap<Key, (f64, f64, usize)> = BTreeMap::new();
+    for (k, reps) in &samples {
+        let mut v: Vec<f64> = reps.values().flatten().copied().collect();
+        if !v.is_empty() {
+            let (m, iqr) = median_iqr(&mut v);
+            med.insert(k.clone(), (m, iqr, v.len()));
+        }
+    }
+    let get = |w: &str, p: i64, i: &str| med.get(&(w.to_string(), p, i.to_string())).copied();
+    let get_ir = |w: &str, p: i64, i: &str| ir.get(&(w.to_string(), p, i.to_string())).copied();
+    let cell = |x: Option<(f64, f64, usize)>| match x {
+        Some((m, iqr, _)) if m > 0.0 => format!("{} ±{:.0}%", fmt_value(m), 50.0 * iqr / m),
+        _ => "–".into(),
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let show = |r: Option<f64>| r.map_or("–".to_string(), |r| format!("{r:.2}"));
+    let show_paired =
+        |r: Option<(f64, f64, f64)>| r.map_or("–".to_string(), |(m, lo, hi)| format!("**{m:.2}** ({lo:.2}–{hi:.2})"));
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "| workload | unit | C provider | Rust (uverbs API) | Rust/C | drop-in (C program, Rust provider) | drop-in/C | Ir/op C | Ir/op Rust | Ir Rust/C | Ir/op drop-in | target | met |"
+    );
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    for r in rows() {
+        let (c, rust, dropin) = (
+            get(r.workload, r.param, "c"),
+            get(r.workload, r.param, "rust"),
+            get(r.workload, r.param, "dropin"),
+        );
+        let (irc, irr, ird) = (
+            get_ir(r.workload, r.param, "c"),
+            get_ir(r.workload, r.param, "rust"),
+            get_ir(r.workload, r.param, "dropin"),
+        );
+        if c.is_none() && rust.is_none() && dropin.is_none() {
+            continue;
+        }
+        let rr = paired_ratio(&samples, r.workload, r.param, "rust");
+        let rd = paired_ratio(&samples, r.workload, r.param, "dropin");
+        let rir = ratio(irr, irc);
+        // perftest compares the drop-in; everything else the Rust API.
+        let perftest = r.workload.starts_with("ib_");
+        let subject = if perftest { rd } else { rr }.map(|x| x.0);
+        let (target, met) = match r.target {
+            None => ("–".to_string(), "–".to_string()),
+            Some(t) => {
+                let time_ok = subject.map(|x| if r.rate { x >= t } else { x <= t });
+                let ir_ok = r.ir_target.map(|it| rir.is_some_and(|x| x <= it));
+                let desc = match (r.rate, r.ir_target) {
+                    (true, _) => format!("rate ≥ {t}× C"),
+                    (false, Some(it)) => format!("≤ {t}× C (time), ≤ {it}× (Ir)"),
+                    (false, None) => format!("≤ {t}× C"),
+                };
+                let met = match (time_ok, ir_ok) {
+                    (Some(true), None | Some(true)) => "yes".to_string(),
+                    (Some(false), Some(true)) => "Ir only".to_string(),
+                    (Some(true), Some(false)) => "time only".to_string(),
+                    (Some(false), _) => "no".to_string(),
+                    (None, _) => "?".to_string(),
+                };
+                (desc, met)
+            }
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {target} | {met} |",
+            r.what,
+            r.unit,
+            cell(c),
+            cell(rust),
+            show_paired(rr),
+            cell(dropin),
+            show_paired(rd),
+            irc.map_or("–".into(), |x| format!("{x:.1}")),
+            irr.map_or("–".into(), |x| format!("{x:.1}")),
+            show(rir),
+            ird.map_or("–".into(), |x| format!("{x:.1}")),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nValues are medians over every round of every repetition (± half the interquartile range, as a \
+         percentage of the median). Ratios pair the implementations of each repetition, which ran back \
+         to back: the median of the per-repetition ratios, with the lowest and highest in parentheses; \
+         for the perftest message rates a ratio above 1 is better. Ir/op are callgrind instruction \
+         counts of the measured region only, divided by the operations in it."
+    );
+    let mut csv = String::from("batch,impl,ns,ir\n");
+    for b in [1, 2, 4, 8, 16, 32, 64] {
+        for i in ["c", "rust", "dropin"] {
+            if let Some((ns, _, _)) = get("drain", b, i) {
+                let irv = get_ir("drain", b, i).map_or(String::new(), |x| format!("{x:.2}"));
+                let _ = writeln!(csv, "{b},{i},{ns:.3},{irv}");
+            }
+        }
+    }
+    Ok(Summary { markdown: md, csv })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_quartiles() {
+        let mut v = [5.0, 1.0, 3.0, 2.0, 4.0];
+        assert_eq!(median_iqr(&mut v), (3.0, 2.0));
+        let mut v = [1.0, 2.0];
+        assert_eq!(median_iqr(&mut v).0, 1.5);
+    }
+
+    #[test]
+    fn summary_from_raw_files() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("cg")).unwrap();
+        std::fs::write(
+            dir.join("results.jsonl"),
+            "{\"impl\":\"c\",\"workload\":\"drain\",\"param\":16,\"unit\":\"ns\",\"samples\":[40,40],\"median\":40}\n\
+             {\"impl\":\"rust\",\"workload\":\"drain\",\"param\":16,\"unit\":\"ns\",\"samples\":[10,30],\"median\":20}\n\
+             {\"impl\":\"rust\",\"workload\":\"drain\",\"param\":16,\"unit\":\"ns\",\"samples\":[20],\"median\":20}\n",
+        )
+        .unwrap();
+        let dump = |ir: u64| format!("desc: Trigger: Client Request: drain 16 4096\nevents: Ir\ntotals: {ir}\n");
+        std::fs::write(dir.join("cg/c.out.1"), dump(4096 * 25)).unwrap();
+        std::fs::write(dir.join("cg/rust.out.1"), dump(4096 * 10)).unwrap();
+        std::fs::write(dir.join("cg/rust.out"), "totals: 0\n").unwrap();
+        let s = summarize(&dir).unwrap();
+        let line = s.markdown.lines().find(|l| l.contains("poll 16 at a time")).unwrap();
+        assert!(line.contains("| 40.0 ±0% | 20.0 ±"), "{line}");
+        assert!(line.contains("| **0.50** (0.50–0.50) |"), "{line}");
+        assert!(line.contains("| 25.0 | 10.0 | 0.40 |"), "{line}");
+        assert!(line.ends_with("| yes |"), "{line}");
+        assert_eq!(s.csv, "batch,impl,ns,ir\n16,c,40.000,25.00\n16,rust,20.000,10.00\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ratios_pair_each_repetition() {
+        let line = |rep: u32, imp: &str, v: f64| {
+            format!("{{\"rep\":{rep},\"impl\":\"{imp}\",\"workload\":\"empty\",\"param\":16,\"samples\":[{v}]}}\n")
+        };
+        let dir = std::env::temp_dir().join(format!("xtask-bench-pairs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // The host got twice as slow for the second repetition: each ratio is still 0.25.
+        let text = [
+            line(1, "c", 100.0),
+            line(1, "rust", 25.0),
+            line(2, "c", 200.0),
+            line(2, "rust", 50.0),
+        ]
+        .concat();
+        std::fs::write(dir.join("results.jsonl"), text).unwrap();
+        let samples = read_samples(&dir).unwrap();
+        assert_eq!(paired_ratio(&samples, "empty", 16, "rust"), Some((0.25, 0.25, 0.25)));
+        assert_eq!(paired_ratio(&samples, "empty", 16, "dropin"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
