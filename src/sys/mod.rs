@@ -8,6 +8,9 @@ pub mod cmd;
 pub mod ioctl;
 
 /// Asserts at compile time that an ABI struct has the kernel's size and field offsets.
+/// Exported (hidden) so the drop-in provider crate asserts its C layouts the same way.
+#[doc(hidden)]
+#[macro_export]
 macro_rules! assert_layout {
     ($t:ty, size $size:expr $(, $field:ident @ $off:expr)* $(,)?) => {
         const _: () = {
@@ -19,4 +22,4 @@ macro_rules! assert_layout {
         };
     };
 }
-pub(crate) use assert_layout;
+pub(crate) use crate::assert_layout;

@@ -18,18 +18,7 @@
 use libc::{c_char, c_int, c_uint, c_void, dev_t, pthread_cond_t, pthread_mutex_t, size_t};
 use std::sync::atomic::AtomicI32;
 
-/// Asserts a struct's size and field offsets at compile time.
-macro_rules! assert_layout {
-    ($t:ty, size $size:expr $(, $field:ident @ $off:expr)* $(,)?) => {
-        const _: () = {
-            assert!(::core::mem::size_of::<$t>() == $size, concat!("size of ", stringify!($t)));
-            $(assert!(
-                ::core::mem::offset_of!($t, $field) == $off,
-                concat!("offset of ", stringify!($t), ".", stringify!($field))
-            );)*
-        };
-    };
-}
+use uverbs::assert_layout;
 
 /// A function pointer this provider stores or lets libibverbs store, but never calls.
 pub type OpaqueFn = Option<unsafe extern "C" fn()>;
