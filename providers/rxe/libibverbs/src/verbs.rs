@@ -1027,12 +1027,13 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
 
 unsafe fn post_send_inner(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     let mut guard = lock(&q.qp);
-    let mut batch: Vec<SendWr<'_>> = Vec::with_capacity(BATCH);
+    // A stack array, not a Vec: posting allocates nothing.
+    let mut batch = [SendWr::new(0, SendOp::Send, &[]); BATCH];
     let mut ptrs: [*mut ibv_send_wr; BATCH] = [std::ptr::null_mut(); BATCH];
     while !wr.is_null() {
-        batch.clear();
+        let mut n = 0;
         let mut rejected = None;
-        while !wr.is_null() && batch.len() < BATCH {
+        while !wr.is_null() && n < BATCH {
             // SAFETY: a live element of the caller's list.
             let w = unsafe { &*wr };
             // SAFETY: the caller's SGE array, live for the call.
@@ -1056,14 +1057,15 @@ unsafe fn post_send_inner(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut ib
                     remote_qkey: ud.remote_qkey,
                 });
             }
-            ptrs[batch.len()] = wr;
-            batch.push(swr);
+            ptrs[n] = wr;
+            batch[n] = swr;
+            n += 1;
             wr = w.next;
         }
-        if !batch.is_empty() {
+        if n > 0 {
             // SAFETY: the C caller of ibv_post_send keeps the buffers its SGEs name valid
             // until completion, the contract `uverbs::Qp::post_send` asks for.
-            if let Err(e) = unsafe { guard.post_send(&batch) } {
+            if let Err(e) = unsafe { guard.post_send(&batch[..n]) } {
                 let at = match &e {
                     uverbs::Error::WorkRequest { index, .. } => ptrs[*index],
                     _ => ptrs[0],
@@ -1108,12 +1110,13 @@ unsafe fn post_recv_list(
     bad_wr: *mut *mut ibv_recv_wr,
     mut post: impl FnMut(&[RecvWr<'_>]) -> uverbs::Result<()>,
 ) -> c_int {
-    let mut batch: Vec<RecvWr<'_>> = Vec::with_capacity(BATCH);
+    // A stack array, not a Vec: posting allocates nothing.
+    let mut batch = [RecvWr::new(0, &[]); BATCH];
     let mut ptrs: [*mut ibv_recv_wr; BATCH] = [std::ptr::null_mut(); BATCH];
     while !wr.is_null() {
-        batch.clear();
+        let mut n = 0;
         let mut rejected = None;
-        while !wr.is_null() && batch.len() < BATCH {
+        while !wr.is_null() && n < BATCH {
             // SAFETY: a live element of the caller's list.
             let w = unsafe { &*wr };
             // SAFETY: the caller's SGE array, live for the call.
@@ -1121,12 +1124,13 @@ unsafe fn post_recv_list(
                 rejected = Some(wr);
                 break;
             };
-            ptrs[batch.len()] = wr;
-            batch.push(RecvWr::new(w.wr_id, sg));
+            ptrs[n] = wr;
+            batch[n] = RecvWr::new(w.wr_id, sg);
+            n += 1;
             wr = w.next;
         }
-        if !batch.is_empty() {
-            if let Err(e) = post(&batch) {
+        if n > 0 {
+            if let Err(e) = post(&batch[..n]) {
                 let at = match &e {
                     uverbs::Error::WorkRequest { index, .. } => ptrs[*index],
                     _ => ptrs[0],
