@@ -256,17 +256,34 @@ fn consume(c: &mut Consumer, kernel: &Kernel, elem: usize, release: u8) -> u64 {
     u64::from(ready.min(64))
 }
 
-/// `cases` inputs from a seeded generator (splitmix64), of 8 to 520 bytes each.
+/// The seeded generator (splitmix64) of the hostile-input tests.
 #[cfg(test)]
-pub(crate) fn run_many(seed: u64, cases: u64) -> Stats {
-    let mut state = seed;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
+pub(crate) struct Rng(pub(crate) u64);
+
+#[cfg(test)]
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
-    };
+    }
+
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// `cases` inputs from a seeded generator (splitmix64), of 8 to 520 bytes each.
+#[cfg(test)]
+pub(crate) fn run_many(seed: u64, cases: u64) -> Stats {
+    let mut rng = Rng(seed);
+    let mut next = move || rng.next();
     let mut total = Stats::default();
     let mut data = Vec::new();
     for _ in 0..cases {

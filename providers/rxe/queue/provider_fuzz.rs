@@ -17,6 +17,7 @@
 
 use super::super::abi::{CreateQpResp, CreateSrqResp, MmInfo, ModifySrqCmd};
 use super::super::{cq, qp, srq, RxeContext};
+use super::hostile::Rng;
 use super::off;
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, WrReject};
@@ -39,26 +40,6 @@ const MAX_MAP: u64 = 1 << 20;
 /// misaligned maximal mapping stays inside its own.
 const REGIONS: u64 = 32;
 const REGION: u64 = 2 * MAX_MAP;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 #[derive(Debug, Default)]
 struct Stats {
