@@ -14,7 +14,9 @@
 //!   and calls `alloc_context` with the device fd it opened; [`context`] builds a
 //!   `uverbs::Context` on that fd and installs the op table.
 //! - Every op ([`verbs`]) converts the C arguments, calls the `uverbs` API and converts back.
-//!   No op can unwind into C: each body runs under [`ffi::guard`].
+//!   No op can unwind into C: each body runs under [`ffi::guard`], but for the data path
+//!   (poll and post), where a panic, which cannot happen on any input, would abort (see
+//!   [`verbs`]).
 //!
 //! `UVERBS_PROVIDER_VERBOSE=1` makes the provider say on stderr that it loaded, which devices
 //! it claims, and why any op failed. See docs/libibverbs-provider.md.
@@ -26,6 +28,7 @@ mod context;
 mod device;
 mod ffi;
 mod libibverbs;
+mod spin;
 mod verbs;
 
 #[cfg(test)]

@@ -4,7 +4,19 @@
 //! Every C object is a `Box` of a `#[repr(C)]` struct whose first field is the struct
 //! libibverbs knows (`ibv_pd`, `verbs_mr`, `verbs_cq`, `verbs_qp`), so the pointer libibverbs
 //! hands back converts to ours by a cast. Objects used from several threads at once by C
-//! programs (CQs, QPs) keep their `uverbs` half behind a mutex.
+//! programs (CQs, QPs, SRQs) keep their `uverbs` half behind a [`SpinLock`], as rdma-core's
+//! rxe keeps its queues behind a `pthread_spinlock_t`.
+//!
+//! # The data path runs without `ffi::guard`
+//!
+//! `poll_cq`, `post_send`, `post_recv` and `post_srq_recv` do not run under [`ffi::guard`]:
+//! its `catch_unwind` costs 26 instructions a poll and 38 a post (callgrind, `cargo xtask
+//! bench`), more than half of an empty poll. They cannot panic on any input: the core's poll
+//! and post bound every count and index by the rings and report bad requests as errors (the
+//! only panic in their compiled code is std's assertion that the open QP's fd is not -1).
+//! And were one to panic, it would not unwind into C: a panic leaving an `extern "C"` fn
+//! aborts the process (Rust 1.81 and later, this crate's `rust-version`), an abort, never
+//! undefined behaviour. Every other op keeps the guard.
 
 use crate::abi::{
     ibv_ah, ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_global_route, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
@@ -14,21 +26,15 @@ use crate::abi::{
 };
 use crate::context::Context;
 use crate::ffi;
+use crate::spin::SpinLock;
 use libc::{c_int, c_void, size_t};
 use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use uverbs::{
     AccessFlags, AhAttr, EventsReported, GlobalRoute, Mtu, QpAttr, QpState, QpType, RecvWr, Remote, SendFlags, SendOp,
     SendWr, UdDest,
 };
-
-/// Locks `m`, ignoring poisoning (a panic is already reported by `ffi::guard`, and every
-/// object stays consistent across one: the `uverbs` objects keep their own invariants).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Heap room for a C object whose address is needed before the object can be built: CQs,
 /// QPs and SRQs are created in the kernel with their C pointer as user handle, because
@@ -83,17 +89,15 @@ const _: () = assert!(
 /// uses (libibverbs' contract for destroys). On `Ok` the field has been moved out: the caller
 /// must free the C object without dropping the field again.
 unsafe fn destroy_core<T>(
-    field: *mut Mutex<T>,
+    field: *mut SpinLock<T>,
     destroy: impl FnOnce(T) -> Result<EventsReported, (T, uverbs::Error)>,
 ) -> Result<EventsReported, uverbs::Error> {
     // SAFETY: per the contract the field is initialized and ours alone; it is written back
     // below on failure, and the caller never reads it again on success.
-    let core = unsafe { field.read() }
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner);
+    let core = unsafe { field.read() }.into_inner();
     destroy(core).map_err(|(core, e)| {
         // SAFETY: the same field, whose value was moved out above; nothing saw the gap.
-        unsafe { field.write(Mutex::new(core)) };
+        unsafe { field.write(SpinLock::new(core)) };
         e
     })
 }
@@ -248,7 +252,7 @@ pub unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
 #[repr(C)]
 pub struct Cq {
     vcq: verbs_cq,
-    cq: Mutex<uverbs::Cq>,
+    cq: SpinLock<uverbs::Cq>,
     users: AtomicUsize,
 }
 
@@ -313,7 +317,7 @@ pub unsafe extern "C" fn create_cq(
                 vcq.cq.cqe = cq.capacity() as c_int;
                 slot.fill(Cq {
                     vcq,
-                    cq: Mutex::new(cq),
+                    cq: SpinLock::new(cq),
                     users: AtomicUsize::new(0),
                 })
                 .cast::<ibv_cq>()
@@ -324,27 +328,35 @@ pub unsafe extern "C" fn create_cq(
 }
 
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
-    ffi::guard("poll_cq", -1, || {
-        let Ok(n) = usize::try_from(num_entries) else {
-            return -1;
-        };
-        if n == 0 {
-            return 0;
-        }
-        // SAFETY: libibverbs passes one of our CQs.
-        let c = unsafe { cq_ref(cq) };
-        // SAFETY: the caller passes room for `num_entries` completions; `ibv_wc` and
-        // `WorkCompletion` are the same type, and any bytes are a valid value of it.
-        let out = unsafe { std::slice::from_raw_parts_mut(wc, n) };
-        lock(&c.cq).poll(out) as c_int
-    })
+    // No `ffi::guard`: see the module docs.
+    // A count of 0 or less polls nothing, as in rdma-core's rxe (and `wc` may then be null).
+    if num_entries <= 0 {
+        return 0;
+    }
+    // SAFETY: libibverbs passes one of our CQs.
+    let c = unsafe { cq_ref(cq) };
+    // SAFETY: the caller passes room for `num_entries` (> 0) completions; `ibv_wc` and
+    // `WorkCompletion` are the same type, and any bytes are a valid value of it.
+    let out = unsafe { std::slice::from_raw_parts_mut(wc, num_entries as usize) };
+    match c.cq.try_lock() {
+        Some(mut core) => core.poll(out) as c_int,
+        None => poll_contended(&c.cq, out),
+    }
+}
+
+/// [`poll_cq`] when another thread holds the CQ: out of line, so that the uncontended path
+/// keeps nothing live across a call but the CQ.
+#[cold]
+#[inline(never)]
+fn poll_contended(cq: &SpinLock<uverbs::Cq>, out: &mut [uverbs::WorkCompletion]) -> c_int {
+    cq.lock().poll(out) as c_int
 }
 
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ffi::guard("req_notify_cq", libc::EIO, || {
         // SAFETY: libibverbs passes one of our CQs.
         let c = unsafe { cq_ref(cq) };
-        match lock(&c.cq).req_notify(solicited_only != 0) {
+        match c.cq.lock().req_notify(solicited_only != 0) {
             Ok(()) => 0,
             Err(e) => ffi::fail("req_notify_cq", &e),
         }
@@ -358,7 +370,7 @@ pub unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         };
         // SAFETY: libibverbs passes one of our CQs.
         let c = unsafe { cq_ref(cq) };
-        let mut guard = lock(&c.cq);
+        let mut guard = c.cq.lock();
         match guard.resize(cqe) {
             Ok(()) => {
                 // SAFETY: `cq` is live; `cqe` is a plain field the program reads.
@@ -460,7 +472,7 @@ pub unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
 #[repr(C)]
 pub struct Srq {
     ibv: ibv_srq,
-    srq: Mutex<uverbs::Srq>,
+    srq: SpinLock<uverbs::Srq>,
     pd: *const Pd,
     users: AtomicUsize,
 }
@@ -496,7 +508,7 @@ pub unsafe extern "C" fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_att
                 ibv.handle = srq.handle();
                 slot.fill(Srq {
                     ibv,
-                    srq: Mutex::new(srq),
+                    srq: SpinLock::new(srq),
                     pd: p,
                     users: AtomicUsize::new(0),
                 })
@@ -514,7 +526,7 @@ pub unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, 
         if mask & !(srq_attr_mask::MAX_WR | srq_attr_mask::LIMIT) != 0 {
             return libc::EINVAL;
         }
-        let mut q = lock(&s.srq);
+        let mut q = s.srq.lock();
         if mask & srq_attr_mask::MAX_WR != 0 {
             if let Err(e) = q.resize(a.max_wr) {
                 return ffi::fail("modify_srq", &e);
@@ -533,7 +545,7 @@ pub unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -
     ffi::guard("query_srq", libc::EIO, || {
         // SAFETY: libibverbs passes one of our SRQs.
         let s = unsafe { srq_ref(srq) };
-        match lock(&s.srq).query() {
+        match s.srq.lock().query() {
             Ok(q) => {
                 // SAFETY: the caller's output struct.
                 unsafe {
@@ -588,13 +600,12 @@ pub unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    ffi::guard("post_srq_recv", libc::EIO, || {
-        // SAFETY: libibverbs passes one of our SRQs; the list and `bad_wr` are the caller's.
-        let s = unsafe { srq_ref(srq) };
-        let mut q = lock(&s.srq);
-        // SAFETY: as for post_recv; the C caller keeps receive buffers valid until completion.
-        unsafe { post_recv_list(wr, bad_wr, |batch| q.post_recv(batch)) }
-    })
+    // No `ffi::guard`: see the module docs.
+    // SAFETY: libibverbs passes one of our SRQs; the list and `bad_wr` are the caller's.
+    let s = unsafe { srq_ref(srq) };
+    let mut q = s.srq.lock();
+    // SAFETY: as for post_recv; the C caller keeps receive buffers valid until completion.
+    unsafe { post_recv_list(wr, bad_wr, |batch| q.post_recv(batch)) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -605,7 +616,7 @@ pub unsafe extern "C" fn post_srq_recv(
 #[repr(C)]
 pub struct Qp {
     vqp: verbs_qp,
-    qp: Mutex<uverbs::Qp>,
+    qp: SpinLock<uverbs::Qp>,
     pd: *const Pd,
     send_cq: *const Cq,
     recv_cq: *const Cq,
@@ -688,8 +699,8 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     } else {
         (rcq, scq)
     };
-    let g1 = lock(&first.cq);
-    let g2 = (!same).then(|| lock(&second.cq));
+    let g1 = first.cq.lock();
+    let g2 = (!same).then(|| second.cq.lock());
     let (send_ref, recv_ref): (&uverbs::Cq, &uverbs::Cq) = match &g2 {
         None => (&g1, &g1),
         Some(g2) if std::ptr::eq(first, scq) => (&g1, g2),
@@ -697,7 +708,7 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     };
     // SAFETY: a non-null `srq` is one of our SRQs (libibverbs contract).
     let srq = (!attr.srq.is_null()).then(|| unsafe { srq_ref(attr.srq) });
-    let srq_guard = srq.map(|s| lock(&s.srq));
+    let srq_guard = srq.map(|s| s.srq.lock());
     // Events name the QP by its `ibv_qp` pointer (see `Slot`).
     let slot = Slot::<Qp>::new();
     let mut init = uverbs::QpInit::new(qp_type, send_ref, recv_ref);
@@ -735,7 +746,7 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     }
     let b = slot.fill(Qp {
         vqp,
-        qp: Mutex::new(qp),
+        qp: SpinLock::new(qp),
         pd: p,
         send_cq: scq,
         recv_cq: rcq,
@@ -896,7 +907,7 @@ pub unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask
             }
         };
         // libibverbs' ibv_modify_qp records the new state in `ibv_qp.state` on success.
-        match lock(&q.qp).modify(&attr) {
+        match q.qp.lock().modify(&attr) {
             Ok(()) => 0,
             Err(e) => ffi::fail("modify_qp", &e),
         }
@@ -912,7 +923,7 @@ pub unsafe extern "C" fn query_qp(
     ffi::guard("query_qp", libc::EIO, || {
         // SAFETY: libibverbs passes one of our QPs.
         let q = unsafe { qp_ref(qp) };
-        let info = match lock(&q.qp).query() {
+        let info = match q.qp.lock().query() {
             Ok(i) => i,
             Err(e) => return ffi::fail("query_qp", &e),
         };
@@ -1017,132 +1028,240 @@ fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
 /// How many work requests one uverbs call takes at most (one doorbell each).
 const BATCH: usize = 32;
 
-pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
-    ffi::guard("post_send", libc::EIO, || {
-        // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live for the
-        // call; `bad_wr` is writable.
-        unsafe { post_send_inner(qp_ref(qp), wr, bad_wr) }
-    })
+/// Stack room for a batch of `T`, filled from the front: posting neither allocates nor clears.
+fn batch_room<T>() -> [MaybeUninit<T>; BATCH] {
+    [const { MaybeUninit::uninit() }; BATCH]
 }
 
-unsafe fn post_send_inner(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
-    let mut guard = lock(&q.qp);
-    // A stack array, not a Vec: posting allocates nothing.
-    let mut batch = [SendWr::new(0, SendOp::Send, &[]); BATCH];
-    let mut ptrs: [*mut ibv_send_wr; BATCH] = [std::ptr::null_mut(); BATCH];
+/// The first `n` entries of `room`.
+///
+/// # Safety
+/// They must have been written.
+unsafe fn filled<T>(room: &[MaybeUninit<T>; BATCH], n: usize) -> &[T] {
+    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and per the contract the first `n` (at most
+    // `BATCH`, as the slice index checks) are initialized.
+    unsafe { &*(std::ptr::from_ref(&room[..n]) as *const [T]) }
+}
+
+/// The request `index` steps after `wr` in a C list (the one a failed batch stopped at).
+///
+/// # Safety
+/// The list must have at least `index + 1` live elements from `wr`.
+unsafe fn nth<T>(mut wr: *mut T, index: usize, next: impl Fn(&T) -> *mut T) -> *mut T {
+    for _ in 0..index {
+        // SAFETY: per the contract.
+        wr = next(unsafe { &*wr });
+    }
+    wr
+}
+
+pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    // No `ffi::guard`: see the module docs.
+    // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live for the
+    // call; `bad_wr` is writable.
+    unsafe { post_send_inner(qp_ref(qp), wr, bad_wr) }
+}
+
+/// The `uverbs` form of a C send request, or `None` for one uverbs cannot express (unknown
+/// opcode, bad scatter/gather list, UD request without an AH).
+///
+/// # Safety
+/// `w`'s SGE array and AH must stay valid for `'a`.
+#[inline(always)]
+unsafe fn send_wr<'a>(q: &'a Qp, w: &ibv_send_wr) -> Option<SendWr<'a>> {
+    // SAFETY: per the contract.
+    let (op, sg) = (send_op(w)?, unsafe { sges(w.sg_list, w.num_sge) }?);
+    let swr = SendWr::new(w.wr_id, op, sg).flags(SendFlags::from_bits_retain(w.send_flags));
+    if !q.ud {
+        return Some(swr);
+    }
+    // SAFETY: on UD QPs the `ud` arm is the one the caller filled.
+    let ud = unsafe { w.wr.ud };
+    if ud.ah.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null AH in a work request is one of ours, live for `'a`.
+    let ah = unsafe { &*ud.ah.cast::<Ah>() };
+    Some(swr.to(UdDest {
+        ah: &ah.ah,
+        remote_qpn: ud.remote_qpn,
+        remote_qkey: ud.remote_qkey,
+    }))
+}
+
+/// Reports a send request [`send_wr`] refused.
+///
+/// # Safety
+/// `bad_wr` must be writable.
+#[cold]
+unsafe fn reject_send(wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    ffi::verbose(format_args!("post_send: unsupported opcode or bad scatter/gather list"));
+    // SAFETY: per the contract.
+    unsafe { *bad_wr = wr };
+    libc::EINVAL
+}
+
+unsafe fn post_send_inner(q: &Qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    // SAFETY: a non-null `wr` is a live element of the caller's list.
+    if !wr.is_null() && unsafe { (*wr).next }.is_null() {
+        // One request, the common case: nothing to gather.
+        // SAFETY: as above; its SGE array and AH are live for the call.
+        let Some(swr) = (unsafe { send_wr(q, &*wr) }) else {
+            // SAFETY: writable per the libibverbs contract.
+            return unsafe { reject_send(wr, bad_wr) };
+        };
+        // SAFETY: the C caller of ibv_post_send keeps the buffers its SGEs name valid until
+        // completion, the contract `uverbs::Qp::post_send` asks for.
+        return match unsafe { q.qp.lock().post_send(std::slice::from_ref(&swr)) } {
+            Ok(()) => 0,
+            Err(e) => {
+                // SAFETY: writable per the libibverbs contract.
+                unsafe { *bad_wr = wr };
+                ffi::fail("post_send", &e)
+            }
+        };
+    }
+    // SAFETY: forwarded contract.
+    unsafe { post_send_batches(q, wr, bad_wr) }
+}
+
+/// [`post_send`] of a list (or of nothing), in batches of up to [`BATCH`]: out of line, so
+/// that the one-request path does not pay for its stack and registers.
+///
+/// # Safety
+/// As for [`post_send`].
+#[inline(never)]
+unsafe fn post_send_batches(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    let mut guard = q.qp.lock();
+    let mut room = batch_room::<SendWr<'_>>();
     while !wr.is_null() {
+        let first = wr;
         let mut n = 0;
-        let mut rejected = None;
+        let mut rejected = false;
         while !wr.is_null() && n < BATCH {
-            // SAFETY: a live element of the caller's list.
+            // SAFETY: a live element of the caller's list, whose SGE array and AH are live for
+            // the call.
             let w = unsafe { &*wr };
-            // SAFETY: the caller's SGE array, live for the call.
-            let (Some(op), Some(sg)) = (send_op(w), unsafe { sges(w.sg_list, w.num_sge) }) else {
-                rejected = Some(wr);
+            // SAFETY: as above.
+            let Some(swr) = (unsafe { send_wr(q, w) }) else {
+                rejected = true;
                 break;
             };
-            let mut swr = SendWr::new(w.wr_id, op, sg).flags(SendFlags::from_bits_retain(w.send_flags));
-            if q.ud {
-                // SAFETY: on UD QPs the `ud` arm is the one the caller filled.
-                let ud = unsafe { w.wr.ud };
-                if ud.ah.is_null() {
-                    rejected = Some(wr);
-                    break;
-                }
-                // SAFETY: a non-null AH in a work request is one of ours, live for the call.
-                let ah = unsafe { &*ud.ah.cast::<Ah>() };
-                swr = swr.to(UdDest {
-                    ah: &ah.ah,
-                    remote_qpn: ud.remote_qpn,
-                    remote_qkey: ud.remote_qkey,
-                });
-            }
-            ptrs[n] = wr;
-            batch[n] = swr;
+            room[n].write(swr);
             n += 1;
             wr = w.next;
         }
         if n > 0 {
-            // SAFETY: the C caller of ibv_post_send keeps the buffers its SGEs name valid
-            // until completion, the contract `uverbs::Qp::post_send` asks for.
-            if let Err(e) = unsafe { guard.post_send(&batch[..n]) } {
-                let at = match &e {
-                    uverbs::Error::WorkRequest { index, .. } => ptrs[*index],
-                    _ => ptrs[0],
+            // SAFETY: the loop above wrote the first `n`. The C caller of ibv_post_send keeps
+            // the buffers its SGEs name valid until completion, the contract
+            // `uverbs::Qp::post_send` asks for.
+            if let Err(e) = unsafe { guard.post_send(filled(&room, n)) } {
+                let index = match e {
+                    uverbs::Error::WorkRequest { index, .. } => index.min(n - 1),
+                    _ => 0,
                 };
-                // SAFETY: writable per the libibverbs contract.
-                unsafe { *bad_wr = at };
+                // SAFETY: the batch came from the `n` (> `index`) elements from `first`;
+                // `bad_wr` is writable per the libibverbs contract.
+                unsafe { *bad_wr = nth(first, index, |w| w.next) };
                 return ffi::fail("post_send", &e);
             }
         }
-        if let Some(at) = rejected {
-            ffi::verbose(format_args!("post_send: unsupported opcode or bad scatter/gather list"));
-            // SAFETY: writable per the libibverbs contract.
-            unsafe { *bad_wr = at };
-            return libc::EINVAL;
+        if rejected {
+            // SAFETY: writable per the libibverbs contract; `wr` is the rejected request.
+            return unsafe { reject_send(wr, bad_wr) };
         }
     }
     0
 }
 
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
-    ffi::guard("post_recv", libc::EIO, || {
-        // SAFETY: as in post_send.
-        unsafe { post_recv_inner(qp_ref(qp), wr, bad_wr) }
-    })
+    // No `ffi::guard`: see the module docs.
+    // SAFETY: as in post_send.
+    unsafe { post_recv_inner(qp_ref(qp), wr, bad_wr) }
 }
 
 unsafe fn post_recv_inner(q: &Qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
-    let mut guard = lock(&q.qp);
+    let mut guard = q.qp.lock();
     // SAFETY: forwarded contract; the C caller keeps receive buffers valid and untouched
     // until completion, the contract `uverbs::Qp::post_recv` asks for.
     unsafe { post_recv_list(wr, bad_wr, |batch| guard.post_recv(batch)) }
 }
 
-/// Feeds a C receive list to `post` in batches, reporting the first request not posted in
-/// `bad_wr`.
+/// Feeds a C receive list to `post` (one request as it is, more in batches), reporting the
+/// first request not posted in `bad_wr`.
 ///
 /// # Safety
 /// `wr` must be a valid list whose SGE arrays stay valid for the call, `bad_wr` writable, and
 /// `post` an unsafe post whose buffer contract the C caller upholds.
 unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    mut post: impl FnMut(&[RecvWr<'_>]) -> uverbs::Result<()>,
+) -> c_int {
+    // SAFETY: a non-null `wr` is a live element of the caller's list.
+    if !wr.is_null() && unsafe { (*wr).next }.is_null() {
+        // One request, the common case: nothing to gather.
+        // SAFETY: as above, with its SGE array.
+        let w = unsafe { &*wr };
+        // SAFETY: as above.
+        let errno = match unsafe { sges(w.sg_list, w.num_sge) } {
+            Some(sg) => match post(std::slice::from_ref(&RecvWr::new(w.wr_id, sg))) {
+                Ok(()) => return 0,
+                Err(e) => ffi::fail("post_recv", &e),
+            },
+            None => libc::EINVAL,
+        };
+        // SAFETY: writable per the libibverbs contract.
+        unsafe { *bad_wr = wr };
+        return errno;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { post_recv_batches(wr, bad_wr, post) }
+}
+
+/// [`post_recv_list`] of a list (or of nothing), in batches of up to [`BATCH`]: out of line,
+/// as [`post_send_batches`].
+///
+/// # Safety
+/// As for [`post_recv_list`].
+#[inline(never)]
+unsafe fn post_recv_batches(
     mut wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
     mut post: impl FnMut(&[RecvWr<'_>]) -> uverbs::Result<()>,
 ) -> c_int {
-    // A stack array, not a Vec: posting allocates nothing.
-    let mut batch = [RecvWr::new(0, &[]); BATCH];
-    let mut ptrs: [*mut ibv_recv_wr; BATCH] = [std::ptr::null_mut(); BATCH];
+    let mut room = batch_room::<RecvWr<'_>>();
     while !wr.is_null() {
+        let first = wr;
         let mut n = 0;
-        let mut rejected = None;
+        let mut rejected = false;
         while !wr.is_null() && n < BATCH {
             // SAFETY: a live element of the caller's list.
             let w = unsafe { &*wr };
             // SAFETY: the caller's SGE array, live for the call.
             let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge) }) else {
-                rejected = Some(wr);
+                rejected = true;
                 break;
             };
-            ptrs[n] = wr;
-            batch[n] = RecvWr::new(w.wr_id, sg);
+            room[n].write(RecvWr::new(w.wr_id, sg));
             n += 1;
             wr = w.next;
         }
         if n > 0 {
-            if let Err(e) = post(&batch[..n]) {
-                let at = match &e {
-                    uverbs::Error::WorkRequest { index, .. } => ptrs[*index],
-                    _ => ptrs[0],
+            // SAFETY: the loop above wrote the first `n`.
+            if let Err(e) = post(unsafe { filled(&room, n) }) {
+                let index = match e {
+                    uverbs::Error::WorkRequest { index, .. } => index.min(n - 1),
+                    _ => 0,
                 };
-                // SAFETY: writable per the libibverbs contract.
-                unsafe { *bad_wr = at };
+                // SAFETY: as in post_send_batches.
+                unsafe { *bad_wr = nth(first, index, |w| w.next) };
                 return ffi::fail("post_recv", &e);
             }
         }
-        if let Some(at) = rejected {
-            // SAFETY: writable per the libibverbs contract.
-            unsafe { *bad_wr = at };
+        if rejected {
+            // SAFETY: writable per the libibverbs contract; `wr` is the rejected request.
+            unsafe { *bad_wr = wr };
             return libc::EINVAL;
         }
     }
