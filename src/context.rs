@@ -2,6 +2,7 @@
 
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
+use crate::fork::Owner;
 use crate::provider::ProviderContext;
 use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortResp, QueryPortRespEx};
 use crate::sys::cmd;
@@ -49,9 +50,9 @@ pub(crate) struct ContextInner {
     pub(crate) provider: Box<dyn ProviderContext>,
     pub(crate) num_comp_vectors: u32,
     next_user_handle: AtomicU64,
-    /// The fork generation the context was created in; a forked child must not touch its
-    /// objects (see `crate::fork`).
-    generation: u32,
+    /// The process the context was created in; a forked child must not touch its objects
+    /// (see `crate::fork`).
+    pub(crate) owner: Owner,
 }
 
 impl ContextInner {
@@ -68,20 +69,17 @@ impl ContextInner {
     /// Whether this process is a fork of the one that created the context.
     #[inline]
     pub(crate) fn forked(&self) -> bool {
-        crate::fork::forked_since(self.generation)
+        self.owner.forked()
     }
 
     /// [`Error::Forked`] in a forked child.
     pub(crate) fn check_owner(&self, verb: Verb) -> Result<()> {
-        if self.forked() {
-            return Err(Error::Forked { verb });
-        }
-        Ok(())
+        self.owner.check(verb)
     }
 
     /// Starts an ioctl call on this context's device.
     pub(crate) fn ioctl<'a>(&self, object: u16, method: u16) -> Ioctl<'a> {
-        Ioctl::new(self.driver_id, object, method).owned_by(self.generation)
+        Ioctl::new(self.driver_id, object, method).owned_by(self.owner)
     }
 
     /// Runs a plain-data `write()` command (no user pointers but the response).
@@ -184,7 +182,7 @@ impl Context {
                 provider: provider_ctx,
                 num_comp_vectors,
                 next_user_handle: AtomicU64::new(1),
-                generation: crate::fork::generation(),
+                owner: Owner::current(),
             }),
         })
     }

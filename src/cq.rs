@@ -3,14 +3,14 @@
 use crate::context::{Context, ContextInner};
 use crate::error::Result;
 use crate::event::CompChannel;
-use crate::provider::{create_object, CqCreated, CqRing};
+use crate::fork::Owner;
+use crate::provider::{create_object, CqCreated, CqRing, ReadyRun};
 use crate::sys::abi::{self, DestroyCqResp, ReqNotifyCq, ResizeCq, ResizeCqResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wc::WorkCompletion;
-use std::cell::UnsafeCell;
-use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -43,27 +43,20 @@ impl CqInit<'_> {
     }
 }
 
-/// The kernel CQ and its ring. QPs hold an `Arc` of this to keep the CQ alive; only the unique
-/// [`Cq`] handle touches the ring.
+/// The kernel CQ. QPs hold an `Arc` of this to keep the CQ alive; the ring belongs to the
+/// unique [`Cq`] handle.
 pub(crate) struct CqInner {
     pub(crate) ctx: Arc<ContextInner>,
     pub(crate) handle: u32,
     user_handle: u64,
-    ring: UnsafeCell<Box<dyn CqRing>>,
     _channel: Option<Arc<OwnedFd>>,
     /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
 }
 
-// SAFETY: `ring` is only accessed through `Cq` methods taking `&mut self`, and there is exactly
-// one `Cq` per `CqInner`; everything else in it is immutable. So sharing the `Arc` across
-// threads (QPs holding it) never shares the ring.
-unsafe impl Sync for CqInner {}
-
 impl Drop for CqInner {
     fn drop(&mut self) {
-        // Runs after every QP using the CQ is gone (they hold this `Arc`). Kernel destroy
-        // first; the ring is unmapped after, when the field drops.
+        // Runs after every QP using the CQ is gone (they hold this `Arc`).
         if !self.destroyed.load(Ordering::Relaxed) {
             let _ = destroy_cq(&self.ctx, self.handle);
         }
@@ -90,8 +83,12 @@ pub struct EventsReported {
 /// lock. The handle is `Send` (move it to the polling thread) but not `Sync`.
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
+    /// Declared after `inner`: when the last user drops, the kernel CQ is destroyed before
+    /// the ring is unmapped. While QPs still hold `inner`, the kernel keeps writing into its
+    /// own buffer; only this view of it goes.
+    ring: Box<dyn CqRing>,
+    owner: Owner,
     cqe: u32,
-    _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
 impl std::fmt::Debug for Cq {
@@ -141,43 +138,40 @@ impl Cq {
                 ctx: inner.clone(),
                 handle: created.handle,
                 user_handle,
-                ring: UnsafeCell::new(ring),
                 _channel: init.channel.map(|c| c.fd.clone()),
                 destroyed: AtomicBool::new(false),
             }),
+            ring,
+            owner: inner.owner,
             cqe: created.cqe,
-            _not_sync: PhantomData,
         })
-    }
-
-    fn ring(&mut self) -> &mut dyn CqRing {
-        // SAFETY: `&mut self` on the only `Cq` for this `CqInner` gives exclusive access to
-        // the ring (see `CqInner`'s `Sync` impl).
-        unsafe { &mut **self.inner.ring.get() }
     }
 
     /// Moves up to `wc.len()` ready completions into `wc` and returns how many: fewer than
     /// asked (possibly 0) when fewer are ready, as `ibv_poll_cq(3)`. Never blocks, allocates or
     /// makes a system call.
-    #[inline]
     ///
     /// In a forked child the CQ is the parent's and its ring is not mapped: this returns 0.
+    #[inline]
     pub fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
-        if self.inner.ctx.forked() {
+        if self.owner.forked() {
             return 0;
         }
-        self.ring().poll(wc)
+        self.ring.poll(wc)
     }
 
     /// Borrows the ready completions in place, without copying them out of the ring (the
     /// Rust form of `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`). The ring slots are
     /// handed back to the device, with one index store, when the batch is dropped: only the
     /// completions the iterator yielded are consumed.
+    #[inline]
     pub fn batch(&mut self) -> Batch<'_> {
-        let forked = self.inner.ctx.forked();
-        let ring = self.ring();
-        let ready = if forked { 0 } else { ring.ready() };
-        Batch { ring, ready, next: 0 }
+        let run = if self.owner.forked() {
+            ReadyRun::empty()
+        } else {
+            self.ring.ready_run()
+        };
+        Batch::new(&mut *self.ring, run)
     }
 
     /// Asks for an event on the CQ's channel at the next completion (or the next solicited
@@ -192,11 +186,11 @@ impl Cq {
 
     /// Resizes the CQ to at least `cqe` entries, keeping the completions it holds.
     pub fn resize(&mut self, cqe: u32) -> Result<()> {
-        self.inner.ctx.check_owner("RESIZE_CQ")?;
+        self.owner.check("RESIZE_CQ")?;
         let ctx = self.inner.ctx.clone();
         let handle = self.inner.handle;
         let mut granted = 0;
-        self.ring().resize(&mut |drv_in, drv_out| {
+        self.ring.resize(&mut |drv_in, drv_out| {
             let req = ResizeCq {
                 response: 0,
                 cq_handle: handle,
@@ -259,25 +253,66 @@ impl Cq {
 /// ```
 pub struct Batch<'a> {
     ring: &'a mut dyn CqRing,
+    /// The next completion to yield, and how many are left from it on, one after another.
+    next: NonNull<WorkCompletion>,
+    left: usize,
+    /// The part after the ring wrapped, until the batch moves on to it.
+    wrapped: NonNull<WorkCompletion>,
+    wrapped_len: usize,
+    stride: usize,
+    /// Ready when the batch began.
     ready: usize,
-    next: usize,
 }
 
-impl Batch<'_> {
+// SAFETY: the pointers are into the ring the batch borrows mutably, which is `Send`; moving
+// the batch moves that borrow with it.
+unsafe impl Send for Batch<'_> {}
+
+impl<'a> Batch<'a> {
+    fn new(ring: &'a mut dyn CqRing, run: ReadyRun) -> Self {
+        Self {
+            ring,
+            next: run.first,
+            left: run.before_wrap,
+            wrapped: run.wrapped,
+            wrapped_len: run.len.saturating_sub(run.before_wrap),
+            stride: run.stride,
+            ready: run.len,
+        }
+    }
+
     /// The next ready completion, or `None` at the end of the batch. Completions that
     /// arrive after the batch started wait for the next batch.
     #[allow(clippy::should_implement_trait)] // lending: the item borrows the batch
+    #[inline]
     pub fn next(&mut self) -> Option<&WorkCompletion> {
-        if self.next == self.ready {
+        if self.left == 0 && !self.wrap() {
             return None;
         }
-        self.next += 1;
-        Some(self.ring.entry(self.next - 1))
+        let wc = self.next;
+        self.left -= 1;
+        // The address after the last completion is never read, so a wrapping add will do.
+        let after = wc.as_ptr().cast::<u8>().wrapping_add(self.stride);
+        self.next = NonNull::new(after.cast()).unwrap_or(NonNull::dangling());
+        // SAFETY: `wc` is one of the ready completions the provider described, which stay
+        // unchanged while the batch holds the ring (`CqRing`'s contract); the borrow is tied
+        // to `&mut self`, and the slots are handed back only when the batch drops.
+        Some(unsafe { wc.as_ref() })
+    }
+
+    /// Moves on to the part after the ring wrapped; `false` if there is none left.
+    #[cold]
+    fn wrap(&mut self) -> bool {
+        if self.wrapped_len == 0 {
+            return false;
+        }
+        (self.next, self.left, self.wrapped_len) = (self.wrapped, self.wrapped_len, 0);
+        true
     }
 
     /// Completions left in the batch.
     pub fn len(&self) -> usize {
-        self.ready - self.next
+        self.left + self.wrapped_len
     }
 
     /// Whether the batch is exhausted.
@@ -288,8 +323,96 @@ impl Batch<'_> {
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
-        if self.next > 0 {
-            self.ring.consume(self.next);
+        let taken = self.ready - self.len();
+        if taken > 0 {
+            self.ring.consume(taken);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::KernelCall;
+
+    /// A ring of `SLOTS` completions in memory, filled by the test, read through `Batch`.
+    struct FakeRing {
+        slots: Box<[WorkCompletion]>,
+        cons: usize,
+        ready: usize,
+    }
+
+    const SLOTS: usize = 8;
+
+    // SAFETY: `ready_run` describes `ready` initialized completions of `slots` from `cons`,
+    // wrapping at the end; the test changes them only through `&mut self`.
+    unsafe impl CqRing for FakeRing {
+        fn poll(&mut self, _: &mut [WorkCompletion]) -> usize {
+            unreachable!("not used by Batch")
+        }
+
+        fn ready_run(&mut self) -> ReadyRun {
+            let base = self.slots.as_mut_ptr();
+            ReadyRun {
+                // `cons < SLOTS`, so both are inside the allocation.
+                first: NonNull::new(base.wrapping_add(self.cons)).unwrap(),
+                before_wrap: self.ready.min(SLOTS - self.cons),
+                wrapped: NonNull::new(base).unwrap(),
+                len: self.ready,
+                stride: size_of::<WorkCompletion>(),
+            }
+        }
+
+        fn consume(&mut self, n: usize) {
+            assert!(n <= self.ready, "consumed {n} of {}", self.ready);
+            self.cons = (self.cons + n) % SLOTS;
+            self.ready -= n;
+        }
+
+        fn resize(&mut self, _: KernelCall<'_, u32>) -> Result<()> {
+            unreachable!("not used by Batch")
+        }
+    }
+
+    /// Batches that stop early, run to the end, and span the wrap, against an exact count of
+    /// what was produced and consumed.
+    #[test]
+    fn batch_yields_every_ready_completion_once_across_the_wrap() {
+        let mut ring = FakeRing {
+            slots: vec![WorkCompletion::default(); SLOTS].into_boxed_slice(),
+            cons: 0,
+            ready: 0,
+        };
+        let (mut produced, mut seen) = (0u64, 0u64);
+        for step in 0..200usize {
+            while ring.ready < SLOTS - 1 && (produced as usize + step) % 3 != 0 {
+                let at = (ring.cons + ring.ready) % SLOTS;
+                ring.slots[at].wr_id = produced;
+                produced += 1;
+                ring.ready += 1;
+            }
+            let ready = ring.ready;
+            let take = step % (ready + 2);
+            let run = ring.ready_run();
+            let mut batch = Batch::new(&mut ring, run);
+            assert_eq!(batch.len(), ready);
+            for i in 0..take {
+                match batch.next() {
+                    Some(wc) => {
+                        assert_eq!(wc.wr_id, seen, "step {step}");
+                        seen += 1;
+                    }
+                    None => assert_eq!(i, ready, "ends after the ready ones"),
+                }
+            }
+            assert_eq!(batch.len(), ready.saturating_sub(take));
+            assert_eq!(batch.is_empty(), take >= ready);
+            drop(batch);
+            assert_eq!(ring.ready, ready.saturating_sub(take), "consumed what was yielded");
+        }
+        assert!(
+            produced > 300 && seen + ring.ready as u64 == produced,
+            "{produced} {seen}"
+        );
     }
 }

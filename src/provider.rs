@@ -22,6 +22,7 @@ use crate::qp::QpType;
 use crate::sys::abi::QpCap;
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Runs the kernel's create command with the provider's driver request bytes, writing the
@@ -111,16 +112,20 @@ pub trait ProviderContext: Send + Sync {
 
 /// The consumer side of a completion queue. There is exactly one consumer: the core only
 /// calls these through a handle it hands out uniquely (`&mut`).
-pub trait CqRing: Send {
+///
+/// # Safety
+/// The core reads the completions [`CqRing::ready_run`] describes through its pointers, so an
+/// implementation must make them point at `len` readable, 8-aligned `WorkCompletion`s
+/// (`before_wrap` from `first` and the rest from `wrapped`, `stride` bytes apart) that stay
+/// unchanged until the next call of a method taking `&mut self`.
+pub unsafe trait CqRing: Send {
     /// Moves up to `wc.len()` ready completions into `wc` and returns how many; fewer (or 0)
     /// when fewer are ready. Must not block, allocate or make a system call.
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize;
 
-    /// How many completions are ready to be read in place.
-    fn ready(&mut self) -> usize;
-
-    /// The `i`-th ready completion, in place (`i < ready()`).
-    fn entry(&self, i: usize) -> &WorkCompletion;
+    /// Where the ready completions are, to be read in place. Must not block, allocate or
+    /// make a system call.
+    fn ready_run(&mut self) -> ReadyRun;
 
     /// Hands the first `n` ready completions back to the device.
     fn consume(&mut self, n: usize);
@@ -128,6 +133,37 @@ pub trait CqRing: Send {
     /// Resizes: runs RESIZE_CQ through `kernel` (which returns the granted size) and moves to
     /// the new ring, keeping queued completions.
     fn resize(&mut self, kernel: KernelCall<'_, u32>) -> Result<()>;
+}
+
+/// Ready completions in place (see [`CqRing::ready_run`]): `len` of them, `stride` bytes
+/// apart, the first `before_wrap` from `first` and the rest from `wrapped`, where a ring
+/// starts again. A provider whose device does not write `WorkCompletion`s translates into a
+/// scratch array of its own and describes that.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadyRun {
+    /// The first ready completion.
+    pub first: NonNull<WorkCompletion>,
+    /// How many follow one another from `first` (at most `len`).
+    pub before_wrap: usize,
+    /// Where the rest continue.
+    pub wrapped: NonNull<WorkCompletion>,
+    /// How many are ready in all.
+    pub len: usize,
+    /// Bytes from one completion to the next.
+    pub stride: usize,
+}
+
+impl ReadyRun {
+    /// No completions.
+    pub fn empty() -> Self {
+        Self {
+            first: NonNull::dangling(),
+            before_wrap: 0,
+            wrapped: NonNull::dangling(),
+            len: 0,
+            stride: size_of::<WorkCompletion>(),
+        }
+    }
 }
 
 /// The producer side of a shared receive queue.

@@ -3,6 +3,7 @@
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
+use crate::fork::Owner;
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, QpCreated, QpQueues, QpRequest};
@@ -356,6 +357,7 @@ impl<'a> QpInit<'a> {
 /// A queue pair.
 pub struct Qp {
     queues: Box<dyn QpQueues>,
+    owner: Owner,
     handle: u32,
     qpn: u32,
     qp_type: QpType,
@@ -447,6 +449,7 @@ impl Qp {
         )?;
         Ok(Self {
             queues,
+            owner: ctx.owner,
             handle: created.handle,
             qpn: created.qpn,
             qp_type: init.qp_type,
@@ -610,7 +613,7 @@ impl Qp {
     /// entries name must stay valid, and memory the device writes (RDMA read and atomic
     /// targets) must not be accessed. Inline requests' buffers are copied before return.
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        self.pd.ctx.check_owner("post_send")?;
+        self.owner.check("post_send")?;
         if self.state < QpState::Rts {
             return Err(Error::WorkRequest {
                 verb: "post_send",
@@ -628,7 +631,7 @@ impl Qp {
     /// Until each request completes (or the QP is destroyed), the buffers it names must stay
     /// valid and must not be accessed: the device writes incoming data into them.
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        self.pd.ctx.check_owner("post_recv")?;
+        self.owner.check("post_recv")?;
         if self.state == QpState::Reset {
             return Err(Error::WorkRequest {
                 verb: "post_recv",

@@ -3,13 +3,13 @@
 use crate::context::ContextInner;
 use crate::cq::EventsReported;
 use crate::error::Result;
+use crate::fork::Owner;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, SrqCreated, SrqQueue};
 use crate::sys::abi::{self, DestroySrqResp, ModifySrq, QuerySrq, QuerySrqResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::RecvWr;
-use std::cell::UnsafeCell;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -63,14 +63,9 @@ pub(crate) struct SrqInner {
     pub(crate) pd: Arc<PdInner>,
     pub(crate) handle: u32,
     user_handle: u64,
-    queue: UnsafeCell<Box<dyn SrqQueue>>,
     /// Set once an explicit [`Srq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
 }
-
-// SAFETY: `queue` is only accessed through `Srq` methods taking `&mut self`, and there is one
-// `Srq` per `SrqInner`; QPs holding the `Arc` never touch it.
-unsafe impl Sync for SrqInner {}
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
@@ -97,9 +92,17 @@ fn destroy_srq(ctx: &ContextInner, handle: u32) -> Result<u32> {
 /// `&mut self` (one producer, no lock).
 pub struct Srq {
     pub(crate) inner: Arc<SrqInner>,
+    /// Declared after `inner`: the kernel SRQ goes before its ring is unmapped.
+    queue: Box<dyn SrqQueue>,
+    owner: Owner,
     max_wr: u32,
     max_sge: u32,
 }
+
+// SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it takes
+// `&mut self`; through a shared `&Srq` threads only read immutable fields and run kernel
+// commands.
+unsafe impl Sync for Srq {}
 
 impl std::fmt::Debug for Srq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,9 +154,10 @@ impl Pd {
                 pd: self.inner.clone(),
                 handle: created.handle,
                 user_handle,
-                queue: UnsafeCell::new(queue),
                 destroyed: AtomicBool::new(false),
             }),
+            queue,
+            owner: ctx.owner,
             max_wr: created.max_wr,
             max_sge: created.max_sge,
         })
@@ -161,20 +165,15 @@ impl Pd {
 }
 
 impl Srq {
-    fn queue(&mut self) -> &mut dyn SrqQueue {
-        // SAFETY: `&mut self` on the only `Srq` for this `SrqInner` (see its `Sync` impl).
-        unsafe { &mut **self.inner.queue.get() }
-    }
-
     /// Posts receives (no system call). Same contract and errors as [`crate::Qp::post_recv`].
     ///
     /// # Safety
     /// Until each request completes (or the SRQ is destroyed), the buffers it names must stay
     /// valid and must not be accessed: the device writes incoming data into them.
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        self.inner.pd.ctx.check_owner("post_srq_recv")?;
+        self.owner.check("post_srq_recv")?;
         // SAFETY: forwarded caller contract.
-        unsafe { self.queue().post_recv(wrs) }
+        unsafe { self.queue.post_recv(wrs) }
     }
 
     /// Arms the limit: when fewer than `limit` receives remain, the device raises one
@@ -191,7 +190,7 @@ impl Srq {
     }
 
     fn modify(&mut self, attr_mask: u32, max_wr: u32, srq_limit: u32) -> Result<()> {
-        self.inner.pd.ctx.check_owner("MODIFY_SRQ")?;
+        self.owner.check("MODIFY_SRQ")?;
         let ctx = self.inner.pd.ctx.clone();
         let req = ModifySrq {
             srq_handle: self.inner.handle,
@@ -199,7 +198,7 @@ impl Srq {
             max_wr,
             srq_limit,
         };
-        self.queue().modify(attr_mask & SRQ_MAX_WR != 0, &mut |drv_in| {
+        self.queue.modify(attr_mask & SRQ_MAX_WR != 0, &mut |drv_in| {
             // SAFETY: pointers in the driver request are the provider's to keep valid
             // (`ProviderContext` contract); the core request has none.
             unsafe { cmd::execute::<_, ()>(ctx.fd(), "MODIFY_SRQ", abi::cmd::MODIFY_SRQ, &req, drv_in, &mut []) }

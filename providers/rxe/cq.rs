@@ -14,7 +14,7 @@ use super::abi::MmInfo;
 use super::queue::Consumer;
 use super::RxeContext;
 use crate::error::{Result, Verb};
-use crate::provider::{CqCreated, CqRing, KernelCall};
+use crate::provider::{CqCreated, CqRing, KernelCall, ReadyRun};
 use crate::wc::WorkCompletion;
 use std::marker::PhantomData;
 use zerocopy::IntoBytes;
@@ -58,23 +58,28 @@ impl<K> RxeCq<K> {
     }
 }
 
-impl<K: Copy48> CqRing for RxeCq<K> {
+// SAFETY: `ready_run` describes exactly the ready slots: the kernel finished writing each
+// before its Release store of the producer index (read with Acquire), and leaves them alone
+// until we release them, which only `consume` and `poll` (both `&mut self`) do. Slots are
+// 64-byte aligned and at least 48 bytes (checked at map time), and every bit pattern is a
+// valid `WorkCompletion`.
+unsafe impl<K: Copy48> CqRing for RxeCq<K> {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
         K::poll(&mut self.ring, self.stride, wc)
     }
 
-    fn ready(&mut self) -> usize {
-        self.ring.ready() as usize
-    }
-
     #[inline]
-    fn entry(&self, i: usize) -> &WorkCompletion {
-        // SAFETY: callers pass `i` below the ready count: the kernel finished writing the slot
-        // before its Release store, and leaves it alone until we release it. The slot is
-        // 64-byte aligned, at least 48 bytes (checked at map time), and every bit pattern is a
-        // valid `WorkCompletion`. The borrow is tied to `&self`, and releasing needs `&mut`.
-        unsafe { self.ring.entry(i as u32).cast::<WorkCompletion>().as_ref() }
+    fn ready_run(&mut self) -> ReadyRun {
+        let len = self.ring.ready();
+        let run = self.ring.run(len);
+        ReadyRun {
+            first: run.first.cast(),
+            before_wrap: run.before_wrap as usize,
+            wrapped: run.wrapped.cast(),
+            len: len as usize,
+            stride: self.stride,
+        }
     }
 
     fn consume(&mut self, n: usize) {
@@ -224,21 +229,20 @@ fn take_with(
 ) -> usize {
     let n = ready.min(wc.len());
     let wc = &mut wc[..n];
-    let first = ring.entry(0).as_ptr().cast_const();
+    let run = ring.run(n as u32);
     // rxe's slots are 128 bytes (its `struct rxe_cqe` rounded up to a power of two); with the
     // stride a constant the offsets fold into the moves. The slots are one run unless the
-    // ring wraps inside them (once per lap): then the last one comes before the first.
-    if stride != 128 || ring.entry(n as u32 - 1).as_ptr().cast_const() < first {
+    // ring wraps inside them (once per lap).
+    if stride != 128 || run.before_wrap as usize != n {
         return take_other(ring, stride, wc);
     }
-    copy_run(first, 128, wc, &copy);
+    copy_run(run.first.as_ptr().cast_const(), 128, wc, &copy);
     ring.release(n as u32);
     n
 }
 
-/// [`take_with`] for the rare rest: a run that wraps, or another slot size (one run, or two
-/// when it wraps). Out of line, with the plain copy, so that the common case keeps its
-/// registers.
+/// [`take_with`] for the rare rest: a run that wraps, or another slot size. Out of line, with
+/// the plain copy, so that the common case keeps its registers.
 #[cold]
 #[inline(never)]
 fn take_other(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
@@ -247,14 +251,10 @@ fn take_other(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> 
         // SAFETY: only ready slots are passed below, all `copy_words` needs.
         unsafe { copy_words(s, o) }
     };
-    let first = ring.entry(0).as_ptr().cast_const();
-    if ring.entry(n as u32 - 1).as_ptr().cast_const() > first {
-        copy_run(first, stride, wc, &copy);
-    } else {
-        for (i, o) in wc.iter_mut().enumerate() {
-            copy(ring.entry(i as u32).as_ptr().cast_const(), o);
-        }
-    }
+    let run = ring.run(n as u32);
+    let (before, after) = wc.split_at_mut((run.before_wrap as usize).min(n));
+    copy_run(run.first.as_ptr().cast_const(), stride, before, &copy);
+    copy_run(run.wrapped.as_ptr().cast_const(), stride, after, &copy);
     ring.release(n as u32);
     n
 }

@@ -333,6 +333,14 @@ impl Producer {
     }
 }
 
+/// Where a run of ready entries lies (see [`Consumer::run`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Run {
+    pub(super) first: NonNull<u8>,
+    pub(super) before_wrap: u32,
+    pub(super) wrapped: NonNull<u8>,
+}
+
 /// The user side of a ring the kernel fills (completion queues).
 pub(super) struct Consumer {
     queue: Queue,
@@ -355,6 +363,18 @@ impl Consumer {
     #[inline]
     pub(super) fn entry(&self, i: u32) -> NonNull<u8> {
         self.queue.slot(self.index.at(i))
+    }
+
+    /// Where the first `n` ready entries lie: how many of them follow one another from the
+    /// first, and where the rest continue (the first slot of the ring).
+    #[inline]
+    pub(super) fn run(&self, n: u32) -> Run {
+        let cons = self.index.at(0);
+        Run {
+            first: self.queue.slot(cons),
+            before_wrap: n.min(self.queue.mask.wrapping_sub(cons).wrapping_add(1)),
+            wrapped: self.queue.slot(0),
+        }
     }
 
     /// Hands the first `n` ready entries back to the kernel with one Release store.

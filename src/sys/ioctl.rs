@@ -3,6 +3,7 @@
 
 use super::assert_layout;
 use crate::error::{Error, Result, Verb};
+use crate::fork::Owner;
 use nix::errno::Errno;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -74,8 +75,8 @@ pub struct Slot(usize);
 /// One method call being built. Buffers lent to it stay borrowed until it is executed.
 pub struct Ioctl<'a> {
     buf: Buf,
-    /// The fork generation of the kernel context, when checked (see [`Ioctl::owned_by`]).
-    owner: Option<u32>,
+    /// The process owning the kernel context, when checked (see [`Ioctl::owned_by`]).
+    owner: Option<Owner>,
     _lent: PhantomData<&'a mut [u8]>,
 }
 
@@ -98,11 +99,11 @@ impl<'a> Ioctl<'a> {
         }
     }
 
-    /// Refuses to run (with [`Error::Forked`]) in a fork of the process where fork
-    /// `generation` was current. The kernel runs ioctls from a forked child on the parent's
-    /// context, so a child destroying inherited handles would destroy the parent's objects.
-    pub fn owned_by(mut self, generation: u32) -> Self {
-        self.owner = Some(generation);
+    /// Refuses to run (with [`Error::Forked`]) in a fork of `owner`. The kernel runs ioctls
+    /// from a forked child on the parent's context, so a child destroying inherited handles
+    /// would destroy the parent's objects.
+    pub(crate) fn owned_by(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
         self
     }
 
@@ -166,8 +167,8 @@ impl<'a> Ioctl<'a> {
 
     /// Runs the call.
     pub fn execute(mut self, fd: BorrowedFd<'_>, verb: Verb) -> Result<Done> {
-        if self.owner.is_some_and(crate::fork::forked_since) {
-            return Err(Error::Forked { verb });
+        if let Some(owner) = self.owner {
+            owner.check(verb)?;
         }
         self.run(fd).map_err(|e| Error::kernel(verb, e))
     }

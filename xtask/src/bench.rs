@@ -509,7 +509,7 @@ fn summarize(raw: &Path) -> Result<Summary> {
             get_ir(r.workload, r.param, "rust"),
             get_ir(r.workload, r.param, "dropin"),
         );
-        if c.is_none() && rust.is_none() && dropin.is_none() {
+        if [c, rust, dropin].iter().all(Option::is_none) && [irc, irr, ird].iter().all(Option::is_none) {
             continue;
         }
         let rr = paired_ratio(&samples, r.workload, r.param, "rust");

@@ -7,13 +7,14 @@
 //!   (cwd = project root, `/bin/sh -c`) with `rxe0` on `lo`; its output is
 //!   streamed and its exit status returned.
 //! - `cargo xtask test [-- <args for test binaries>]`: all tests. Host unit and
-//!   doc tests, then the integration test binaries (`--test-threads=1`) and
+//!   doc tests, the loom model, miri and 60 s of fuzzing of the ring code, then
+//!   the integration test binaries (`--test-threads=1`) and
 //!   executable `tests/guest/*.sh` against an rxe device; ends with
 //!   `guest: N passed, M failed` (M also counts failed host steps and builds).
 //! - `cargo xtask demo`: build and run `examples/demo` (release) in the guest.
 //! - `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the
-//!   rxe ring code under loom, miri (nightly) and cargo-fuzz (nightly); no
-//!   device needed (xtask/src/models.rs, docs/reliability.md).
+//!   rxe ring code under loom, miri (nightly) and libFuzzer with ASan (nightly;
+//!   xtask installs nightly if missing); no device needed (xtask/src/models.rs, docs/reliability.md).
 //! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
 //!   guest boot; table and plot in `target/bench/` (docs/benchmarks.md).
 //!
@@ -87,7 +88,7 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask test [-- <test args>]     run all tests (host, then rxe guest)
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench                     benchmarks against rdma-core's C provider
-       cargo xtask loom|miri|fuzz [secs]     the rxe rings under loom, miri, cargo-fuzz
+       cargo xtask loom|miri|fuzz [secs]     the rxe rings under loom, miri, libFuzzer
 (environment knobs: see the doc comment of xtask/src/main.rs)";
 
 fn main() -> ExitCode {

@@ -1,63 +1,64 @@
 //! `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the rxe ring code
-//! (`providers/rxe/queue.rs`) under a model checker, an interpreter that detects undefined
-//! behaviour and data races, and a coverage-guided fuzzer. None needs an RDMA device or a
-//! guest. `cargo xtask test` runs the loom model too (stable, about a minute); miri and
-//! cargo-fuzz need a nightly toolchain, which a fresh machine does not have, so they stay
-//! separate. docs/reliability.md has what they check and the
-//! last results.
+//! (`providers/rxe/queue.rs`) and the in-place CQ batch under a model checker, an interpreter
+//! that detects undefined behaviour and data races, and a coverage-guided fuzzer. None needs
+//! an RDMA device or a guest, and `cargo xtask test` runs all three (fuzzing for
+//! [`CI_FUZZ_SECONDS`]). docs/reliability.md has what they check and the last results.
 //!
 //! - loom: `RUSTFLAGS="--cfg loom"`, its own target dir (`target/loom`), release; runs
 //!   `providers::rxe::queue::model`. `LOOM_MAX_PREEMPTIONS` is passed through (default 3).
-//! - miri: `cargo +nightly miri test` of `providers::rxe::queue::tests` (synthetic rings,
-//!   threads standing in for the kernel, the hostile-ring harness) under several scheduler
-//!   seeds. `MIRIFLAGS` from the environment replaces the default.
-//! - fuzz: `cargo +nightly fuzz run rings` in `fuzz/` for the given seconds (default 60).
+//! - miri: `cargo +nightly miri test` of the ring and CQ unit tests (synthetic rings, threads
+//!   standing in for the kernel, the hostile-ring harness, `Batch` across a wrap) under
+//!   several scheduler seeds. `MIRIFLAGS` from the environment replaces the default.
+//! - fuzz: builds `fuzz/`'s target `rings` the way `cargo fuzz build` does (libFuzzer,
+//!   sanitizer coverage, AddressSanitizer, `--cfg fuzzing`), so no `cargo-fuzz` install is
+//!   needed, and runs it for the given seconds on `fuzz/corpus/rings`. `cargo +nightly fuzz
+//!   run rings` does the same where cargo-fuzz is installed.
+//!
+//! miri and the sanitizers need the nightly toolchain. When it (or its `miri` and `rust-src`
+//! components) is missing, these commands install it with rustup and fail, saying so, if
+//! that is impossible.
 
-use crate::error::{bail, Result};
+use crate::error::{bail, Context, Result};
 use crate::{paths, proc};
 use std::process::{Command, ExitCode};
 
+/// How long `cargo xtask test` fuzzes.
+pub const CI_FUZZ_SECONDS: u32 = 60;
+
+/// The ring-index protocol, the synthetic rings and the in-place batch (`cq::tests` matches
+/// both the core's `Batch` tests and the rxe poll's).
+const MIRI_TESTS: [&str; 2] = ["providers::rxe::queue::tests", "cq::tests"];
+
+/// The fuzz target's host triple (`-Zsanitizer` needs an explicit `--target`).
+const FUZZ_TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
 /// Runs `cmd` (`loom`, `miri` or `fuzz`) with the arguments after it.
 pub fn run(cmd: &str, rest: &[String]) -> Result<ExitCode> {
-    let root = paths::root();
-    let mut c = match cmd {
-        "loom" => loom(),
-        "miri" => {
-            require_nightly(
-                &["miri", "--version"],
-                "rustup toolchain install nightly --component miri rust-src",
-            )?;
-            let mut c = nightly_cargo();
-            c.args(["miri", "test", "-p", "uverbs", "--lib", "--"])
-                .args(["providers::rxe::queue::tests", "--nocapture"])
-                .current_dir(&root);
-            if std::env::var_os("MIRIFLAGS").is_none() {
-                c.env("MIRIFLAGS", "-Zmiri-many-seeds=0..4");
-            }
-            c
-        }
+    let mut steps = match cmd {
+        "loom" => vec![loom()],
+        "miri" => vec![miri()?],
         "fuzz" => {
-            require_nightly(&["fuzz", "--version"], "cargo install cargo-fuzz")?;
             let secs: u32 = match rest.first() {
                 Some(s) => s
                     .parse()
                     .map_err(|_| crate::error::Error::msg(format!("`{s}` is not a number of seconds")))?,
-                None => 60,
+                None => CI_FUZZ_SECONDS,
             };
-            let mut c = nightly_cargo();
-            c.args(["fuzz", "run", "rings", "--", &format!("-max_total_time={secs}")])
-                .current_dir(root.join("fuzz"));
-            c
+            fuzz(secs)?
         }
         other => bail!("unknown model command `{other}`"),
     };
-    note!("xtask: {}", proc::describe(&c));
-    let st = proc::status(&mut c)?;
-    Ok(ExitCode::from(st.code().unwrap_or(1).clamp(0, 255) as u8))
+    for c in &mut steps {
+        note!("xtask: {}", proc::describe(c));
+        let st = proc::status(c)?;
+        if !st.success() {
+            return Ok(ExitCode::from(st.code().unwrap_or(1).clamp(1, 255) as u8));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// The loom model of the ring index protocol (stable toolchain; `cargo xtask test` runs it
-/// too).
+/// The loom model of the ring index protocol (stable toolchain).
 pub fn loom() -> Command {
     let mut c = crate::testrun::cargo();
     c.args(["test", "-p", "uverbs", "--lib", "--release", "--"])
@@ -67,29 +68,98 @@ pub fn loom() -> Command {
     c
 }
 
+/// The ring and batch unit tests under miri, four scheduler seeds.
+pub fn miri() -> Result<Command> {
+    ensure_nightly()?;
+    let mut c = nightly_cargo();
+    c.args(["miri", "test", "-p", "uverbs", "--lib", "--"])
+        .args(MIRI_TESTS)
+        .arg("--nocapture")
+        .current_dir(paths::root());
+    if std::env::var_os("MIRIFLAGS").is_none() {
+        c.env("MIRIFLAGS", "-Zmiri-many-seeds=0..4");
+    }
+    Ok(c)
+}
+
+/// Builds the fuzz target and runs it for `secs` seconds: two commands, in order.
+pub fn fuzz(secs: u32) -> Result<Vec<Command>> {
+    ensure_nightly()?;
+    let dir = paths::root().join("fuzz");
+    for d in ["corpus/rings", "artifacts/rings"] {
+        std::fs::create_dir_all(dir.join(d)).context(format!("creating fuzz/{d}"))?;
+    }
+    // What `cargo fuzz build` passes (cargo-fuzz 0.13, default options).
+    let rustflags = [
+        "-Cpasses=sancov-module",
+        "-Cllvm-args=-sanitizer-coverage-level=4",
+        "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters",
+        "-Cllvm-args=-sanitizer-coverage-pc-table",
+        "-Cllvm-args=-sanitizer-coverage-trace-compares",
+        "--cfg fuzzing",
+        "-Zsanitizer=address",
+        "-Cdebug-assertions",
+        "-Coverflow-checks",
+    ]
+    .join(" ");
+    let mut build = nightly_cargo();
+    build
+        .args(["build", "--release", "--bin", "rings", "--target", FUZZ_TRIPLE])
+        .env("RUSTFLAGS", rustflags)
+        .current_dir(&dir);
+    let mut run = Command::new(dir.join("target").join(FUZZ_TRIPLE).join("release/rings"));
+    run.arg(format!("-max_total_time={secs}"))
+        .arg("-artifact_prefix=artifacts/rings/")
+        .arg("corpus/rings")
+        .current_dir(&dir);
+    Ok(vec![build, run])
+}
+
 /// `cargo` of the nightly toolchain, without the variables that would pin the outer one.
 fn nightly_cargo() -> Command {
     let mut c = Command::new("rustup");
     c.args(["run", "nightly", "cargo"]);
-    for v in ["CARGO", "RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN", "RUSTFLAGS"] {
+    for v in [
+        "CARGO",
+        "RUSTC",
+        "RUSTDOC",
+        "RUSTUP_TOOLCHAIN",
+        "RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+    ] {
         c.env_remove(v);
     }
     c
 }
 
-/// Fails with `how` to install it unless `cargo +nightly <probe>` runs.
-fn require_nightly(probe: &[&str], how: &str) -> Result<()> {
-    let ok = nightly_cargo()
-        .args(probe)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+/// Makes sure the nightly toolchain with `miri` and `rust-src` is installed, installing
+/// what is missing with rustup.
+fn ensure_nightly() -> Result<()> {
+    if nightly_has_miri() {
+        return Ok(());
+    }
+    let mut install = Command::new("rustup");
+    install.args(["toolchain", "install", "nightly", "--profile", "minimal"]);
+    install.args(["--component", "miri", "--component", "rust-src"]);
+    note!(
+        "xtask: the nightly toolchain with miri is missing; {}",
+        proc::describe(&install)
+    );
+    if proc::check(&mut install).is_err() || !nightly_has_miri() {
         bail!(
-            "`cargo +nightly {}` does not run; install it with `{how}`",
-            probe.join(" ")
+            "miri and the fuzzer's AddressSanitizer need the nightly toolchain with its `miri` and \
+             `rust-src` components, and rustup could not install them; on a machine that can, run \
+             `rustup toolchain install nightly --component miri --component rust-src`"
         );
     }
     Ok(())
+}
+
+fn nightly_has_miri() -> bool {
+    nightly_cargo()
+        .args(["miri", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }

@@ -38,7 +38,8 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         crate::packages::ensure()?;
     }
     let mut failures: Vec<String> = Vec::new();
-    let mut host_steps: Vec<Command> = [
+    // Each chain stops at its first failing command.
+    let mut host_steps: Vec<Vec<Command>> = [
         &["test", "--workspace", "--lib", "--bins", "--no-fail-fast"][..],
         &["test", "--doc", "-p", "uverbs"],
     ]
@@ -46,15 +47,27 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     .map(|args| {
         let mut c = cargo();
         c.args(*args);
-        c
+        vec![c]
     })
     .collect();
-    // Every interleaving of the rxe ring protocol's producer and consumer (loom).
-    host_steps.push(crate::models::loom());
-    for mut c in host_steps {
-        note!("xtask: host: {}", proc::describe(&c));
-        if let Err(e) = proc::check(&mut c) {
-            failures.push(format!("host: {e}"));
+    // Every interleaving of the rxe ring protocol's producer and consumer (loom), the ring
+    // and batch code under miri, and the ring code under the fuzzer (build, then run).
+    host_steps.push(vec![crate::models::loom()]);
+    match crate::models::miri() {
+        Ok(c) => host_steps.push(vec![c]),
+        Err(e) => failures.push(format!("host: miri: {e}")),
+    }
+    match crate::models::fuzz(crate::models::CI_FUZZ_SECONDS) {
+        Ok(chain) => host_steps.push(chain),
+        Err(e) => failures.push(format!("host: fuzz: {e}")),
+    }
+    for chain in host_steps {
+        for mut c in chain {
+            note!("xtask: host: {}", proc::describe(&c));
+            if let Err(e) = proc::check(&mut c) {
+                failures.push(format!("host: {e}"));
+                break;
+            }
         }
     }
 

@@ -230,10 +230,19 @@ fn cq_case(f: &mut Fake, stats: &mut Stats) {
                 // In place, as `Cq::batch`: look at some, consume some.
                 let prod = f.get_u32(ring.at + off::PRODUCER_INDEX as u64) & ring.mask;
                 let ready = prod.wrapping_sub(cons) & ring.mask;
-                assert_eq!(cq.ready(), ready as usize);
+                let run = cq.ready_run();
+                assert_eq!(run.len, ready as usize);
+                assert!(run.before_wrap <= run.len && run.before_wrap <= (ring.mask - cons + 1) as usize);
                 let look = f.rng.below(u64::from(ready) + 1) as u32;
-                for i in 0..look {
-                    check_wc(f, &ring, cq.entry(i as usize), cons.wrapping_add(i), stats);
+                for i in 0..look as usize {
+                    let (from, k) = if i < run.before_wrap {
+                        (run.first, i)
+                    } else {
+                        (run.wrapped, i - run.before_wrap)
+                    };
+                    // SAFETY: the `i`-th of the `run.len` ready completions `CqRing` describes.
+                    let wc = unsafe { &*from.as_ptr().byte_add(k * run.stride) };
+                    check_wc(f, &ring, wc, cons.wrapping_add(i as u32), stats);
                 }
                 if look > 0 {
                     cq.consume(look as usize);
