@@ -7,7 +7,8 @@
 #
 # Writes into $UVERBS_RESULTS: results.jsonl (one JSON line per measurement), cg/ (callgrind
 # dumps, one per measured region), perftest/ (raw perftest output), env.txt and log.txt.
-# Knobs: UVERBS_BENCH_REPS (harness and perftest repetitions, default 5),
+# Knobs: UVERBS_BENCH_REPS (harness repetitions, default 5), UVERBS_BENCH_PERFTEST_REPS
+# (perftest repetitions, default 15),
 # UVERBS_BENCH_SKIP (comma list of: timing, callgrind, perftest).
 set -u
 
@@ -139,14 +140,20 @@ perftest() {
 }
 
 if [ "${skip#*,perftest,}" = "$skip" ]; then
+    # perftest's numbers jump between modes from run to run under TCG (e.g. 0.034 or 0.050
+    # Mpps for the same program), so it gets more repetitions than the harnesses, and the
+    # provider that goes first alternates.
+    preps=${UVERBS_BENCH_PERFTEST_REPS:-15}
     i=0
-    while [ $i -lt "$reps" ]; do
+    while [ $i -lt "$preps" ]; do
         i=$((i + 1))
-        echo "bench: perftest ($i/$reps)" >&2
+        echo "bench: perftest ($i/$preps)" >&2
+        order="c dropin"
+        [ $((i % 2)) -eq 0 ] && order="dropin c"
         # Each test on both providers back to back, so that they share the host's mood.
-        for impl in c dropin; do perftest $impl ib_send_lat $i -s 64 -n 5000; done
-        for impl in c dropin; do perftest $impl ib_write_bw $i -s 64 -n 20000; done
-        for impl in c dropin; do perftest $impl ib_send_bw $i -s 64 -n 20000; done
+        for impl in $order; do perftest $impl ib_send_lat $i -s 64 -n 5000; done
+        for impl in $order; do perftest $impl ib_write_bw $i -s 64 -n 20000; done
+        for impl in $order; do perftest $impl ib_send_bw $i -s 64 -n 20000; done
     done
 fi
 

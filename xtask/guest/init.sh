@@ -44,8 +44,15 @@ mount -t devtmpfs devtmpfs /newroot/dev || fail "devtmpfs in chroot"
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts || fail "devpts in chroot"
 mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm || fail "/dev/shm in chroot"
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp || fail "/tmp in chroot"
-mount -t tmpfs -o mode=0755 tmpfs /newroot/run || fail "/run in chroot"
+# A fresh /tmp and /run, unless the project lives under one of them (a clone in /tmp): a tmpfs
+# there would hide it, so the overlay's view of the host directory stays (writes to it still
+# land in guest memory only).
+for d in tmp:1777 run:0755; do
+    case "$uverbs_results/" in
+    /"${d%:*}"/*) say "the project is under /${d%:*}: keeping the host's /${d%:*} (overlay)" ;;
+    *) mount -t tmpfs -o mode="${d#*:}" tmpfs "/newroot/${d%:*}" || fail "/${d%:*} in chroot" ;;
+    esac
+done
 
 # Kernel module autoloading runs this helper, which uses the host's modprobe.
 echo /bin/modprobe-chroot > /proc/sys/kernel/modprobe

@@ -8,8 +8,9 @@
 //! `target/bench/summary.md` (the table), `bench-poll.csv` and `bench-poll.png` (the plot,
 //! with python3 and matplotlib). The raw results stay in `target/bench/raw/`.
 //!
-//! Knobs (environment, passed into the guest): `UVERBS_BENCH_REPS` (default 3),
-//! `UVERBS_BENCH_SKIP` (comma list of `timing`, `callgrind`, `perftest`).
+//! Knobs (environment, passed into the guest): `UVERBS_BENCH_REPS` (harness repetitions,
+//! default 5), `UVERBS_BENCH_PERFTEST_REPS` (default 15), `UVERBS_BENCH_SKIP` (comma list of
+//! `timing`, `callgrind`, `perftest`).
 
 use crate::error::{bail, Context, Result};
 use crate::json::{self, Value};
@@ -32,7 +33,7 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
             report(&out)?;
             return Ok(ExitCode::SUCCESS);
         }
-        _ => bail!("usage: cargo xtask bench [--report] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_SKIP)"),
+        _ => bail!("usage: cargo xtask bench [--report] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
     }
     let native = crate::native();
     if !native {
