@@ -36,10 +36,16 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         _ => bail!("usage: cargo xtask bench [--report] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
     }
     let native = crate::native();
+    let tools = [
+        ("gcc", "gcc"),
+        ("valgrind", "valgrind"),
+        ("python3", "python3"),
+        ("perf", "linux-perf"),
+    ];
     if !native {
-        crate::packages::ensure()?;
+        crate::packages::ensure_with(&tools)?;
     }
-    for (tool, package) in [("gcc", "gcc"), ("valgrind", "valgrind"), ("python3", "python3")] {
+    for (tool, package) in tools {
         if proc::find_program(tool).is_none() {
             bail!("`cargo xtask bench` needs {tool} (Debian package {package})");
         }

@@ -20,6 +20,14 @@ fn program(name: &str, package: &str) -> Need {
     }
 }
 
+fn file(path: &str, package: &str) -> Need {
+    Need {
+        what: format!("`{path}`"),
+        package: package.into(),
+        present: Path::new(path).exists(),
+    }
+}
+
 fn needs() -> Vec<Need> {
     let mut v = vec![
         program("qemu-system-x86_64", "qemu-system-x86"),
@@ -35,6 +43,10 @@ fn needs() -> Vec<Need> {
         program("ibv_rc_pingpong", "ibverbs-utils"),
         program("ib_write_bw", "perftest"),
         program("rdma-ndd", "rdma-core"),
+        // C programs built against libibverbs: the drop-in test's event checker and the
+        // drop-in's struct layout test.
+        program("cc", "gcc"),
+        file("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
         Need {
             what: "the rxe provider of libibverbs".into(),
             package: "ibverbs-providers".into(),
@@ -67,7 +79,17 @@ fn needs() -> Vec<Need> {
 
 /// Installs (as root, with apt-get) whatever the guest harness is missing.
 pub fn ensure() -> Result<()> {
-    let missing: Vec<Need> = needs().into_iter().filter(|n| !n.present).collect();
+    ensure_with(&[])
+}
+
+/// [`ensure`], plus the programs in `extra` (program, Debian package).
+pub fn ensure_with(extra: &[(&str, &str)]) -> Result<()> {
+    let all = || {
+        let mut v = needs();
+        v.extend(extra.iter().map(|(name, package)| program(name, package)));
+        v
+    };
+    let missing: Vec<Need> = all().into_iter().filter(|n| !n.present).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -99,7 +121,7 @@ pub fn ensure() -> Result<()> {
             .args(&pkgs)
             .stdout(std::process::Stdio::null()),
     )?;
-    let still: Vec<String> = needs().into_iter().filter(|n| !n.present).map(|n| n.what).collect();
+    let still: Vec<String> = all().into_iter().filter(|n| !n.present).map(|n| n.what).collect();
     if !still.is_empty() {
         bail!(
             "after installing {}, still missing: {}",
