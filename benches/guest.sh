@@ -1,15 +1,17 @@
 #!/bin/sh
 # The benchmark run of `cargo xtask bench`, inside one guest boot (or natively on a host with an
 # rxe device): the Rust harness, the C harness on rdma-core's C provider, the C harness on the
-# Rust drop-in provider, the same three under callgrind, and perftest on either provider.
+# Rust drop-in provider, the same three under callgrind, a perf profile of the drain, and
+# perftest on either provider.
 #
 #   benches/guest.sh RUST_BENCH C_BENCH DROPIN_SO
 #
 # Writes into $UVERBS_RESULTS: results.jsonl (one JSON line per measurement), cg/ (callgrind
-# dumps, one per measured region), perftest/ (raw perftest output), env.txt and log.txt.
+# dumps, one per measured region), profile/ (perf reports of the drain), perftest/ (raw
+# perftest output), env.txt and log.txt.
 # Knobs: UVERBS_BENCH_REPS (harness repetitions, default 5), UVERBS_BENCH_PERFTEST_REPS
 # (perftest repetitions, default 15),
-# UVERBS_BENCH_SKIP (comma list of: timing, callgrind, perftest).
+# UVERBS_BENCH_SKIP (comma list of: timing, callgrind, profile, perftest).
 set -u
 
 rust=$1 c=$2 so=$3
@@ -58,7 +60,7 @@ step() {
 harness="--device $dev --gid-index $gidx"
 if [ "${skip#*,timing,}" = "$skip" ]; then
     # Interleaved, so that drift in the emulator's speed hits every implementation alike.
-    for group in drain,empty,post,inplace pingpong,rate; do
+    for group in drain,empty,post,inplace,inplace_copy pingpong,rate; do
         i=0
         while [ $i -lt "$reps" ]; do
             i=$((i + 1))
@@ -84,12 +86,46 @@ if [ "${skip#*,callgrind,}" = "$skip" ]; then
         fi
     }
     # shellcheck disable=SC2086
-    run_cg rust $cg="$out/cg/rust.out" "$rust" $harness --callgrind --only drain,empty,post,inplace
+    run_cg rust $cg="$out/cg/rust.out" "$rust" $harness --callgrind --only drain,empty,post,inplace,inplace_copy
     # shellcheck disable=SC2086
     run_cg c $cg="$out/cg/c.out" "$c" $harness --callgrind --only drain,empty,post,inplace
     # shellcheck disable=SC2086
     run_cg dropin $dropin $cg="$out/cg/dropin.out" "$c" --impl dropin $harness --callgrind \
         --only drain,empty,post,inplace
+fi
+
+if [ "${skip#*,profile,}" = "$skip" ]; then
+    # Where the drain's time goes on the emulated CPU: perf's software clock (the host has no
+    # hardware counters) sampling every 50 us of CPU time, over four runs of the drain workload
+    # per side. Under TCG a sample lands where the guest next takes an interrupt, which is the
+    # start of a translated block: a sample names the block that follows the one that ran.
+    mkdir -p "$out/profile"
+    # (As root; elsewhere perf keeps its limits and may sample less often.)
+    echo 100000 2>/dev/null >/proc/sys/kernel/perf_event_max_sample_rate
+    echo 0 2>/dev/null >/proc/sys/kernel/perf_cpu_time_max_percent
+    for side in rust c; do
+        if [ $side = rust ]; then bin=$rust; else bin=$c; fi
+        data=$out/profile/$side.data
+        echo "bench: profile $side" >&2
+        echo "==== profile $side" >>"$log"
+        # shellcheck disable=SC2086
+        if ! perf record -q -e cpu-clock -c 50000 -o "$data" -- sh -c \
+            "for i in 1 2 3 4; do $bin $harness --only drain >/dev/null || exit 1; done" >>"$log" 2>&1; then
+            echo "bench: FAILED: profile $side (see log.txt)" >&2
+            failures=$((failures + 1))
+            continue
+        fi
+        # User-space samples by function; then the provider's poll code instruction by
+        # instruction (the Rust one has symbols; Debian's librxe is stripped, so C's samples
+        # are by address).
+        perf report -i "$data" --stdio --sort dso,sym 2>>"$log" | grep -v '\[k\]' >"$out/profile/$side.report.txt"
+        if [ $side = rust ]; then
+            for f in take_avx take_few_avx; do
+                perf annotate -i "$data" --stdio -s "uverbs::providers::rxe::cq::$f" 2>>"$log"
+            done >"$out/profile/$side.annotate.txt"
+        fi
+        rm -f "$data"
+    done
 fi
 
 # Waits (up to 20 s) for a server to listen on TCP port $1.

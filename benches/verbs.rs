@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
-//! empty, post, pingpong, rate), `--device NAME`, `--gid-index N`, `--cq-depth N` (default
+//! inplace_copy (Rust only), empty, post, pingpong, rate), `--device NAME`, `--gid-index N`, `--cq-depth N` (default
 //! 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
 //! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
 
@@ -229,10 +229,47 @@ fn post_writes(p: &mut Pair) {
     }
 }
 
-/// 1. Draining a CQ holding N_DRAIN ready completions, `batch` at a time (0: in place).
-fn bench_drain(o: &Opts, p: &mut Pair, batch: usize) {
+/// How [`bench_drain`] takes the completions.
+#[derive(Clone, Copy, PartialEq)]
+enum Drain {
+    /// `Cq::poll`, this many at a time.
+    Poll(usize),
+    /// `Cq::batch`, reading `wr_id` and `status` of each.
+    InPlace,
+    /// `Cq::batch`, also copying each completion into the 64-entry array (as `Cq::poll` does):
+    /// a Rust-only row that shows what the copy itself costs.
+    InPlaceCopy,
+}
+
+/// Takes up to N_DRAIN completions with `Cq::batch`, reading `wr_id` and `status` of each
+/// (and, with `COPY`, copying each into `out`); returns how many, the sum of their `wr_id`s and
+/// whether any failed.
+#[inline(always)]
+fn drain_in_place<const COPY: bool>(cq: &mut Cq, out: &mut [WorkCompletion; 64]) -> (usize, u64, bool) {
+    let (mut got, mut acc, mut bad) = (0, 0, false);
+    let mut b = cq.batch();
+    while let Some(c) = b.next() {
+        if COPY {
+            out[got % 64] = *c;
+        }
+        acc += c.wr_id;
+        bad |= c.status != WcStatus::SUCCESS;
+        got += 1;
+        if got == N_DRAIN {
+            break;
+        }
+    }
+    (got, acc, bad)
+}
+
+/// 1. Draining a CQ holding N_DRAIN ready completions.
+fn bench_drain(o: &Opts, p: &mut Pair, how: Drain) {
+    let (name, batch) = match how {
+        Drain::Poll(b) => ("drain", b),
+        Drain::InPlace => ("inplace", 0),
+        Drain::InPlaceCopy => ("inplace_copy", 0),
+    };
     let inplace = batch == 0;
-    let name = if inplace { "inplace" } else { "drain" };
     let rounds = if o.callgrind { 3 } else { 11 };
     let (mut wait_ms, mut retries) = (20, 0);
     let mut v = Vec::with_capacity(rounds);
@@ -246,16 +283,10 @@ fn bench_drain(o: &Opts, p: &mut Pair, batch: usize) {
             o.collect_on();
         }
         let t0 = Instant::now();
-        if inplace {
-            let mut b = p.a.cq.batch();
-            while let Some(c) = b.next() {
-                acc += c.wr_id;
-                bad |= c.status != WcStatus::SUCCESS;
-                got += 1;
-                if got == N_DRAIN {
-                    break;
-                }
-            }
+        if how == Drain::InPlace {
+            (got, acc, bad) = drain_in_place::<false>(&mut p.a.cq, &mut wc);
+        } else if how == Drain::InPlaceCopy {
+            (got, acc, bad) = drain_in_place::<true>(&mut p.a.cq, &mut wc);
         } else {
             let wc = &mut wc[..batch];
             while got < N_DRAIN {
@@ -268,6 +299,8 @@ fn bench_drain(o: &Opts, p: &mut Pair, batch: usize) {
             }
         }
         let dt = t0.elapsed();
+        // The copies are the work being measured: keep them.
+        std::hint::black_box(&wc);
         if r >= 0 {
             o.collect_off(name, batch, got);
         }
@@ -556,7 +589,7 @@ fn main() -> ExitCode {
         let mut p = open();
         if o.wanted("drain") {
             for batch in [1, 2, 4, 8, 16, 32, 64] {
-                bench_drain(&o, &mut p, batch);
+                bench_drain(&o, &mut p, Drain::Poll(batch));
             }
         }
         if o.wanted("empty") {
@@ -568,7 +601,10 @@ fn main() -> ExitCode {
         }
     }
     if o.wanted("inplace") {
-        bench_drain(&o, &mut open(), 0);
+        bench_drain(&o, &mut open(), Drain::InPlace);
+    }
+    if o.wanted("inplace_copy") {
+        bench_drain(&o, &mut open(), Drain::InPlaceCopy);
     }
     if o.wanted("pingpong") || o.wanted("rate") {
         if o.wanted("pingpong") {

@@ -10,7 +10,7 @@
 //!
 //! Knobs (environment, passed into the guest): `UVERBS_BENCH_REPS` (harness repetitions,
 //! default 5), `UVERBS_BENCH_PERFTEST_REPS` (default 15), `UVERBS_BENCH_SKIP` (comma list of
-//! `timing`, `callgrind`, `perftest`).
+//! `timing`, `callgrind`, `profile`, `perftest`).
 
 use crate::error::{bail, Context, Result};
 use crate::json::{self, Value};
@@ -373,6 +373,14 @@ fn rows() -> Vec<Row> {
         "inplace",
         0,
         "drain 4096 ready in place (`Cq::batch` / `ibv_start_poll`)".into(),
+        "ns/completion",
+        None,
+        None,
+    ));
+    v.push(row(
+        "inplace_copy",
+        0,
+        "drain 4096 ready in place, copying each out (Rust only: the copy's cost)".into(),
         "ns/completion",
         None,
         None,
