@@ -143,18 +143,19 @@ impl Copy48 for Avx {
         };
         // SAFETY: an `RxeCq<Avx>` is only made after checking the CPU has AVX; the tests
         // check it themselves.
-        unsafe { take_few_avx(ring, stride, wc, ready) }
+        unsafe { take_few_avx(ring, wc, stride, ready) }
     }
 }
 
-/// [`take_few`] with AVX enabled, so that the copy inlines.
+/// [`take_few`] with AVX enabled, so that the copy inlines. (`wc` comes before `stride` so
+/// that the `CqRing::poll` that jumps here need not move its arguments between registers.)
 ///
 /// # Safety
 /// The CPU must have AVX.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 #[inline(never)]
-unsafe fn take_few_avx(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion], ready: usize) -> usize {
+unsafe fn take_few_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
     let copy = |s, o: &mut WorkCompletion| {
         // SAFETY: `take_few` passes only ready slots, all `copy_avx` needs besides AVX, which
         // our caller guarantees.
@@ -162,7 +163,7 @@ unsafe fn take_few_avx(ring: &mut Consumer, stride: usize, wc: &mut [WorkComplet
     };
     let many = |ring: &mut Consumer, stride, wc: &mut [WorkCompletion], ready| {
         // SAFETY: our caller guarantees AVX.
-        unsafe { take_avx(ring, stride, wc, ready) }
+        unsafe { take_avx(ring, wc, stride, ready) }
     };
     take_few(ring, stride, wc, ready, copy, many)
 }
@@ -174,7 +175,7 @@ unsafe fn take_few_avx(ring: &mut Consumer, stride: usize, wc: &mut [WorkComplet
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 #[inline(never)]
-unsafe fn take_avx(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion], ready: usize) -> usize {
+unsafe fn take_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
     let copy = |s, o: &mut WorkCompletion| {
         // SAFETY: `take_with` passes only ready slots, all `copy_avx` needs besides AVX, which
         // our caller guarantees.
