@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
-//! inplace_copy (Rust only), empty, post, pingpong, rate), `--device NAME`, `--gid-index N`, `--cq-depth N` (default
-//! 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
+//! inplace_copy (Rust only), empty, post, pingpong, rate), `--device NAME`, `--gid-index N`,
+//! `--cq-depth N` (default 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
 //! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
 
 use std::process::ExitCode;
@@ -230,7 +230,7 @@ fn post_writes(p: &mut Pair) {
 }
 
 /// How [`bench_drain`] takes the completions.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Drain {
     /// `Cq::poll`, this many at a time.
     Poll(usize),
@@ -269,7 +269,7 @@ fn bench_drain(o: &Opts, p: &mut Pair, how: Drain) {
         Drain::InPlace => ("inplace", 0),
         Drain::InPlaceCopy => ("inplace_copy", 0),
     };
-    let inplace = batch == 0;
+    let inplace = !matches!(how, Drain::Poll(_));
     let rounds = if o.callgrind { 3 } else { 11 };
     let (mut wait_ms, mut retries) = (20, 0);
     let mut v = Vec::with_capacity(rounds);
@@ -283,19 +283,19 @@ fn bench_drain(o: &Opts, p: &mut Pair, how: Drain) {
             o.collect_on();
         }
         let t0 = Instant::now();
-        if how == Drain::InPlace {
-            (got, acc, bad) = drain_in_place::<false>(&mut p.a.cq, &mut wc);
-        } else if how == Drain::InPlaceCopy {
-            (got, acc, bad) = drain_in_place::<true>(&mut p.a.cq, &mut wc);
-        } else {
-            let wc = &mut wc[..batch];
-            while got < N_DRAIN {
-                let n = p.a.cq.poll(wc);
-                if n == 0 {
-                    break;
+        match how {
+            Drain::InPlace => (got, acc, bad) = drain_in_place::<false>(&mut p.a.cq, &mut wc),
+            Drain::InPlaceCopy => (got, acc, bad) = drain_in_place::<true>(&mut p.a.cq, &mut wc),
+            Drain::Poll(batch) => {
+                let wc = &mut wc[..batch];
+                while got < N_DRAIN {
+                    let n = p.a.cq.poll(wc);
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                    last = n;
                 }
-                got += n;
-                last = n;
             }
         }
         let dt = t0.elapsed();
