@@ -10,7 +10,7 @@ use crate::provider::{KernelCall, QpCreated, QpQueues, QpRequest};
 use crate::qp::QpType;
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
-use crate::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use crate::wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -143,8 +143,9 @@ impl RxeQp {
 /// Writes `wr` into the send slot at `slot`. `inline_len` is the total length of an inline
 /// request (from `check_send`).
 ///
-/// The SGEs (or inline bytes) are copied in one pass that also sums the length, and the
-/// 208-byte header is stored straight into the slot.
+/// The SGEs (or inline bytes) are copied in one pass that also sums the length; then each
+/// operation stores its whole 208-byte header straight into the slot, its opcode, immediate
+/// data and arm known at compile time in its branch, so nothing is staged on the stack.
 ///
 /// # Safety
 /// `slot` must be a free SQ slot large enough for the header plus the SGEs or inline data
@@ -152,49 +153,6 @@ impl RxeQp {
 /// name readable memory.
 #[inline]
 unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
-    let mut arm = WrArm { raw: [0; 15] };
-    let mut iova = 0;
-    match wr.op {
-        SendOp::RdmaWrite(r) | SendOp::RdmaWriteWithImm(r, _) | SendOp::RdmaRead(r) => {
-            arm.rdma = RdmaArm {
-                remote_addr: r.addr,
-                rkey: r.rkey,
-                reserved: 0,
-            };
-            iova = r.addr;
-        }
-        SendOp::CompareSwap { remote, compare, swap } => {
-            arm.atomic = AtomicArm {
-                remote_addr: remote.addr,
-                compare_add: compare,
-                swap,
-                rkey: remote.rkey,
-                reserved: 0,
-            };
-            iova = remote.addr;
-        }
-        SendOp::FetchAdd { remote, add } => {
-            arm.atomic = AtomicArm {
-                remote_addr: remote.addr,
-                compare_add: add,
-                swap: 0,
-                rkey: remote.rkey,
-                reserved: 0,
-            };
-            iova = remote.addr;
-        }
-        SendOp::Send | SendOp::SendWithImm { .. } => {
-            if let Some(ud) = wr.ud {
-                arm.ud = UdArm {
-                    remote_qpn: ud.remote_qpn,
-                    remote_qkey: ud.remote_qkey,
-                    pkey_index: 0,
-                    reserved: 0,
-                    ah_num: ud.ah.provider_data() as u32,
-                };
-            }
-        }
-    }
     let inline = wr.flags.contains(SendFlags::INLINE);
     // SAFETY: per the contract the slot is free and large enough for what follows the header;
     // slots are 64-byte aligned, so the SGE array after the 208-byte header is 16-aligned.
@@ -218,33 +176,80 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             (length, wr.sg_list.len() as u32)
         }
     };
-    let header = SendWqe {
-        wr_id: wr.wr_id,
-        reserved: 0,
-        opcode: wr.op.wr_opcode(),
-        send_flags: wr.flags.bits(),
-        ex: wr.op.imm_data().unwrap_or(0),
-        wr: arm,
-        status: 0,
-        state: 0,
-        iova,
-        mask: 0,
-        first_psn: 0,
-        last_psn: 0,
-        ack_length: 0,
-        ssn: 0,
-        has_rd_atomic: 0,
-        dma: DmaInfo {
-            length,
-            resid: length,
-            cur_sge: 0,
-            num_sge,
-            sge_offset: 0,
+    // Inlined into every branch below, where `wr.op` is known.
+    let write = |arm: WrArm, iova: u64| {
+        let header = SendWqe {
+            wr_id: wr.wr_id,
             reserved: 0,
-        },
+            opcode: wr.op.wr_opcode(),
+            send_flags: wr.flags.bits(),
+            ex: wr.op.imm_data().unwrap_or(0),
+            wr: arm,
+            status: 0,
+            state: 0,
+            iova,
+            mask: 0,
+            first_psn: 0,
+            last_psn: 0,
+            ack_length: 0,
+            ssn: 0,
+            has_rd_atomic: 0,
+            dma: DmaInfo {
+                length,
+                resid: length,
+                cur_sge: 0,
+                num_sge,
+                sge_offset: 0,
+                reserved: 0,
+            },
+        };
+        // SAFETY: as above.
+        unsafe { slot.cast::<SendWqe>().write(header) };
     };
-    // SAFETY: as above.
-    unsafe { slot.cast::<SendWqe>().write(header) };
+    // The arms, the bytes past the operation's fields zeroed.
+    let zeroed = WrArm { raw: [0; 15] };
+    let rdma = |r: Remote| {
+        let mut arm = zeroed;
+        arm.rdma = RdmaArm {
+            remote_addr: r.addr,
+            rkey: r.rkey,
+            reserved: 0,
+        };
+        arm
+    };
+    let atomic = |remote: Remote, compare_add, swap| {
+        let mut arm = zeroed;
+        arm.atomic = AtomicArm {
+            remote_addr: remote.addr,
+            compare_add,
+            swap,
+            rkey: remote.rkey,
+            reserved: 0,
+        };
+        arm
+    };
+    let send = || {
+        let mut arm = zeroed;
+        if let Some(ud) = wr.ud {
+            arm.ud = UdArm {
+                remote_qpn: ud.remote_qpn,
+                remote_qkey: ud.remote_qkey,
+                pkey_index: 0,
+                reserved: 0,
+                ah_num: ud.ah.provider_data() as u32,
+            };
+        }
+        arm
+    };
+    match wr.op {
+        SendOp::RdmaWrite(r) => write(rdma(r), r.addr),
+        SendOp::RdmaWriteWithImm(r, _) => write(rdma(r), r.addr),
+        SendOp::RdmaRead(r) => write(rdma(r), r.addr),
+        SendOp::Send => write(send(), 0),
+        SendOp::SendWithImm { .. } => write(send(), 0),
+        SendOp::CompareSwap { remote, compare, swap } => write(atomic(remote, compare, swap), remote.addr),
+        SendOp::FetchAdd { remote, add } => write(atomic(remote, add, 0), remote.addr),
+    }
 }
 
 impl QpQueues for RxeQp {
@@ -337,4 +342,148 @@ pub(super) fn post_recv_wqes(rq: &mut Producer, max_sge: u32, wrs: &[RecvWr<'_>]
         rq.advance();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A send slot, 64-byte aligned as the ring's are.
+    #[repr(C, align(64))]
+    struct Slot([u8; 512]);
+
+    /// Writes `wr` into a slot full of garbage; returns the slot.
+    fn written(wr: &SendWr<'_>, inline_len: u32) -> Slot {
+        let mut slot = Slot([0xa5; 512]);
+        let at = NonNull::from(&mut slot.0).cast::<u8>();
+        // SAFETY: 512 bytes hold the header and the two SGEs or 32 inline bytes; the inline
+        // SGEs name `DATA`, which is readable.
+        unsafe { write_send_wqe(at, wr, inline_len) };
+        slot
+    }
+
+    /// The header's bytes.
+    fn header_bytes(h: &SendWqe) -> &[u8] {
+        // SAFETY: `SendWqe` is `repr(C)` of integers with no padding (its layout assertion
+        // sums to its size), so all its bytes are initialized.
+        unsafe { std::slice::from_raw_parts(std::ptr::from_ref(h).cast::<u8>(), size_of::<SendWqe>()) }
+    }
+
+    static DATA: [u8; 32] = [7; 32];
+
+    /// Every operation but UD's (which needs a kernel AH; the guest tests cover it): the
+    /// whole 208-byte header, byte for byte against one built field by field (opcodes are the
+    /// kernel's `IB_WR_*`), then the SGEs or the inline bytes.
+    #[test]
+    fn send_wqes_are_written_whole_for_every_operation() {
+        let remote = Remote {
+            addr: 0x1000_2000,
+            rkey: 0x77,
+        };
+        let base = DATA.as_ptr() as u64;
+        let sges = [
+            Sge {
+                addr: base,
+                length: 24,
+                lkey: 9,
+            },
+            Sge {
+                addr: base + 24,
+                length: 8,
+                lkey: 9,
+            },
+        ];
+        let rdma_arm = [remote.addr, u64::from(remote.rkey)];
+        let cases: [(SendOp, u32, u32, &[u64], u64); 7] = [
+            (SendOp::RdmaWrite(remote), 0, 0, &rdma_arm, remote.addr),
+            (
+                SendOp::RdmaWriteWithImm(remote, 0x1234),
+                1,
+                0x1234,
+                &rdma_arm,
+                remote.addr,
+            ),
+            (SendOp::Send, 2, 0, &[], 0),
+            (SendOp::SendWithImm { imm_data: 0x55 }, 3, 0x55, &[], 0),
+            (SendOp::RdmaRead(remote), 4, 0, &rdma_arm, remote.addr),
+            (
+                SendOp::CompareSwap {
+                    remote,
+                    compare: 3,
+                    swap: 4,
+                },
+                5,
+                0,
+                &[remote.addr, 3, 4, u64::from(remote.rkey)],
+                remote.addr,
+            ),
+            (
+                SendOp::FetchAdd { remote, add: 5 },
+                6,
+                0,
+                &[remote.addr, 5, 0, u64::from(remote.rkey)],
+                remote.addr,
+            ),
+        ];
+        for (op, opcode, ex, arm, iova) in cases {
+            for inline in [false, true] {
+                let flags = if inline {
+                    SendFlags::SIGNALED | SendFlags::INLINE
+                } else {
+                    SendFlags::SIGNALED
+                };
+                let wr = SendWr::new(0xfeed, op, &sges).flags(flags);
+                let slot = written(&wr, if inline { 32 } else { 0 });
+                let mut raw = [0u64; 15];
+                raw[..arm.len()].copy_from_slice(arm);
+                let want = SendWqe {
+                    wr_id: 0xfeed,
+                    reserved: 0,
+                    opcode,
+                    send_flags: flags.bits(),
+                    ex,
+                    wr: WrArm { raw },
+                    status: 0,
+                    state: 0,
+                    iova,
+                    mask: 0,
+                    first_psn: 0,
+                    last_psn: 0,
+                    ack_length: 0,
+                    ssn: 0,
+                    has_rd_atomic: 0,
+                    dma: DmaInfo {
+                        length: 32,
+                        resid: 32,
+                        cur_sge: 0,
+                        num_sge: if inline { 0 } else { 2 },
+                        sge_offset: 0,
+                        reserved: 0,
+                    },
+                };
+                let (header, tail) = slot.0.split_at(size_of::<SendWqe>());
+                assert_eq!(header, header_bytes(&want), "{op:?}, inline {inline}");
+                if inline {
+                    assert_eq!(&tail[..32], &DATA, "{op:?}: inline bytes");
+                } else {
+                    let want: Vec<u8> = sges
+                        .iter()
+                        .flat_map(|s| {
+                            [
+                                &s.addr.to_le_bytes()[..],
+                                &s.length.to_le_bytes(),
+                                &s.lkey.to_le_bytes(),
+                            ]
+                            .concat()
+                        })
+                        .collect();
+                    assert_eq!(&tail[..32], want, "{op:?}: SGEs");
+                }
+                assert!(
+                    tail[32..].iter().all(|&b| b == 0xa5),
+                    "{op:?}: nothing past the request"
+                );
+            }
+        }
+    }
 }
