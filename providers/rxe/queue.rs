@@ -131,10 +131,11 @@ impl ConsIndex {
         prod.wrapping_sub(self.cons) & self.mask
     }
 
-    /// The slot index of the `i`-th ready entry (masked).
+    /// The index of the `i`-th ready entry, not masked: the slot lookup masks it (once, with
+    /// the mask that bounds the mapping).
     #[inline]
-    pub(super) fn at(&self, i: u32) -> u32 {
-        self.cons.wrapping_add(i) & self.mask
+    pub(super) fn unmasked(&self, i: u32) -> u32 {
+        self.cons.wrapping_add(i)
     }
 
     /// Hands the first `n` ready entries back with one Release store (our reads of them
@@ -282,7 +283,7 @@ impl Queue {
         unsafe { header_word(self.base, off::CONSUMER_INDEX) }
     }
 
-    /// The slot at `index` (masked), `elem_size()` bytes, 64-byte aligned.
+    /// The slot at `index`, which this masks: `elem_size()` bytes, 64-byte aligned.
     fn slot(&self, index: u32) -> NonNull<u8> {
         let at = off::DATA + (((index & self.mask) as usize) << self.log2_elem);
         debug_assert!(at + self.elem_size() <= self.len);
@@ -362,14 +363,15 @@ impl Consumer {
     /// The `i`-th ready entry.
     #[inline]
     pub(super) fn entry(&self, i: u32) -> NonNull<u8> {
-        self.queue.slot(self.index.at(i))
+        self.queue.slot(self.index.unmasked(i))
     }
 
     /// Where the first `n` ready entries lie: how many of them follow one another from the
     /// first, and where the rest continue (the first slot of the ring).
     #[inline]
     pub(super) fn run(&self, n: u32) -> Run {
-        let cons = self.index.at(0);
+        // The private index is always masked (`ConsIndex` keeps it so).
+        let cons = self.index.unmasked(0);
         Run {
             first: self.queue.slot(cons),
             before_wrap: n.min(self.queue.mask.wrapping_sub(cons).wrapping_add(1)),
