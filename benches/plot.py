@@ -51,7 +51,7 @@ def main(src, dst):
         (ax_i, "Instructions (callgrind)", "instructions per completion"),
     ):
         ax.set_xscale("log", base=2)
-        ax.set_xticks([1, 2, 4, 8, 16, 32, 64])
+        ax.set_xticks(sorted({b for d in data.values() for b in d["batch"]}))
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("completions asked for per poll call (batch size)")
         ax.set_ylabel(ylabel)

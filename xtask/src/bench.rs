@@ -347,7 +347,15 @@ struct Row {
     ir_target: Option<f64>,
 }
 
-fn rows() -> Vec<Row> {
+/// The drain batch sizes that have results (timings or instruction counts), in order: the
+/// harnesses' lists, without a copy here.
+fn drain_batches(samples: &Samples, ir: &BTreeMap<Key, f64>) -> Vec<i64> {
+    let keys = samples.keys().chain(ir.keys());
+    let batches: std::collections::BTreeSet<i64> = keys.filter(|(w, _, _)| w == "drain").map(|(_, b, _)| *b).collect();
+    batches.into_iter().collect()
+}
+
+fn rows(batches: &[i64]) -> Vec<Row> {
     let row = |workload, param, what: String, unit, target, ir_target| Row {
         workload,
         param,
@@ -358,7 +366,7 @@ fn rows() -> Vec<Row> {
         ir_target,
     };
     let mut v = Vec::new();
-    for b in [1, 2, 4, 8, 16, 32, 64] {
+    for &b in batches {
         let t = [1, 16, 64].contains(&b).then_some(0.5);
         v.push(row(
             "drain",
@@ -513,7 +521,8 @@ fn summarize(raw: &Path) -> Result<Summary> {
         "| workload | unit | C provider | Rust (uverbs API) | Rust/C | drop-in (C program, Rust provider) | drop-in/C | Ir/op C | Ir/op Rust | Ir Rust/C | Ir/op drop-in | target | met |"
     );
     let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
-    for r in rows() {
+    let batches = drain_batches(&samples, &ir);
+    for r in rows(&batches) {
         let (c, rust, dropin) = (
             get(r.workload, r.param, "c"),
             get(r.workload, r.param, "rust"),
@@ -578,7 +587,7 @@ fn summarize(raw: &Path) -> Result<Summary> {
          counts of the measured region only, divided by the operations in it."
     );
     let mut csv = String::from("batch,impl,ns,ir\n");
-    for b in [1, 2, 4, 8, 16, 32, 64] {
+    for &b in &batches {
         for i in ["c", "rust", "dropin"] {
             if let Some((ns, _, _)) = get("drain", b, i) {
                 let irv = get_ir("drain", b, i).map_or(String::new(), |x| format!("{x:.2}"));
