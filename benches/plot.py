@@ -52,6 +52,7 @@ def main(src, dst):
     ):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({b for d in data.values() for b in d["batch"]}))
+        ax.tick_params(axis="x", labelsize=8, labelrotation=45)
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("completions asked for per poll call (batch size)")
         ax.set_ylabel(ylabel)
