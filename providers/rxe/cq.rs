@@ -186,9 +186,8 @@ unsafe fn take_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize
 
 /// Moves `min(ready, wc.len())` completions (`ready` at least 1) into `wc` and hands their
 /// slots back with one index store; returns how many. One or two are moved right here with
-/// `copy`, more by `many` (which [`Avx`] keeps out of line, so that taking one or two does not
-/// pay for the registers the loop needs; `many` clamps `ready` itself, so that the call can be
-/// a jump). `copy(s, o)` is only called with `s` pointing at a ready slot (48 readable bytes,
+/// `copy`, more (or none, for an empty `wc`: rare, so it gets no branch of its own) by `many` (which [`Avx`] keeps out of line, so that taking one or two does not pay for the
+/// registers the loop needs; `many` clamps `ready` itself, so that the call can be a jump). `copy(s, o)` is only called with `s` pointing at a ready slot (48 readable bytes,
 /// 64-byte aligned, a completion the kernel finished writing) and copies that completion to
 /// `o`.
 #[inline(always)]
@@ -201,7 +200,6 @@ fn take_few(
     many: impl FnOnce(&mut Consumer, usize, &mut [WorkCompletion], usize) -> usize,
 ) -> usize {
     match ready.min(wc.len()) {
-        0 => 0,
         1 => {
             copy(ring.entry(0).as_ptr().cast_const(), &mut wc[0]);
             ring.release(1);
@@ -217,7 +215,7 @@ fn take_few(
     }
 }
 
-/// Moves `min(ready, wc.len())` (at least 3) completions of `ring`, `ready` of which are
+/// Moves `min(ready, wc.len())` (0 or at least 3) completions of `ring`, `ready` of which are
 /// ready, into `wc` with `copy` (as in [`take_few`]), releases their slots and returns how
 /// many.
 #[inline(always)]
