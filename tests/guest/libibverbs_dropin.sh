@@ -124,8 +124,11 @@ pair "ibv_ud_pingpong -n 10000, C server <-> Rust client" "$C" "$RUST" 18515 ibv
 pair "ibv_srq_pingpong -n 10000, Rust <-> Rust" "$RUST" "$RUST" 18515 ibv_srq_pingpong $pp -n 10000
 pair "ibv_srq_pingpong -n 10000, Rust server <-> C client" "$RUST" "$C" 18515 ibv_srq_pingpong $pp -n 10000
 
-# 5. perftest, both sides Rust (loopback over GID 1).
-pt="-d $dev -x 1 -n 500"
+# 5. perftest, both sides Rust (loopback over GID 1). These check the traffic, not perftest's
+#    report: `-F` keeps a failed calibration of perftest's cycle counter ("Correlation
+#    coefficient r^2 < 0.9", "Can't produce a report", exit 1), which the emulated CPU's clock
+#    causes now and then on any provider, from failing the run.
+pt="-d $dev -x 1 -n 500 -F"
 for t in ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat ib_send_bw ib_write_bw ib_read_bw; do
     pair "$t (RC), Rust <-> Rust" "$RUST" "$RUST" 18515 $t $pt
 done
