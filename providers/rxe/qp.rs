@@ -241,6 +241,8 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
         }
         arm
     };
+    // One arm per operation, never `A | B`: in each, `write`'s opcode and immediate data fold
+    // to constants (merging arms brings back the second jump table).
     match wr.op {
         SendOp::RdmaWrite(r) => write(rdma(r), r.addr),
         SendOp::RdmaWriteWithImm(r, _) => write(rdma(r), r.addr),
