@@ -186,10 +186,11 @@ unsafe fn take_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize
 
 /// Moves `min(ready, wc.len())` completions (`ready` at least 1) into `wc` and hands their
 /// slots back with one index store; returns how many. One or two are moved right here with
-/// `copy`, more (or none, for an empty `wc`: rare, so it gets no branch of its own) by `many` (which [`Avx`] keeps out of line, so that taking one or two does not pay for the
-/// registers the loop needs; `many` clamps `ready` itself, so that the call can be a jump). `copy(s, o)` is only called with `s` pointing at a ready slot (48 readable bytes,
-/// 64-byte aligned, a completion the kernel finished writing) and copies that completion to
-/// `o`.
+/// `copy`, more (or none, for an empty `wc`: rare, so it gets no branch of its own) by `many`
+/// (which [`Avx`] keeps out of line, so that taking one or two does not pay for the registers
+/// the loop needs; `many` clamps `ready` itself, so that the call can be a jump). `copy(s, o)`
+/// is only called with `s` pointing at a ready slot (48 readable bytes, 64-byte aligned, a
+/// completion the kernel finished writing) and copies that completion to `o`.
 #[inline(always)]
 fn take_few(
     ring: &mut Consumer,
