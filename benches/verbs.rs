@@ -9,10 +9,15 @@
 //! ```
 //!
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
-//! inplace_copy (Rust only), empty, post, pingpong, rate), `--device NAME`, `--gid-index N`,
+//! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, pingpong,
+//! rate), `--device NAME`, `--gid-index N`,
 //! `--cq-depth N` (default 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
 //! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
 
+#[path = "verbs/replay.rs"]
+mod replay;
+
+use replay::{Floor, Ring};
 use std::process::ExitCode;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -33,6 +38,11 @@ const POST_K: usize = 1024;
 /// show how the emulated CPU's timing of the copying drain moves with the batch size
 /// (docs/benchmarks.md). The same list as the C harness's `drain_batches`.
 const DRAIN_BATCHES: [usize; 10] = [1, 2, 4, 8, 12, 16, 20, 24, 32, 64];
+/// The replayed drain (replay.rs): batch sizes, rounds (one block per batch size each), and
+/// drains per block. One sample is the median of a block. As the C harness.
+const REPLAY_BATCHES: [usize; 3] = [1, 16, 64];
+const REPLAY_ROUNDS: usize = 20;
+const REPLAY_BLOCK: usize = 100;
 
 struct Opts {
     impl_name: String,
@@ -51,13 +61,8 @@ impl Opts {
     /// One result line: the per-round values, and their median, min and max.
     fn report(&self, workload: &str, param: usize, mut v: Vec<f64>) {
         let samples: Vec<String> = v.iter().map(|x| format!("{x:.3}")).collect();
-        v.sort_by(f64::total_cmp);
+        let med = median(&mut v);
         let n = v.len();
-        let med = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
         println!(
             "{{\"impl\":\"{}\",\"workload\":\"{workload}\",\"param\":{param},\"unit\":\"ns\",\"samples\":[{}],\"median\":{med:.3},\"min\":{:.3},\"max\":{:.3}}}",
             self.impl_name,
@@ -80,6 +85,17 @@ impl Opts {
             callgrind::toggle_collect();
             callgrind::dump_stats_at(&format!("{workload} {param} {ops}"));
         }
+    }
+}
+
+/// The median of `v` (sorted in place; not empty).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 
@@ -266,6 +282,22 @@ fn drain_in_place<const COPY: bool>(cq: &mut Cq, out: &mut [WorkCompletion; 64])
     (got, acc, bad)
 }
 
+/// Calls `poll` with `wc` until N_DRAIN completions came or none is ready; returns how many
+/// came, and how many the last call gave.
+#[inline(always)]
+fn drain_with(mut poll: impl FnMut(&mut [WorkCompletion]) -> usize, wc: &mut [WorkCompletion]) -> (usize, usize) {
+    let (mut got, mut last) = (0, 0);
+    while got < N_DRAIN {
+        let n = poll(wc);
+        if n == 0 {
+            break;
+        }
+        got += n;
+        last = n;
+    }
+    (got, last)
+}
+
 /// 1. Draining a CQ holding N_DRAIN ready completions.
 fn bench_drain(o: &Opts, p: &mut Pair, how: Drain) {
     let (name, batch) = match how {
@@ -282,26 +314,24 @@ fn bench_drain(o: &Opts, p: &mut Pair, how: Drain) {
     while r < rounds as isize {
         post_writes(p);
         std::thread::sleep(Duration::from_millis(wait_ms));
-        let (mut got, mut last, mut bad, mut acc) = (0usize, 0usize, false, 0u64);
         if r >= 0 {
             o.collect_on();
         }
         let t0 = Instant::now();
-        match how {
-            Drain::InPlace => (got, acc, bad) = drain_in_place::<false>(&mut p.a.cq, &mut wc),
-            Drain::InPlaceCopy => (got, acc, bad) = drain_in_place::<true>(&mut p.a.cq, &mut wc),
-            Drain::Poll(batch) => {
-                let wc = &mut wc[..batch];
-                while got < N_DRAIN {
-                    let n = p.a.cq.poll(wc);
-                    if n == 0 {
-                        break;
-                    }
-                    got += n;
-                    last = n;
-                }
+        let (got, last, acc, bad) = match how {
+            Drain::InPlace => {
+                let (got, acc, bad) = drain_in_place::<false>(&mut p.a.cq, &mut wc);
+                (got, 0, acc, bad)
             }
-        }
+            Drain::InPlaceCopy => {
+                let (got, acc, bad) = drain_in_place::<true>(&mut p.a.cq, &mut wc);
+                (got, 0, acc, bad)
+            }
+            Drain::Poll(batch) => {
+                let (got, last) = drain_with(|w| p.a.cq.poll(w), &mut wc[..batch]);
+                (got, last, 0, false)
+            }
+        };
         let dt = t0.elapsed();
         // The copies are the work being measured: keep them.
         std::hint::black_box(&wc);
@@ -333,6 +363,53 @@ fn bench_drain(o: &Opts, p: &mut Pair, how: Drain) {
         r += 1;
     }
     o.report(name, batch, v);
+}
+
+/// 1b. The drain replayed from user space (replay.rs), with `Cq::poll` at each of
+/// REPLAY_BATCHES or, with `floor`, the hand-inlined floor loop one at a time (the floor of
+/// one-at-a-time polling: batched, the library's unrolled copy does better than that loop).
+fn bench_replay(o: &Opts, p: &mut Pair, floor: bool) {
+    let (name, batches) = if floor {
+        ("drain_floor", &[1][..])
+    } else {
+        ("drain_replay", &REPLAY_BATCHES[..])
+    };
+    post_writes(p);
+    let ring = Ring::wait_full(N_DRAIN as u32).unwrap_or_else(|e| fail(&e));
+    ring.fill(N_DRAIN as u32);
+    let (rounds, block) = if o.callgrind {
+        (1, 2)
+    } else {
+        (REPLAY_ROUNDS, REPLAY_BLOCK)
+    };
+    let mut floor_cq = Floor::new(&ring);
+    let mut samples = vec![Vec::with_capacity(rounds); batches.len()];
+    let mut times = Vec::with_capacity(block);
+    let mut wc = [WorkCompletion::default(); 64];
+    for _ in 0..rounds {
+        for (k, &batch) in batches.iter().enumerate() {
+            times.clear();
+            o.collect_on();
+            for _ in 0..block {
+                let t0 = Instant::now();
+                let (got, last) = if floor {
+                    drain_with(|w| floor_cq.poll(w), &mut wc[..batch])
+                } else {
+                    drain_with(|w| p.a.cq.poll(w), &mut wc[..batch])
+                };
+                let dt = t0.elapsed();
+                std::hint::black_box(&wc);
+                replay::check_drain(got, N_DRAIN, &wc[last.max(1) - 1]).unwrap_or_else(|e| fail(&e));
+                ring.offer(N_DRAIN as u32);
+                times.push(dt.as_nanos() as f64 / N_DRAIN as f64);
+            }
+            o.collect_off(name, batch, block * N_DRAIN);
+            samples[k].push(median(&mut times));
+        }
+    }
+    for (v, &batch) in samples.into_iter().zip(batches) {
+        o.report(name, batch, v);
+    }
 }
 
 /// 2. Polling an empty CQ.
@@ -609,6 +686,13 @@ fn main() -> ExitCode {
     }
     if o.wanted("inplace_copy") {
         bench_drain(&o, &mut open(), Drain::InPlaceCopy);
+    }
+    // Each on fresh queues: the replay leaves the CQ's ring out of step with the device.
+    if o.wanted("drain_replay") {
+        bench_replay(&o, &mut open(), false);
+    }
+    if o.wanted("drain_floor") {
+        bench_replay(&o, &mut open(), true);
     }
     if o.wanted("pingpong") || o.wanted("rate") {
         if o.wanted("pingpong") {

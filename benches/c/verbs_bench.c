@@ -11,8 +11,8 @@
  *
  *     {"impl":"c","workload":"drain","param":16,"unit":"ns","samples":[...],"median":...,"min":...,"max":...}
  *
- * Options: --impl NAME (label, default "c"), --only W1,W2 (workloads: drain, inplace, empty,
- * post, pingpong, rate), --device NAME, --gid-index N, --cq-depth N (default 8192),
+ * Options: --impl NAME (label, default "c"), --only W1,W2 (workloads: drain, inplace,
+ * drain_replay, empty, post, pingpong, rate), --device NAME, --gid-index N, --cq-depth N (default 8192),
  * --callgrind (few rounds, and callgrind client requests around each measured region:
  * collect on, work, collect off, then a dump named "<workload> <param> <ops>").
  */
@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,11 @@
 #define POST_K 1024
 /* Completions asked for per poll call in the drain; the Rust harness's DRAIN_BATCHES. */
 static const int drain_batches[] = {1, 2, 4, 8, 12, 16, 20, 24, 32, 64};
+/* The replayed drain: batch sizes, rounds (one block per batch size each), and drains per
+ * block. One sample is the median of a block. As benches/verbs.rs. */
+static const int replay_batches[] = {1, 16, 64};
+#define REPLAY_ROUNDS 20
+#define REPLAY_BLOCK 100
 
 static const char *impl_name = "c";
 static const char *only;
@@ -88,6 +94,13 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* The median of v[0..n) (sorted in place; n > 0). */
+static double median(double *v, int n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* One result line: the per-round values, and their median, min and max. */
 static void report(const char *workload, int param, const char *unit, double *v, int n)
 {
@@ -95,8 +108,7 @@ static void report(const char *workload, int param, const char *unit, double *v,
 	       impl_name, workload, param, unit);
 	for (int i = 0; i < n; i++)
 		printf("%s%.3f", i ? "," : "", v[i]);
-	qsort(v, n, sizeof(*v), cmp_double);
-	double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+	double med = median(v, n);
 	printf("],\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}\n", med, v[0], v[n - 1]);
 	fflush(stdout);
 }
@@ -383,6 +395,135 @@ static void bench_drain(struct pair *p, int batch, int inplace)
 	report(name, batch, "ns", v, rounds);
 }
 
+/*
+ * 1b. The drain replayed: the device fills the CQ ring once, then the harness offers the same
+ * completions again and again by advancing the ring's producer index itself, so that no
+ * kernel or device work lies under a timed drain (benches/verbs/replay.rs, the Rust side,
+ * says more). This knows rxe's ring layout (struct rxe_queue_buf, the kernel's
+ * include/uapi/rdma/rdma_user_rxe.h): a measuring tool, whichever provider maps the ring.
+ */
+enum { RING_LOG2_SLOT = 0x0, RING_MASK = 0x4, RING_PRODUCER = 0x80, RING_CONSUMER = 0x100, RING_SLOTS = 0x180 };
+
+struct ring {
+	uint8_t *header;
+	uint32_t mask, log2_slot, producer;
+};
+
+static _Atomic uint32_t *ring_word(uint8_t *header, int offset)
+{
+	return (_Atomic uint32_t *)(header + offset);
+}
+
+static uint8_t *ring_slot(const struct ring *r, uint32_t i)
+{
+	return r->header + RING_SLOTS + ((size_t)(i & r->mask) << r->log2_slot);
+}
+
+/* How many of this process's rxe mappings (shared, writable mappings of
+ * /dev/infiniband/uverbs*: rxe maps only queue rings there) hold a ring with `ready`
+ * produced and none consumed; the last one found goes to *r. */
+static int full_rings(uint32_t ready, struct ring *r)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	if (!f)
+		die("/proc/self/maps");
+	char line[512];
+	int found = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char perms[5];
+		if (!strstr(line, "/dev/infiniband/uverbs") ||
+		    sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3 || strncmp(perms, "rw", 2) ||
+		    hi - lo < RING_SLOTS)
+			continue;
+		uint8_t *h = (uint8_t *)lo;
+		uint32_t log2_slot = atomic_load_explicit(ring_word(h, RING_LOG2_SLOT), memory_order_relaxed);
+		uint32_t mask = atomic_load_explicit(ring_word(h, RING_MASK), memory_order_relaxed);
+		uint64_t slots = (uint64_t)mask + 1;
+		if (log2_slot < 5 || log2_slot > 12 || (slots & (slots - 1)) ||
+		    (slots << log2_slot) + RING_SLOTS > hi - lo || mask < ready)
+			continue;
+		if (atomic_load_explicit(ring_word(h, RING_PRODUCER), memory_order_acquire) != ready ||
+		    atomic_load_explicit(ring_word(h, RING_CONSUMER), memory_order_relaxed) != 0)
+			continue;
+		*r = (struct ring){.header = h, .mask = mask, .log2_slot = log2_slot, .producer = ready};
+		found++;
+	}
+	fclose(f);
+	return found;
+}
+
+/* Waits (up to 30 s) until exactly one rxe mapping is a CQ ring holding `ready` completions,
+ * none consumed, and returns it. */
+static struct ring ring_wait_full(uint32_t ready)
+{
+	struct ring r;
+	uint64_t deadline = now_ns() + 30000000000ull;
+	for (;;) {
+		int n = full_rings(ready, &r);
+		if (n == 1)
+			return r;
+		if (n > 1)
+			fail("more than one rxe ring looks like the CQ under test");
+		if (now_ns() > deadline)
+			fail("no rxe CQ ring came to hold the completions");
+		sleep_ms(10);
+	}
+}
+
+/* Copies the first `ready` completions over every other slot, so that any run of `ready`
+ * slots starting at a multiple of `ready` reads as the first one did. */
+static void ring_fill(const struct ring *r, uint32_t ready)
+{
+	for (uint32_t i = ready; i <= r->mask; i++)
+		memcpy(ring_slot(r, i), ring_slot(r, i % ready), (size_t)1 << r->log2_slot);
+}
+
+/* Makes `n` more completions ready, as the device would: one release store. */
+static void ring_offer(struct ring *r, uint32_t n)
+{
+	r->producer = (r->producer + n) & r->mask;
+	atomic_store_explicit(ring_word(r->header, RING_PRODUCER), r->producer, memory_order_release);
+}
+
+static void bench_replay(struct pair *p)
+{
+	enum { NB = sizeof(replay_batches) / sizeof(replay_batches[0]) };
+	int rounds = callgrind ? 1 : REPLAY_ROUNDS, block = callgrind ? 2 : REPLAY_BLOCK;
+	static double samples[NB][REPLAY_ROUNDS], times[REPLAY_BLOCK];
+	struct ibv_wc wc[64];
+	post_writes(p);
+	struct ring ring = ring_wait_full(N_DRAIN);
+	ring_fill(&ring, N_DRAIN);
+	for (int r = 0; r < rounds; r++) {
+		for (int k = 0; k < NB; k++) {
+			int batch = replay_batches[k];
+			collect_on();
+			for (int d = 0; d < block; d++) {
+				uint64_t t0 = now_ns();
+				int got = 0, last = 0;
+				while (got < N_DRAIN) {
+					int n = ibv_poll_cq(p->a.cq, batch, wc);
+					if (n <= 0)
+						break;
+					got += n;
+					last = n;
+				}
+				uint64_t t1 = now_ns();
+				if (got != N_DRAIN || wc[last - 1].wr_id != N_DRAIN - 1 ||
+				    wc[last - 1].status != IBV_WC_SUCCESS)
+					fail("replayed drain: short, or an unexpected completion");
+				ring_offer(&ring, N_DRAIN);
+				times[d] = (double)(t1 - t0) / N_DRAIN;
+			}
+			collect_off("drain_replay", batch, (long)block * N_DRAIN);
+			samples[k][r] = median(times, block);
+		}
+	}
+	for (int k = 0; k < NB; k++)
+		report("drain_replay", replay_batches[k], "ns", samples[k], rounds);
+}
+
 /* 2. Polling an empty CQ. */
 static void bench_empty(struct pair *p)
 {
@@ -656,6 +797,13 @@ int main(int argc, char **argv)
 			fprintf(stderr, "verbs_bench_c: %s: no ibv_create_cq_ex (%s); skipping inplace\n",
 				impl_name, strerror(errno));
 		}
+	}
+	if (wanted("drain_replay")) {
+		/* On fresh queues: the replay leaves the CQ's ring out of step with the device. */
+		struct pair p;
+		pair_open(&p, 0);
+		bench_replay(&p);
+		pair_close(&p);
 	}
 	if (wanted("pingpong") || wanted("rate")) {
 		struct pair p;
