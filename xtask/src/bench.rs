@@ -377,6 +377,24 @@ fn rows(batches: &[i64]) -> Vec<Row> {
             t,
         ));
     }
+    for b in REPLAY_BATCHES {
+        v.push(row(
+            "drain_replay",
+            b,
+            format!("drain replayed (ring re-offered from user space, no kernel work), poll {b} at a time"),
+            "ns/completion",
+            None,
+            None,
+        ));
+    }
+    v.push(row(
+        "drain_floor",
+        1,
+        "drain replayed, the floor loop: one at a time, hand-inlined, ring layout as constants (Rust only)".into(),
+        "ns/completion",
+        None,
+        None,
+    ));
     v.push(row(
         "inplace",
         0,
@@ -458,6 +476,54 @@ fn rows(batches: &[i64]) -> Vec<Row> {
         None,
     ));
     v
+}
+
+/// The replayed drain's batch sizes (the harnesses' REPLAY_BATCHES).
+const REPLAY_BATCHES: [i64; 3] = [1, 16, 64];
+
+/// The replayed drain process by process: each of its samples is the median of one block of
+/// drains, so the lowest and highest sample of a repetition show how far the speed of one
+/// process moved while it ran.
+fn replay_table(samples: &Samples) -> String {
+    let mut md = String::new();
+    let reps: std::collections::BTreeSet<i64> = samples
+        .iter()
+        .filter(|((w, _, _), _)| w == "drain_replay" || w == "drain_floor")
+        .flat_map(|(_, r)| r.keys().copied())
+        .collect();
+    if reps.is_empty() {
+        return md;
+    }
+    let _ = writeln!(
+        md,
+        "\nThe replayed drain by process: lowest–highest block median (ns/completion) of each repetition.\n"
+    );
+    let head: Vec<String> = reps.iter().map(|r| format!("rep {r}")).collect();
+    let _ = writeln!(md, "| workload | batch | impl | {} |", head.join(" | "));
+    let _ = writeln!(md, "|---|---:|---|{}", "---:|".repeat(reps.len()));
+    let keys = REPLAY_BATCHES
+        .iter()
+        .flat_map(|&b| ["c", "rust", "dropin"].map(|i| ("drain_replay", b, i)))
+        .chain([("drain_floor", 1, "rust")]);
+    for (w, b, i) in keys {
+        let Some(by_rep) = samples.get(&(w.to_string(), b, i.to_string())) else {
+            continue;
+        };
+        let cells: Vec<String> = reps
+            .iter()
+            .map(|r| match by_rep.get(r) {
+                Some(v) if !v.is_empty() => {
+                    let (lo, hi) = v
+                        .iter()
+                        .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                    format!("{lo:.0}–{hi:.0}")
+                }
+                _ => "–".into(),
+            })
+            .collect();
+        let _ = writeln!(md, "| {w} | {b} | {i} | {} |", cells.join(" | "));
+    }
+    md
 }
 
 fn fmt_value(x: f64) -> String {
@@ -586,6 +652,7 @@ fn summarize(raw: &Path) -> Result<Summary> {
          for the perftest message rates a ratio above 1 is better. Ir/op are callgrind instruction \
          counts of the measured region only, divided by the operations in it."
     );
+    md.push_str(&replay_table(&samples));
     let mut csv = String::from("batch,impl,ns,ir\n");
     for &b in &batches {
         for i in ["c", "rust", "dropin"] {
@@ -657,5 +724,29 @@ mod tests {
         assert_eq!(paired_ratio(&samples, "empty", 16, "rust"), Some((0.25, 0.25, 0.25)));
         assert_eq!(paired_ratio(&samples, "empty", 16, "dropin"), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replay_table_spans_each_repetition() {
+        let line = |rep: u32, imp: &str, w: &str, v: &str| {
+            format!("{{\"rep\":{rep},\"impl\":\"{imp}\",\"workload\":\"{w}\",\"param\":1,\"samples\":[{v}]}}\n")
+        };
+        let text = [
+            line(1, "rust", "drain_replay", "48,70,49"),
+            line(2, "rust", "drain_replay", "50"),
+            line(1, "c", "drain_replay", "78,120"),
+            line(2, "rust", "drain_floor", "24,30"),
+        ]
+        .concat();
+        let dir = std::env::temp_dir().join(format!("xtask-bench-replay-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("results.jsonl"), text).unwrap();
+        let t = replay_table(&read_samples(&dir).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(t.contains("| workload | batch | impl | rep 1 | rep 2 |"), "{t}");
+        assert!(t.contains("| drain_replay | 1 | c | 78–120 | – |"), "{t}");
+        assert!(t.contains("| drain_replay | 1 | rust | 48–70 | 50–50 |"), "{t}");
+        assert!(t.contains("| drain_floor | 1 | rust | – | 24–30 |"), "{t}");
     }
 }
