@@ -13,6 +13,8 @@
 //! rate), `--device NAME`, `--gid-index N`,
 //! `--cq-depth N` (default 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
 //! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
+//! With `UVERBS_REPLAY_TRACE` set, the replayed drain also writes a line to stderr as each
+//! block ends: `replay <impl> <workload> <batch> <ns per completion>`.
 
 #[path = "verbs/replay.rs"]
 mod replay;
@@ -386,6 +388,7 @@ fn bench_replay(o: &Opts, p: &mut Pair, floor: bool) {
     let mut samples = vec![Vec::with_capacity(rounds); batches.len()];
     let mut times = Vec::with_capacity(block);
     let mut wc = [WorkCompletion::default(); 64];
+    let trace = std::env::var_os("UVERBS_REPLAY_TRACE").is_some();
     for _ in 0..rounds {
         for (k, &batch) in batches.iter().enumerate() {
             times.clear();
@@ -405,6 +408,13 @@ fn bench_replay(o: &Opts, p: &mut Pair, floor: bool) {
             }
             o.collect_off(name, batch, block * N_DRAIN);
             samples[k].push(median(&mut times));
+            if trace {
+                eprintln!(
+                    "replay {} {name} {batch} {:.3}",
+                    o.impl_name,
+                    samples[k][samples[k].len() - 1]
+                );
+            }
         }
     }
     for (v, &batch) in samples.into_iter().zip(batches) {

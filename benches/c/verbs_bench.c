@@ -15,6 +15,8 @@
  * drain_replay, empty, post, pingpong, rate), --device NAME, --gid-index N, --cq-depth N (default 8192),
  * --callgrind (few rounds, and callgrind client requests around each measured region:
  * collect on, work, collect off, then a dump named "<workload> <param> <ops>").
+ * With UVERBS_REPLAY_TRACE set, the replayed drain also writes a line to stderr as each block
+ * ends: "replay <impl> drain_replay <batch> <ns per completion>".
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -518,6 +520,8 @@ static void bench_replay(struct pair *p)
 			}
 			collect_off("drain_replay", batch, (long)block * N_DRAIN);
 			samples[k][r] = median(times, block);
+			if (getenv("UVERBS_REPLAY_TRACE"))
+				fprintf(stderr, "replay %s drain_replay %d %.3f\n", impl_name, batch, samples[k][r]);
 		}
 	}
 	for (int k = 0; k < NB; k++)
