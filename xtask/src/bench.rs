@@ -23,18 +23,21 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
-/// `cargo xtask bench [--report]`: `--report` only redoes the table and plot from the raw
-/// results of the last run.
+/// `cargo xtask bench [--report | --emulator]`: `--report` only redoes the table and plot from
+/// the raw results of the last run; `--emulator` runs benches/emulator-profile.sh instead of
+/// the benchmarks (the replayed drain beside the soft-TLB flushes of a QEMU built with
+/// symbols; results in `target/bench/emulator/`).
 pub fn run(args: &[String]) -> Result<ExitCode> {
     let out = paths::target_dir().join("bench");
-    match args {
-        [] => {}
+    let emulator = match args {
+        [] => false,
         [a] if a == "--report" => {
             report(&out)?;
             return Ok(ExitCode::SUCCESS);
         }
-        _ => bail!("usage: cargo xtask bench [--report] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
-    }
+        [a] if a == "--emulator" => true,
+        _ => bail!("usage: cargo xtask bench [--report | --emulator] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
+    };
     let native = crate::native();
     let tools = [
         ("gcc", "gcc"),
@@ -65,6 +68,16 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         .args(["-libverbs", "-lpthread"]);
     note!("xtask: {}", proc::describe(&gcc));
     proc::check(&mut gcc).context("building the C harness (needs libibverbs-dev and valgrind's headers)")?;
+    if emulator {
+        let dir = out.join("emulator");
+        let mut c = Command::new("sh");
+        c.arg(paths::root().join("benches/emulator-profile.sh"))
+            .args([&rust, &c_harness, &dir])
+            .current_dir(paths::root());
+        note!("xtask: {}", proc::describe(&c));
+        let ok = proc::status(&mut c)?.success();
+        return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+    }
 
     let load_before = host_load();
     let raw = out.join("raw");

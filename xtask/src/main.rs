@@ -17,6 +17,8 @@
 //!   xtask installs nightly if missing); no device needed (xtask/src/models.rs, docs/reliability.md).
 //! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
 //!   guest boot; table and plot in `target/bench/` (docs/benchmarks.md).
+//!   `--report` redoes table and plot; `--emulator` (root) profiles QEMU itself
+//!   during the replayed drain (benches/emulator-profile.sh).
 //!
 //! Environment knobs:
 //! - `UVERBS_GUEST_KERNEL=<release>`: kernel to boot (default: newest
@@ -87,7 +89,8 @@ const USAGE: &str = "\
 usage: cargo xtask guest [--] <command...>   run a shell command in the rxe guest
        cargo xtask test [-- <test args>]     run all tests (host, then rxe guest)
        cargo xtask demo                      build and run examples/demo in the guest
-       cargo xtask bench                     benchmarks against rdma-core's C provider
+       cargo xtask bench [--report]          benchmarks against rdma-core's C provider
+       cargo xtask bench --emulator          QEMU's soft-TLB flushes during the replayed drain
        cargo xtask loom|miri|fuzz [secs]     the rxe rings under loom, miri, libFuzzer
 (environment knobs: see the doc comment of xtask/src/main.rs)";
 
