@@ -328,6 +328,23 @@ static void post_writes(struct pair *p)
 	}
 }
 
+/* Calls ibv_poll_cq, `batch` at a time, until N_DRAIN completions came or none is ready;
+ * returns how many came, and in *last how many the last call gave (as drain_with in
+ * benches/verbs.rs). Inlined, so that the loop is the caller's own. */
+static inline __attribute__((always_inline)) int drain_polls(struct ibv_cq *cq, int batch,
+							       struct ibv_wc *wc, int *last)
+{
+	int got = 0;
+	while (got < N_DRAIN) {
+		int n = ibv_poll_cq(cq, batch, wc);
+		if (n <= 0)
+			break;
+		got += n;
+		*last = n;
+	}
+	return got;
+}
+
 /* 1. Draining a CQ holding N_DRAIN ready completions, `batch` at a time. */
 static void bench_drain(struct pair *p, int batch, int inplace)
 {
@@ -364,13 +381,7 @@ static void bench_drain(struct pair *p, int batch, int inplace)
 					ibv_end_poll(cq);
 			}
 		} else {
-			while (got < N_DRAIN) {
-				int n = ibv_poll_cq(p->a.cq, batch, wc);
-				if (n <= 0)
-					break;
-				got += n;
-				last = n;
-			}
+			got = drain_polls(p->a.cq, batch, wc, &last);
 		}
 		uint64_t t1 = now_ns();
 		if (r >= 0)
@@ -503,14 +514,8 @@ static void bench_replay(struct pair *p)
 			collect_on();
 			for (int d = 0; d < block; d++) {
 				uint64_t t0 = now_ns();
-				int got = 0, last = 0;
-				while (got < N_DRAIN) {
-					int n = ibv_poll_cq(p->a.cq, batch, wc);
-					if (n <= 0)
-						break;
-					got += n;
-					last = n;
-				}
+				int last = 0;
+				int got = drain_polls(p->a.cq, batch, wc, &last);
 				uint64_t t1 = now_ns();
 				if (got != N_DRAIN || wc[last - 1].wr_id != N_DRAIN - 1 ||
 				    wc[last - 1].status != IBV_WC_SUCCESS)
