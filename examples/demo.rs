@@ -39,7 +39,7 @@ fn run() -> DemoResult<()> {
     let attr = ctx.query_device()?;
     let port = ctx.query_port(1)?;
     println!(
-        "\n{}: vendor {:#x}, max_qp {}, max_cqe {}, max_mr {}, max_sge {}; port 1 state {} mtu {} link layer {}",
+        "\n{}: vendor {:#x}, max_qp {}, max_cqe {}, max_mr {}, max_sge {}; port 1 state {:?} mtu {} link layer {:?}",
         ctx.device().name,
         attr.vendor_id,
         attr.max_qp,
@@ -47,7 +47,7 @@ fn run() -> DemoResult<()> {
         attr.max_mr,
         attr.max_sge,
         port.state,
-        Mtu::from_raw(port.active_mtu).map_or(0, Mtu::bytes),
+        port.active_mtu.map_or(0, Mtu::bytes),
         port.link_layer
     );
     let gids = ctx.gid_table()?;
@@ -168,11 +168,7 @@ fn ud_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     let ah = pd.create_ah(&path)?;
     let mr = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE)?;
     let recv = [mr.sge(4096, 40 + 512).expect("in bounds")];
-    let dest = UdDest {
-        ah: &ah,
-        remote_qpn: qps[1].qpn(),
-        remote_qkey: QKEY,
-    };
+    let dest = ah.ud_dest(qps[1].qpn(), QKEY);
     let sge = [mr.sge(0, 512).expect("in bounds")];
     for i in 0..10 {
         unsafe { qps[1].post_recv(&[RecvWr::new(100 + i, &recv)]) }?;

@@ -38,9 +38,6 @@ const MSG_LEN: usize = 52;
 /// What the client sends last: `sizeof "done"`, the NUL included.
 const DONE: &[u8; 5] = b"done\0";
 
-/// `IBV_LINK_LAYER_ETHERNET`.
-const LINK_LAYER_ETHERNET: u8 = 2;
-
 struct Opts {
     servername: Option<String>,
     port: u16,
@@ -586,7 +583,7 @@ fn run(o: &Opts) -> Result<(), String> {
     let portinfo = ctx
         .query_port(o.ib_port)
         .map_err(|e| format!("Couldn't get port info: {e}"))?;
-    if portinfo.link_layer != LINK_LAYER_ETHERNET && portinfo.lid == 0 {
+    if !portinfo.needs_grh() && portinfo.lid == 0 {
         return Err("Couldn't get local LID".into());
     }
     let gid = if o.gidx >= 0 {

@@ -1,13 +1,14 @@
 //! Address handles: where a UD send goes.
 
+use crate::attr::AhAttr;
 use crate::context::ContextInner;
 use crate::error::Result;
 use crate::pd::{Pd, PdInner};
 use crate::provider::create_object;
-use crate::qp::AhAttr;
 use crate::sys::abi::{self, AhAttrAbi, CreateAh, CreateAhResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::object;
+use crate::wr::{AhRef, UdDest};
 use std::sync::Arc;
 
 const METHOD_AH_DESTROY: u16 = 0;
@@ -82,8 +83,13 @@ impl Ah {
         self.handle
     }
 
-    pub(crate) fn provider_data(&self) -> u64 {
-        self.provider_data
+    /// The destination `remote_qpn` with `remote_qkey` behind this AH, for a UD send.
+    pub fn ud_dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest<'_> {
+        UdDest {
+            ah: AhRef::new(self.provider_data),
+            remote_qpn,
+            remote_qkey,
+        }
     }
 }
 

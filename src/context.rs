@@ -1,10 +1,11 @@
 //! An open device: the kernel context every other object lives in.
 
+use crate::attr::{AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::fork::Owner;
 use crate::provider::ProviderContext;
-use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortResp, QueryPortRespEx};
+use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortRespEx};
 use crate::sys::cmd;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -12,13 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
 
-/// Device attributes (`struct ib_uverbs_query_device_resp`; C `struct ibv_device_attr`).
-pub type DeviceAttr = QueryDeviceResp;
-/// Port attributes (`struct ib_uverbs_query_port_resp`; C `struct ibv_port_attr`).
-pub type PortAttr = QueryPortResp;
-
 /// A GID table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Gid {
     /// The 16 GID bytes (for RoCE, an IPv6 or IPv4-mapped address).
     pub raw: [u8; 16],
@@ -108,6 +105,92 @@ impl ContextInner {
             call.output(1, resp);
         }
         call.execute(self.fd(), verb).map(drop)
+    }
+}
+
+fn device_attr(r: &QueryDeviceResp) -> DeviceAttr {
+    DeviceAttr {
+        fw_ver: r.fw_ver,
+        node_guid: u64::from_be(r.node_guid),
+        sys_image_guid: u64::from_be(r.sys_image_guid),
+        max_mr_size: r.max_mr_size,
+        page_size_cap: r.page_size_cap,
+        vendor_id: r.vendor_id,
+        vendor_part_id: r.vendor_part_id,
+        hw_ver: r.hw_ver,
+        max_qp: r.max_qp,
+        max_qp_wr: r.max_qp_wr,
+        device_cap_flags: r.device_cap_flags,
+        max_sge: r.max_sge,
+        max_sge_rd: r.max_sge_rd,
+        max_cq: r.max_cq,
+        max_cqe: r.max_cqe,
+        max_mr: r.max_mr,
+        max_pd: r.max_pd,
+        max_qp_rd_atom: r.max_qp_rd_atom,
+        max_ee_rd_atom: r.max_ee_rd_atom,
+        max_res_rd_atom: r.max_res_rd_atom,
+        max_qp_init_rd_atom: r.max_qp_init_rd_atom,
+        max_ee_init_rd_atom: r.max_ee_init_rd_atom,
+        atomic_cap: AtomicCap(r.atomic_cap),
+        max_ee: r.max_ee,
+        max_rdd: r.max_rdd,
+        max_mw: r.max_mw,
+        max_raw_ipv6_qp: r.max_raw_ipv6_qp,
+        max_raw_ethy_qp: r.max_raw_ethy_qp,
+        max_mcast_grp: r.max_mcast_grp,
+        max_mcast_qp_attach: r.max_mcast_qp_attach,
+        max_total_mcast_qp_attach: r.max_total_mcast_qp_attach,
+        max_ah: r.max_ah,
+        max_fmr: r.max_fmr,
+        max_map_per_fmr: r.max_map_per_fmr,
+        max_srq: r.max_srq,
+        max_srq_wr: r.max_srq_wr,
+        max_srq_sge: r.max_srq_sge,
+        max_pkeys: r.max_pkeys,
+        local_ca_ack_delay: r.local_ca_ack_delay,
+        phys_port_cnt: r.phys_port_cnt,
+    }
+}
+
+fn port_attr(r: &QueryPortRespEx) -> PortAttr {
+    let p = &r.legacy;
+    PortAttr {
+        state: PortState(p.state.into()),
+        max_mtu: Mtu::from_raw(p.max_mtu),
+        active_mtu: Mtu::from_raw(p.active_mtu),
+        gid_tbl_len: p.gid_tbl_len,
+        port_cap_flags: p.port_cap_flags,
+        max_msg_sz: p.max_msg_sz,
+        bad_pkey_cntr: p.bad_pkey_cntr,
+        qkey_viol_cntr: p.qkey_viol_cntr,
+        pkey_tbl_len: p.pkey_tbl_len,
+        lid: p.lid,
+        sm_lid: p.sm_lid,
+        lmc: p.lmc,
+        max_vl_num: p.max_vl_num,
+        sm_sl: p.sm_sl,
+        subnet_timeout: p.subnet_timeout,
+        init_type_reply: p.init_type_reply,
+        active_width: LinkWidth(p.active_width.into()),
+        active_speed: LinkSpeed(p.active_speed.into()),
+        phys_state: p.phys_state,
+        link_layer: LinkLayer(p.link_layer.into()),
+        flags: p.flags,
+        port_cap_flags2: r.port_cap_flags2,
+    }
+}
+
+/// Opens a device by name, or the first device when `name` is `None`: the one call that gives
+/// a context with the right provider.
+pub fn open(name: Option<&str>) -> Result<Context> {
+    Context::open(&crate::device::find(name)?)
+}
+
+impl DeviceInfo {
+    /// Opens the device with the provider that drives it.
+    pub fn open(&self) -> Result<Context> {
+        Context::open(self)
     }
 }
 
@@ -204,8 +287,10 @@ impl Context {
 
     /// Device attributes (QUERY_DEVICE).
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        self.inner
-            .write_cmd("QUERY_DEVICE", abi::cmd::QUERY_DEVICE, &abi::QueryDevice::default())
+        let r: QueryDeviceResp =
+            self.inner
+                .write_cmd("QUERY_DEVICE", abi::cmd::QUERY_DEVICE, &abi::QueryDevice::default())?;
+        Ok(device_attr(&r))
     }
 
     /// Port attributes (ioctl QUERY_PORT). Ports are numbered from 1.
@@ -215,7 +300,7 @@ impl Context {
         let mut call = self.inner.ioctl(object::DEVICE, METHOD_QUERY_PORT);
         call.input(0, &port).output(1, resp.as_mut_bytes());
         call.execute(self.inner.fd(), "QUERY_PORT")?;
-        Ok(resp.legacy)
+        Ok(port_attr(&resp))
     }
 
     /// Every valid GID of every port (ioctl QUERY_GID_TABLE).
@@ -286,20 +371,5 @@ impl Context {
         let text = crate::device::read_attr(&path)?;
         u16::from_str_radix(text.trim_start_matches("0x"), 16)
             .map_err(|_| Error::malformed("query_pkey", format!("{}: {text:?}", path.display())))
-    }
-
-    /// Allocates a protection domain.
-    pub fn alloc_pd(&self) -> Result<crate::Pd> {
-        crate::Pd::new(self)
-    }
-
-    /// Creates a completion queue of at least `cqe` entries, with no completion channel.
-    pub fn create_cq(&self, cqe: u32) -> Result<crate::Cq> {
-        crate::Cq::new(self, &crate::CqInit::new(cqe))
-    }
-
-    /// Creates a completion queue as `init` says.
-    pub fn create_cq_with(&self, init: &crate::CqInit<'_>) -> Result<crate::Cq> {
-        crate::Cq::new(self, init)
     }
 }

@@ -100,8 +100,20 @@ impl std::fmt::Debug for Cq {
     }
 }
 
+impl Context {
+    /// Creates a completion queue of at least `cqe` entries, with no completion channel.
+    pub fn create_cq(&self, cqe: u32) -> Result<Cq> {
+        Cq::new(self, &CqInit::new(cqe))
+    }
+
+    /// Creates a completion queue as `init` says.
+    pub fn create_cq_with(&self, init: &CqInit<'_>) -> Result<Cq> {
+        Cq::new(self, init)
+    }
+}
+
 impl Cq {
-    pub(crate) fn new(ctx: &Context, init: &CqInit<'_>) -> Result<Self> {
+    fn new(ctx: &Context, init: &CqInit<'_>) -> Result<Self> {
         let inner = &ctx.inner;
         let user_handle = init.user_handle.unwrap_or_else(|| inner.new_user_handle());
         let (created, ring) = create_object(

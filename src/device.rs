@@ -1,5 +1,6 @@
 //! Device discovery from sysfs (`/sys/class/infiniband_verbs/uverbsN`) and the device file.
 
+use crate::attr::Transport;
 use crate::error::{Error, Result};
 use crate::netlink;
 use crate::sys::abi::UVERBS_ABI_VERSION;
@@ -13,6 +14,7 @@ const IB_CLASS: &str = "/sys/class/infiniband";
 
 /// An RDMA device as sysfs and the kernel describe it, before it is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// RDMA device name, e.g. `rxe0` or `mlx5_0`.
     pub name: String,
@@ -33,9 +35,15 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    /// Opens the device with the provider that drives it.
-    pub fn open(&self) -> Result<crate::Context> {
-        crate::Context::open(self)
+    /// The transport the device speaks, from its sysfs node type (`1: CA`, `4: RNIC`, ...).
+    pub fn transport(&self) -> Result<Transport> {
+        let path = Path::new(IB_CLASS).join(&self.name).join("node_type");
+        let text = read_attr(&path)?;
+        let number = text.split(':').next().unwrap_or_default().trim();
+        let node_type = number
+            .parse()
+            .map_err(|_| Error::malformed("sysfs", format!("{}: {text:?}", path.display())))?;
+        Ok(Transport::from_node_type(node_type))
     }
 }
 
@@ -74,16 +82,15 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     Ok(list)
 }
 
-/// Opens a device by name, or the first device when `name` is `None`: the one call that gives
-/// a context with the right provider.
-pub fn open(name: Option<&str>) -> Result<crate::Context> {
-    let list = devices()?;
+/// The device named `name`, or the first device when `name` is `None`.
+pub(crate) fn find(name: Option<&str>) -> Result<DeviceInfo> {
+    let mut list = devices()?;
     let found = match name {
-        Some(n) => list.iter().find(|d| d.name == n),
-        None => list.first(),
+        Some(n) => list.iter().position(|d| d.name == n),
+        None => (!list.is_empty()).then_some(0),
     };
     match found {
-        Some(dev) => dev.open(),
+        Some(at) => Ok(list.swap_remove(at)),
         None => Err(Error::NoDevice {
             name: name.map(str::to_owned),
             reason: if list.is_empty() {

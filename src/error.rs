@@ -121,7 +121,7 @@ pub enum WrReject {
         max: u32,
     },
     /// The QP is in a state where this queue cannot be posted to.
-    WrongState(crate::QpState),
+    WrongState(crate::attr::QpState),
     /// An atomic needs an 8-byte aligned remote address and one 8-byte local buffer.
     BadAtomic,
     /// The operation is not valid for this QP type (or lacks a UD destination, or asks for

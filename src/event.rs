@@ -125,6 +125,7 @@ open_enum! {
 
 /// What an async event is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EventTarget {
     /// A CQ, by [`crate::Cq::user_handle`].
     Cq(u64),

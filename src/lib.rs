@@ -23,6 +23,7 @@
 #![deny(missing_docs, unsafe_op_in_unsafe_fn, rust_2018_idioms)]
 
 mod ah;
+mod attr;
 mod context;
 mod cq;
 mod device;
@@ -43,15 +44,18 @@ mod wc;
 mod wr;
 
 pub use ah::Ah;
-pub use context::{Context, DeviceAttr, Gid, PortAttr};
+pub use attr::{
+    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpCap,
+    QpState, QpType, Transport,
+};
+pub use context::{open, Context, Gid};
 pub use cq::{Batch, Cq, CqInit, EventsReported};
-pub use device::{devices, open, DeviceFile, DeviceInfo};
+pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Mr};
 pub use pd::Pd;
-pub use qp::{AhAttr, GlobalRoute, Mtu, Qp, QpAttr, QpInfo, QpInit, QpState, QpType};
+pub use qp::{Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
-pub use sys::abi::QpCap;
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest};

@@ -34,8 +34,15 @@ impl std::fmt::Debug for Pd {
     }
 }
 
+impl Context {
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        Pd::new(self)
+    }
+}
+
 impl Pd {
-    pub(crate) fn new(ctx: &Context) -> Result<Self> {
+    fn new(ctx: &Context) -> Result<Self> {
         let resp: AllocPdResp = ctx
             .inner
             .write_cmd("ALLOC_PD", abi::cmd::ALLOC_PD, &AllocPd::default())?;

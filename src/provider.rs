@@ -16,10 +16,9 @@
 //! The data path (poll, post) is a call through the provider's trait object per *batch*, never
 //! per completion or work request.
 
+use crate::attr::{QpCap, QpType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::Result;
-use crate::qp::QpType;
-use crate::sys::abi::QpCap;
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
 use std::ptr::NonNull;

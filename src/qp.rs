@@ -1,5 +1,6 @@
 //! Queue pairs: creation, the state machine (modify/query) and posting.
 
+use crate::attr::{AhAttr, GlobalRoute, Mtu, QpCap, QpState, QpType};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
@@ -8,7 +9,7 @@ use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, QpCreated, QpQueues, QpRequest};
 use crate::srq::{Srq, SrqInner};
-use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpCap, QpDest, QueryQp, QueryQpResp};
+use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpDest, QueryQp, QueryQpResp};
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::{RecvWr, SendWr};
 use std::os::fd::AsRawFd;
@@ -19,168 +20,40 @@ const METHOD_QP_CREATE: u16 = 0;
 const METHOD_QP_DESTROY: u16 = 1;
 const CREATE_FLAG_SQ_SIG_ALL: u32 = 1 << 12;
 
-/// Transport type (`enum ibv_qp_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum QpType {
-    /// Reliable connected.
-    Rc = 2,
-    /// Unreliable connected.
-    Uc = 3,
-    /// Unreliable datagram.
-    Ud = 4,
-}
-
-/// QP state (`enum ibv_qp_state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum QpState {
-    /// Just created, or reset.
-    Reset = 0,
-    /// Receives may be posted.
-    Init = 1,
-    /// Ready to receive.
-    Rtr = 2,
-    /// Ready to send.
-    Rts = 3,
-    /// Send queue drained.
-    Sqd = 4,
-    /// Send queue error.
-    Sqe = 5,
-    /// Error: outstanding work requests are flushed.
-    Err = 6,
-}
-
-impl QpState {
-    fn from_raw(v: u8) -> Result<Self> {
-        Ok(match v {
-            0 => Self::Reset,
-            1 => Self::Init,
-            2 => Self::Rtr,
-            3 => Self::Rts,
-            4 => Self::Sqd,
-            5 => Self::Sqe,
-            6 => Self::Err,
-            _ => return Err(Error::malformed("QUERY_QP", format!("QP state {v}"))),
-        })
+/// `attr` as the kernel's address vector.
+fn dest_to_abi(attr: AhAttr) -> QpDest {
+    let grh = attr.grh.unwrap_or_default();
+    QpDest {
+        dgid: grh.dgid,
+        flow_label: grh.flow_label,
+        dlid: attr.dlid,
+        reserved: 0,
+        sgid_index: grh.sgid_index,
+        hop_limit: grh.hop_limit,
+        traffic_class: grh.traffic_class,
+        sl: attr.sl,
+        src_path_bits: attr.src_path_bits,
+        static_rate: attr.static_rate,
+        is_global: u8::from(attr.grh.is_some()),
+        port_num: attr.port_num,
     }
 }
 
-/// Path MTU (`enum ibv_mtu`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Mtu {
-    /// 256 bytes.
-    Mtu256 = 1,
-    /// 512 bytes.
-    Mtu512 = 2,
-    /// 1024 bytes.
-    Mtu1024 = 3,
-    /// 2048 bytes.
-    Mtu2048 = 4,
-    /// 4096 bytes.
-    Mtu4096 = 5,
-}
-
-impl Mtu {
-    /// From the verbs encoding (1..=5); `None` for anything else.
-    pub fn from_raw(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => Self::Mtu256,
-            2 => Self::Mtu512,
-            3 => Self::Mtu1024,
-            4 => Self::Mtu2048,
-            5 => Self::Mtu4096,
-            _ => return None,
-        })
-    }
-
-    /// Bytes.
-    pub fn bytes(self) -> u32 {
-        128 << (self as u32)
-    }
-}
-
-/// The global routing header of an address (always present on RoCE).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct GlobalRoute {
-    /// Destination GID.
-    pub dgid: [u8; 16],
-    /// Index of the local GID to send from.
-    pub sgid_index: u8,
-    /// Hop limit.
-    pub hop_limit: u8,
-    /// Traffic class.
-    pub traffic_class: u8,
-    /// Flow label.
-    pub flow_label: u32,
-}
-
-/// An address vector (`struct ibv_ah_attr`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct AhAttr {
-    /// Local port.
-    pub port_num: u8,
-    /// Destination LID (InfiniBand).
-    pub dlid: u16,
-    /// Service level.
-    pub sl: u8,
-    /// Source path bits.
-    pub src_path_bits: u8,
-    /// Static rate.
-    pub static_rate: u8,
-    /// Global route; required on RoCE.
-    pub grh: Option<GlobalRoute>,
-}
-
-impl AhAttr {
-    /// The RoCE address of `dgid`, reached from local GID `sgid_index` on `port_num`.
-    pub fn roce(port_num: u8, dgid: [u8; 16], sgid_index: u8) -> Self {
-        Self {
-            port_num,
-            grh: Some(GlobalRoute {
-                dgid,
-                sgid_index,
-                hop_limit: 64,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn to_abi(self) -> QpDest {
-        let grh = self.grh.unwrap_or_default();
-        QpDest {
-            dgid: grh.dgid,
-            flow_label: grh.flow_label,
-            dlid: self.dlid,
-            reserved: 0,
-            sgid_index: grh.sgid_index,
-            hop_limit: grh.hop_limit,
-            traffic_class: grh.traffic_class,
-            sl: self.sl,
-            src_path_bits: self.src_path_bits,
-            static_rate: self.static_rate,
-            is_global: u8::from(self.grh.is_some()),
-            port_num: self.port_num,
-        }
-    }
-
-    fn from_abi(d: &QpDest) -> Self {
-        Self {
-            port_num: d.port_num,
-            dlid: d.dlid,
-            sl: d.sl,
-            src_path_bits: d.src_path_bits,
-            static_rate: d.static_rate,
-            grh: (d.is_global != 0).then_some(GlobalRoute {
-                dgid: d.dgid,
-                sgid_index: d.sgid_index,
-                hop_limit: d.hop_limit,
-                traffic_class: d.traffic_class,
-                flow_label: d.flow_label,
-            }),
-        }
+/// The kernel's address vector as an [`AhAttr`].
+fn dest_from_abi(d: &QpDest) -> AhAttr {
+    AhAttr {
+        port_num: d.port_num,
+        dlid: d.dlid,
+        sl: d.sl,
+        src_path_bits: d.src_path_bits,
+        static_rate: d.static_rate,
+        grh: (d.is_global != 0).then_some(GlobalRoute {
+            dgid: d.dgid,
+            sgid_index: d.sgid_index,
+            hop_limit: d.hop_limit,
+            traffic_class: d.traffic_class,
+            flow_label: d.flow_label,
+        }),
     }
 }
 
@@ -286,7 +159,7 @@ impl QpAttr {
         m.pkey_index = self.pkey_index.unwrap_or(0);
         m.port_num = self.port_num.unwrap_or(0);
         m.qkey = self.qkey.unwrap_or(0);
-        m.dest = self.ah.map(AhAttr::to_abi).unwrap_or_default();
+        m.dest = self.ah.map(dest_to_abi).unwrap_or_default();
         m.path_mtu = self.path_mtu.map_or(0, |v| v as u8);
         m.timeout = self.timeout.unwrap_or(0);
         m.retry_cnt = self.retry_cnt.unwrap_or(0);
@@ -303,6 +176,7 @@ impl QpAttr {
 
 /// What QUERY_QP reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QpInfo {
     /// Every attribute, all `Some`.
     pub attr: QpAttr,
@@ -513,18 +387,18 @@ impl Qp {
             attr_mask: mask::ALL,
         };
         let r: QueryQpResp = self.ctx().write_cmd("QUERY_QP", abi::cmd::QUERY_QP, &req)?;
-        let state = QpState::from_raw(r.qp_state)?;
+        let state = qp_state(r.qp_state)?;
         self.state = state;
         let info = QpInfo {
             attr: QpAttr {
                 state: Some(state),
-                cur_state: Some(QpState::from_raw(r.cur_qp_state)?),
+                cur_state: Some(qp_state(r.cur_qp_state)?),
                 en_sqd_async_notify: None,
                 access: Some(AccessFlags::from_bits_retain(r.qp_access_flags)),
                 pkey_index: Some(r.pkey_index),
                 port_num: Some(r.port_num),
                 qkey: Some(r.qkey),
-                ah: Some(AhAttr::from_abi(&r.dest)),
+                ah: Some(dest_from_abi(&r.dest)),
                 path_mtu: Mtu::from_raw(r.path_mtu),
                 timeout: Some(r.timeout),
                 retry_cnt: Some(r.retry_cnt),
@@ -668,6 +542,11 @@ impl Drop for Qp {
             let _ = destroy_qp(&self.pd.ctx, self.handle);
         }
     }
+}
+
+/// A state QUERY_QP reported.
+fn qp_state(raw: u8) -> Result<QpState> {
+    QpState::from_raw(raw).ok_or_else(|| Error::malformed("QUERY_QP", format!("QP state {raw}")))
 }
 
 /// Destroys QP `handle`; returns how many async events the kernel reported for it.

@@ -1,8 +1,9 @@
 //! Work requests: what `post_send` and `post_recv` take.
 
+use crate::attr::QpType;
 use crate::error::WrReject;
-use crate::qp::QpType;
 use crate::sys::assert_layout;
+use std::marker::PhantomData;
 
 /// One scatter/gather entry: the same layout as C `struct ibv_sge`.
 #[repr(C)]
@@ -44,6 +45,7 @@ pub struct Remote {
 
 /// What a send work request does. Immediate data is in network byte order, as in C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SendOp {
     /// Two-sided send.
     Send,
@@ -104,11 +106,33 @@ impl SendOp {
     }
 }
 
+/// An address handle as a work request names it (from [`crate::Ah::ud_dest`]): the value its
+/// provider reads back when posting, borrowed from the AH so the AH outlives the request.
+#[derive(Debug, Clone, Copy)]
+pub struct AhRef<'a> {
+    provider_data: u64,
+    _ah: PhantomData<&'a ()>,
+}
+
+impl AhRef<'_> {
+    pub(crate) fn new(provider_data: u64) -> Self {
+        Self {
+            provider_data,
+            _ah: PhantomData,
+        }
+    }
+
+    /// What the provider's `create_ah` returned for this AH.
+    pub(crate) fn provider_data(self) -> u64 {
+        self.provider_data
+    }
+}
+
 /// The destination of a UD send.
 #[derive(Debug, Clone, Copy)]
 pub struct UdDest<'a> {
     /// Address handle of the destination port.
-    pub ah: &'a crate::Ah,
+    pub ah: AhRef<'a>,
     /// Destination QP number.
     pub remote_qpn: u32,
     /// Destination Q_Key.

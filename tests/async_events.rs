@@ -79,7 +79,7 @@ impl Drop for DummyRxe {
 fn port_error_and_active_when_the_netdev_goes_down_and_up() {
     let _dev = DummyRxe::new();
     let ctx = uverbs::open(Some("rxe_uvt")).expect("open rxe_uvt");
-    assert_eq!(ctx.query_port(1).unwrap().state, 4, "ACTIVE");
+    assert_eq!(ctx.query_port(1).unwrap().state, PortState::ACTIVE);
     run("ip link set uvt0 down");
     let ev = ctx.get_async_event(WAIT).unwrap().expect("port error event");
     assert_eq!(
@@ -89,12 +89,12 @@ fn port_error_and_active_when_the_netdev_goes_down_and_up() {
             target: EventTarget::Port(1)
         }
     );
-    assert_eq!(ctx.query_port(1).unwrap().state, 1, "DOWN");
+    assert_eq!(ctx.query_port(1).unwrap().state, PortState::DOWN);
     run("ip link set uvt0 up");
     let mut kinds = Vec::new();
     while let Some(ev) = ctx.get_async_event(Some(Duration::from_secs(2))).unwrap() {
         kinds.push(ev.kind);
     }
     assert!(kinds.contains(&AsyncEventKind::PORT_ACTIVE), "got {kinds:?}");
-    assert_eq!(ctx.query_port(1).unwrap().state, 4, "ACTIVE again");
+    assert_eq!(ctx.query_port(1).unwrap().state, PortState::ACTIVE, "again");
 }

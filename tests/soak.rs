@@ -531,7 +531,7 @@ fn mixed_work_requests_complete_exactly_once_with_verified_payloads() {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
     let gid = loopback_gid(&ctx);
-    let mtu = Mtu::from_raw(ctx.query_port(1).unwrap().active_mtu).unwrap_or(Mtu::Mtu1024);
+    let mtu = ctx.query_port(1).unwrap().active_mtu.unwrap_or(Mtu::Mtu1024);
     let mut send_cq = ctx.create_cq(1024).unwrap();
     let mut recv_cq = ctx.create_cq(1024).unwrap();
     assert!(send_cq.capacity() as usize >= QPS * WINDOW && recv_cq.capacity() as usize >= QPS * RECV_DEPTH);

@@ -121,11 +121,8 @@ fn limit_event_fires_once_when_the_srq_runs_low() {
         .unwrap()
         .expect("SRQ limit event");
     assert_eq!(
-        ev,
-        AsyncEvent {
-            kind: AsyncEventKind::SRQ_LIMIT_REACHED,
-            target: EventTarget::Srq(s.srq.user_handle())
-        }
+        (ev.kind, ev.target),
+        (AsyncEventKind::SRQ_LIMIT_REACHED, EventTarget::Srq(s.srq.user_handle()))
     );
     assert_eq!(s.srq.query().unwrap().srq_limit, 0, "disarmed after firing");
     assert_eq!(s.ctx.get_async_event(Some(Duration::ZERO)).unwrap(), None, "fired once");

@@ -252,11 +252,7 @@ fn ud_datagrams_cross_the_wire() {
         unsafe { qb.post_recv(&[RecvWr::new(i, &[sge])]) }.unwrap();
         a.mr.as_mut_slice()[..256].fill(i as u8);
         let src = [a.mr.sge(0, 256).unwrap()];
-        let dest = UdDest {
-            ah: &ah,
-            remote_qpn: qb.qpn(),
-            remote_qkey: QKEY,
-        };
+        let dest = ah.ud_dest(qb.qpn(), QKEY);
         unsafe { qa.post_send(&[SendWr::new(i, SendOp::Send, &src).to(dest)]) }.unwrap();
         assert!(poll_n(&mut a.cq, 1, 1)[0].is_success());
         let c = poll_n(&mut b.cq, 1, 1)[0];

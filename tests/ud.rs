@@ -37,11 +37,7 @@ fn ud_sends_carry_grh_src_qp_and_payload() {
         let len = 100 + i as usize * 10;
         mr.as_mut_slice()[..len].fill(i as u8 + 1);
         let sge = [mr.sge(0, len as u32).unwrap()];
-        let dest = UdDest {
-            ah: &ah,
-            remote_qpn: rx.qpn(),
-            remote_qkey: QKEY,
-        };
+        let dest = ah.ud_dest(rx.qpn(), QKEY);
         let op = if i % 2 == 0 {
             SendOp::Send
         } else {

@@ -4,10 +4,10 @@
 use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
 use super::queue::Producer;
 use super::RxeContext;
+use crate::attr::QpType;
 use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{KernelCall, QpCreated, QpQueues, QpRequest};
-use crate::qp::QpType;
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
 use crate::wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};

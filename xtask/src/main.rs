@@ -59,6 +59,8 @@ macro_rules! say {
     }};
 }
 
+#[cfg(test)]
+mod architecture;
 mod bench;
 mod cpio;
 mod error;

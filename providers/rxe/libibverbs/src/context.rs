@@ -217,8 +217,8 @@ fn device_attr(a: &uverbs::DeviceAttr) -> ibv_device_attr {
     for (d, s) in o.fw_ver.iter_mut().zip(fw.bytes().take(63)) {
         *d = s as libc::c_char;
     }
-    o.node_guid = a.node_guid;
-    o.sys_image_guid = a.sys_image_guid;
+    o.node_guid = a.node_guid.to_be();
+    o.sys_image_guid = a.sys_image_guid.to_be();
     o.max_mr_size = a.max_mr_size;
     o.page_size_cap = a.page_size_cap;
     o.vendor_id = a.vendor_id;
@@ -238,7 +238,7 @@ fn device_attr(a: &uverbs::DeviceAttr) -> ibv_device_attr {
     o.max_res_rd_atom = a.max_res_rd_atom as c_int;
     o.max_qp_init_rd_atom = a.max_qp_init_rd_atom as c_int;
     o.max_ee_init_rd_atom = a.max_ee_init_rd_atom as c_int;
-    o.atomic_cap = a.atomic_cap as c_int;
+    o.atomic_cap = a.atomic_cap.0 as c_int;
     o.max_ee = a.max_ee as c_int;
     o.max_rdd = a.max_rdd as c_int;
     o.max_mw = a.max_mw as c_int;
@@ -322,9 +322,9 @@ unsafe extern "C" fn query_port(ibctx: *mut ibv_context, port: u8, out: *mut ibv
             Err(e) => return ffi::fail("query_port", &e),
         };
         let attr = ibv_port_attr {
-            state: c_int::from(p.state),
-            max_mtu: c_int::from(p.max_mtu),
-            active_mtu: c_int::from(p.active_mtu),
+            state: p.state.0 as c_int,
+            max_mtu: p.max_mtu.map_or(0, |m| m as c_int),
+            active_mtu: p.active_mtu.map_or(0, |m| m as c_int),
             gid_tbl_len: p.gid_tbl_len as c_int,
             port_cap_flags: p.port_cap_flags,
             max_msg_sz: p.max_msg_sz,
@@ -338,13 +338,12 @@ unsafe extern "C" fn query_port(ibctx: *mut ibv_context, port: u8, out: *mut ibv
             sm_sl: p.sm_sl,
             subnet_timeout: p.subnet_timeout,
             init_type_reply: p.init_type_reply,
-            active_width: p.active_width,
-            active_speed: p.active_speed,
+            active_width: p.active_width.0 as u8,
+            active_speed: p.active_speed.0 as u8,
             phys_state: p.phys_state,
-            link_layer: p.link_layer,
+            link_layer: p.link_layer.0 as u8,
             flags: p.flags,
-            // uverbs' query_port returns the base response only.
-            port_cap_flags2: 0,
+            port_cap_flags2: p.port_cap_flags2,
         };
         // SAFETY: libibverbs passes a full `ibv_port_attr` (it bounces smaller user buffers).
         unsafe { out.write(attr) };

@@ -33,7 +33,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use uverbs::{
     AccessFlags, AhAttr, EventsReported, GlobalRoute, Mtu, QpAttr, QpState, QpType, RecvWr, Remote, SendFlags, SendOp,
-    SendWr, UdDest,
+    SendWr,
 };
 
 /// Heap room for a C object whose address is needed before the object can be built: CQs,
@@ -1082,11 +1082,7 @@ unsafe fn send_wr<'a>(q: &'a Qp, w: &ibv_send_wr) -> Option<SendWr<'a>> {
     }
     // SAFETY: a non-null AH in a work request is one of ours, live for `'a`.
     let ah = unsafe { &*ud.ah.cast::<Ah>() };
-    Some(swr.to(UdDest {
-        ah: &ah.ah,
-        remote_qpn: ud.remote_qpn,
-        remote_qkey: ud.remote_qkey,
-    }))
+    Some(swr.to(ah.ah.ud_dest(ud.remote_qpn, ud.remote_qkey)))
 }
 
 /// Reports a send request [`send_wr`] refused.
