@@ -56,14 +56,17 @@ impl Pd {
         };
         let (handle, provider_data) = create_object(
             "CREATE_AH",
-            |kernel| ctx.provider.create_ah(kernel),
-            |drv_in, drv_out| {
+            |kernel| {
+                ctx.provider
+                    .create_ah(&mut |drv_in, drv_out| kernel((), drv_in, drv_out))
+            },
+            |(), drv_in: &[u8], drv_out: &mut [u8]| {
                 // SAFETY: no user pointers but `response` (provider contract for `drv_in`).
                 let resp: CreateAhResp =
                     unsafe { cmd::execute(ctx.fd(), "CREATE_AH", abi::cmd::CREATE_AH, &req, drv_in, drv_out) }?;
                 Ok(resp.ah_handle)
             },
-            |h| destroy_ah(ctx, h),
+            |h| drop(destroy_ah(ctx, h)),
         )?;
         Ok(Ah {
             pd: self.inner.clone(),
@@ -73,8 +76,8 @@ impl Pd {
     }
 }
 
-fn destroy_ah(ctx: &ContextInner, handle: u32) {
-    let _ = ctx.destroy("DESTROY_AH", object::AH, METHOD_AH_DESTROY, handle, &mut []);
+fn destroy_ah(ctx: &ContextInner, handle: u32) -> Result<()> {
+    ctx.destroy("DESTROY_AH", object::AH, METHOD_AH_DESTROY, handle, &mut [])
 }
 
 impl Ah {
@@ -95,6 +98,11 @@ impl Ah {
 
 impl Drop for Ah {
     fn drop(&mut self) {
-        destroy_ah(&self.pd.ctx, self.handle);
+        let ctx = &self.pd.ctx;
+        // The provider's half goes only once the kernel AH is gone (and never in a forked
+        // child, where the AH is the parent's).
+        if destroy_ah(ctx, self.handle).is_ok() && !ctx.forked() {
+            ctx.provider.destroy_ah(self.provider_data);
+        }
     }
 }

@@ -1,18 +1,19 @@
 //! Completion queues.
 
 use crate::context::{Context, ContextInner};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::CompChannel;
 use crate::fork::Owner;
-use crate::provider::{create_object, CqCreated, CqRing, ReadyRun};
+use crate::provider::{create_object, CqCreated, CqRing, KernelCall, ReadyRun};
 use crate::sys::abi::{self, DestroyCqResp, ReqNotifyCq, ResizeCq, ResizeCqResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wc::WorkCompletion;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::any::Any;
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use zerocopy::IntoBytes;
 
 const METHOD_CQ_CREATE: u16 = 0;
@@ -44,12 +45,18 @@ impl CqInit<'_> {
 }
 
 /// The kernel CQ. QPs hold an `Arc` of this to keep the CQ alive; the ring belongs to the
-/// unique [`Cq`] handle.
+/// unique [`Cq`] handle while it lives, then to this, until the kernel CQ is destroyed.
 pub(crate) struct CqInner {
     pub(crate) ctx: Arc<ContextInner>,
     pub(crate) handle: u32,
     user_handle: u64,
-    _channel: Option<Arc<OwnedFd>>,
+    /// The channel, kept open while the kernel may send events to it.
+    channel: Option<CompChannel>,
+    /// Completion events delivered for this CQ (counted by the channel's reader).
+    events: Arc<AtomicU32>,
+    /// The provider's half, once the [`Cq`] handle is gone: the device may write into it
+    /// until the kernel CQ is destroyed.
+    parked: Mutex<Option<Box<dyn CqRing>>>,
     /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
 }
@@ -57,8 +64,18 @@ pub(crate) struct CqInner {
 impl Drop for CqInner {
     fn drop(&mut self) {
         // Runs after every QP using the CQ is gone (they hold this `Arc`).
-        if !self.destroyed.load(Ordering::Relaxed) {
-            let _ = destroy_cq(&self.ctx, self.handle);
+        let gone = self.destroyed.load(Ordering::Relaxed) || destroy_cq(&self.ctx, self.handle).is_ok();
+        let parked = self
+            .parked
+            .get_mut()
+            .map(Option::take)
+            .unwrap_or_else(|e| e.into_inner().take());
+        if !gone {
+            // The kernel still has the CQ: its ring must never be freed.
+            std::mem::forget(parked);
+        }
+        if let Some(channel) = &self.channel {
+            channel.forget_cq(self.user_handle);
         }
     }
 }
@@ -83,9 +100,8 @@ pub struct EventsReported {
 /// lock. The handle is `Send` (move it to the polling thread) but not `Sync`.
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
-    /// Declared after `inner`: when the last user drops, the kernel CQ is destroyed before
-    /// the ring is unmapped. While QPs still hold `inner`, the kernel keeps writing into its
-    /// own buffer; only this view of it goes.
+    /// The provider's half; parked in `inner` when this handle drops, so it is released only
+    /// after the kernel CQ is destroyed.
     ring: Box<dyn CqRing>,
     owner: Owner,
     cqe: u32,
@@ -116,14 +132,18 @@ impl Cq {
     fn new(ctx: &Context, init: &CqInit<'_>) -> Result<Self> {
         let inner = &ctx.inner;
         let user_handle = init.user_handle.unwrap_or_else(|| inner.new_user_handle());
+        let events = Arc::new(AtomicU32::new(0));
+        if let Some(channel) = init.channel {
+            channel.watch_cq(user_handle, &events)?;
+        }
         let (created, ring) = create_object(
             "CREATE_CQ",
             |kernel| inner.provider.create_cq(init.cqe, kernel),
-            |drv_in, drv_out| {
+            |cqe: u32, drv_in: &[u8], drv_out: &mut [u8]| {
                 let mut resp_cqe = 0u32;
                 let mut call = inner.ioctl(object::CQ, METHOD_CQ_CREATE);
                 let handle = call.new_handle(0);
-                call.input(1, &init.cqe)
+                call.input(1, &cqe)
                     .input(2, &user_handle)
                     .input(4, &init.comp_vector)
                     .output(6, resp_cqe.as_mut_bytes())
@@ -144,13 +164,20 @@ impl Cq {
                 })
             },
             |c| drop(destroy_cq(inner, c.handle)),
-        )?;
+        )
+        .inspect_err(|_| {
+            if let Some(channel) = init.channel {
+                channel.forget_cq(user_handle);
+            }
+        })?;
         Ok(Self {
             inner: Arc::new(CqInner {
                 ctx: inner.clone(),
                 handle: created.handle,
                 user_handle,
-                _channel: init.channel.map(|c| c.fd.clone()),
+                channel: init.channel.cloned(),
+                events,
+                parked: Mutex::new(None),
                 destroyed: AtomicBool::new(false),
             }),
             ring,
@@ -188,12 +215,17 @@ impl Cq {
 
     /// Asks for an event on the CQ's channel at the next completion (or the next solicited
     /// one). One event per request: call again after each event.
-    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        let req = ReqNotifyCq {
-            cq_handle: self.inner.handle,
-            solicited_only: u32::from(solicited_only),
-        };
-        self.inner.ctx.write_cmd("REQ_NOTIFY_CQ", abi::cmd::REQ_NOTIFY_CQ, &req)
+    pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        self.owner.check("REQ_NOTIFY_CQ")?;
+        let events = self.inner.events.load(Ordering::Relaxed);
+        let (ctx, handle) = (&self.inner.ctx, self.inner.handle);
+        self.ring.arm(solicited_only, events, &mut || {
+            let req = ReqNotifyCq {
+                cq_handle: handle,
+                solicited_only: u32::from(solicited_only),
+            };
+            ctx.write_cmd("REQ_NOTIFY_CQ", abi::cmd::REQ_NOTIFY_CQ, &req)
+        })
     }
 
     /// Resizes the CQ to at least `cqe` entries, keeping the completions it holds.
@@ -234,6 +266,11 @@ impl Cq {
         }
     }
 
+    /// The provider's half, for linking a new QP to it.
+    pub(crate) fn ring(&self) -> &dyn CqRing {
+        &*self.ring
+    }
+
     /// Capacity the kernel granted.
     pub fn capacity(&self) -> u32 {
         self.cqe
@@ -247,6 +284,44 @@ impl Cq {
     /// The value naming this CQ in [`crate::CqEvent`]s and [`crate::AsyncEvent`]s.
     pub fn user_handle(&self) -> u64 {
         self.inner.user_handle
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        let ring = std::mem::replace(&mut self.ring, Box::new(NoRing));
+        let mut parked = self.inner.parked.lock().unwrap_or_else(|e| e.into_inner());
+        *parked = Some(ring);
+    }
+}
+
+/// What a [`Cq`] handle holds in place of its ring while dropping (a zero-sized box: no
+/// allocation).
+pub(crate) struct NoRing;
+
+// SAFETY: `ready_run` describes no completions.
+#[allow(unsafe_code)]
+unsafe impl CqRing for NoRing {
+    fn poll(&mut self, _: &mut [WorkCompletion]) -> usize {
+        0
+    }
+
+    fn ready_run(&mut self) -> ReadyRun {
+        ReadyRun::empty()
+    }
+
+    fn consume(&mut self, _: usize) {}
+
+    fn resize(&mut self, _: KernelCall<'_, u32>) -> Result<()> {
+        Err(Error::invalid("RESIZE_CQ", "the CQ is being dropped"))
+    }
+
+    fn arm(&mut self, _: bool, _: u32, _: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        Err(Error::invalid("REQ_NOTIFY_CQ", "the CQ is being dropped"))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -345,7 +420,6 @@ impl Drop for Batch<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::KernelCall;
 
     /// A ring of `SLOTS` completions in memory, filled by the test, read through `Batch`.
     struct FakeRing {
@@ -383,6 +457,14 @@ mod tests {
 
         fn resize(&mut self, _: KernelCall<'_, u32>) -> Result<()> {
             unreachable!("not used by Batch")
+        }
+
+        fn arm(&mut self, _: bool, _: u32, _: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+            unreachable!("not used by Batch")
+        }
+
+        fn as_any(&self) -> &dyn Any {
+            self
         }
     }
 

@@ -15,7 +15,8 @@ use crate::sys::abi::{self, AsyncEventDesc, CompEventDesc, CreateCompChannel, Cr
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -51,15 +52,23 @@ fn read_event<T: FromBytes + IntoBytes>(
 }
 
 /// A completion channel: CQs created on it report "a completion arrived" events here after
-/// [`crate::Cq::req_notify`].
+/// [`crate::Cq::req_notify`]. Cheap to clone; the fd stays open while a clone or a CQ on it
+/// lives.
 #[derive(Clone)]
 pub struct CompChannel {
-    pub(crate) fd: Arc<OwnedFd>,
+    inner: Arc<ChannelInner>,
+}
+
+struct ChannelInner {
+    fd: OwnedFd,
+    /// The CQs on this channel by user handle, with their delivered-event counters: each
+    /// event read here is counted for its CQ (mlx5 arms with the count as sequence number).
+    cqs: Mutex<Vec<(u64, Weak<AtomicU32>)>>,
 }
 
 impl std::fmt::Debug for CompChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompChannel").field("fd", &self.fd.as_raw_fd()).finish()
+        f.debug_struct("CompChannel").field("fd", &self.as_raw_fd()).finish()
     }
 }
 
@@ -79,15 +88,46 @@ impl CompChannel {
         )?;
         // SAFETY: the kernel just created this fd for this process; nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(resp.fd as RawFd) };
-        Ok(Self { fd: Arc::new(fd) })
+        Ok(Self::from(fd))
+    }
+
+    fn cqs(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicU32>)>> {
+        self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts the events for the CQ named `user_handle` in `events`. A user handle names one
+    /// live CQ per channel, or events could not be told apart.
+    pub(crate) fn watch_cq(&self, user_handle: u64, events: &Arc<AtomicU32>) -> Result<()> {
+        let mut cqs = self.cqs();
+        cqs.retain(|(_, w)| w.strong_count() > 0);
+        if cqs.iter().any(|(h, _)| *h == user_handle) {
+            return Err(Error::invalid(
+                "CREATE_CQ",
+                format!("user handle {user_handle} already names a CQ on this channel"),
+            ));
+        }
+        cqs.push((user_handle, Arc::downgrade(events)));
+        Ok(())
+    }
+
+    /// Stops counting events for `user_handle`.
+    pub(crate) fn forget_cq(&self, user_handle: u64) {
+        self.cqs().retain(|(h, w)| *h != user_handle && w.strong_count() > 0);
     }
 
     /// Waits up to `timeout` (forever with `None`, not at all with `Some(ZERO)`) for the next
     /// event. Re-arm the CQ with `req_notify` and drain it with `poll` after each event.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CqEvent>> {
-        let desc: Option<CompEventDesc> = read_event(self.fd.as_fd(), "get_cq_event", timeout)?;
-        Ok(desc.map(|d| CqEvent {
-            cq_user_handle: d.cq_handle,
+        let desc: Option<CompEventDesc> = read_event(self.as_fd(), "get_cq_event", timeout)?;
+        Ok(desc.map(|d| {
+            if let Some((_, events)) = self.cqs().iter().find(|(h, _)| *h == d.cq_handle) {
+                if let Some(events) = events.upgrade() {
+                    events.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            CqEvent {
+                cq_user_handle: d.cq_handle,
+            }
         }))
     }
 }
@@ -96,19 +136,24 @@ impl CompChannel {
 /// one). The kernel checks it is one when a CQ is created on it.
 impl From<OwnedFd> for CompChannel {
     fn from(fd: OwnedFd) -> Self {
-        Self { fd: Arc::new(fd) }
+        Self {
+            inner: Arc::new(ChannelInner {
+                fd,
+                cqs: Mutex::new(Vec::new()),
+            }),
+        }
     }
 }
 
 impl AsFd for CompChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.inner.fd.as_fd()
     }
 }
 
 impl AsRawFd for CompChannel {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.inner.fd.as_raw_fd()
     }
 }
 

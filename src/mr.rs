@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use crate::pd::{Pd, PdInner};
 use crate::sys::abi::{self, RegMr, RegMrResp};
+use crate::sys::cmd;
 use crate::sys::ioctl::object;
 use crate::wr::Sge;
 use memmap2::MmapMut;
@@ -101,7 +102,15 @@ impl Pd {
         };
         // REG_MR only pins `start..start+length`; the kernel writes no user memory but the
         // response.
-        let resp: RegMrResp = self.inner.ctx.write_cmd("REG_MR", abi::cmd::REG_MR, &req)?;
+        let ctx = &self.inner.ctx;
+        ctx.check_owner("REG_MR")?;
+        let mut resp = RegMrResp::default();
+        ctx.provider.reg_mr(&mut |drv_in, drv_out| {
+            // SAFETY: the core request's pointers name the region, which the kernel only pins;
+            // those in the driver data are the provider's to keep valid.
+            resp = unsafe { cmd::execute(ctx.fd(), "REG_MR", abi::cmd::REG_MR, &req, drv_in, drv_out) }?;
+            Ok(())
+        })?;
         Ok(Mr {
             pd: self.inner.clone(),
             handle: resp.mr_handle,

@@ -3,6 +3,7 @@
 use crate::context::{Context, ContextInner};
 use crate::error::Result;
 use crate::sys::abi::{self, AllocPd, AllocPdResp};
+use crate::sys::cmd;
 use crate::sys::ioctl::object;
 use std::sync::Arc;
 
@@ -43,9 +44,24 @@ impl Context {
 
 impl Pd {
     fn new(ctx: &Context) -> Result<Self> {
-        let resp: AllocPdResp = ctx
-            .inner
-            .write_cmd("ALLOC_PD", abi::cmd::ALLOC_PD, &AllocPd::default())?;
+        let inner = &ctx.inner;
+        inner.check_owner("ALLOC_PD")?;
+        let mut resp = AllocPdResp::default();
+        inner.provider.alloc_pd(&mut |drv_in, drv_out| {
+            // SAFETY: the core request's only user pointer is the response, which `execute`
+            // fills in; those in the driver data are the provider's to keep valid.
+            resp = unsafe {
+                cmd::execute(
+                    inner.fd(),
+                    "ALLOC_PD",
+                    abi::cmd::ALLOC_PD,
+                    &AllocPd::default(),
+                    drv_in,
+                    drv_out,
+                )
+            }?;
+            Ok(())
+        })?;
         Ok(Self {
             inner: Arc::new(PdInner {
                 ctx: ctx.inner.clone(),

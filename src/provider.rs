@@ -4,29 +4,44 @@
 //! specific. Object creation follows one shape for every object: the core hands the provider a
 //! *kernel call* closure, the provider prepares whatever the driver needs (user-allocated ring
 //! buffers and doorbell records whose addresses go in the driver request, as on mlx5, or
-//! nothing, as on rxe), calls the closure with its driver request bytes and a buffer for the
-//! driver response, and then finishes from the response (mapping kernel-allocated rings from
-//! mmap cookies, as on rxe, or recording the hardware object number, as on mlx5).
+//! nothing, as on rxe), calls the closure with the core values it controls (a CQ's size, a
+//! QP's capabilities), its driver request bytes and a buffer for the driver response, and then
+//! finishes from the response (mapping kernel-allocated rings from mmap cookies, as on rxe, or
+//! recording the hardware object number, as on mlx5).
 //!
-//! If the provider fails after the kernel call succeeded, the core destroys the kernel object;
-//! the provider only has to release what it allocated itself. When an object is destroyed the
-//! core issues the kernel destroy first and drops the provider's part after, so rings and
-//! buffers outlive the kernel's use of them.
+//! Memory: if the provider fails after the kernel call succeeded, the core destroys the kernel
+//! object; the provider only releases what it allocated itself. The provider's half of an
+//! object (ring, queue, address vector) is released only after the kernel destroy of that
+//! object succeeded, whatever order the user drops handles in: a CQ or SRQ handle dropped
+//! while QPs still use the kernel object parks its half until the last QP is gone. If the
+//! kernel refuses a destroy, the half is leaked, never freed under a live kernel object.
 //!
 //! The data path (poll, post) is a call through the provider's trait object per *batch*, never
-//! per completion or work request.
+//! per completion or work request. `docs/provider-contract.md` maps rxe and mlx5 onto this.
 
-use crate::attr::{QpCap, QpType};
+use crate::attr::{QpCap, QpState, QpType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::Result;
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
+use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// Runs the kernel's create command with the provider's driver request bytes, writing the
-/// driver's response bytes into the buffer given, and returns the core results `T`.
+/// Runs a kernel command with the provider's driver request bytes, writing the driver's
+/// response bytes into the buffer given, and returns the core results `T`.
 pub type KernelCall<'a, T> = &'a mut dyn FnMut(&[u8], &mut [u8]) -> Result<T>;
+
+/// Runs CREATE_CQ asking for `cqe` entries (the core command's value, which the provider
+/// chooses: mlx5 asks for its ring size less one), with driver request and response bytes.
+pub type CreateCqCall<'a> = &'a mut dyn FnMut(u32, &[u8], &mut [u8]) -> Result<CqCreated>;
+
+/// Runs CREATE_QP asking for these capabilities (the core command's values, which the
+/// provider chooses), with driver request and response bytes.
+pub type CreateQpCall<'a> = &'a mut dyn FnMut(QpCap, &[u8], &mut [u8]) -> Result<QpCreated>;
+
+/// Runs a kernel command that takes driver request bytes and returns no driver response.
+pub type KernelInput<'a> = &'a mut dyn FnMut(&[u8]) -> Result<()>;
 
 /// A vendor module. Providers are listed in `providers/mod.rs`.
 pub trait Provider: Sync {
@@ -64,15 +79,42 @@ pub struct QpCreated {
     pub cap: QpCap,
 }
 
-/// A QP creation request, as the provider sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct QpRequest {
+/// A QP creation request, as the provider sees it: what the user asked for, and the vendor
+/// halves of the queues the QP will use, so that the provider can link them (a CQ's poll
+/// finding the QP's work-request ids, say). Each half is the provider's own type behind the
+/// trait object: reach it with `as_any().downcast_ref()`.
+#[derive(Clone, Copy)]
+pub struct QpRequest<'a> {
     /// Transport.
     pub qp_type: QpType,
-    /// Capabilities asked for.
+    /// Capabilities the user asked for.
     pub cap: QpCap,
-    /// Whether receives come from an SRQ (then there is no receive queue to map).
-    pub has_srq: bool,
+    /// The send CQ's vendor half.
+    pub send_cq: &'a dyn CqRing,
+    /// The receive CQ's vendor half (may be the same CQ as `send_cq`).
+    pub recv_cq: &'a dyn CqRing,
+    /// The SRQ's vendor half, when receives come from an SRQ (then the QP has no receive
+    /// queue of its own).
+    pub srq: Option<&'a dyn SrqQueue>,
+}
+
+impl std::fmt::Debug for QpRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpRequest")
+            .field("qp_type", &self.qp_type)
+            .field("cap", &self.cap)
+            .field("srq", &self.srq.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The vendor half of a new QP.
+pub struct ProviderQp {
+    /// Its queues.
+    pub queues: Box<dyn QpQueues>,
+    /// The capabilities the user is told the QP has: the provider's own limits where they are
+    /// tighter than what the kernel granted (its WQE layout decides them).
+    pub cap: QpCap,
 }
 
 /// What the core knows of an SRQ the kernel just created.
@@ -86,38 +128,49 @@ pub struct SrqCreated {
     pub max_sge: u32,
 }
 
-/// Runs a kernel command that takes driver request bytes and returns no driver response.
-pub type KernelInput<'a> = &'a mut dyn FnMut(&[u8]) -> Result<()>;
-
-/// Per-context vendor state: makes the vendor halves of CQs, QPs, SRQs and AHs.
+/// Per-context vendor state: makes the vendor halves of CQs, QPs, SRQs and AHs, and passes
+/// driver data on the commands that carry it.
 ///
-/// Driver request bytes a provider passes to a kernel call may contain user pointers (rxe's
-/// SRQ resize names a buffer for the kernel to fill); the provider guarantees each names live
-/// memory of the right size for the duration of the call.
+/// Driver request bytes a provider passes to a kernel call may contain user pointers (ring
+/// buffers and doorbell records on mlx5, a buffer for the kernel to fill on rxe's SRQ
+/// resize); the provider guarantees each names live memory of the right size for as long as
+/// the kernel object may use it: until the call returns for a buffer the kernel fills, until
+/// the kernel destroy for rings.
 pub trait ProviderContext: Send + Sync {
+    /// Runs ALLOC_PD through `kernel` with the driver's data (mlx5 needs a 4-byte response
+    /// buffer: it copies its PD number without checking the length).
+    fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()>;
+
+    /// Runs REG_MR through `kernel` with the driver's data (siw passes 8 bytes each way).
+    fn reg_mr(&self, kernel: KernelCall<'_, ()>) -> Result<()>;
+
     /// Creates the vendor half of a CQ of at least `cqe` entries.
-    fn create_cq(&self, cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>>;
+    fn create_cq(&self, cqe: u32, kernel: CreateCqCall<'_>) -> Result<Box<dyn CqRing>>;
 
     /// Creates the vendor half of a QP.
-    fn create_qp(&self, request: &QpRequest, kernel: KernelCall<'_, QpCreated>) -> Result<Box<dyn QpQueues>>;
+    fn create_qp(&self, request: &QpRequest<'_>, kernel: CreateQpCall<'_>) -> Result<ProviderQp>;
 
     /// Creates the vendor half of an SRQ.
     fn create_srq(&self, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>>;
 
     /// Creates the vendor half of an address handle; the kernel call returns the AH's
-    /// handle. Returns a value the provider reads back from the AH when posting UD sends.
+    /// handle. Returns a value the provider reads back from the AH when posting UD sends
+    /// (an index or an address of its own); the core hands it to [`Self::destroy_ah`] once.
     fn create_ah(&self, kernel: KernelCall<'_, u32>) -> Result<u64>;
+
+    /// Releases what [`Self::create_ah`] made, after the kernel destroyed the AH.
+    fn destroy_ah(&self, provider_data: u64);
 }
 
 /// The consumer side of a completion queue. There is exactly one consumer: the core only
-/// calls these through a handle it hands out uniquely (`&mut`).
+/// calls the `&mut self` methods through a handle it hands out uniquely (`&mut`).
 ///
 /// # Safety
 /// The core reads the completions [`CqRing::ready_run`] describes through its pointers, so an
 /// implementation must make them point at `len` readable, 8-aligned `WorkCompletion`s
 /// (`before_wrap` from `first` and the rest from `wrapped`, `stride` bytes apart) that stay
 /// unchanged until the next call of a method taking `&mut self`.
-pub unsafe trait CqRing: Send {
+pub unsafe trait CqRing: Send + Any {
     /// Moves up to `wc.len()` ready completions into `wc` and returns how many; fewer (or 0)
     /// when fewer are ready. Must not block, allocate or make a system call.
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize;
@@ -132,6 +185,16 @@ pub unsafe trait CqRing: Send {
     /// Resizes: runs RESIZE_CQ through `kernel` (which returns the granted size) and moves to
     /// the new ring, keeping queued completions.
     fn resize(&mut self, kernel: KernelCall<'_, u32>) -> Result<()>;
+
+    /// Asks for one completion event at the next completion (or the next solicited one).
+    /// `events` is how many completion events have been delivered for this CQ so far (mlx5
+    /// takes its arm sequence number from it). `kernel` runs the REQ_NOTIFY_CQ command, for
+    /// drivers whose arming goes through the kernel (rxe); others arm in user space (mlx5:
+    /// the doorbell record and a UAR write) and must not call it.
+    fn arm(&mut self, solicited_only: bool, events: u32, kernel: &mut dyn FnMut() -> Result<()>) -> Result<()>;
+
+    /// The provider's own type, for [`QpRequest`] linkage.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// Ready completions in place (see [`CqRing::ready_run`]): `len` of them, `stride` bytes
@@ -166,19 +229,26 @@ impl ReadyRun {
 }
 
 /// The producer side of a shared receive queue.
-pub trait SrqQueue: Send {
+pub trait SrqQueue: Send + Any {
     /// Writes `wrs` into the SRQ; same contract as [`QpQueues::post_recv`].
     ///
     /// # Safety
     /// See [`crate::Srq::post_recv`].
+    #[allow(unsafe_code)] // the caller's contract on the buffers
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
 
     /// Runs MODIFY_SRQ through `kernel` with the driver's request bytes; when `resize` is
     /// set the kernel moves the SRQ to a new ring, which the provider then adopts.
     fn modify(&mut self, resize: bool, kernel: KernelInput<'_>) -> Result<()>;
+
+    /// The provider's own type, for [`QpRequest`] linkage.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// The producer side of a QP's send and receive queues.
+///
+/// The core has checked every work request against the rules all devices share (see
+/// `SendWr::check_transport`) before `post_send` sees it; the provider checks its own limits.
 pub trait QpQueues: Send {
     /// Writes `wrs` into the send queue in order and rings the doorbell once. On a rejected
     /// request returns [`crate::Error::WorkRequest`] with its index, after ringing the
@@ -186,26 +256,41 @@ pub trait QpQueues: Send {
     ///
     /// # Safety
     /// See [`crate::Qp::post_send`].
+    #[allow(unsafe_code)] // the caller's contract on the buffers
     unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()>;
 
     /// Writes `wrs` into the receive queue in order; same error contract as `post_send`.
     ///
     /// # Safety
     /// See [`crate::Qp::post_recv`].
+    #[allow(unsafe_code)] // the caller's contract on the buffers
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
+
+    /// Runs MODIFY_QP through `kernel` with the driver's data; once it succeeded, reacts to
+    /// the state it moved to (`next`, if the modify changed the state): on RESET a provider
+    /// with user-allocated rings resets them and scrubs the QP's completions from its CQs.
+    fn modify(&mut self, next: Option<QpState>, kernel: KernelCall<'_, ()>) -> Result<()>;
+
+    /// Told once the kernel destroyed the QP, before the queues are dropped: scrub the QP's
+    /// completions from its CQs, free its number in per-context tables.
+    fn destroyed(&mut self);
 }
 
 /// Runs a provider's create step around the core's kernel command, destroying the kernel
-/// object again if the provider fails after the command succeeded.
-pub(crate) fn create_object<C: Copy, R>(
+/// object again if the provider fails after the command succeeded. `A` is what the provider
+/// chooses of the core command (nothing, a CQ size, QP capabilities).
+pub(crate) fn create_object<A, C: Copy, R>(
     verb: crate::error::Verb,
-    provider_step: impl FnOnce(KernelCall<'_, C>) -> Result<R>,
-    mut kernel: impl FnMut(&[u8], &mut [u8]) -> Result<C>,
+    provider_step: impl FnOnce(&mut dyn FnMut(A, &[u8], &mut [u8]) -> Result<C>) -> Result<R>,
+    mut kernel: impl FnMut(A, &[u8], &mut [u8]) -> Result<C>,
     destroy: impl FnOnce(C),
 ) -> Result<(C, R)> {
     let mut created = None;
-    let result = provider_step(&mut |drv_in, drv_out| {
-        let c = kernel(drv_in, drv_out)?;
+    let result = provider_step(&mut |core, drv_in, drv_out| {
+        if created.is_some() {
+            return Err(crate::Error::malformed(verb, "provider ran the command twice"));
+        }
+        let c = kernel(core, drv_in, drv_out)?;
         created = Some(c);
         Ok(c)
     });

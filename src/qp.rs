@@ -7,9 +7,10 @@ use crate::error::{Error, Result, WrReject};
 use crate::fork::Owner;
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
-use crate::provider::{create_object, QpCreated, QpQueues, QpRequest};
+use crate::provider::{create_object, KernelCall, QpCreated, QpQueues, QpRequest};
 use crate::srq::{Srq, SrqInner};
 use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpDest, QueryQp, QueryQpResp};
+use crate::sys::cmd;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::{RecvWr, SendWr};
 use std::os::fd::AsRawFd;
@@ -281,12 +282,14 @@ impl Qp {
         let request = QpRequest {
             qp_type: init.qp_type,
             cap: init.cap,
-            has_srq: init.srq.is_some(),
+            send_cq: init.send_cq.ring(),
+            recv_cq: init.recv_cq.ring(),
+            srq: init.srq.map(Srq::queue),
         };
-        let (created, queues) = create_object(
+        let (created, provider) = create_object(
             "CREATE_QP",
             |kernel| ctx.provider.create_qp(&request, kernel),
-            |drv_in, drv_out| {
+            |cap_asked: QpCap, drv_in: &[u8], drv_out: &mut [u8]| {
                 let mut cap = QpCap::default();
                 let mut qpn = 0u32;
                 let flags = if init.sq_sig_all { CREATE_FLAG_SQ_SIG_ALL } else { 0 };
@@ -297,7 +300,7 @@ impl Qp {
                     .handle(4, init.send_cq.inner.handle)
                     .handle(5, init.recv_cq.inner.handle)
                     .input(7, &user_handle)
-                    .input(8, &init.cap)
+                    .input(8, &cap_asked)
                     .input(9, &qp_type)
                     .input(10, &flags)
                     .fd(12, ctx.async_fd.as_raw_fd())
@@ -322,12 +325,12 @@ impl Qp {
             |c| drop(destroy_qp(ctx, c.handle)),
         )?;
         Ok(Self {
-            queues,
+            queues: provider.queues,
             owner: ctx.owner,
             handle: created.handle,
             qpn: created.qpn,
             qp_type: init.qp_type,
-            cap: created.cap,
+            cap: provider.cap,
             state: QpState::Reset,
             user_handle,
             destroyed: false,
@@ -371,8 +374,14 @@ impl Qp {
 
     /// Changes attributes and/or state (MODIFY_QP).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        self.owner.check("MODIFY_QP")?;
         let req = attr.to_abi(self.handle);
-        let () = self.ctx().write_cmd("MODIFY_QP", abi::cmd::MODIFY_QP, &req)?;
+        let ctx = &self.pd.ctx;
+        self.queues.modify(attr.state, &mut |drv_in, drv_out| {
+            // SAFETY: the core request holds no user pointers; those in the driver data are
+            // the provider's to keep valid (`ProviderContext` contract).
+            unsafe { cmd::execute(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out) }
+        })?;
         if let Some(state) = attr.state {
             self.state = state;
         }
@@ -495,8 +504,35 @@ impl Qp {
                 reason: WrReject::WrongState(self.state),
             });
         }
-        // SAFETY: forwarded caller contract.
-        unsafe { self.queues.post_send(wrs) }
+        let qp_type = self.qp_type;
+        match wrs.iter().position(|wr| wr.check_transport(qp_type).is_err()) {
+            // SAFETY: forwarded caller contract.
+            None => unsafe { self.queues.post_send(wrs) },
+            // SAFETY: forwarded caller contract.
+            Some(index) => unsafe { self.post_send_before_rejected(wrs, index) },
+        }
+    }
+
+    /// Posts the requests before `index`, which broke a transport rule, and reports it.
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send`].
+    #[cold]
+    #[allow(unsafe_code)] // the caller's contract on the buffers
+    unsafe fn post_send_before_rejected(&mut self, wrs: &[SendWr<'_>], index: usize) -> Result<()> {
+        if index > 0 {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.queues.post_send(&wrs[..index]) }?;
+        }
+        let reason = match wrs[index].check_transport(self.qp_type) {
+            Err(reason) => reason,
+            Ok(()) => WrReject::OpcodeNotSupported,
+        };
+        Err(Error::WorkRequest {
+            verb: "post_send",
+            index,
+            reason,
+        })
     }
 
     /// Posts `wrs` to the receive queue (no system call).
@@ -524,6 +560,7 @@ impl Qp {
         match destroy_qp(&self.pd.ctx, self.handle) {
             Ok(n) => {
                 self.destroyed = true;
+                self.queues.destroyed();
                 Ok(EventsReported { comp: 0, r#async: n })
             }
             Err(e) => Err((self, e)),
@@ -537,11 +574,38 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // Kernel destroy first; `queues` (the ring mappings) drop after this body.
-        if !self.destroyed {
-            let _ = destroy_qp(&self.pd.ctx, self.handle);
+        // Kernel destroy first; `queues` (the rings) drop after this body.
+        if self.destroyed {
+            return;
+        }
+        if destroy_qp(&self.pd.ctx, self.handle).is_err() {
+            // The kernel still has the QP: its rings must never be freed.
+            std::mem::forget(std::mem::replace(&mut self.queues, Box::new(NoQueues)));
+        } else if !self.owner.forked() {
+            self.queues.destroyed();
         }
     }
+}
+
+/// What a [`Qp`] holds in place of queues it had to leak (a zero-sized box: no allocation).
+struct NoQueues;
+
+impl QpQueues for NoQueues {
+    #[allow(unsafe_code)] // the trait's signature; nothing is read
+    unsafe fn post_send(&mut self, _: &[SendWr<'_>]) -> Result<()> {
+        Err(Error::invalid("post_send", "the QP is being dropped"))
+    }
+
+    #[allow(unsafe_code)] // the trait's signature; nothing is read
+    unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
+        Err(Error::invalid("post_recv", "the QP is being dropped"))
+    }
+
+    fn modify(&mut self, _: Option<QpState>, _: KernelCall<'_, ()>) -> Result<()> {
+        Err(Error::invalid("MODIFY_QP", "the QP is being dropped"))
+    }
+
+    fn destroyed(&mut self) {}
 }
 
 /// A state QUERY_QP reported.

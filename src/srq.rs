@@ -2,17 +2,18 @@
 
 use crate::context::ContextInner;
 use crate::cq::EventsReported;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fork::Owner;
 use crate::pd::{Pd, PdInner};
-use crate::provider::{create_object, SrqCreated, SrqQueue};
+use crate::provider::{create_object, KernelInput, SrqCreated, SrqQueue};
 use crate::sys::abi::{self, DestroySrqResp, ModifySrq, QuerySrq, QuerySrqResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::RecvWr;
+use std::any::Any;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use zerocopy::IntoBytes;
 
 const METHOD_SRQ_CREATE: u16 = 0;
@@ -59,18 +60,30 @@ pub struct SrqAttr {
     pub srq_limit: u32,
 }
 
+/// The kernel SRQ. QPs hold an `Arc` of this to keep the SRQ alive; the queue belongs to the
+/// unique [`Srq`] handle while it lives, then to this, until the kernel SRQ is destroyed.
 pub(crate) struct SrqInner {
     pub(crate) pd: Arc<PdInner>,
     pub(crate) handle: u32,
     user_handle: u64,
+    /// The provider's half, once the [`Srq`] handle is gone: the device may read and write
+    /// it until the kernel SRQ is destroyed.
+    parked: Mutex<Option<Box<dyn SrqQueue>>>,
     /// Set once an explicit [`Srq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
 }
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
-        if !self.destroyed.load(Ordering::Relaxed) {
-            let _ = destroy_srq(&self.pd.ctx, self.handle);
+        let gone = self.destroyed.load(Ordering::Relaxed) || destroy_srq(&self.pd.ctx, self.handle).is_ok();
+        let parked = self
+            .parked
+            .get_mut()
+            .map(Option::take)
+            .unwrap_or_else(|e| e.into_inner().take());
+        if !gone {
+            // The kernel still has the SRQ: its ring must never be freed.
+            std::mem::forget(parked);
         }
     }
 }
@@ -92,7 +105,8 @@ fn destroy_srq(ctx: &ContextInner, handle: u32) -> Result<u32> {
 /// `&mut self` (one producer, no lock).
 pub struct Srq {
     pub(crate) inner: Arc<SrqInner>,
-    /// Declared after `inner`: the kernel SRQ goes before its ring is unmapped.
+    /// The provider's half; parked in `inner` when this handle drops, so it is released only
+    /// after the kernel SRQ is destroyed.
     queue: Box<dyn SrqQueue>,
     owner: Owner,
     max_wr: u32,
@@ -120,8 +134,11 @@ impl Pd {
         let user_handle = init.user_handle.unwrap_or_else(|| ctx.new_user_handle());
         let (created, queue) = create_object(
             "CREATE_SRQ",
-            |kernel| ctx.provider.create_srq(kernel),
-            |drv_in, drv_out| {
+            |kernel| {
+                ctx.provider
+                    .create_srq(&mut |drv_in, drv_out| kernel((), drv_in, drv_out))
+            },
+            |(), drv_in: &[u8], drv_out: &mut [u8]| {
                 let (mut max_wr, mut max_sge) = (0u32, 0u32);
                 let mut call = ctx.ioctl(object::SRQ, METHOD_SRQ_CREATE);
                 let handle = call.new_handle(0);
@@ -154,6 +171,7 @@ impl Pd {
                 pd: self.inner.clone(),
                 handle: created.handle,
                 user_handle,
+                parked: Mutex::new(None),
                 destroyed: AtomicBool::new(false),
             }),
             queue,
@@ -220,6 +238,11 @@ impl Srq {
         })
     }
 
+    /// The provider's half, for linking a new QP to it.
+    pub(crate) fn queue(&self) -> &dyn SrqQueue {
+        &*self.queue
+    }
+
     /// Capacity the kernel granted.
     pub fn max_wr(&self) -> u32 {
         self.max_wr
@@ -251,5 +274,32 @@ impl Srq {
     /// The value naming this SRQ in [`crate::AsyncEvent`]s.
     pub fn user_handle(&self) -> u64 {
         self.inner.user_handle
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        let queue = std::mem::replace(&mut self.queue, Box::new(NoQueue));
+        let mut parked = self.inner.parked.lock().unwrap_or_else(|e| e.into_inner());
+        *parked = Some(queue);
+    }
+}
+
+/// What an [`Srq`] handle holds in place of its queue while dropping (a zero-sized box: no
+/// allocation).
+pub(crate) struct NoQueue;
+
+impl SrqQueue for NoQueue {
+    #[allow(unsafe_code)] // the trait's signature; nothing is read
+    unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
+        Err(Error::invalid("post_srq_recv", "the SRQ is being dropped"))
+    }
+
+    fn modify(&mut self, _: bool, _: KernelInput<'_>) -> Result<()> {
+        Err(Error::invalid("MODIFY_SRQ", "the SRQ is being dropped"))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }

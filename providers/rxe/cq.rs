@@ -14,14 +14,14 @@ use super::abi::MmInfo;
 use super::queue::Consumer;
 use super::RxeContext;
 use crate::error::{Result, Verb};
-use crate::provider::{CqCreated, CqRing, KernelCall, ReadyRun};
+use crate::provider::{CqRing, CreateCqCall, KernelCall, ReadyRun};
 use crate::wc::WorkCompletion;
 use std::marker::PhantomData;
 use zerocopy::IntoBytes;
 
-pub(super) fn create(ctx: &RxeContext, _cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>> {
+pub(super) fn create(ctx: &RxeContext, cqe: u32, kernel: CreateCqCall<'_>) -> Result<Box<dyn CqRing>> {
     let mut mi = MmInfo::default();
-    kernel(&[], mi.as_mut_bytes())?;
+    kernel(cqe, &[], mi.as_mut_bytes())?;
     let (ring, stride) = map_ring(ctx, &mi, "CREATE_CQ")?;
     let ctx = ctx.clone();
     // Each copy is its own type behind the `dyn CqRing`, so `poll` has no branch for it.
@@ -93,6 +93,15 @@ unsafe impl<K: Copy48> CqRing for RxeCq<K> {
         // mapping goes when `ring` is replaced.
         (self.ring, self.stride) = map_ring(&self.ctx, &mi, "RESIZE_CQ")?;
         Ok(())
+    }
+
+    /// rxe arms through the kernel, which counts nothing: `events` is not needed.
+    fn arm(&mut self, _solicited_only: bool, _events: u32, kernel: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        kernel()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -10,7 +10,8 @@ mod srq;
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{
-    CqCreated, CqRing, KernelCall, Provider, ProviderContext, QpCreated, QpQueues, QpRequest, SrqCreated, SrqQueue,
+    CqRing, CreateCqCall, CreateQpCall, KernelCall, Provider, ProviderContext, ProviderQp, QpRequest, SrqCreated,
+    SrqQueue,
 };
 use abi::{CreateAhResp, MmInfo};
 use memmap2::MmapOptions;
@@ -77,11 +78,19 @@ impl RxeContext {
 }
 
 impl ProviderContext for RxeContext {
-    fn create_cq(&self, cqe: u32, kernel: KernelCall<'_, CqCreated>) -> Result<Box<dyn CqRing>> {
+    fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
+        kernel(&[], &mut [])
+    }
+
+    fn reg_mr(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
+        kernel(&[], &mut [])
+    }
+
+    fn create_cq(&self, cqe: u32, kernel: CreateCqCall<'_>) -> Result<Box<dyn CqRing>> {
         cq::create(self, cqe, kernel)
     }
 
-    fn create_qp(&self, request: &QpRequest, kernel: KernelCall<'_, QpCreated>) -> Result<Box<dyn QpQueues>> {
+    fn create_qp(&self, request: &QpRequest<'_>, kernel: CreateQpCall<'_>) -> Result<ProviderQp> {
         qp::create(self, request, kernel)
     }
 
@@ -102,4 +111,7 @@ impl ProviderContext for RxeContext {
         }
         Ok(u64::from(resp.ah_num))
     }
+
+    /// The kernel keeps rxe's address vectors; nothing of the AH lives here.
+    fn destroy_ah(&self, _: u64) {}
 }

@@ -4,10 +4,10 @@
 use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
 use super::queue::Producer;
 use super::RxeContext;
-use crate::attr::QpType;
+use crate::attr::QpState;
 use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
-use crate::provider::{KernelCall, QpCreated, QpQueues, QpRequest};
+use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
 use crate::wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};
@@ -16,20 +16,16 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
-pub(super) fn create(
-    ctx: &RxeContext,
-    req: &QpRequest,
-    kernel: KernelCall<'_, QpCreated>,
-) -> Result<Box<dyn QpQueues>> {
+pub(super) fn create(ctx: &RxeContext, req: &QpRequest<'_>, kernel: CreateQpCall<'_>) -> Result<ProviderQp> {
     let mut resp = CreateQpResp::default();
-    let created = kernel(&[], resp.as_mut_bytes())?;
+    let created = kernel(req.cap, &[], resp.as_mut_bytes())?;
     let cap = created.cap;
     let sq = ctx.map(
         &resp.sq_mi,
         "CREATE_QP",
         size_of::<SendWqe>() + cap.max_send_sge as usize * size_of::<Sge>(),
     )?;
-    let rq = if req.has_srq {
+    let rq = if req.srq.is_some() {
         None
     } else {
         let min = size_of::<RecvWqe>() + cap.max_recv_sge as usize * size_of::<Sge>();
@@ -37,17 +33,17 @@ pub(super) fn create(
     };
     // The kernel may grant more inline room than asked; what fits in a slot is the limit.
     let max_inline = cap.max_inline_data.min((sq.elem_size() - size_of::<SendWqe>()) as u32);
-    Ok(Box::new(RxeQp {
+    let queues = Box::new(RxeQp {
         sq: Producer::new(sq),
         rq,
-        qp_type: req.qp_type,
         max_send_sge: cap.max_send_sge,
         max_recv_sge: cap.max_recv_sge,
         max_inline,
         doorbell: Doorbell::new(created.handle),
         fd: ctx.file.as_fd().as_raw_fd(),
         _file: ctx.file.clone(),
-    }))
+    });
+    Ok(ProviderQp { queues, cap })
 }
 
 /// The empty POST_SEND command that tells rxe to process the SQ.
@@ -103,7 +99,6 @@ impl Doorbell {
 struct RxeQp {
     sq: Producer,
     rq: Option<Producer>,
-    qp_type: QpType,
     max_send_sge: u32,
     max_recv_sge: u32,
     max_inline: u32,
@@ -125,7 +120,6 @@ impl RxeQp {
                 max: self.max_send_sge,
             });
         }
-        wr.check_transport(self.qp_type)?;
         if !wr.flags.contains(SendFlags::INLINE) {
             return Ok(0);
         }
@@ -299,6 +293,14 @@ impl QpQueues for RxeQp {
         rq.publish();
         result
     }
+
+    /// The kernel resets rxe's rings itself and has no driver data for MODIFY_QP.
+    fn modify(&mut self, _next: Option<QpState>, kernel: KernelCall<'_, ()>) -> Result<()> {
+        kernel(&[], &mut [])
+    }
+
+    /// The kernel flushed or dropped rxe's completions with the QP.
+    fn destroyed(&mut self) {}
 }
 
 /// Writes receive WQEs into `rq` (not yet published). Shared by QP receive queues and SRQs.

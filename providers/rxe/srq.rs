@@ -51,4 +51,8 @@ impl SrqQueue for RxeSrq {
         }
         Ok(())
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

@@ -186,7 +186,7 @@ fn slot_at(r: &FakeRing, index: u32) -> u64 {
 /// polls, batches and resizes.
 fn cq_case(f: &mut Fake, stats: &mut Stats) {
     let (mi, mut ring) = f.ring(size_of::<WorkCompletion>());
-    let mut cq: Box<dyn CqRing> = match cq::create(&f.ctx, 16, &mut |_, out| {
+    let mut cq: Box<dyn CqRing> = match cq::create(&f.ctx, 16, &mut |_, _, out| {
         out.copy_from_slice(mi.as_bytes());
         Ok(CqCreated { handle: 1, cqe: 16 })
     }) {
@@ -310,8 +310,15 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
     let (sq_mi, sq) = f.ring(sq_min.min(1 << 14));
     let (rq_mi, rq) = f.ring(rq_min.min(1 << 14));
     let resp = CreateQpResp { rq_mi, sq_mi };
-    let request = QpRequest { qp_type, cap, has_srq };
-    let mut qp: Box<dyn QpQueues> = match qp::create(&f.ctx, &request, &mut |_, out| {
+    // rxe links nothing to the QP's CQs and SRQ: the core's placeholders stand in for them.
+    let request = QpRequest {
+        qp_type,
+        cap,
+        send_cq: &crate::cq::NoRing,
+        recv_cq: &crate::cq::NoRing,
+        srq: has_srq.then_some(&crate::srq::NoQueue as &dyn SrqQueue),
+    };
+    let mut qp: Box<dyn QpQueues> = match qp::create(&f.ctx, &request, &mut |_, _, out| {
         out.copy_from_slice(resp.as_bytes());
         Ok(QpCreated {
             handle: 2,
@@ -319,7 +326,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
             cap,
         })
     }) {
-        Ok(q) => q,
+        Ok(q) => q.queues,
         Err(e) => return typed(&e, stats),
     };
     stats.created += 1;
@@ -393,7 +400,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                         (op, f.rng.chance(30))
                     })
                     .collect();
-                let wrs: Vec<SendWr<'_>> = ops
+                let mut wrs: Vec<SendWr<'_>> = ops
                     .iter()
                     .zip(&sges)
                     .map(|(&(op, inline), s)| {
@@ -406,6 +413,10 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                         SendWr::new(wr_id, op, s).flags(flags)
                     })
                     .collect();
+                // The core checks the transport rules before a provider sees a list
+                // (`Qp::post_send`).
+                let valid = wrs.iter().take_while(|w| w.check_transport(qp_type).is_ok()).count();
+                wrs.truncate(valid);
                 // SAFETY: every SGE names `buf`, alive and readable; nothing writes it (no
                 // device).
                 let result = unsafe { qp.post_send(&wrs) };
