@@ -4,7 +4,7 @@ use crate::attr::{AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, P
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::fork::Owner;
-use crate::provider::ProviderContext;
+use crate::provider::{Provider, ProviderContext};
 use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortRespEx};
 use crate::sys::cmd;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
@@ -233,8 +233,18 @@ impl Context {
         Self::with_file(device, file)
     }
 
+    /// Opens `device` with `provider` instead of the compiled-in one that drives it: for a
+    /// provider kept outside this crate, or a test provider.
+    pub fn open_with(device: &DeviceInfo, provider: &dyn Provider) -> Result<Self> {
+        let file = DeviceFile::open(device)?;
+        Self::with_provider(device, file, provider)
+    }
+
     fn with_file(device: &DeviceInfo, file: DeviceFile) -> Result<Self> {
-        let provider = crate::providers::find(device)?;
+        Self::with_provider(device, file, crate::providers::find(device)?)
+    }
+
+    fn with_provider(device: &DeviceInfo, file: DeviceFile, provider: &dyn Provider) -> Result<Self> {
         let driver_id = provider.driver_id();
         let file = Arc::new(file);
         let mut num_comp_vectors = 0u32;

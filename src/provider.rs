@@ -19,6 +19,9 @@
 //! The data path (poll, post) is a call through the provider's trait object per *batch*, never
 //! per completion or work request. `docs/provider-contract.md` maps rxe and mlx5 onto this.
 
+#[cfg(feature = "test-support")]
+pub mod stub;
+
 use crate::attr::{QpCap, QpState, QpType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::Result;
