@@ -5,8 +5,9 @@
 //! counterpart of each. That becomes a test, `kernel_layout::matches_kernel_headers`, which
 //! compiles a C program printing every size and offset, and fails on any number that differs
 //! from Rust's, on a `#[repr(C)]` item of the file without an entry, and on a missing C
-//! compiler or header. The drop-in's own structs (`providers/rxe/libibverbs`) are checked
-//! against `<infiniband/verbs.h>` by that crate.
+//! compiler or header. [`every_file_with_kernel_structs_checks_them`] makes sure no file is
+//! left out. The drop-in's own structs (`providers/rxe/libibverbs`) are checked against
+//! `<infiniband/verbs.h>` by that crate.
 
 use std::fmt::Write as _;
 use std::path::{Component, Path, PathBuf};
@@ -16,7 +17,18 @@ use std::process::Command;
 const HEADERS_PACKAGE: &str = "linux-libc-dev";
 
 /// `#[repr(C)]` items that are not the kernel's: (file, item, why).
-const NOT_KERNEL: &[(&str, &str, &str)] = &[("providers/rxe/qp.rs", "Slot", "a test's stand-in for a ring slot")];
+const NOT_KERNEL: &[(&str, &str, &str)] = &[
+    (
+        "providers/rxe/queue.rs",
+        "Line",
+        "one cache line of a synthetic ring (tests, fuzzing)",
+    ),
+    ("providers/rxe/qp.rs", "Slot", "a test's stand-in for a ring slot"),
+];
+
+/// Folders scanned for `#[repr(C)]` items, and the one left out (a crate of its own).
+const SCANNED: &[&str] = &["src", "providers"];
+const SKIPPED: &str = "providers/rxe/libibverbs";
 
 /// Declares the kernel C counterpart of every `#[repr(C)]` item of the calling file and
 /// generates the test comparing their layouts (module docs). Invoke under `#[cfg(test)]`.
@@ -331,6 +343,54 @@ fn normalize(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Every file under [`SCANNED`] with a `#[repr(C)]` item that is not in [`NOT_KERNEL`] invokes
+/// `kernel_layouts!`, and every [`NOT_KERNEL`] entry still exists.
+#[test]
+fn every_file_with_kernel_structs_checks_them() {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(crate_root().join(dir)).unwrap().flatten() {
+            let path = dir.join(entry.file_name());
+            if path == Path::new(SKIPPED) {
+                continue;
+            }
+            if entry.file_type().unwrap().is_dir() {
+                walk(&path, files);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in SCANNED {
+        walk(Path::new(dir), &mut files);
+    }
+    let mut unchecked = Vec::new();
+    let mut exemptions_seen = Vec::new();
+    for file in &files {
+        let source = std::fs::read_to_string(crate_root().join(file)).unwrap();
+        let items = repr_c_items(&source);
+        exemptions_seen.extend(
+            NOT_KERNEL
+                .iter()
+                .filter(|(f, i, _)| Path::new(f) == file && items.iter().any(|item| item == i)),
+        );
+        let kernel: Vec<&String> = items.iter().filter(|i| !is_exempt(file, i)).collect();
+        if !kernel.is_empty() && !source.contains("kernel_layouts! {") {
+            unchecked.push(format!("{}: {kernel:?}", file.display()));
+        }
+    }
+    assert!(
+        unchecked.is_empty(),
+        "#[repr(C)] items in files without kernel_layouts! (add one, or an entry in NOT_KERNEL):\n{}",
+        unchecked.join("\n")
+    );
+    let stale: Vec<_> = NOT_KERNEL.iter().filter(|e| !exemptions_seen.contains(e)).collect();
+    assert!(
+        stale.is_empty(),
+        "NOT_KERNEL entries naming no #[repr(C)] item: {stale:?}"
+    );
 }
 
 #[test]
