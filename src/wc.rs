@@ -136,3 +136,14 @@ mod tests {
         assert_eq!(wc.imm(), Some(0x1234_5678));
     }
 }
+
+#[cfg(test)]
+crate::sys::layout_check::kernel_layouts! {
+    headers: ["rdma/ib_user_verbs.h"],
+    structs: {
+        WorkCompletion = "struct ib_uverbs_wc" {
+            wr_id, status, opcode, vendor_err, byte_len, imm_data = "ex.imm_data", qp_num,
+            src_qp, wc_flags, pkey_index, slid, sl, dlid_path_bits, _tail = "port_num",
+        },
+    },
+}

@@ -220,3 +220,11 @@ impl<'a> RecvWr<'a> {
         Self { wr_id, sg_list }
     }
 }
+
+#[cfg(test)]
+crate::sys::layout_check::kernel_layouts! {
+    headers: ["rdma/ib_user_verbs.h"],
+    structs: {
+        Sge = "struct ib_uverbs_sge" { addr, length, lkey },
+    },
+}

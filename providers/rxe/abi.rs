@@ -151,3 +151,55 @@ pub struct RecvWqe {
     pub dma: DmaInfo,
 }
 assert_layout!(RecvWqe, size 40, dma @ 16);
+
+#[cfg(test)]
+crate::sys::layout_check::kernel_layouts! {
+    headers: ["rdma/rdma_user_rxe.h"],
+    use crate::wr::Sge;
+    structs: {
+        MmInfo = "struct mminfo" { offset, size, pad },
+        // CREATE_CQ's and RESIZE_CQ's responses are read as a bare `MmInfo`.
+        MmInfo = "struct rxe_create_cq_resp" { offset = "mi.offset", size = "mi.size", pad = "mi.pad" },
+        MmInfo = "struct rxe_resize_cq_resp" { offset = "mi.offset", size = "mi.size", pad = "mi.pad" },
+        CreateQpResp = "struct rxe_create_qp_resp" { rq_mi, sq_mi },
+        CreateSrqResp = "struct rxe_create_srq_resp" { mi, srq_num, reserved },
+        ModifySrqCmd = "struct rxe_modify_srq_cmd" { mmap_info_addr },
+        CreateAhResp = "struct rxe_create_ah_resp" { ah_num, reserved },
+        DmaInfo = "struct rxe_dma_info" {
+            length, resid, cur_sge, num_sge, sge_offset, reserved,
+        },
+        RdmaArm = "MEMBER_TYPE(struct rxe_send_wr, wr.rdma)" { remote_addr, rkey, reserved },
+        AtomicArm = "MEMBER_TYPE(struct rxe_send_wr, wr.atomic)" {
+            remote_addr, compare_add, swap, rkey, reserved,
+        },
+        UdArm = "MEMBER_TYPE(struct rxe_send_wr, wr.ud)" until "pad" {
+            remote_qpn, remote_qkey, pkey_index, reserved, ah_num,
+        },
+        // C nests the first six fields in `struct rxe_send_wr wr`.
+        SendWqe = "struct rxe_send_wqe" {
+            wr_id = "wr.wr_id", reserved = "wr.reserved", opcode = "wr.opcode",
+            send_flags = "wr.send_flags", ex = "wr.ex", wr = "wr.wr", status, state, iova, mask,
+            first_psn, last_psn, ack_length, ssn, has_rd_atomic, dma,
+        },
+        RecvWqe = "struct rxe_recv_wqe" { wr_id, reserved, padding, dma },
+        // The SGEs after a WQE's header.
+        Sge = "struct rxe_sge" { addr, length, lkey },
+    },
+    // `raw` is Rust's own view of the whole union; the size covers it.
+    unions: {
+        WrArm = "MEMBER_TYPE(struct rxe_send_wr, wr)" { rdma, atomic, ud },
+    },
+    values: {
+        // SGEs and inline data start right after the fixed part of a WQE.
+        size_of::<DmaInfo>() => "offsetof(struct rxe_dma_info, sge)",
+        size_of::<DmaInfo>() => "offsetof(struct rxe_dma_info, inline_data)",
+        size_of::<SendWqe>() => "offsetof(struct rxe_send_wqe, dma.sge)",
+        size_of::<RecvWqe>() => "offsetof(struct rxe_recv_wqe, dma.sge)",
+        queue::LOG2_ELEM_SIZE => "offsetof(struct rxe_queue_buf, log2_elem_size)",
+        queue::INDEX_MASK => "offsetof(struct rxe_queue_buf, index_mask)",
+        queue::PRODUCER_INDEX => "offsetof(struct rxe_queue_buf, producer_index)",
+        queue::CONSUMER_INDEX => "offsetof(struct rxe_queue_buf, consumer_index)",
+        queue::DATA => "offsetof(struct rxe_queue_buf, data)",
+        queue::DATA => "sizeof(struct rxe_queue_buf)",
+    },
+}

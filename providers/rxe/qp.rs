@@ -491,3 +491,15 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+crate::sys::layout_check::kernel_layouts! {
+    headers: ["rdma/ib_user_verbs.h"],
+    structs: {
+        // A `write()` command: the header, then the body.
+        DoorbellCmd sized("sizeof(struct ib_uverbs_cmd_hdr) + sizeof(struct ib_uverbs_post_send)") {
+            hdr @ "0",
+            body @ "sizeof(struct ib_uverbs_cmd_hdr)",
+        },
+    },
+}

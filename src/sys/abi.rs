@@ -456,3 +456,104 @@ pub struct AsyncEventDesc {
     pub reserved: u32,
 }
 assert_layout!(AsyncEventDesc, size 16, event_type @ 8);
+
+#[cfg(test)]
+super::layout_check::kernel_layouts! {
+    headers: ["rdma/ib_user_verbs.h", "rdma/ib_user_ioctl_verbs.h"],
+    structs: {
+        CmdHdr = "struct ib_uverbs_cmd_hdr" { command, in_words, out_words },
+        QueryDevice = "struct ib_uverbs_query_device" { response },
+        QueryDeviceResp = "struct ib_uverbs_query_device_resp" {
+            fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id,
+            vendor_part_id, hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_sge_rd,
+            max_cq, max_cqe, max_mr, max_pd, max_qp_rd_atom, max_ee_rd_atom, max_res_rd_atom,
+            max_qp_init_rd_atom, max_ee_init_rd_atom, atomic_cap, max_ee, max_rdd, max_mw,
+            max_raw_ipv6_qp, max_raw_ethy_qp, max_mcast_grp, max_mcast_qp_attach,
+            max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr, max_srq, max_srq_wr,
+            max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt, reserved,
+        },
+        QueryPortResp = "struct ib_uverbs_query_port_resp" {
+            port_cap_flags, max_msg_sz, bad_pkey_cntr, qkey_viol_cntr, gid_tbl_len,
+            pkey_tbl_len, lid, sm_lid, state, max_mtu, active_mtu, lmc, max_vl_num, sm_sl,
+            subnet_timeout, init_type_reply, active_width, active_speed, phys_state,
+            link_layer, flags, reserved,
+        },
+        QueryPortRespEx = "struct ib_uverbs_query_port_resp_ex" {
+            legacy = "legacy_resp", port_cap_flags2, reserved,
+        },
+        GidEntry = "struct ib_uverbs_gid_entry" {
+            gid, gid_index, port_num, gid_type, netdev_ifindex,
+        },
+        AllocPd = "struct ib_uverbs_alloc_pd" { response },
+        AllocPdResp = "struct ib_uverbs_alloc_pd_resp" { pd_handle },
+        RegMr = "struct ib_uverbs_reg_mr" {
+            response, start, length, hca_va, pd_handle, access_flags,
+        },
+        RegMrResp = "struct ib_uverbs_reg_mr_resp" { mr_handle, lkey, rkey },
+        QpCap = "struct ib_uverbs_qp_cap" {
+            max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data,
+        },
+        QpDest = "struct ib_uverbs_qp_dest" {
+            dgid, flow_label, dlid, reserved, sgid_index, hop_limit, traffic_class, sl,
+            src_path_bits, static_rate, is_global, port_num,
+        },
+        ModifyQp = "struct ib_uverbs_modify_qp" {
+            dest, alt_dest, qp_handle, attr_mask, qkey, rq_psn, sq_psn, dest_qp_num,
+            qp_access_flags, pkey_index, alt_pkey_index, qp_state, cur_qp_state, path_mtu,
+            path_mig_state, en_sqd_async_notify, max_rd_atomic, max_dest_rd_atomic,
+            min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry, alt_port_num, alt_timeout,
+            reserved,
+        },
+        QueryQp = "struct ib_uverbs_query_qp" { response, qp_handle, attr_mask },
+        // C has the capabilities as five loose fields; `values` places each.
+        QueryQpResp = "struct ib_uverbs_query_qp_resp" {
+            dest, alt_dest, cap = "max_send_wr", qkey, rq_psn, sq_psn, dest_qp_num,
+            qp_access_flags, pkey_index, alt_pkey_index, qp_state, cur_qp_state, path_mtu,
+            path_mig_state, sq_draining, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer,
+            port_num, timeout, retry_cnt, rnr_retry, alt_port_num, alt_timeout, sq_sig_all,
+            reserved,
+        },
+        PostSend = "struct ib_uverbs_post_send" {
+            response, qp_handle, wr_count, sge_count, wqe_size,
+        },
+        DestroyCqResp = "struct ib_uverbs_destroy_cq_resp" {
+            comp_events_reported, async_events_reported,
+        },
+        DestroyQpResp = "struct ib_uverbs_destroy_qp_resp" { events_reported },
+        CreateCompChannel = "struct ib_uverbs_create_comp_channel" { response },
+        CreateCompChannelResp = "struct ib_uverbs_create_comp_channel_resp" { fd },
+        ReqNotifyCq = "struct ib_uverbs_req_notify_cq" { cq_handle, solicited_only },
+        ResizeCq = "struct ib_uverbs_resize_cq" { response, cq_handle, cqe },
+        ResizeCqResp = "struct ib_uverbs_resize_cq_resp" { cqe, reserved },
+        // C nests the first six fields in `struct ib_uverbs_global_route grh`.
+        AhAttrAbi = "struct ib_uverbs_ah_attr" {
+            dgid = "grh.dgid", flow_label = "grh.flow_label", sgid_index = "grh.sgid_index",
+            hop_limit = "grh.hop_limit", traffic_class = "grh.traffic_class",
+            grh_reserved = "grh.reserved", dlid, sl, src_path_bits, static_rate, is_global,
+            port_num, reserved,
+        },
+        CreateAh = "struct ib_uverbs_create_ah" {
+            response, user_handle, pd_handle, reserved, attr,
+        },
+        CreateAhResp = "struct ib_uverbs_create_ah_resp" { ah_handle },
+        ModifySrq = "struct ib_uverbs_modify_srq" { srq_handle, attr_mask, max_wr, srq_limit },
+        QuerySrq = "struct ib_uverbs_query_srq" { response, srq_handle, reserved },
+        QuerySrqResp = "struct ib_uverbs_query_srq_resp" { max_wr, max_sge, srq_limit, reserved },
+        DestroySrqResp = "struct ib_uverbs_destroy_srq_resp" { events_reported },
+        CompEventDesc = "struct ib_uverbs_comp_event_desc" { cq_handle },
+        AsyncEventDesc = "struct ib_uverbs_async_event_desc" { element, event_type, reserved },
+    },
+    values: {
+        offset_of!(QueryQpResp, cap) + offset_of!(QpCap, max_send_wr)
+            => "offsetof(struct ib_uverbs_query_qp_resp, max_send_wr)",
+        offset_of!(QueryQpResp, cap) + offset_of!(QpCap, max_recv_wr)
+            => "offsetof(struct ib_uverbs_query_qp_resp, max_recv_wr)",
+        offset_of!(QueryQpResp, cap) + offset_of!(QpCap, max_send_sge)
+            => "offsetof(struct ib_uverbs_query_qp_resp, max_send_sge)",
+        offset_of!(QueryQpResp, cap) + offset_of!(QpCap, max_recv_sge)
+            => "offsetof(struct ib_uverbs_query_qp_resp, max_recv_sge)",
+        offset_of!(QueryQpResp, cap) + offset_of!(QpCap, max_inline_data)
+            => "offsetof(struct ib_uverbs_query_qp_resp, max_inline_data)",
+        SEND_WR_SIZE => "sizeof(struct ib_uverbs_send_wr)",
+    },
+}

@@ -203,3 +203,24 @@ impl Done {
         self.data[slot.0] as RawFd
     }
 }
+
+#[cfg(test)]
+super::layout_check::kernel_layouts! {
+    headers: ["rdma/rdma_user_ioctl_cmds.h"],
+    structs: {
+        IoctlHdr = "struct ib_uverbs_ioctl_hdr" {
+            length, object_id, method_id, num_attrs, reserved1, driver_id, reserved2,
+        },
+        Attr = "struct ib_uverbs_attr" { attr_id, len, flags, attr_data, data },
+        // The fixed header, then the attributes (C's flexible `attrs[]`).
+        Buf = "struct ib_uverbs_ioctl_hdr"
+            sized(format!("sizeof(struct ib_uverbs_ioctl_hdr) + {MAX_ATTRS} * sizeof(struct ib_uverbs_attr)"))
+        {
+            hdr @ "0",
+            attrs,
+        },
+    },
+    values: {
+        RDMA_VERBS_IOCTL => "RDMA_VERBS_IOCTL",
+    },
+}

@@ -6,6 +6,8 @@
 pub mod abi;
 pub mod cmd;
 pub mod ioctl;
+#[cfg(test)]
+pub(crate) mod layout_check;
 
 /// Asserts at compile time that an ABI struct has the kernel's size and field offsets.
 /// Exported (hidden) so the drop-in provider crate asserts its C layouts the same way.

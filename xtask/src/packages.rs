@@ -47,6 +47,11 @@ fn needs() -> Vec<Need> {
         // drop-in's struct layout test.
         program("cc", "gcc"),
         file("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
+        // The kernel's uapi headers, for the core's and rxe's struct layout tests (also `cc`).
+        file("/usr/include/rdma/ib_user_verbs.h", "linux-libc-dev"),
+        file("/usr/include/rdma/ib_user_ioctl_verbs.h", "linux-libc-dev"),
+        file("/usr/include/rdma/rdma_user_ioctl_cmds.h", "linux-libc-dev"),
+        file("/usr/include/rdma/rdma_user_rxe.h", "linux-libc-dev"),
         Need {
             what: "the rxe provider of libibverbs".into(),
             package: "ibverbs-providers".into(),
