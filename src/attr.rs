@@ -3,7 +3,6 @@
 //! the provider contract, work requests and errors can all use it without import loops.
 
 use crate::open_enum::open_enum;
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Transport type (`enum ibv_qp_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -137,10 +136,8 @@ impl AhAttr {
     }
 }
 
-/// Queue sizes of a QP (`struct ibv_qp_cap`; laid out as the kernel's `ib_uverbs_qp_cap`,
-/// which the create command carries as is).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, IntoBytes, FromBytes, Immutable, KnownLayout)]
+/// Queue sizes of a QP (`struct ibv_qp_cap`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct QpCap {
     /// Outstanding send work requests.
     pub max_send_wr: u32,
@@ -153,7 +150,6 @@ pub struct QpCap {
     /// Bytes of inline data per send request.
     pub max_inline_data: u32,
 }
-crate::assert_layout!(QpCap, size 20, max_inline_data @ 16);
 
 open_enum! {
     /// Port state (`enum ibv_port_state`).

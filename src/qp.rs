@@ -40,6 +40,26 @@ fn dest_to_abi(attr: AhAttr) -> QpDest {
     }
 }
 
+fn cap_to_abi(c: QpCap) -> abi::QpCap {
+    abi::QpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+fn cap_from_abi(c: abi::QpCap) -> QpCap {
+    QpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
 /// The kernel's address vector as an [`AhAttr`].
 fn dest_from_abi(d: &QpDest) -> AhAttr {
     AhAttr {
@@ -290,7 +310,8 @@ impl Qp {
             "CREATE_QP",
             |kernel| ctx.provider.create_qp(&request, kernel),
             |cap_asked: QpCap, drv_in: &[u8], drv_out: &mut [u8]| {
-                let mut cap = QpCap::default();
+                let asked = cap_to_abi(cap_asked);
+                let mut cap = abi::QpCap::default();
                 let mut qpn = 0u32;
                 let flags = if init.sq_sig_all { CREATE_FLAG_SQ_SIG_ALL } else { 0 };
                 let qp_type = init.qp_type as u64;
@@ -300,7 +321,7 @@ impl Qp {
                     .handle(4, init.send_cq.inner.handle)
                     .handle(5, init.recv_cq.inner.handle)
                     .input(7, &user_handle)
-                    .input(8, &cap_asked)
+                    .input(8, &asked)
                     .input(9, &qp_type)
                     .input(10, &flags)
                     .fd(12, ctx.async_fd.as_raw_fd())
@@ -319,7 +340,7 @@ impl Qp {
                 Ok(QpCreated {
                     handle: done.handle(handle),
                     qpn,
-                    cap,
+                    cap: cap_from_abi(cap),
                 })
             },
             |c| drop(destroy_qp(ctx, c.handle)),
@@ -419,7 +440,7 @@ impl Qp {
                 max_dest_rd_atomic: Some(r.max_dest_rd_atomic),
                 dest_qpn: Some(r.dest_qp_num),
             },
-            cap: r.cap,
+            cap: cap_from_abi(r.cap),
             sq_sig_all: r.sq_sig_all != 0,
             sq_draining: r.sq_draining != 0,
         };

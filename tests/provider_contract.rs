@@ -160,7 +160,14 @@ fn transport_rules_are_checked_before_the_provider_sees_a_list() {
         ),
         "{err}"
     );
-    assert_eq!(log.take(), [Hook::PostSend { qpn: qp.qpn(), count: 2 }], "only those before it");
+    assert_eq!(
+        log.take(),
+        [Hook::PostSend {
+            qpn: qp.qpn(),
+            count: 2
+        }],
+        "only those before it"
+    );
     let mut wc = [WorkCompletion::default(); 4];
     assert_eq!(cq.poll(&mut wc), 2);
 }

@@ -35,21 +35,51 @@ pub enum Hook {
     AllocPd,
     RegMr,
     /// A CQ was created; `asked` is what the stub asked the kernel for.
-    CreateCq { id: u32, asked: u32, granted: u32 },
+    CreateCq {
+        id: u32,
+        asked: u32,
+        granted: u32,
+    },
     /// A QP was created and linked to its CQs (by stub CQ id) and SRQ.
-    CreateQp { qpn: u32, send_cq: u32, recv_cq: u32, srq: bool },
+    CreateQp {
+        qpn: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        srq: bool,
+    },
     /// A QP moved to `state`; on RESET, `scrubbed` completions of it left its CQs.
-    Modify { qpn: u32, state: Option<QpState>, scrubbed: usize },
+    Modify {
+        qpn: u32,
+        state: Option<QpState>,
+        scrubbed: usize,
+    },
     /// The kernel destroyed the QP; `scrubbed` completions of it left its CQs.
-    QpDestroyed { qpn: u32, scrubbed: usize },
+    QpDestroyed {
+        qpn: u32,
+        scrubbed: usize,
+    },
     /// A CQ was armed with this many delivered events.
-    Arm { id: u32, solicited_only: bool, events: u32 },
+    Arm {
+        id: u32,
+        solicited_only: bool,
+        events: u32,
+    },
     /// A post reached the provider with this many work requests.
-    PostSend { qpn: u32, count: usize },
-    CreateAh { data: u64 },
-    DestroyAh { data: u64 },
+    PostSend {
+        qpn: u32,
+        count: usize,
+    },
+    CreateAh {
+        data: u64,
+    },
+    DestroyAh {
+        data: u64,
+    },
     /// A CQ's ring was freed; `kernel_cq_alive` is what the kernel said of the CQ then.
-    CqRingFreed { id: u32, kernel_cq_alive: bool },
+    CqRingFreed {
+        id: u32,
+        kernel_cq_alive: bool,
+    },
     /// An SRQ's queue was freed.
     SrqFreed,
 }
@@ -133,7 +163,11 @@ impl QpTable {
     /// the QP out of the table.
     fn scrub(&self, qpn: u32, forget: bool) -> usize {
         let mut table = self.lock();
-        let cqs = if forget { table.remove(&qpn) } else { table.get(&qpn).cloned() };
+        let cqs = if forget {
+            table.remove(&qpn)
+        } else {
+            table.get(&qpn).cloned()
+        };
         cqs.map_or(0, |[send, recv]| {
             send.scrub(qpn) + if Arc::ptr_eq(&send, &recv) { 0 } else { recv.scrub(qpn) }
         })
@@ -457,7 +491,10 @@ impl crate::provider::QpQueues for StubQp {
 
     fn destroyed(&mut self) {
         let scrubbed = self.qps.scrub(self.qpn, true);
-        self.log.push(Hook::QpDestroyed { qpn: self.qpn, scrubbed });
+        self.log.push(Hook::QpDestroyed {
+            qpn: self.qpn,
+            scrubbed,
+        });
     }
 }
 

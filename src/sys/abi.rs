@@ -4,7 +4,6 @@
 #![allow(missing_docs)]
 
 use super::assert_layout;
-use crate::attr::QpCap;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Global uverbs ABI version this crate speaks (`/sys/class/infiniband_verbs/abi_version`).
@@ -186,6 +185,18 @@ pub struct RegMrResp {
     pub rkey: u32,
 }
 assert_layout!(RegMrResp, size 12);
+
+/// `struct ib_uverbs_qp_cap` (ioctl `QP_CREATE` capabilities in and out).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+assert_layout!(QpCap, size 20, max_inline_data @ 16);
 
 /// `struct ib_uverbs_qp_dest`: the address vector inside modify/query QP.
 #[repr(C)]
