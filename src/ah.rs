@@ -61,9 +61,8 @@ impl Pd {
                     .create_ah(&mut |drv_in, drv_out| kernel((), drv_in, drv_out))
             },
             |(), drv_in: &[u8], drv_out: &mut [u8]| {
-                // SAFETY: no user pointers but `response` (provider contract for `drv_in`).
                 let resp: CreateAhResp =
-                    unsafe { cmd::execute(ctx.fd(), "CREATE_AH", abi::cmd::CREATE_AH, &req, drv_in, drv_out) }?;
+                    cmd::execute_plain(ctx.fd(), "CREATE_AH", abi::cmd::CREATE_AH, &req, drv_in, drv_out)?;
                 Ok(resp.ah_handle)
             },
             |h| drop(destroy_ah(ctx, h)),

@@ -3,12 +3,12 @@
 use crate::attr::{AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
-use crate::fork::Owner;
 use crate::provider::{Provider, ProviderContext};
 use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortRespEx};
-use crate::sys::cmd;
+use crate::sys::cmd::{self, PlainRequest};
+use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
@@ -79,16 +79,15 @@ impl ContextInner {
         Ioctl::new(self.driver_id, object, method).owned_by(self.owner)
     }
 
-    /// Runs a plain-data `write()` command (no user pointers but the response).
-    pub(crate) fn write_cmd<Req, Resp>(&self, verb: Verb, command: u32, req: &Req) -> Result<Resp>
-    where
-        Req: IntoBytes + zerocopy::Immutable,
-        Resp: FromBytes + IntoBytes,
-    {
+    /// Runs a `write()` command whose only user address is its response.
+    pub(crate) fn write_cmd<Req: PlainRequest, Resp: FromBytes + IntoBytes>(
+        &self,
+        verb: Verb,
+        command: u32,
+        req: &Req,
+    ) -> Result<Resp> {
         self.check_owner(verb)?;
-        // SAFETY: callers pass requests whose only user pointer is `response`, which
-        // `execute` fills in itself.
-        unsafe { cmd::execute(self.fd(), verb, command, req, &[], &mut []) }
+        cmd::execute_plain(self.fd(), verb, command, req, &[], &mut [])
     }
 
     /// Destroys a kernel object through its ioctl DESTROY method.
@@ -264,8 +263,7 @@ impl Context {
         let mut call = Ioctl::new(driver_id, object::ASYNC_EVENT, METHOD_ASYNC_EVENT_ALLOC);
         let slot = call.new_fd(0);
         let done = call.execute(file.as_fd(), "ASYNC_EVENT_ALLOC")?;
-        // SAFETY: the kernel just created this fd for this process and nothing else owns it.
-        let async_fd = unsafe { OwnedFd::from_raw_fd(done.fd(slot)) };
+        let async_fd = done.take_fd(slot);
         Ok(Self {
             inner: Arc::new(ContextInner {
                 file,

@@ -1,17 +1,17 @@
 //! Completion queues.
 
+use crate::batch::Batch;
 use crate::context::{Context, ContextInner};
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
-use crate::fork::Owner;
 use crate::provider::{create_object, CqCreated, CqRing, KernelCall, ReadyRun};
 use crate::sys::abi::{self, DestroyCqResp, ReqNotifyCq, ResizeCq, ResizeCqResp};
 use crate::sys::cmd;
+use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wc::WorkCompletion;
 use std::any::Any;
 use std::os::fd::AsRawFd;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use zerocopy::IntoBytes;
@@ -240,9 +240,8 @@ impl Cq {
                 cq_handle: handle,
                 cqe,
             };
-            // SAFETY: the driver request holds no user pointers (provider contract).
             let resp: ResizeCqResp =
-                unsafe { cmd::execute(ctx.fd(), "RESIZE_CQ", abi::cmd::RESIZE_CQ, &req, drv_in, drv_out) }?;
+                cmd::execute_plain(ctx.fd(), "RESIZE_CQ", abi::cmd::RESIZE_CQ, &req, drv_in, drv_out)?;
             granted = resp.cqe;
             Ok(resp.cqe)
         })?;
@@ -299,8 +298,8 @@ impl Drop for Cq {
 /// allocation).
 pub(crate) struct NoRing;
 
-// SAFETY: `ready_run` describes no completions.
-#[allow(unsafe_code)]
+#[allow(unsafe_code)] // a promise about `ready_run`, kept by describing none
+                      // SAFETY: `ready_run` describes no completions.
 unsafe impl CqRing for NoRing {
     fn poll(&mut self, _: &mut [WorkCompletion]) -> usize {
         0
@@ -322,191 +321,5 @@ unsafe impl CqRing for NoRing {
 
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-/// Ready completions borrowed in place from the ring; see [`Cq::batch`].
-///
-/// A lending iterator: each completion borrows the batch, so none can outlive it, and the
-/// slots go back to the device only when the batch is dropped.
-///
-/// ```no_run
-/// # fn f(cq: &mut uverbs::Cq) {
-/// let mut batch = cq.batch();
-/// while let Some(wc) = batch.next() {
-///     println!("{} {:?} {}", wc.wr_id, wc.status, wc.byte_len);
-/// }
-/// # }
-/// ```
-pub struct Batch<'a> {
-    ring: &'a mut dyn CqRing,
-    /// The next completion to yield, and how many are left from it on, one after another.
-    next: NonNull<WorkCompletion>,
-    left: usize,
-    /// The part after the ring wrapped, until the batch moves on to it.
-    wrapped: NonNull<WorkCompletion>,
-    wrapped_len: usize,
-    stride: usize,
-    /// Ready when the batch began.
-    ready: usize,
-}
-
-// SAFETY: the pointers are into the ring the batch borrows mutably, which is `Send`; moving
-// the batch moves that borrow with it.
-unsafe impl Send for Batch<'_> {}
-
-impl<'a> Batch<'a> {
-    fn new(ring: &'a mut dyn CqRing, run: ReadyRun) -> Self {
-        Self {
-            ring,
-            next: run.first,
-            left: run.before_wrap,
-            wrapped: run.wrapped,
-            wrapped_len: run.len.saturating_sub(run.before_wrap),
-            stride: run.stride,
-            ready: run.len,
-        }
-    }
-
-    /// The next ready completion, or `None` at the end of the batch. Completions that
-    /// arrive after the batch started wait for the next batch.
-    #[allow(clippy::should_implement_trait)] // lending: the item borrows the batch
-    #[inline]
-    pub fn next(&mut self) -> Option<&WorkCompletion> {
-        if self.left == 0 && !self.wrap() {
-            return None;
-        }
-        let wc = self.next;
-        self.left -= 1;
-        // The address after the last completion is never read, so a wrapping add will do.
-        let after = wc.as_ptr().cast::<u8>().wrapping_add(self.stride);
-        self.next = NonNull::new(after.cast()).unwrap_or(NonNull::dangling());
-        // SAFETY: `wc` is one of the ready completions the provider described, which stay
-        // unchanged while the batch holds the ring (`CqRing`'s contract); the borrow is tied
-        // to `&mut self`, and the slots are handed back only when the batch drops.
-        Some(unsafe { wc.as_ref() })
-    }
-
-    /// Moves on to the part after the ring wrapped; `false` if there is none left.
-    #[cold]
-    fn wrap(&mut self) -> bool {
-        if self.wrapped_len == 0 {
-            return false;
-        }
-        (self.next, self.left, self.wrapped_len) = (self.wrapped, self.wrapped_len, 0);
-        true
-    }
-
-    /// Completions left in the batch.
-    pub fn len(&self) -> usize {
-        self.left + self.wrapped_len
-    }
-
-    /// Whether the batch is exhausted.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        let taken = self.ready - self.len();
-        if taken > 0 {
-            self.ring.consume(taken);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A ring of `SLOTS` completions in memory, filled by the test, read through `Batch`.
-    struct FakeRing {
-        slots: Box<[WorkCompletion]>,
-        cons: usize,
-        ready: usize,
-    }
-
-    const SLOTS: usize = 8;
-
-    // SAFETY: `ready_run` describes `ready` initialized completions of `slots` from `cons`,
-    // wrapping at the end; the test changes them only through `&mut self`.
-    unsafe impl CqRing for FakeRing {
-        fn poll(&mut self, _: &mut [WorkCompletion]) -> usize {
-            unreachable!("not used by Batch")
-        }
-
-        fn ready_run(&mut self) -> ReadyRun {
-            let base = self.slots.as_mut_ptr();
-            ReadyRun {
-                // `cons < SLOTS`, so both are inside the allocation.
-                first: NonNull::new(base.wrapping_add(self.cons)).unwrap(),
-                before_wrap: self.ready.min(SLOTS - self.cons),
-                wrapped: NonNull::new(base).unwrap(),
-                len: self.ready,
-                stride: size_of::<WorkCompletion>(),
-            }
-        }
-
-        fn consume(&mut self, n: usize) {
-            assert!(n <= self.ready, "consumed {n} of {}", self.ready);
-            self.cons = (self.cons + n) % SLOTS;
-            self.ready -= n;
-        }
-
-        fn resize(&mut self, _: KernelCall<'_, u32>) -> Result<()> {
-            unreachable!("not used by Batch")
-        }
-
-        fn arm(&mut self, _: bool, _: u32, _: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-            unreachable!("not used by Batch")
-        }
-
-        fn as_any(&self) -> &dyn Any {
-            self
-        }
-    }
-
-    /// Batches that stop early, run to the end, and span the wrap, against an exact count of
-    /// what was produced and consumed.
-    #[test]
-    fn batch_yields_every_ready_completion_once_across_the_wrap() {
-        let mut ring = FakeRing {
-            slots: vec![WorkCompletion::default(); SLOTS].into_boxed_slice(),
-            cons: 0,
-            ready: 0,
-        };
-        let (mut produced, mut seen) = (0u64, 0u64);
-        for step in 0..200usize {
-            while ring.ready < SLOTS - 1 && (produced as usize + step) % 3 != 0 {
-                let at = (ring.cons + ring.ready) % SLOTS;
-                ring.slots[at].wr_id = produced;
-                produced += 1;
-                ring.ready += 1;
-            }
-            let ready = ring.ready;
-            let take = step % (ready + 2);
-            let run = ring.ready_run();
-            let mut batch = Batch::new(&mut ring, run);
-            assert_eq!(batch.len(), ready);
-            for i in 0..take {
-                match batch.next() {
-                    Some(wc) => {
-                        assert_eq!(wc.wr_id, seen, "step {step}");
-                        seen += 1;
-                    }
-                    None => assert_eq!(i, ready, "ends after the ready ones"),
-                }
-            }
-            assert_eq!(batch.len(), ready.saturating_sub(take));
-            assert_eq!(batch.is_empty(), take >= ready);
-            drop(batch);
-            assert_eq!(ring.ready, ready.saturating_sub(take), "consumed what was yielded");
-        }
-        assert!(
-            produced > 300 && seen + ring.ready as u64 == produced,
-            "{produced} {seen}"
-        );
     }
 }

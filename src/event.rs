@@ -11,10 +11,10 @@
 use crate::context::{Context, ContextInner};
 use crate::error::{Error, Result, Verb};
 use crate::open_enum::open_enum;
-use crate::sys::abi::{self, AsyncEventDesc, CompEventDesc, CreateCompChannel, CreateCompChannelResp};
+use crate::sys::abi::{AsyncEventDesc, CompEventDesc};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -81,14 +81,8 @@ pub struct CqEvent {
 
 impl CompChannel {
     pub(crate) fn new(ctx: &ContextInner) -> Result<Self> {
-        let resp: CreateCompChannelResp = ctx.write_cmd(
-            "CREATE_COMP_CHANNEL",
-            abi::cmd::CREATE_COMP_CHANNEL,
-            &CreateCompChannel::default(),
-        )?;
-        // SAFETY: the kernel just created this fd for this process; nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(resp.fd as RawFd) };
-        Ok(Self::from(fd))
+        ctx.check_owner("CREATE_COMP_CHANNEL")?;
+        Ok(Self::from(crate::sys::cmd::create_comp_channel(ctx.fd())?))
     }
 
     fn cqs(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicU32>)>> {

@@ -20,25 +20,30 @@
 //! # }
 //! ```
 
-#![deny(missing_docs, unsafe_op_in_unsafe_fn, rust_2018_idioms)]
+#![deny(missing_docs, unsafe_code, unsafe_op_in_unsafe_fn, rust_2018_idioms)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod ah;
 mod attr;
+#[allow(unsafe_code)] // reads ring memory in place, through the provider's pointers
+mod batch;
 mod context;
 mod cq;
 mod device;
 mod error;
 mod event;
-mod fork;
+#[allow(unsafe_code)] // registers caller memory and hands out views of it
 mod mr;
 mod netlink;
 mod open_enum;
 mod pd;
 pub mod provider;
 #[path = "../providers/mod.rs"]
+#[allow(unsafe_code)] // rings and mappings
 mod providers;
 mod qp;
 mod srq;
+#[allow(unsafe_code)] // the kernel ABI, its commands, fds and the fork hook
 mod sys;
 mod wc;
 mod wr;
@@ -48,8 +53,9 @@ pub use attr::{
     AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpCap,
     QpState, QpType, Transport,
 };
+pub use batch::Batch;
 pub use context::{open, Context, Gid};
-pub use cq::{Batch, Cq, CqInit, EventsReported};
+pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};

@@ -48,18 +48,14 @@ impl Pd {
         inner.check_owner("ALLOC_PD")?;
         let mut resp = AllocPdResp::default();
         inner.provider.alloc_pd(&mut |drv_in, drv_out| {
-            // SAFETY: the core request's only user pointer is the response, which `execute`
-            // fills in; those in the driver data are the provider's to keep valid.
-            resp = unsafe {
-                cmd::execute(
-                    inner.fd(),
-                    "ALLOC_PD",
-                    abi::cmd::ALLOC_PD,
-                    &AllocPd::default(),
-                    drv_in,
-                    drv_out,
-                )
-            }?;
+            resp = cmd::execute_plain(
+                inner.fd(),
+                "ALLOC_PD",
+                abi::cmd::ALLOC_PD,
+                &AllocPd::default(),
+                drv_in,
+                drv_out,
+            )?;
             Ok(())
         })?;
         Ok(Self {

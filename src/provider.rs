@@ -20,6 +20,7 @@
 //! per completion or work request. `docs/provider-contract.md` maps rxe and mlx5 onto this.
 
 #[cfg(feature = "test-support")]
+#[allow(unsafe_code)] // implements the unsafe provider traits
 pub mod stub;
 
 use crate::attr::{QpCap, QpState, QpType};
@@ -134,12 +135,15 @@ pub struct SrqCreated {
 /// Per-context vendor state: makes the vendor halves of CQs, QPs, SRQs and AHs, and passes
 /// driver data on the commands that carry it.
 ///
-/// Driver request bytes a provider passes to a kernel call may contain user pointers (ring
-/// buffers and doorbell records on mlx5, a buffer for the kernel to fill on rxe's SRQ
-/// resize); the provider guarantees each names live memory of the right size for as long as
-/// the kernel object may use it: until the call returns for a buffer the kernel fills, until
-/// the kernel destroy for rings.
-pub trait ProviderContext: Send + Sync {
+/// # Safety
+/// Driver request bytes a provider passes to a kernel call (here and in the halves it makes)
+/// may contain user addresses: ring buffers and doorbell records on mlx5, a buffer for the
+/// kernel to fill on rxe's SRQ resize. The implementation guarantees each names live memory
+/// of the right size for as long as the kernel may use it: until the call returns for a
+/// buffer the kernel fills, until the kernel destroy for rings. The core passes these bytes
+/// to the kernel as they are.
+#[allow(unsafe_code)] // declares the contract above
+pub unsafe trait ProviderContext: Send + Sync {
     /// Runs ALLOC_PD through `kernel` with the driver's data (mlx5 needs a 4-byte response
     /// buffer: it copies its PD number without checking the length).
     fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()>;
@@ -172,7 +176,9 @@ pub trait ProviderContext: Send + Sync {
 /// The core reads the completions [`CqRing::ready_run`] describes through its pointers, so an
 /// implementation must make them point at `len` readable, 8-aligned `WorkCompletion`s
 /// (`before_wrap` from `first` and the rest from `wrapped`, `stride` bytes apart) that stay
-/// unchanged until the next call of a method taking `&mut self`.
+/// unchanged until the next call of a method taking `&mut self`. The addresses in driver bytes
+/// it passes to `resize` follow [`ProviderContext`]'s contract.
+#[allow(unsafe_code)] // declares the contract above
 pub unsafe trait CqRing: Send + Any {
     /// Moves up to `wc.len()` ready completions into `wc` and returns how many; fewer (or 0)
     /// when fewer are ready. Must not block, allocate or make a system call.
@@ -232,12 +238,15 @@ impl ReadyRun {
 }
 
 /// The producer side of a shared receive queue.
-pub trait SrqQueue: Send + Any {
+///
+/// # Safety
+/// The addresses in driver bytes it passes to `modify` follow [`ProviderContext`]'s contract.
+#[allow(unsafe_code)] // declares the contract above
+pub unsafe trait SrqQueue: Send + Any {
     /// Writes `wrs` into the SRQ; same contract as [`QpQueues::post_recv`].
     ///
     /// # Safety
     /// See [`crate::Srq::post_recv`].
-    #[allow(unsafe_code)] // the caller's contract on the buffers
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
 
     /// Runs MODIFY_SRQ through `kernel` with the driver's request bytes; when `resize` is
@@ -252,21 +261,23 @@ pub trait SrqQueue: Send + Any {
 ///
 /// The core has checked every work request against the rules all devices share (see
 /// `SendWr::check_transport`) before `post_send` sees it; the provider checks its own limits.
-pub trait QpQueues: Send {
+///
+/// # Safety
+/// The addresses in driver bytes it passes to `modify` follow [`ProviderContext`]'s contract.
+#[allow(unsafe_code)] // declares the contract above
+pub unsafe trait QpQueues: Send {
     /// Writes `wrs` into the send queue in order and rings the doorbell once. On a rejected
     /// request returns [`crate::Error::WorkRequest`] with its index, after ringing the
     /// doorbell for those before it.
     ///
     /// # Safety
     /// See [`crate::Qp::post_send`].
-    #[allow(unsafe_code)] // the caller's contract on the buffers
     unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()>;
 
     /// Writes `wrs` into the receive queue in order; same error contract as `post_send`.
     ///
     /// # Safety
     /// See [`crate::Qp::post_recv`].
-    #[allow(unsafe_code)] // the caller's contract on the buffers
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
 
     /// Runs MODIFY_QP through `kernel` with the driver's data; once it succeeded, reacts to

@@ -4,13 +4,13 @@ use crate::attr::{AhAttr, GlobalRoute, Mtu, QpCap, QpState, QpType};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
-use crate::fork::Owner;
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelCall, QpCreated, QpQueues, QpRequest};
 use crate::srq::{Srq, SrqInner};
 use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpDest, QueryQp, QueryQpResp};
 use crate::sys::cmd;
+use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::{RecvWr, SendWr};
 use std::os::fd::AsRawFd;
@@ -399,9 +399,7 @@ impl Qp {
         let req = attr.to_abi(self.handle);
         let ctx = &self.pd.ctx;
         self.queues.modify(attr.state, &mut |drv_in, drv_out| {
-            // SAFETY: the core request holds no user pointers; those in the driver data are
-            // the provider's to keep valid (`ProviderContext` contract).
-            unsafe { cmd::execute(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out) }
+            cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out)
         })?;
         if let Some(state) = attr.state {
             self.state = state;
@@ -516,6 +514,7 @@ impl Qp {
     /// Until each request completes (or the QP is destroyed), the memory its scatter/gather
     /// entries name must stay valid, and memory the device writes (RDMA read and atomic
     /// targets) must not be accessed. Inline requests' buffers are copied before return.
+    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.owner.check("post_send")?;
         if self.state < QpState::Rts {
@@ -561,6 +560,7 @@ impl Qp {
     /// # Safety
     /// Until each request completes (or the QP is destroyed), the buffers it names must stay
     /// valid and must not be accessed: the device writes incoming data into them.
+    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.owner.check("post_recv")?;
         if self.state == QpState::Reset {
@@ -611,13 +611,13 @@ impl Drop for Qp {
 /// What a [`Qp`] holds in place of queues it had to leak (a zero-sized box: no allocation).
 struct NoQueues;
 
-impl QpQueues for NoQueues {
-    #[allow(unsafe_code)] // the trait's signature; nothing is read
+#[allow(unsafe_code)] // a promise kept by making no kernel call
+                      // SAFETY: no kernel call, no driver bytes.
+unsafe impl QpQueues for NoQueues {
     unsafe fn post_send(&mut self, _: &[SendWr<'_>]) -> Result<()> {
         Err(Error::invalid("post_send", "the QP is being dropped"))
     }
 
-    #[allow(unsafe_code)] // the trait's signature; nothing is read
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
         Err(Error::invalid("post_recv", "the QP is being dropped"))
     }

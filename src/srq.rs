@@ -3,11 +3,11 @@
 use crate::context::ContextInner;
 use crate::cq::EventsReported;
 use crate::error::{Error, Result};
-use crate::fork::Owner;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelInput, SrqCreated, SrqQueue};
 use crate::sys::abi::{self, DestroySrqResp, ModifySrq, QuerySrq, QuerySrqResp};
 use crate::sys::cmd;
+use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::RecvWr;
 use std::any::Any;
@@ -113,9 +113,10 @@ pub struct Srq {
     max_sge: u32,
 }
 
-// SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it takes
-// `&mut self`; through a shared `&Srq` threads only read immutable fields and run kernel
-// commands.
+#[allow(unsafe_code)] // a promise, argued below
+                      // SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it takes
+                      // `&mut self`; through a shared `&Srq` threads only read immutable fields and run kernel
+                      // commands.
 unsafe impl Sync for Srq {}
 
 impl std::fmt::Debug for Srq {
@@ -188,6 +189,7 @@ impl Srq {
     /// # Safety
     /// Until each request completes (or the SRQ is destroyed), the buffers it names must stay
     /// valid and must not be accessed: the device writes incoming data into them.
+    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.owner.check("post_srq_recv")?;
         // SAFETY: forwarded caller contract.
@@ -217,9 +219,7 @@ impl Srq {
             srq_limit,
         };
         self.queue.modify(attr_mask & SRQ_MAX_WR != 0, &mut |drv_in| {
-            // SAFETY: pointers in the driver request are the provider's to keep valid
-            // (`ProviderContext` contract); the core request has none.
-            unsafe { cmd::execute::<_, ()>(ctx.fd(), "MODIFY_SRQ", abi::cmd::MODIFY_SRQ, &req, drv_in, &mut []) }
+            cmd::execute_plain::<_, ()>(ctx.fd(), "MODIFY_SRQ", abi::cmd::MODIFY_SRQ, &req, drv_in, &mut [])
         })
     }
 
@@ -289,8 +289,9 @@ impl Drop for Srq {
 /// allocation).
 pub(crate) struct NoQueue;
 
-impl SrqQueue for NoQueue {
-    #[allow(unsafe_code)] // the trait's signature; nothing is read
+#[allow(unsafe_code)] // a promise kept by making no kernel call
+                      // SAFETY: no kernel call, no driver bytes.
+unsafe impl SrqQueue for NoQueue {
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
         Err(Error::invalid("post_srq_recv", "the SRQ is being dropped"))
     }

@@ -77,7 +77,8 @@ impl RxeContext {
     }
 }
 
-impl ProviderContext for RxeContext {
+// SAFETY: rxe passes driver bytes with no user address (mmap cookies come back in responses).
+unsafe impl ProviderContext for RxeContext {
     fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
         kernel(&[], &mut [])
     }

@@ -11,7 +11,7 @@ use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest}
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
 use crate::wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -40,8 +40,7 @@ pub(super) fn create(ctx: &RxeContext, req: &QpRequest<'_>, kernel: CreateQpCall
         max_recv_sge: cap.max_recv_sge,
         max_inline,
         doorbell: Doorbell::new(created.handle),
-        fd: ctx.file.as_fd().as_raw_fd(),
-        _file: ctx.file.clone(),
+        file: ctx.file.clone(),
     });
     Ok(ProviderQp { queues, cap })
 }
@@ -81,15 +80,10 @@ impl Doorbell {
         }
     }
 
-    /// Rings: `fd` is the device file's descriptor.
-    ///
-    /// # Safety
-    /// `fd` must be open for the duration of the call.
+    /// Rings, on the device file `fd`.
     #[inline]
-    unsafe fn ring(&mut self, fd: RawFd) -> Result<()> {
+    fn ring(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
         self.cmd.body.response = std::ptr::addr_of_mut!(self.resp) as u64;
-        // SAFETY: open per the contract.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         // SAFETY: the only user pointer in the command is `response`, which names `self.resp`:
         // live, 4 bytes, the `out_words` the header declares.
         unsafe { write_raw(fd, self.cmd.as_bytes()) }.map_err(|e| Error::kernel("POST_SEND", e))
@@ -103,10 +97,8 @@ struct RxeQp {
     max_recv_sge: u32,
     max_inline: u32,
     doorbell: Doorbell,
-    /// `_file`'s descriptor, kept so that ringing the doorbell needs no call to find it.
-    fd: RawFd,
-    /// Keeps `fd` open.
-    _file: Arc<DeviceFile>,
+    /// The device file the doorbell is rung on.
+    file: Arc<DeviceFile>,
 }
 
 impl RxeQp {
@@ -248,7 +240,8 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
     }
 }
 
-impl QpQueues for RxeQp {
+// SAFETY: MODIFY_QP carries no driver bytes on rxe.
+unsafe impl QpQueues for RxeQp {
     unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut rejected = None;
         let mut posted = 0;
@@ -272,8 +265,7 @@ impl QpQueues for RxeQp {
         }
         if posted > 0 {
             self.sq.publish();
-            // SAFETY: `self._file` keeps the descriptor open.
-            unsafe { self.doorbell.ring(self.fd) }?;
+            self.doorbell.ring(self.file.as_fd())?;
         }
         match rejected {
             None => Ok(()),

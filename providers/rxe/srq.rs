@@ -31,7 +31,8 @@ struct RxeSrq {
     ctx: RxeContext,
 }
 
-impl SrqQueue for RxeSrq {
+// SAFETY: MODIFY_SRQ's driver request names `modify`'s local `mi`, live for the call.
+unsafe impl SrqQueue for RxeSrq {
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let result = post_recv_wqes(&mut self.ring, self.max_sge, wrs);
         self.ring.publish();

@@ -240,7 +240,8 @@ impl CqShared {
     }
 }
 
-impl ProviderContext for StubContext {
+// SAFETY: the stub passes no driver request bytes.
+unsafe impl ProviderContext for StubContext {
     fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
         kernel(&[], &mut [0; DRIVER_OUT])?;
         self.log.push(Hook::AllocPd);
@@ -396,7 +397,8 @@ impl Drop for StubCq {
     }
 }
 
-// SAFETY: `ready_run` describes `scratch`, which only `&mut self` methods change.
+// SAFETY: `ready_run` describes `scratch`, which only `&mut self` methods change; no driver
+// request bytes.
 unsafe impl CqRing for StubCq {
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
         self.take(wc)
@@ -450,8 +452,8 @@ struct StubQp {
     log: HookLog,
 }
 
-impl crate::provider::QpQueues for StubQp {
-    #[allow(unsafe_code)] // the trait's signature; the stub reads no buffer
+// SAFETY: the stub passes no driver request bytes.
+unsafe impl crate::provider::QpQueues for StubQp {
     unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.log.push(Hook::PostSend {
             qpn: self.qpn,
@@ -469,7 +471,6 @@ impl crate::provider::QpQueues for StubQp {
         Ok(())
     }
 
-    #[allow(unsafe_code)] // the trait's signature; the stub reads no buffer
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
         Ok(())
     }
@@ -509,8 +510,8 @@ impl Drop for StubSrq {
     }
 }
 
-impl SrqQueue for StubSrq {
-    #[allow(unsafe_code)] // the trait's signature; the stub reads no buffer
+// SAFETY: the stub passes no driver request bytes.
+unsafe impl SrqQueue for StubSrq {
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
         Ok(())
     }

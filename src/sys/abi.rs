@@ -468,6 +468,27 @@ pub struct AsyncEventDesc {
 }
 assert_layout!(AsyncEventDesc, size 16, event_type @ 8);
 
+/// Requests whose only user address is `response` (or that have none).
+macro_rules! plain_requests {
+    ($($t:ty),* $(,)?) => {
+        // SAFETY: each of these holds handles, sizes, flags and attributes; its only user
+        // address, if any, is the `response` field `execute` fills in.
+        $(unsafe impl super::cmd::PlainRequest for $t {})*
+    };
+}
+plain_requests!(
+    QueryDevice,
+    AllocPd,
+    ModifyQp,
+    QueryQp,
+    CreateCompChannel,
+    ReqNotifyCq,
+    ResizeCq,
+    CreateAh,
+    ModifySrq,
+    QuerySrq,
+);
+
 #[cfg(test)]
 super::layout_check::kernel_layouts! {
     headers: ["rdma/ib_user_verbs.h", "rdma/ib_user_ioctl_verbs.h"],

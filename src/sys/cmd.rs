@@ -1,10 +1,10 @@
 //! Framed `write()` commands: `ib_uverbs_cmd_hdr | core request | driver request`, with the
 //! response (core then driver bytes) written by the kernel through a user pointer.
 
-use super::abi::CmdHdr;
+use super::abi::{cmd, CmdHdr, CreateCompChannel, CreateCompChannelResp};
 use crate::error::{Error, Result, Verb};
 use nix::errno::Errno;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 /// Largest command this crate frames, header and driver data included.
@@ -69,6 +69,41 @@ where
     let (core, drv) = resp_bytes.split_at(core_resp_len);
     driver_out.copy_from_slice(drv);
     Resp::read_from_bytes(core).map_err(|_| Error::malformed(verb, "short response"))
+}
+
+/// A core request whose only user address is the ABI's `response` field, which [`execute`]
+/// fills in itself.
+///
+/// # Safety
+/// Implementors hold no other user address the kernel would access.
+pub unsafe trait PlainRequest: IntoBytes + Immutable {}
+
+/// [`execute`] for a plain core request, with driver bytes that come from a provider. Every
+/// provider trait that runs kernel commands is `unsafe` to implement, and its implementation
+/// vouches for the user addresses in its driver bytes (`crate::provider::ProviderContext`):
+/// the core passes no driver bytes of its own.
+pub fn execute_plain<Req: PlainRequest, Resp: FromBytes + IntoBytes>(
+    fd: BorrowedFd<'_>,
+    verb: Verb,
+    command: u32,
+    req: &Req,
+    driver_in: &[u8],
+    driver_out: &mut [u8],
+) -> Result<Resp> {
+    // SAFETY: `Req` holds no user address but `response` (`PlainRequest`); the driver bytes
+    // come from a provider, which vouches for the addresses in them.
+    unsafe { execute(fd, verb, command, req, driver_in, driver_out) }
+}
+
+/// Runs CREATE_COMP_CHANNEL and takes ownership of the new channel's fd.
+pub fn create_comp_channel(fd: BorrowedFd<'_>) -> Result<OwnedFd> {
+    let verb = "CREATE_COMP_CHANNEL";
+    let req = CreateCompChannel::default();
+    let resp: CreateCompChannelResp = execute_plain(fd, verb, cmd::CREATE_COMP_CHANNEL, &req, &[], &mut [])?;
+    let raw = RawFd::try_from(resp.fd).map_err(|_| Error::malformed(verb, format!("fd {}", resp.fd)))?;
+    // SAFETY: the command succeeded, so the kernel created this fd for this process and
+    // nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
 /// Writes a fully framed command.

@@ -3,10 +3,10 @@
 
 use super::assert_layout;
 use crate::error::{Error, Result, Verb};
-use crate::fork::Owner;
+use crate::sys::fork::Owner;
 use nix::errno::Errno;
 use std::marker::PhantomData;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// `_IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)`.
@@ -71,6 +71,10 @@ struct Buf {
 /// fd).
 #[derive(Debug, Clone, Copy)]
 pub struct Slot(usize);
+
+/// Where a new fd will be written (from [`Ioctl::new_fd`]); taken once, by [`Done::take_fd`].
+#[derive(Debug)]
+pub struct FdSlot(Slot);
 
 /// One method call being built. Buffers lent to it stay borrowed until it is executed.
 pub struct Ioctl<'a> {
@@ -140,8 +144,8 @@ impl<'a> Ioctl<'a> {
     }
 
     /// A new fd the kernel creates and writes back.
-    pub fn new_fd(&mut self, attr_id: u16) -> Slot {
-        self.push(attr_id, 0, 0)
+    pub fn new_fd(&mut self, attr_id: u16) -> FdSlot {
+        FdSlot(self.push(attr_id, 0, 0))
     }
 
     /// A value the method reads. Values up to 8 bytes travel inline, as the ABI requires.
@@ -198,9 +202,11 @@ impl Done {
         self.data[slot.0] as u32
     }
 
-    /// A new fd.
-    pub fn fd(&self, slot: Slot) -> RawFd {
-        self.data[slot.0] as RawFd
+    /// Takes ownership of the fd the kernel created for `slot`.
+    pub fn take_fd(&self, slot: FdSlot) -> OwnedFd {
+        // SAFETY: the call succeeded, so the kernel created this fd for this process in the
+        // attribute `slot` names; `FdSlot` is not `Copy`, so it is taken once.
+        unsafe { OwnedFd::from_raw_fd(self.data[slot.0 .0] as RawFd) }
     }
 }
 

@@ -1,10 +1,15 @@
-//! The small unsafe backend: the kernel's uverbs ABI as `#[repr(C)]` structs, and the two ways
-//! of sending it commands (framed `write()` and the `RDMA_VERBS_IOCTL` attribute ioctl).
+//! The small unsafe backend: the kernel's uverbs ABI as `#[repr(C)]` structs, the two ways
+//! of sending it commands (framed `write()` and the `RDMA_VERBS_IOCTL` attribute ioctl), the
+//! fds the kernel creates, and the fork hook.
 //!
-//! Everything above this module is safe code over these primitives.
+//! The crate denies `unsafe_code`; besides this module, only the providers (rings and
+//! mappings), `batch` (completions read in place) and `mr` (caller memory) allow it, and a few
+//! items elsewhere that *declare* an unsafe contract (`unsafe fn post_*`, the provider
+//! traits) and forward it.
 
 pub mod abi;
 pub mod cmd;
+pub mod fork;
 pub mod ioctl;
 #[cfg(test)]
 pub(crate) mod layout_check;

@@ -25,9 +25,12 @@ use std::process::{Command, ExitCode};
 /// How long `cargo xtask test` fuzzes.
 pub const CI_FUZZ_SECONDS: u32 = 60;
 
-/// The ring-index protocol, the synthetic rings and the in-place batch (`cq::tests` matches
-/// both the core's `Batch` tests and the rxe poll's).
-const MIRI_TESTS: [&str; 2] = ["providers::rxe::queue::tests", "cq::tests"];
+/// The ring-index protocol, the synthetic rings, the rxe poll and the in-place batch.
+const MIRI_TESTS: [&str; 3] = [
+    "providers::rxe::queue::tests",
+    "providers::rxe::cq::tests",
+    "batch::tests",
+];
 
 /// The fuzz target's host triple (`-Zsanitizer` needs an explicit `--target`).
 const FUZZ_TRIPLE: &str = "x86_64-unknown-linux-gnu";
