@@ -39,6 +39,9 @@ mod providers;
 mod qp;
 mod srq;
 mod sys;
+#[cfg(any(test, feature = "test-support"))]
+#[doc(hidden)]
+pub mod testing;
 mod wc;
 mod wr;
 
