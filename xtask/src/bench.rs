@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: the uverbs hot paths against rdma-core's C provider, every
 //! implementation in the same guest boot (docs/benchmarks.md).
 //!
-//! Builds the Rust harness (`benches/verbs.rs`), the drop-in libibverbs provider and the C
+//! Builds the Rust harness (`benches/verbs/main.rs`), the drop-in libibverbs provider and the C
 //! harness (`benches/c/verbs_bench.c`, compiled here with gcc against the system libibverbs:
 //! a comparison tool, never part of the library), runs `benches/guest.sh` in one guest (or
 //! natively, as `cargo xtask test` decides), and turns what it wrote into
@@ -146,7 +146,7 @@ fn report(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds `benches/verbs.rs` (bench profile) and returns its executable.
+/// Builds `benches/verbs/main.rs` (bench profile) and returns its executable.
 fn build_rust_harness() -> Result<PathBuf> {
     let mut c = cargo();
     c.args([
