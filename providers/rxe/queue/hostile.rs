@@ -1,7 +1,7 @@
 //! Hostile rings: bytes (from a fuzzer, or from a seeded generator in the unit tests) become a
 //! ring header and a sequence of moves by a kernel that lies: producer and consumer indices
 //! out of range, headers rewritten after validation, garbage in the slots, element sizes and
-//! slot counts that do not fit the mapping. The real [`Queue`], [`Producer`] and [`Consumer`]
+//! slot counts that do not fit the mapping. The real `Queue`, `Producer` and `Consumer`
 //! run against it; the harness checks that validation fails with a typed error or every access
 //! stays inside the ring, that published indices stay in range, and that nothing panics (a
 //! panic is a finding: the fuzzer reports it as a crash).
