@@ -8,6 +8,10 @@ use crate::provider::Provider;
 
 mod rxe;
 
+/// The rxe ring's hostile-ring harness, for `crate::testing`.
+#[cfg(any(test, feature = "test-support"))]
+pub use rxe::hostile;
+
 /// Every provider compiled in, asked in order.
 static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe];
 

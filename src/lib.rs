@@ -45,6 +45,9 @@ mod qp;
 mod srq;
 #[allow(unsafe_code)] // the kernel ABI, its commands, fds and the fork hook
 mod sys;
+#[cfg(any(test, feature = "test-support"))]
+#[doc(hidden)]
+pub mod testing;
 mod wc;
 mod wr;
 

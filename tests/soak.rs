@@ -19,6 +19,7 @@ use common::*;
 use figures::figure;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+use uverbs::testing::Rng;
 use uverbs::*;
 
 const QPS: usize = 8;
@@ -78,34 +79,16 @@ impl Kind {
     }
 }
 
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// A message size: 0, tiny, small, medium or large (up to 64 KiB), weighted towards
-    /// small so the run moves many messages without spending all its time copying.
-    fn size(&mut self) -> usize {
-        let r = self.below(100);
-        (match r {
-            0..=3 => 0,
-            4..=43 => 1 + self.below(64),
-            44..=75 => 65 + self.below(1024 - 64),
-            76..=94 => 1025 + self.below(8192 - 1024),
-            _ => 8193 + self.below(SLOT as u64 - 8192),
-        }) as usize
-    }
+/// A message size: 0, tiny, small, medium or large (up to 64 KiB), weighted towards small so
+/// the run moves many messages without spending all its time copying.
+fn message_size(rng: &mut Rng) -> usize {
+    (match rng.below(100) {
+        0..=3 => 0,
+        4..=43 => 1 + rng.below(64),
+        44..=75 => 65 + rng.below(1024 - 64),
+        76..=94 => 1025 + rng.below(8192 - 1024),
+        _ => 8193 + rng.below(SLOT as u64 - 8192),
+    }) as usize
 }
 
 /// A registered region, reached through raw pointers: the device writes parts of it while the
@@ -253,7 +236,7 @@ impl Soak {
                     kind = [Kind::Write, Kind::Read][s.rng.below(2) as usize];
                 }
                 let atomic = matches!(kind, Kind::CmpSwap | Kind::FetchAdd);
-                let len = if atomic { 8 } else { s.rng.size() };
+                let len = if atomic { 8 } else { message_size(&mut s.rng) };
                 let pool_off = s.rng.below(SLOT as u64) as usize;
                 let split = !atomic && (2..=SLOT - 64).contains(&len) && s.rng.below(4) == 0;
                 let mut p = Pending {
@@ -302,7 +285,7 @@ impl Soak {
                     Kind::CmpSwap => {
                         let hit = s.rng.below(2) == 0;
                         let compare = if hit { s.atomic_model } else { s.atomic_model ^ 1 };
-                        let swap = s.rng.next();
+                        let swap = s.rng.next_u64();
                         p.old = s.atomic_model;
                         if hit {
                             s.atomic_model = swap;
@@ -314,7 +297,7 @@ impl Soak {
                         }
                     }
                     Kind::FetchAdd => {
-                        let add = s.rng.next() >> s.rng.below(64);
+                        let add = s.rng.next_u64() >> s.rng.below(64);
                         p.old = s.atomic_model;
                         s.atomic_model = s.atomic_model.wrapping_add(add);
                         SendOp::FetchAdd {
@@ -556,7 +539,7 @@ fn mixed_work_requests_complete_exactly_once_with_verified_payloads() {
                 qp,
                 mr,
                 mem,
-                rng: Rng(seed ^ (q as u64).wrapping_mul(0x1234_5678_9abc_def1)),
+                rng: Rng::new(seed ^ (q as u64).wrapping_mul(0x1234_5678_9abc_def1)),
                 posted: 0,
                 pending: VecDeque::new(),
                 recv_posted: 0,
@@ -588,9 +571,9 @@ fn mixed_work_requests_complete_exactly_once_with_verified_payloads() {
         .unwrap()
         .min(MAX_INLINE);
     let mut pool = vec![0u8; 2 * SLOT];
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     for c in pool.chunks_mut(8) {
-        c.copy_from_slice(&r.next().to_le_bytes()[..c.len()]);
+        c.copy_from_slice(&r.next_u64().to_le_bytes()[..c.len()]);
     }
     let mut soak = Soak {
         qps,

@@ -1,12 +1,12 @@
 /*
- * The C side of `cargo xtask bench`: the same workloads as benches/verbs.rs, through
+ * The C side of `cargo xtask bench`: the same workloads as benches/verbs/main.rs, through
  * libibverbs (Debian's rdma-core 44 and whichever provider it picks for rxe0: its C rxe
  * provider, or the Rust drop-in when RDMAV_DRIVERS names it). A comparison tool only: the
  * uverbs library never links libibverbs. xtask compiles this at bench time:
  *
  *     gcc -O2 -g -o target/bench/verbs_bench_c benches/c/verbs_bench.c -libverbs -lpthread
  *
- * Keep it in step with benches/verbs.rs: same queue sizes, QP attributes, work requests,
+ * Keep it in step with benches/verbs/main.rs: same queue sizes, QP attributes, work requests,
  * round counts and output. Every result is one JSON line on stdout, e.g.
  *
  *     {"impl":"c","workload":"drain","param":16,"unit":"ns","samples":[...],"median":...,"min":...,"max":...}
@@ -42,7 +42,7 @@
 /* Completions asked for per poll call in the drain; the Rust harness's DRAIN_BATCHES. */
 static const int drain_batches[] = {1, 2, 4, 8, 12, 16, 20, 24, 32, 64};
 /* The replayed drain: batch sizes, rounds (one block per batch size each), and drains per
- * block. One sample is the median of a block. As benches/verbs.rs. */
+ * block. One sample is the median of a block. As benches/verbs/main.rs. */
 static const int replay_batches[] = {1, 16, 64};
 #define REPLAY_ROUNDS 20
 #define REPLAY_BLOCK 100
@@ -330,7 +330,7 @@ static void post_writes(struct pair *p)
 
 /* Calls ibv_poll_cq, `batch` at a time, until N_DRAIN completions came or none is ready;
  * returns how many came, and in *last how many the last call gave (as drain_with in
- * benches/verbs.rs). Inlined, so that the loop is the caller's own. */
+ * benches/verbs/main.rs). Inlined, so that the loop is the caller's own. */
 static inline __attribute__((always_inline)) int drain_polls(struct ibv_cq *cq, int batch,
 							       struct ibv_wc *wc, int *last)
 {

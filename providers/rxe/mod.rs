@@ -7,6 +7,10 @@ mod qp;
 mod queue;
 mod srq;
 
+/// The ring's hostile-ring harness, for `crate::testing`.
+#[cfg(any(test, feature = "test-support"))]
+pub use queue::hostile;
+
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{

@@ -21,14 +21,11 @@ use memmap2::MmapMut;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-#[cfg(any(test, fuzzing))]
-#[path = "queue/hostile.rs"]
-pub(super) mod hostile;
+#[cfg(any(test, feature = "test-support"))]
+pub mod hostile;
 #[cfg(all(test, loom))]
-#[path = "queue/model.rs"]
 mod model;
 #[cfg(test)]
-#[path = "queue/provider_fuzz.rs"]
 mod provider_fuzz;
 
 /// One shared 32-bit index word: a mapped `AtomicU32` in the library, a loom atomic in the
@@ -100,7 +97,7 @@ impl ProdIndex {
     }
 
     /// The private producer index (always `<= mask`).
-    #[cfg(any(test, fuzzing))]
+    #[cfg(any(test, feature = "test-support"))]
     pub(super) fn index(&self) -> u32 {
         self.prod
     }
@@ -147,7 +144,7 @@ impl ConsIndex {
     }
 
     /// The private consumer index (always `<= mask`).
-    #[cfg(any(test, fuzzing))]
+    #[cfg(any(test, feature = "test-support"))]
     pub(super) fn index(&self) -> u32 {
         self.cons
     }
@@ -158,13 +155,12 @@ pub(super) enum Backing {
     /// A ring mapped from the device.
     Mapped(MmapMut),
     /// A synthetic ring (tests, miri, fuzzing), cache-line aligned like the kernel's.
-    #[cfg(any(test, fuzzing))]
-    #[allow(dead_code)] // built only by the harnesses
+    #[cfg(any(test, feature = "test-support"))]
     Heap(HeapRing),
 }
 
 /// One cache line of a synthetic ring.
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "test-support"))]
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub(super) struct Line(pub(super) [u32; 16]);
@@ -172,13 +168,13 @@ pub(super) struct Line(pub(super) [u32; 16]);
 /// Heap memory for a synthetic ring, held as a raw allocation rather than a `Box`: like a
 /// mapping, it is reached through pointers derived once, which moving a `Box` (a unique
 /// owner) would invalidate (miri's Stacked Borrows reports exactly that).
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "test-support"))]
 pub(super) struct HeapRing {
     lines: NonNull<Line>,
     count: usize,
 }
 
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "test-support"))]
 impl HeapRing {
     pub(super) fn new(lines: Box<[Line]>) -> Self {
         let count = lines.len();
@@ -190,14 +186,14 @@ impl HeapRing {
     }
 
     /// The lines, before the ring is handed to a [`Queue`].
-    #[allow(dead_code)] // used by the unit tests only
+    #[cfg(test)]
     pub(super) fn lines_mut(&mut self) -> &mut [Line] {
         // SAFETY: the allocation from `new`, `count` lines, uniquely borrowed through `self`.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_ptr(), self.count) }
     }
 }
 
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "test-support"))]
 impl Drop for HeapRing {
     fn drop(&mut self) {
         let slice = std::ptr::slice_from_raw_parts_mut(self.lines.as_ptr(), self.count);
@@ -210,7 +206,7 @@ impl Backing {
     fn region(&mut self) -> (NonNull<u8>, usize) {
         let (ptr, len) = match self {
             Self::Mapped(m) => (m.as_mut_ptr(), m.len()),
-            #[cfg(any(test, fuzzing))]
+            #[cfg(any(test, feature = "test-support"))]
             Self::Heap(h) => (h.lines.as_ptr().cast::<u8>(), h.count * size_of::<Line>()),
         };
         (NonNull::new(ptr).unwrap_or(NonNull::dangling()), len)

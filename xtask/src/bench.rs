@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: the uverbs hot paths against rdma-core's C provider, every
 //! implementation in the same guest boot (docs/benchmarks.md).
 //!
-//! Builds the Rust harness (`benches/verbs.rs`), the drop-in libibverbs provider and the C
+//! Builds the Rust harness (`benches/verbs/main.rs`), the drop-in libibverbs provider and the C
 //! harness (`benches/c/verbs_bench.c`, compiled here with gcc against the system libibverbs:
 //! a comparison tool, never part of the library), runs `benches/guest.sh` in one guest (or
 //! natively, as `cargo xtask test` decides), and turns what it wrote into
@@ -13,15 +13,14 @@
 //! `timing`, `callgrind`, `profile`, `perftest`).
 
 use crate::error::{bail, Context, Result};
-use crate::json::{self, Value};
+use crate::json;
 use crate::proc::{self, sh_quote};
 use crate::testrun::cargo;
 use crate::{guest, paths};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 
 /// `cargo xtask bench [--report | --emulator]`: `--report` only redoes the table and plot from
 /// the raw results of the last run; `--emulator` runs benches/emulator-profile.sh instead of
@@ -146,7 +145,7 @@ fn report(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds `benches/verbs.rs` (bench profile) and returns its executable.
+/// Builds `benches/verbs/main.rs` (bench profile) and returns its executable.
 fn build_rust_harness() -> Result<PathBuf> {
     let mut c = cargo();
     c.args([
@@ -157,42 +156,13 @@ fn build_rust_harness() -> Result<PathBuf> {
         "verbs",
         "--no-run",
         "--message-format=json",
-    ])
-    .stdout(Stdio::piped());
-    note!("xtask: {}", proc::describe(&c));
+    ]);
     let what = proc::describe(&c);
-    let mut child = c.spawn().with_context(|| format!("cannot start `{what}`"))?;
-    let stdout = child.stdout.take().context("cargo stdout missing")?;
-    let mut exe = None;
-    for line in std::io::BufReader::new(stdout).lines() {
-        let line = line.with_context(|| format!("reading the output of `{what}`"))?;
-        let Ok(msg) = json::parse(&line) else {
-            continue;
-        };
-        match msg.get("reason").and_then(Value::as_str) {
-            Some("compiler-message") => {
-                if let Some(r) = msg
-                    .get("message")
-                    .and_then(|m| m.get("rendered"))
-                    .and_then(Value::as_str)
-                {
-                    note_raw!("{r}");
-                }
-            }
-            Some("compiler-artifact") => {
-                let name = msg.get("target").and_then(|t| t.get("name")).and_then(Value::as_str);
-                if let (Some("verbs"), Some(e)) = (name, msg.get("executable").and_then(Value::as_str)) {
-                    exe = Some(PathBuf::from(e));
-                }
-            }
-            _ => {}
-        }
-    }
-    let st = child.wait().with_context(|| format!("waiting for `{what}`"))?;
-    if !st.success() {
-        bail!("`{what}` failed ({st})");
-    }
-    exe.with_context(|| format!("`{what}` named no executable for the `verbs` bench"))
+    json::cargo_executables(&mut c)?
+        .into_iter()
+        .find(|e| e.name == "verbs" && e.is("bench"))
+        .map(|e| PathBuf::from(e.path))
+        .with_context(|| format!("`{what}` named no executable for the `verbs` bench"))
 }
 
 /// Copies the files under `from` into `to` (directories recursively).
@@ -280,30 +250,19 @@ fn median_iqr(v: &mut [f64]) -> (f64, f64) {
     (q(0.5), q(0.75) - q(0.25))
 }
 
-fn number(v: &Value) -> Option<f64> {
-    match v {
-        Value::Number(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
 /// Timing samples from results.jsonl.
 fn read_samples(raw: &Path) -> Result<Samples> {
     let path = raw.join("results.jsonl");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut samples = Samples::new();
     for line in text.lines().filter(|l| l.starts_with('{')) {
-        let v = json::parse(line).map_err(|e| crate::error::Error::msg(format!("{}: {e}: {line}", path.display())))?;
-        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        let param = v.get("param").and_then(number).unwrap_or(0.0) as i64;
-        let rep = v.get("rep").and_then(number).unwrap_or(0.0) as i64;
-        let values = v.get("samples").and_then(Value::as_array).unwrap_or(&[]);
+        let r = json::bench_result(line).with_context(|| format!("{}: {line}", path.display()))?;
         samples
-            .entry((s("workload"), param, s("impl")))
+            .entry((r.workload, r.param, r.implementation))
             .or_default()
-            .entry(rep)
+            .entry(r.rep)
             .or_default()
-            .extend(values.iter().filter_map(number));
+            .extend(r.samples);
     }
     Ok(samples)
 }

@@ -1,239 +1,184 @@
-//! A small JSON parser, enough for cargo's `--message-format=json` lines.
+//! Everything xtask reads as JSON, with serde_json: cargo's `--message-format=json` output
+//! (`cargo xtask test` and `cargo xtask bench` take the executables they run from it) and the
+//! bench harnesses' result lines (`results.jsonl`).
 
-use std::collections::BTreeMap;
+use crate::error::{bail, Context, Result};
+use crate::proc;
+use serde::Deserialize;
+use std::io::BufRead;
+use std::process::{Command, Stdio};
 
-/// A parsed JSON value (numbers are kept as their source text).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Null,
-    Bool(bool),
-    Number(String),
-    String(String),
-    Array(Vec<Value>),
-    Object(BTreeMap<String, Value>),
+/// One line of cargo's `--message-format=json` output, as far as xtask reads it.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "reason", rename_all = "kebab-case")]
+enum CargoMessage {
+    /// A compiler diagnostic.
+    CompilerMessage { message: Diagnostic },
+    /// A target was built.
+    CompilerArtifact(Artifact),
+    /// Build-script output, the final `build-finished`, and whatever cargo adds later.
+    #[serde(other)]
+    Other,
 }
 
-impl Value {
-    /// Member `key` of an object.
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        match self {
-            Value::Object(m) => m.get(key),
-            _ => None,
-        }
-    }
+#[derive(Debug, Deserialize)]
+struct Diagnostic {
+    /// The diagnostic as rustc prints it.
+    rendered: Option<String>,
+}
 
-    /// The string, if this is one.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Value::String(s) => Some(s),
-            _ => None,
-        }
-    }
+#[derive(Debug, Deserialize)]
+struct Artifact {
+    target: ArtifactTarget,
+    /// Absent for libraries and build scripts.
+    executable: Option<String>,
+}
 
-    /// The elements, if this is an array.
-    pub fn as_array(&self) -> Option<&[Value]> {
-        match self {
-            Value::Array(a) => Some(a),
-            _ => None,
-        }
+#[derive(Debug, Deserialize)]
+struct ArtifactTarget {
+    name: String,
+    /// `lib`, `bin`, `test`, `bench`, ...
+    kind: Vec<String>,
+}
+
+/// A built executable target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Executable {
+    /// The target's name (`soak` for `tests/soak.rs`).
+    pub name: String,
+    /// Its kinds, as cargo names them (`test`, `bench`, `bin`, ...).
+    pub kinds: Vec<String>,
+    /// The executable's path.
+    pub path: String,
+}
+
+impl Executable {
+    /// Whether the target is of `kind`.
+    pub fn is(&self, kind: &str) -> bool {
+        self.kinds.iter().any(|k| k == kind)
     }
 }
 
-/// Parses one complete JSON document.
-pub fn parse(text: &str) -> Result<Value, String> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        i: 0,
-    };
-    let v = p.value()?;
-    p.ws();
-    if p.i != p.s.len() {
-        return Err(format!("trailing characters at byte {}", p.i));
+/// Runs `cargo`, a build with `--message-format=json`, shows the compiler's diagnostics as
+/// they come, and returns the executables it built.
+pub fn cargo_executables(cargo: &mut Command) -> Result<Vec<Executable>> {
+    cargo.stdout(Stdio::piped());
+    let what = proc::describe(cargo);
+    note!("xtask: {what}");
+    let mut child = cargo.spawn().with_context(|| format!("cannot start `{what}`"))?;
+    let stdout = child.stdout.take().context("cargo stdout missing")?;
+    let mut built = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.with_context(|| format!("reading the output of `{what}`"))?;
+        // Lines that are not messages (a build script's own output) are skipped.
+        match serde_json::from_str::<CargoMessage>(&line) {
+            Ok(CargoMessage::CompilerMessage { message }) => {
+                if let Some(r) = message.rendered {
+                    note_raw!("{r}");
+                }
+            }
+            Ok(CargoMessage::CompilerArtifact(a)) => built.extend(executable(a)),
+            Ok(CargoMessage::Other) | Err(_) => {}
+        }
     }
-    Ok(v)
+    let st = child.wait().with_context(|| format!("waiting for `{what}`"))?;
+    if !st.success() {
+        bail!("`{what}` failed ({st})");
+    }
+    Ok(built)
 }
 
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
+fn executable(a: Artifact) -> Option<Executable> {
+    Some(Executable {
+        name: a.target.name,
+        kinds: a.target.kind,
+        path: a.executable?,
+    })
 }
 
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while self.s.get(self.i).is_some_and(|b| b.is_ascii_whitespace()) {
-            self.i += 1;
-        }
-    }
+/// One line of `results.jsonl`: a measurement as benches/verbs/main.rs,
+/// benches/c/verbs_bench.c and benches/guest.sh print it.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct BenchResult {
+    /// `c`, `rust`, `dropin`.
+    #[serde(rename = "impl")]
+    pub implementation: String,
+    /// `drain`, `post`, ..., or a perftest program.
+    pub workload: String,
+    /// Batch size or message size; 0 where there is none.
+    pub param: i64,
+    /// The repetition (benches/guest.sh adds it); 0 where there is none.
+    pub rep: i64,
+    /// Every round's value.
+    pub samples: Vec<f64>,
+}
 
-    fn err<T>(&self, what: &str) -> Result<T, String> {
-        Err(format!("{what} at byte {}", self.i))
-    }
-
-    fn eat(&mut self, lit: &str) -> bool {
-        if self.s[self.i..].starts_with(lit.as_bytes()) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn value(&mut self) -> Result<Value, String> {
-        self.ws();
-        match self.s.get(self.i) {
-            None => self.err("unexpected end"),
-            Some(b'{') => {
-                self.i += 1;
-                let mut m = BTreeMap::new();
-                self.ws();
-                if self.eat("}") {
-                    return Ok(Value::Object(m));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.ws();
-                    if !self.eat(":") {
-                        return self.err("expected ':'");
-                    }
-                    let v = self.value()?;
-                    m.insert(k, v);
-                    self.ws();
-                    if self.eat("}") {
-                        return Ok(Value::Object(m));
-                    }
-                    if !self.eat(",") {
-                        return self.err("expected ',' or '}'");
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut a = Vec::new();
-                self.ws();
-                if self.eat("]") {
-                    return Ok(Value::Array(a));
-                }
-                loop {
-                    a.push(self.value()?);
-                    self.ws();
-                    if self.eat("]") {
-                        return Ok(Value::Array(a));
-                    }
-                    if !self.eat(",") {
-                        return self.err("expected ',' or ']'");
-                    }
-                }
-            }
-            Some(b'"') => Ok(Value::String(self.string()?)),
-            Some(_) if self.eat("true") => Ok(Value::Bool(true)),
-            Some(_) if self.eat("false") => Ok(Value::Bool(false)),
-            Some(_) if self.eat("null") => Ok(Value::Null),
-            Some(_) => {
-                let start = self.i;
-                while self
-                    .s
-                    .get(self.i)
-                    .is_some_and(|b| b.is_ascii_digit() || b"+-.eE".contains(b))
-                {
-                    self.i += 1;
-                }
-                if start == self.i {
-                    return self.err("unexpected character");
-                }
-                Ok(Value::Number(
-                    String::from_utf8_lossy(&self.s[start..self.i]).into_owned(),
-                ))
-            }
-        }
-    }
-
-    fn hex4(&mut self) -> Result<u32, String> {
-        let h = self.s.get(self.i..self.i + 4).and_then(|h| std::str::from_utf8(h).ok());
-        let Some(v) = h.and_then(|h| u32::from_str_radix(h, 16).ok()) else {
-            return self.err("bad \\u escape");
-        };
-        self.i += 4;
-        Ok(v)
-    }
-
-    fn string(&mut self) -> Result<String, String> {
-        if !self.eat("\"") {
-            return self.err("expected string");
-        }
-        let mut out = Vec::new();
-        loop {
-            let Some(&b) = self.s.get(self.i) else {
-                return self.err("unterminated string");
-            };
-            self.i += 1;
-            match b {
-                b'"' => return String::from_utf8(out).map_err(|e| e.to_string()),
-                b'\\' => {
-                    let Some(&e) = self.s.get(self.i) else {
-                        return self.err("unterminated escape");
-                    };
-                    self.i += 1;
-                    let c = match e {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            let cp = if (0xd800..0xdc00).contains(&hi) && self.eat("\\u") {
-                                let lo = self.hex4()?;
-                                0x10000 + ((hi - 0xd800) << 10) + (lo.wrapping_sub(0xdc00) & 0x3ff)
-                            } else {
-                                hi
-                            };
-                            char::from_u32(cp).unwrap_or('\u{fffd}')
-                        }
-                        _ => return self.err("bad escape"),
-                    };
-                    let mut buf = [0u8; 4];
-                    out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-                }
-                _ => out.push(b),
-            }
-        }
-    }
+/// Parses one result line.
+pub fn bench_result(line: &str) -> Result<BenchResult> {
+    serde_json::from_str(line).map_err(|e| crate::error::Error::msg(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_a_cargo_artifact_line() {
-        let line = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"basic","doctest":false},"executable":"/w/target/debug/deps/basic-1a2b","fresh":true,"n":-1.5e3,"x":null}"#;
-        let v = parse(line).unwrap();
-        assert_eq!(v.get("reason").and_then(Value::as_str), Some("compiler-artifact"));
-        let kind = v
-            .get("target")
-            .and_then(|t| t.get("kind"))
-            .and_then(Value::as_array)
-            .unwrap();
-        assert_eq!(kind, [Value::String("test".into())]);
-        assert_eq!(
-            v.get("executable").and_then(Value::as_str),
-            Some("/w/target/debug/deps/basic-1a2b")
-        );
-        assert_eq!(v.get("n"), Some(&Value::Number("-1.5e3".into())));
+    fn message(line: &str) -> CargoMessage {
+        serde_json::from_str(line).unwrap()
     }
 
     #[test]
-    fn escapes_and_errors() {
+    fn reads_a_cargo_test_artifact() {
+        let line = r#"{"reason":"compiler-artifact","package_id":"uverbs 0.1.0","target":{"kind":["test"],"crate_types":["bin"],"name":"soak","src_path":"/w/tests/soak.rs","doctest":false},"profile":{"opt_level":"0"},"features":[],"filenames":["/w/target/debug/deps/soak-1a2b"],"executable":"/w/target/debug/deps/soak-1a2b","fresh":true}"#;
+        let CargoMessage::CompilerArtifact(a) = message(line) else {
+            panic!("not an artifact");
+        };
+        let exe = executable(a).unwrap();
+        assert_eq!(exe.name, "soak");
+        assert!(exe.is("test") && !exe.is("bench"));
+        assert_eq!(exe.path, "/w/target/debug/deps/soak-1a2b");
+    }
+
+    #[test]
+    fn a_library_artifact_has_no_executable() {
+        let line = r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"uverbs"},"executable":null,"fresh":false}"#;
+        let CargoMessage::CompilerArtifact(a) = message(line) else {
+            panic!("not an artifact");
+        };
+        assert_eq!(executable(a), None);
+    }
+
+    #[test]
+    fn reads_diagnostics_and_skips_other_reasons() {
+        let line =
+            r#"{"reason":"compiler-message","message":{"rendered":"warning: unused \"x\"\n","level":"warning"}}"#;
+        assert!(matches!(
+            message(line),
+            CargoMessage::CompilerMessage { message: Diagnostic { rendered: Some(r) } } if r == "warning: unused \"x\"\n"
+        ));
+        assert!(matches!(
+            message(r#"{"reason":"build-finished","success":true}"#),
+            CargoMessage::Other
+        ));
+        assert!(serde_json::from_str::<CargoMessage>("Compiling foo").is_err());
+    }
+
+    #[test]
+    fn reads_bench_results() {
+        let c = r#"{"impl":"c","workload":"drain","param":16,"unit":"ns","samples":[40.5,41],"median":40.750,"min":40.5,"max":41}"#;
         assert_eq!(
-            parse(r#""a\"b\\c\n\u00e9\ud83d\ude00""#).unwrap(),
-            Value::String("a\"b\\c\né😀".into())
+            bench_result(c).unwrap(),
+            BenchResult {
+                implementation: "c".into(),
+                workload: "drain".into(),
+                param: 16,
+                rep: 0,
+                samples: vec![40.5, 41.0],
+            }
         );
-        assert!(parse("{\"a\":}").is_err());
-        assert!(parse("[1,2").is_err());
-        assert!(parse("{} x").is_err());
+        let perftest = r#"{"rep":2,"impl":"dropin","workload":"ib_send_lat","param":2,"unit":"us","samples":[12.34],"t_avg":12.5}"#;
+        let r = bench_result(perftest).unwrap();
+        assert_eq!((r.rep, r.param, r.samples.as_slice()), (2, 2, &[12.34][..]));
+        assert!(bench_result(r#"{"impl":"c","samples":[1,}"#).is_err());
     }
 }

@@ -2,12 +2,11 @@
 //! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a
 //! QEMU guest unless the host has one), with a `guest: N passed, M failed` line.
 
-use crate::error::{bail, Context, Result};
+use crate::error::Result;
 use crate::json;
 use crate::proc::{self, sh_quote};
 use crate::{env_number, guest, paths};
-use std::io::BufRead;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 
 /// Default per-item timeout in seconds (`UVERBS_GUEST_TEST_TIMEOUT`).
 const ITEM_TIMEOUT: u32 = 600;
@@ -144,47 +143,12 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
 /// Builds the main crate's integration tests; returns (target name, executable).
 fn test_binaries() -> Result<Vec<(String, String)>> {
     let mut c = cargo();
-    c.args(["test", "-p", "uverbs", "--tests", "--no-run", "--message-format=json"])
-        .stdout(Stdio::piped());
-    note!("xtask: {}", proc::describe(&c));
-    let what = proc::describe(&c);
-    let mut child = c.spawn().with_context(|| format!("cannot start `{what}`"))?;
-    let stdout = child.stdout.take().context("cargo stdout missing")?;
-    let mut bins = Vec::new();
-    for line in std::io::BufReader::new(stdout).lines() {
-        let line = line.with_context(|| format!("reading the output of `{what}`"))?;
-        let Ok(msg) = json::parse(&line) else {
-            continue;
-        };
-        match msg.get("reason").and_then(json::Value::as_str) {
-            Some("compiler-message") => {
-                if let Some(r) = msg
-                    .get("message")
-                    .and_then(|m| m.get("rendered"))
-                    .and_then(json::Value::as_str)
-                {
-                    note_raw!("{r}");
-                }
-            }
-            Some("compiler-artifact") => {
-                let target = msg.get("target");
-                let is_test = target
-                    .and_then(|t| t.get("kind"))
-                    .and_then(json::Value::as_array)
-                    .is_some_and(|k| k.iter().any(|k| k.as_str() == Some("test")));
-                let exe = msg.get("executable").and_then(json::Value::as_str);
-                let name = target.and_then(|t| t.get("name")).and_then(json::Value::as_str);
-                if let (true, Some(exe), Some(name)) = (is_test, exe, name) {
-                    bins.push((name.to_string(), exe.to_string()));
-                }
-            }
-            _ => {}
-        }
-    }
-    let st = child.wait().with_context(|| format!("waiting for `{what}`"))?;
-    if !st.success() {
-        bail!("`{what}` failed ({st})");
-    }
+    c.args(["test", "-p", "uverbs", "--tests", "--no-run", "--message-format=json"]);
+    let mut bins: Vec<_> = json::cargo_executables(&mut c)?
+        .into_iter()
+        .filter(|e| e.is("test"))
+        .map(|e| (e.name, e.path))
+        .collect();
     bins.sort();
     Ok(bins)
 }

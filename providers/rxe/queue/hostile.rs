@@ -1,13 +1,14 @@
 //! Hostile rings: bytes (from a fuzzer, or from a seeded generator in the unit tests) become a
 //! ring header and a sequence of moves by a kernel that lies: producer and consumer indices
 //! out of range, headers rewritten after validation, garbage in the slots, element sizes and
-//! slot counts that do not fit the mapping. The real [`Queue`], [`Producer`] and [`Consumer`]
+//! slot counts that do not fit the mapping. The real `Queue`, `Producer` and `Consumer`
 //! run against it; the harness checks that validation fails with a typed error or every access
 //! stays inside the ring, that published indices stay in range, and that nothing panics (a
 //! panic is a finding: the fuzzer reports it as a crash).
 //!
 //! Used by `queue.rs`'s unit tests (thousands of seeded cases, also under miri) and by the
-//! cargo-fuzz target in `fuzz/` (which includes `queue.rs` by path).
+//! cargo-fuzz target in `fuzz/`, which reaches [`run`] as `uverbs::testing::hostile::run`
+//! (feature `test-support`).
 
 use super::{header_word, off, Backing, Consumer, HeapRing, Line, Producer, Queue};
 use crate::error::Error;
@@ -16,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 /// What a run saw.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Stats {
+pub struct Stats {
     /// Inputs run.
     pub cases: u64,
     /// Headers accepted by `Queue::new`.
@@ -146,7 +147,7 @@ fn backing(input: &mut Input<'_>) -> (Backing, usize) {
 }
 
 /// Runs one input. Panics only on a finding.
-pub(crate) fn run(data: &[u8]) -> Stats {
+pub fn run(data: &[u8]) -> Stats {
     let mut input = Input { data };
     let mut stats = Stats {
         cases: 1,
@@ -256,41 +257,17 @@ fn consume(c: &mut Consumer, kernel: &Kernel, elem: usize, release: u8) -> u64 {
     u64::from(ready.min(64))
 }
 
-/// The seeded generator (splitmix64) of the hostile-input tests.
-#[cfg(test)]
-pub(crate) struct Rng(pub(crate) u64);
-
-#[cfg(test)]
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    pub(crate) fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
 /// `cases` inputs from a seeded generator (splitmix64), of 8 to 520 bytes each.
 #[cfg(test)]
 pub(crate) fn run_many(seed: u64, cases: u64) -> Stats {
-    let mut rng = Rng(seed);
-    let mut next = move || rng.next();
+    let mut rng = crate::testing::Rng::new(seed);
     let mut total = Stats::default();
     let mut data = Vec::new();
     for _ in 0..cases {
-        let len = 8 + (next() % 512) as usize;
+        let len = 8 + rng.below(512) as usize;
         data.clear();
         while data.len() < len {
-            data.extend_from_slice(&next().to_le_bytes());
+            data.extend_from_slice(&rng.next_u64().to_le_bytes());
         }
         data.truncate(len);
         let s = run(&data);

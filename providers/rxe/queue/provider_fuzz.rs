@@ -17,13 +17,13 @@
 
 use super::super::abi::{CreateQpResp, CreateSrqResp, MmInfo, ModifySrqCmd};
 use super::super::{cq, qp, srq, RxeContext};
-use super::hostile::Rng;
 use super::off;
 use crate::attr::QpCap;
 use crate::attr::QpType;
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, WrReject};
 use crate::provider::{CqCreated, CqRing, QpCreated, QpQueues, QpRequest, SrqCreated, SrqQueue};
+use crate::testing::Rng;
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};
 use std::fs::File;
@@ -98,7 +98,7 @@ impl Fake {
         Self {
             file,
             ctx: RxeContext { file: Arc::new(dev) },
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             next_region: 0,
         }
     }
@@ -114,7 +114,7 @@ impl Fake {
     }
 
     fn garbage(&mut self, at: u64, len: usize) {
-        let bytes: Vec<u8> = (0..len).map(|_| self.rng.next() as u8).collect();
+        let bytes: Vec<u8> = (0..len).map(|_| self.rng.next_u64() as u8).collect();
         self.file.write_all_at(&bytes, at).unwrap();
     }
 
@@ -128,14 +128,14 @@ impl Fake {
         let log2 = if honest {
             (min_elem.max(1).next_power_of_two().trailing_zeros() + r.below(2) as u32).min(14)
         } else if r.chance(20) {
-            r.next() as u32
+            r.next_u64() as u32
         } else {
             r.below(16) as u32
         };
         let mask = if honest || r.chance(50) {
             (1u32 << r.below(9)) - 1
         } else {
-            r.next() as u32 >> r.below(32)
+            r.next_u64() as u32 >> r.below(32)
         };
         let needed = off::DATA as u64 + ((u64::from(mask) + 1) << log2.min(40));
         let len = if honest && r.chance(90) {
@@ -147,8 +147,8 @@ impl Fake {
         let at = region + misalign;
         // Now and then a cookie no mapping can have: the mapping itself fails.
         let cookie = if r.chance(3) { u64::MAX - r.below(1 << 20) } else { at };
-        let prod = if r.chance(20) { r.next() as u32 } else { 0 };
-        let cons = if r.chance(20) { r.next() as u32 } else { 0 };
+        let prod = if r.chance(20) { r.next_u64() as u32 } else { 0 };
+        let cons = if r.chance(20) { r.next_u64() as u32 } else { 0 };
         let header_len = (off::DATA as u64).min(len) as usize;
         self.garbage(at, header_len); // the padding between the words is not read
         for (o, v) in [
@@ -204,7 +204,7 @@ fn cq_case(f: &mut Fake, stats: &mut Stats) {
                 f.garbage(ring.at + off::DATA as u64, n);
             }
             1 => {
-                let v = f.rng.next() as u32;
+                let v = f.rng.next_u64() as u32;
                 f.put_u32(ring.at + off::PRODUCER_INDEX as u64, v);
                 stats.hostile_index_writes += 1;
             }
@@ -295,7 +295,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
         if r.chance(85) {
             r.below(sane + 1) as u32
         } else {
-            r.next() as u32 >> r.below(32)
+            r.next_u64() as u32 >> r.below(32)
         }
     };
     let cap = QpCap {
@@ -337,12 +337,12 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
     for _ in 0..f.rng.below(32) {
         match f.rng.below(5) {
             0 => {
-                let v = f.rng.next() as u32;
+                let v = f.rng.next_u64() as u32;
                 f.put_u32(sq.at + off::CONSUMER_INDEX as u64, v);
                 stats.hostile_index_writes += 1;
             }
             1 => {
-                let v = f.rng.next() as u32;
+                let v = f.rng.next_u64() as u32;
                 f.put_u32(rq.at + off::CONSUMER_INDEX as u64, v);
                 stats.hostile_index_writes += 1;
             }
@@ -515,7 +515,7 @@ fn srq_case(f: &mut Fake, stats: &mut Stats) {
     let max_sge = if f.rng.chance(85) {
         f.rng.below(5) as u32
     } else {
-        f.rng.next() as u32
+        f.rng.next_u64() as u32
     };
     let (mi, mut ring) = f.ring((40 + max_sge as usize * 16).min(1 << 14));
     let resp = CreateSrqResp {
@@ -541,7 +541,7 @@ fn srq_case(f: &mut Fake, stats: &mut Stats) {
     for _ in 0..f.rng.below(24) {
         match f.rng.below(4) {
             0 => {
-                let v = f.rng.next() as u32;
+                let v = f.rng.next_u64() as u32;
                 f.put_u32(ring.at + off::CONSUMER_INDEX as u64, v);
                 stats.hostile_index_writes += 1;
             }

@@ -16,7 +16,6 @@
 //! With `UVERBS_REPLAY_TRACE` set, the replayed drain also writes a line to stderr as each
 //! block ends: `replay <impl> <workload> <batch> <ns per completion>`.
 
-#[path = "verbs/replay.rs"]
 mod replay;
 
 use replay::{Floor, Ring};
