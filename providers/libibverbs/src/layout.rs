@@ -21,7 +21,7 @@ fn matches_verbs_h() {
         c.push_str(&format!("    printf(\"%zu\\n\", (size_t)({expr}));\n"));
     }
     c.push_str("    return 0;\n}\n");
-    let dir = std::env::temp_dir().join(format!("uverbs-rxe-layout-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("uverbs-libibverbs-layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("layout.c");
     let exe = dir.join("layout");
