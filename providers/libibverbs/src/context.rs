@@ -5,7 +5,7 @@ use crate::abi::{
     verbs_context, verbs_context_ops, verbs_device,
 };
 use crate::device::{self, DRIVER_ID_RXE};
-use crate::{ffi, libibverbs, verbs};
+use crate::{ah, cq, ffi, libibverbs, mr, pd, qp, srq};
 use libc::{c_int, c_void, size_t};
 use std::mem::{offset_of, size_of};
 use std::os::fd::{BorrowedFd, IntoRawFd};
@@ -44,29 +44,29 @@ static OPS: verbs_context_ops = verbs_context_ops {
     query_device_ex: Some(query_device_ex),
     query_port: Some(query_port),
     free_context: Some(free_context),
-    alloc_pd: Some(verbs::alloc_pd),
-    dealloc_pd: Some(verbs::dealloc_pd),
-    reg_mr: Some(verbs::reg_mr),
-    dereg_mr: Some(verbs::dereg_mr),
-    create_cq: Some(verbs::create_cq),
-    poll_cq: Some(verbs::poll_cq),
-    req_notify_cq: Some(verbs::req_notify_cq),
-    resize_cq: Some(verbs::resize_cq),
-    destroy_cq: Some(verbs::destroy_cq),
-    create_qp: Some(verbs::create_qp),
-    create_qp_ex: Some(verbs::create_qp_ex),
-    query_qp: Some(verbs::query_qp),
-    modify_qp: Some(verbs::modify_qp),
-    destroy_qp: Some(verbs::destroy_qp),
-    post_send: Some(verbs::post_send),
-    post_recv: Some(verbs::post_recv),
-    create_ah: Some(verbs::create_ah),
-    destroy_ah: Some(verbs::destroy_ah),
-    create_srq: Some(verbs::create_srq),
-    modify_srq: Some(verbs::modify_srq),
-    query_srq: Some(verbs::query_srq),
-    destroy_srq: Some(verbs::destroy_srq),
-    post_srq_recv: Some(verbs::post_srq_recv),
+    alloc_pd: Some(pd::alloc_pd),
+    dealloc_pd: Some(pd::dealloc_pd),
+    reg_mr: Some(mr::reg_mr),
+    dereg_mr: Some(mr::dereg_mr),
+    create_cq: Some(cq::create_cq),
+    poll_cq: Some(cq::poll_cq),
+    req_notify_cq: Some(cq::req_notify_cq),
+    resize_cq: Some(cq::resize_cq),
+    destroy_cq: Some(cq::destroy_cq),
+    create_qp: Some(qp::create_qp),
+    create_qp_ex: Some(qp::create_qp_ex),
+    query_qp: Some(qp::query_qp),
+    modify_qp: Some(qp::modify_qp),
+    destroy_qp: Some(qp::destroy_qp),
+    post_send: Some(qp::post_send),
+    post_recv: Some(qp::post_recv),
+    create_ah: Some(ah::create_ah),
+    destroy_ah: Some(ah::destroy_ah),
+    create_srq: Some(srq::create_srq),
+    modify_srq: Some(srq::modify_srq),
+    query_srq: Some(srq::query_srq),
+    destroy_srq: Some(srq::destroy_srq),
+    post_srq_recv: Some(srq::post_srq_recv),
     ..verbs_context_ops::EMPTY
 };
 
