@@ -55,6 +55,7 @@ pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Mr};
 pub use pd::Pd;
+pub use providers::providers;
 pub use qp::{Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
