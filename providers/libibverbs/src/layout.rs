@@ -53,8 +53,3 @@ fn matches_verbs_h() {
         .collect();
     assert!(wrong.is_empty(), "layout mismatches:\n{}", wrong.join("\n"));
 }
-
-#[test]
-fn name_match_is_the_c_providers() {
-    assert_eq!(crate::device::name_modalias().to_str().unwrap(), "rdma_device:*Nrxe*");
-}

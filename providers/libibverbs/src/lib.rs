@@ -8,11 +8,13 @@
 //!
 //! - A constructor in `.init_array` runs when libibverbs `dlopen`s the library. It looks up
 //!   the four libibverbs entry points it needs at symbol version `IBVERBS_PRIVATE_34`
-//!   ([`libibverbs`]) and registers [`device::DEVICE_OPS`] with `verbs_register_driver_34`.
-//!   On a libibverbs with another provider ABI it prints why and registers nothing.
-//! - libibverbs matches rxe devices to it by kernel driver id (or name, as the C provider)
+//!   ([`libibverbs`]) and registers, with `verbs_register_driver_34`, one driver per
+//!   provider of the `uverbs` core it fronts ([`device::FRONTENDS`]: rxe today), each with a
+//!   match table made from the core provider's kernel driver id ([`uverbs::providers`]). On a
+//!   libibverbs with another provider ABI it prints why and registers nothing.
+//! - libibverbs matches devices to a driver by kernel driver id (or name, as the C provider)
 //!   and calls `alloc_context` with the device fd it opened; [`context`] builds a
-//!   `uverbs::Context` on that fd and installs the op table.
+//!   `uverbs::Context` on that fd, which picks the core provider, and installs the op table.
 //! - Every op converts the C arguments, calls the `uverbs` API and converts back, one module
 //!   per object kind as in the core: [`pd`], [`mr`], [`cq`], [`qp`], [`srq`], [`ah`], with
 //!   work requests in [`wr`] and what events ask of every object in [`event`]. No op can
@@ -65,15 +67,27 @@ extern "C" fn on_load() {
     ffi::guard("load", (), || {
         match libibverbs::resolve() {
             Ok(imports) => {
-                // SAFETY: DEVICE_OPS is a 'static table of the layout driver.h v44 defines,
-                // and libibverbs keeps only the pointer.
-                unsafe { (imports.register_driver)(&device::DEVICE_OPS.0) };
-                ffi::verbose(format_args!(
-                    "loaded: Rust rxe provider (uverbs {}) registered with libibverbs as driver \
-                     \"uverbs_rxe\" ({})",
-                    env!("CARGO_PKG_VERSION"),
-                    libibverbs::PABI_VERSION.to_string_lossy()
-                ));
+                for frontend in device::FRONTENDS {
+                    let Some(ops) = device::device_ops(frontend) else {
+                        ffi::warn(format_args!(
+                            "not registering driver \"{}\": the uverbs core has no {} provider",
+                            frontend.driver.to_string_lossy(),
+                            frontend.core
+                        ));
+                        continue;
+                    };
+                    // SAFETY: `ops` is a never-freed table of the layout driver.h v44 defines,
+                    // and libibverbs keeps only the pointer.
+                    unsafe { (imports.register_driver)(ops) };
+                    ffi::verbose(format_args!(
+                        "loaded: Rust {} provider (uverbs {}) registered with libibverbs as driver \
+                         \"{}\" ({})",
+                        frontend.core,
+                        env!("CARGO_PKG_VERSION"),
+                        frontend.driver.to_string_lossy(),
+                        libibverbs::PABI_VERSION.to_string_lossy()
+                    ));
+                }
             }
             Err(why) => ffi::warn(format_args!("not registering: {why}")),
         }
