@@ -45,8 +45,8 @@ mod wr;
 
 pub use ah::Ah;
 pub use attr::{
-    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpCap,
-    QpState, QpType, Transport,
+    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpAttrMask,
+    QpCap, QpState, QpType, SrqAttrMask, Transport,
 };
 pub use context::{open, Context, Gid};
 pub use cq::{Batch, Cq, CqInit, EventsReported};
@@ -59,4 +59,4 @@ pub use providers::providers;
 pub use qp::{Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
