@@ -3,7 +3,7 @@
 
 use crate::abi::{
     ibv_ah_attr, ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_recv_wr,
-    ibv_send_wr, qp_attr_mask as m, qp_init_attr_mask, verbs_qp,
+    ibv_send_wr, qp_init_attr_mask, verbs_qp,
 };
 use crate::ah::{ah_from, ah_to, Ah};
 use crate::cq::{cq_ref, Cq};
@@ -16,7 +16,7 @@ use crate::wr::{batch_room, filled, nth, post_recv_list, send_op, sges, BATCH};
 use libc::c_int;
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
-use uverbs::{AccessFlags, Mtu, QpAttr, QpState, QpType, SendFlags, SendWr};
+use uverbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
 
 /// A QP: `verbs_qp`, then the `uverbs` QP and the objects whose use counts it holds.
 #[repr(C)]
@@ -35,15 +35,6 @@ pub struct Qp {
 unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
     // SAFETY: `ibv_qp` is at the start of `verbs_qp`, the first field of a boxed `Qp`.
     unsafe { &*qp.cast::<Qp>() }
-}
-
-fn qp_type_from(t: c_int) -> Option<QpType> {
-    match t {
-        2 => Some(QpType::Rc),
-        3 => Some(QpType::Uc),
-        4 => Some(QpType::Ud),
-        _ => None,
-    }
 }
 
 pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
@@ -90,7 +81,7 @@ pub unsafe extern "C" fn create_qp_ex(_ibctx: *mut ibv_context, attr: *mut ibv_q
 unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut ibv_qp {
     // SAFETY: per the contract.
     let p = unsafe { pd_ref(pd) };
-    let Some(qp_type) = qp_type_from(attr.qp_type) else {
+    let Some(qp_type) = u8::try_from(attr.qp_type).ok().and_then(QpType::from_raw) else {
         return ffi::refuse_null("create_qp", libc::EOPNOTSUPP, &format!("QP type {}", attr.qp_type));
     };
     if attr.send_cq.is_null() || attr.recv_cq.is_null() {
@@ -210,42 +201,37 @@ pub unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-fn state_from(v: c_int) -> Option<QpState> {
-    Some(match v {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        6 => QpState::Err,
-        _ => return None,
-    })
-}
-
 /// The attributes `mask` selects, or the mask bits uverbs cannot express.
 fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, String> {
-    let unsupported = m::ALT_PATH | m::PATH_MIG_STATE | m::CAP | m::RATE_LIMIT;
-    let known = ((1 << 21) - 1) | m::RATE_LIMIT;
-    if mask & unsupported != 0 || mask & !known != 0 {
+    // `enum ibv_qp_attr_mask` is an int of bits; any bit pattern is a mask.
+    let mask = QpAttrMask::from_bits_retain(mask as u32);
+    let expressible = QpAttrMask::all()
+        - (QpAttrMask::ALT_PATH | QpAttrMask::PATH_MIG_STATE | QpAttrMask::CAP | QpAttrMask::RATE_LIMIT);
+    let refused = mask.difference(expressible);
+    if !refused.is_empty() {
         return Err(format!(
             "attribute mask bits {:#x} (alternate path, migration state, caps and rate limit \
              are not supported)",
-            mask & (unsupported | !known)
+            refused.bits()
         ));
     }
-    let has = |bit: c_int| mask & bit != 0;
-    let state = |v: c_int| state_from(v).ok_or_else(|| format!("QP state {v}"));
+    let has = |bit: QpAttrMask| mask.contains(bit);
+    let state = |v: c_int| {
+        u8::try_from(v)
+            .ok()
+            .and_then(QpState::from_raw)
+            .ok_or_else(|| format!("QP state {v}"))
+    };
     Ok(QpAttr {
-        state: has(m::STATE).then(|| state(a.qp_state)).transpose()?,
-        cur_state: has(m::CUR_STATE).then(|| state(a.cur_qp_state)).transpose()?,
-        en_sqd_async_notify: has(m::EN_SQD_ASYNC_NOTIFY).then_some(a.en_sqd_async_notify != 0),
-        access: has(m::ACCESS_FLAGS).then_some(AccessFlags::from_bits_retain(a.qp_access_flags)),
-        pkey_index: has(m::PKEY_INDEX).then_some(a.pkey_index),
-        port_num: has(m::PORT).then_some(a.port_num),
-        qkey: has(m::QKEY).then_some(a.qkey),
-        ah: has(m::AV).then(|| ah_from(&a.ah_attr)),
-        path_mtu: has(m::PATH_MTU)
+        state: has(QpAttrMask::STATE).then(|| state(a.qp_state)).transpose()?,
+        cur_state: has(QpAttrMask::CUR_STATE).then(|| state(a.cur_qp_state)).transpose()?,
+        en_sqd_async_notify: has(QpAttrMask::EN_SQD_ASYNC_NOTIFY).then_some(a.en_sqd_async_notify != 0),
+        access: has(QpAttrMask::ACCESS_FLAGS).then_some(AccessFlags::from_bits_retain(a.qp_access_flags)),
+        pkey_index: has(QpAttrMask::PKEY_INDEX).then_some(a.pkey_index),
+        port_num: has(QpAttrMask::PORT).then_some(a.port_num),
+        qkey: has(QpAttrMask::QKEY).then_some(a.qkey),
+        ah: has(QpAttrMask::AV).then(|| ah_from(&a.ah_attr)),
+        path_mtu: has(QpAttrMask::PATH_MTU)
             .then(|| {
                 u8::try_from(a.path_mtu)
                     .ok()
@@ -253,15 +239,15 @@ fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, String> {
                     .ok_or_else(|| format!("path MTU {}", a.path_mtu))
             })
             .transpose()?,
-        timeout: has(m::TIMEOUT).then_some(a.timeout),
-        retry_cnt: has(m::RETRY_CNT).then_some(a.retry_cnt),
-        rnr_retry: has(m::RNR_RETRY).then_some(a.rnr_retry),
-        rq_psn: has(m::RQ_PSN).then_some(a.rq_psn),
-        max_rd_atomic: has(m::MAX_QP_RD_ATOMIC).then_some(a.max_rd_atomic),
-        min_rnr_timer: has(m::MIN_RNR_TIMER).then_some(a.min_rnr_timer),
-        sq_psn: has(m::SQ_PSN).then_some(a.sq_psn),
-        max_dest_rd_atomic: has(m::MAX_DEST_RD_ATOMIC).then_some(a.max_dest_rd_atomic),
-        dest_qpn: has(m::DEST_QPN).then_some(a.dest_qp_num),
+        timeout: has(QpAttrMask::TIMEOUT).then_some(a.timeout),
+        retry_cnt: has(QpAttrMask::RETRY_CNT).then_some(a.retry_cnt),
+        rnr_retry: has(QpAttrMask::RNR_RETRY).then_some(a.rnr_retry),
+        rq_psn: has(QpAttrMask::RQ_PSN).then_some(a.rq_psn),
+        max_rd_atomic: has(QpAttrMask::MAX_QP_RD_ATOMIC).then_some(a.max_rd_atomic),
+        min_rnr_timer: has(QpAttrMask::MIN_RNR_TIMER).then_some(a.min_rnr_timer),
+        sq_psn: has(QpAttrMask::SQ_PSN).then_some(a.sq_psn),
+        max_dest_rd_atomic: has(QpAttrMask::MAX_DEST_RD_ATOMIC).then_some(a.max_dest_rd_atomic),
+        dest_qpn: has(QpAttrMask::DEST_QPN).then_some(a.dest_qp_num),
     })
 }
 

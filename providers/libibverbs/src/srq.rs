@@ -1,7 +1,7 @@
 //! Shared receive queues: `create_srq`, `modify_srq`, `query_srq`, `destroy_srq`,
 //! `post_srq_recv`.
 
-use crate::abi::{ibv_pd, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, srq_attr_mask};
+use crate::abi::{ibv_pd, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 use crate::event::{destroy_core, wait_for_acks, Slot};
 use crate::ffi;
 use crate::pd::{pd_ref, Pd};
@@ -10,6 +10,7 @@ use crate::wr::post_recv_list;
 use libc::c_int;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use uverbs::SrqAttrMask;
 
 /// An SRQ: `ibv_srq` (libibverbs fills context, srq_context, pd, mutex and cond after
 /// `create_srq`), then the `uverbs` SRQ, its PD, and how many QPs use it.
@@ -67,16 +68,17 @@ pub unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, 
     ffi::guard("modify_srq", libc::EIO, || {
         // SAFETY: libibverbs passes one of our SRQs and the caller's attributes.
         let (s, a) = unsafe { (srq_ref(srq), &*attr) };
-        if mask & !(srq_attr_mask::MAX_WR | srq_attr_mask::LIMIT) != 0 {
+        // `enum ibv_srq_attr_mask` bits; unknown ones are refused.
+        let Some(mask) = SrqAttrMask::from_bits(mask as u32) else {
             return libc::EINVAL;
-        }
+        };
         let mut q = s.srq.lock();
-        if mask & srq_attr_mask::MAX_WR != 0 {
+        if mask.contains(SrqAttrMask::MAX_WR) {
             if let Err(e) = q.resize(a.max_wr) {
                 return ffi::fail("modify_srq", &e);
             }
         }
-        if mask & srq_attr_mask::LIMIT != 0 {
+        if mask.contains(SrqAttrMask::LIMIT) {
             if let Err(e) = q.arm_limit(a.srq_limit) {
                 return ffi::fail("modify_srq", &e);
             }

@@ -1,11 +1,11 @@
 //! Work requests: C scatter/gather lists, send opcodes and receive lists as the `uverbs`
 //! types, in batches that neither allocate nor clear.
 
-use crate::abi::{ibv_recv_wr, ibv_send_wr, ibv_sge, wr_opcode};
+use crate::abi::{ibv_recv_wr, ibv_send_wr, ibv_sge};
 use crate::ffi;
 use libc::c_int;
 use std::mem::MaybeUninit;
-use uverbs::{RecvWr, Remote, SendOp};
+use uverbs::{RecvWr, Remote, SendOp, WrOpcode};
 
 /// The scatter/gather list of a C work request.
 ///
@@ -39,18 +39,19 @@ pub(crate) fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
         addr: atomic.remote_addr,
         rkey: atomic.rkey,
     };
-    Some(match wr.opcode {
-        wr_opcode::RDMA_WRITE => SendOp::RdmaWrite(rdma()),
-        wr_opcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), wr.imm_data),
-        wr_opcode::SEND => SendOp::Send,
-        wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm { imm_data: wr.imm_data },
-        wr_opcode::RDMA_READ => SendOp::RdmaRead(rdma()),
-        wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+    // Negative opcodes become values no `WrOpcode` has.
+    Some(match WrOpcode(wr.opcode as u32) {
+        WrOpcode::RDMA_WRITE => SendOp::RdmaWrite(rdma()),
+        WrOpcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), wr.imm_data),
+        WrOpcode::SEND => SendOp::Send,
+        WrOpcode::SEND_WITH_IMM => SendOp::SendWithImm { imm_data: wr.imm_data },
+        WrOpcode::RDMA_READ => SendOp::RdmaRead(rdma()),
+        WrOpcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
             remote: aremote,
             compare: atomic.compare_add,
             swap: atomic.swap,
         },
-        wr_opcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+        WrOpcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
             remote: aremote,
             add: atomic.compare_add,
         },
