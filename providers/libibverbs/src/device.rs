@@ -28,7 +28,7 @@ pub static FRONTENDS: &[Frontend] = &[Frontend {
     core: "rxe",
     driver: c"uverbs_rxe",
     name_modalias: c"rdma_device:*Nrxe*",
-    // 1 and 2 are the same on 64-bit machines.
+    // rxe's per-device uverbs ABI: 1 and 2 are the same on 64-bit machines.
     abi_versions: 1..=2,
     fw_ver: |raw| format!("{}.{}.{}", (raw >> 32) & 0xffff, (raw >> 16) & 0xffff, raw & 0xffff),
 }];
@@ -36,7 +36,9 @@ pub static FRONTENDS: &[Frontend] = &[Frontend {
 /// What a match table entry's `driver_data` points at: the frontend a device matched, and its
 /// core provider's kernel driver id.
 pub struct Matched {
+    /// The entry the table was made from.
     pub frontend: &'static Frontend,
+    /// `enum rdma_driver_id`, from the core provider.
     pub driver_id: u32,
 }
 
