@@ -15,6 +15,13 @@ pub use rxe::hostile;
 /// Every provider compiled in, asked in order.
 static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe];
 
+/// Every provider compiled into this build, in the order [`crate::open`] asks them. For front
+/// ends over the public API that must name devices' providers themselves (the drop-in
+/// libibverbs provider registers a match table per provider, by name and kernel driver id).
+pub fn providers() -> &'static [&'static dyn Provider] {
+    PROVIDERS
+}
+
 /// The provider that drives `device`.
 pub(crate) fn find(device: &DeviceInfo) -> Result<&'static dyn Provider> {
     PROVIDERS

@@ -17,6 +17,18 @@ pub enum QpType {
     Ud = 4,
 }
 
+impl QpType {
+    /// From the verbs encoding (2..=4); `None` for anything else.
+    pub fn from_raw(v: u8) -> Option<Self> {
+        Some(match v {
+            2 => Self::Rc,
+            3 => Self::Uc,
+            4 => Self::Ud,
+            _ => return None,
+        })
+    }
+}
+
 /// QP state (`enum ibv_qp_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
@@ -50,6 +62,70 @@ impl QpState {
             6 => Self::Err,
             _ => return None,
         })
+    }
+}
+
+bitflags::bitflags! {
+    /// Which attributes a QP modify or query names: `enum ibv_qp_attr_mask`, the same bits as
+    /// the kernel's `enum ib_qp_attr_mask` that MODIFY_QP and QUERY_QP carry.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct QpAttrMask: u32 {
+        /// `qp_state`.
+        const STATE = 1;
+        /// `cur_qp_state`.
+        const CUR_STATE = 1 << 1;
+        /// `en_sqd_async_notify`.
+        const EN_SQD_ASYNC_NOTIFY = 1 << 2;
+        /// `qp_access_flags`.
+        const ACCESS_FLAGS = 1 << 3;
+        /// `pkey_index`.
+        const PKEY_INDEX = 1 << 4;
+        /// `port_num`.
+        const PORT = 1 << 5;
+        /// `qkey`.
+        const QKEY = 1 << 6;
+        /// `ah_attr`, the primary path.
+        const AV = 1 << 7;
+        /// `path_mtu`.
+        const PATH_MTU = 1 << 8;
+        /// `timeout`.
+        const TIMEOUT = 1 << 9;
+        /// `retry_cnt`.
+        const RETRY_CNT = 1 << 10;
+        /// `rnr_retry`.
+        const RNR_RETRY = 1 << 11;
+        /// `rq_psn`.
+        const RQ_PSN = 1 << 12;
+        /// `max_rd_atomic`.
+        const MAX_QP_RD_ATOMIC = 1 << 13;
+        /// `alt_ah_attr`, `alt_pkey_index`, `alt_port_num`, `alt_timeout`: the alternate path.
+        const ALT_PATH = 1 << 14;
+        /// `min_rnr_timer`.
+        const MIN_RNR_TIMER = 1 << 15;
+        /// `sq_psn`.
+        const SQ_PSN = 1 << 16;
+        /// `max_dest_rd_atomic`.
+        const MAX_DEST_RD_ATOMIC = 1 << 17;
+        /// `path_mig_state`.
+        const PATH_MIG_STATE = 1 << 18;
+        /// `cap`.
+        const CAP = 1 << 19;
+        /// `dest_qp_num`.
+        const DEST_QPN = 1 << 20;
+        /// `rate_limit`.
+        const RATE_LIMIT = 1 << 25;
+    }
+}
+
+bitflags::bitflags! {
+    /// Which attributes an SRQ modify names: `enum ibv_srq_attr_mask`, the same bits as the
+    /// kernel's `enum ib_srq_attr_mask` that MODIFY_SRQ carries.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SrqAttrMask: u32 {
+        /// `max_wr`: resize.
+        const MAX_WR = 1;
+        /// `srq_limit`: arm the limit event.
+        const LIMIT = 1 << 1;
     }
 }
 

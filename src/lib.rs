@@ -53,8 +53,8 @@ mod wr;
 
 pub use ah::Ah;
 pub use attr::{
-    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpCap,
-    QpState, QpType, Transport,
+    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpAttrMask,
+    QpCap, QpState, QpType, SrqAttrMask, Transport,
 };
 pub use batch::Batch;
 pub use context::{open, Context, Gid};
@@ -64,7 +64,8 @@ pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Mr};
 pub use pd::Pd;
+pub use providers::providers;
 pub use qp::{Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};

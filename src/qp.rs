@@ -1,6 +1,6 @@
 //! Queue pairs: creation, the state machine (modify/query) and posting.
 
-use crate::attr::{AhAttr, GlobalRoute, Mtu, QpCap, QpState, QpType};
+use crate::attr::{AhAttr, GlobalRoute, Mtu, QpAttrMask, QpCap, QpState, QpType};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
@@ -78,7 +78,7 @@ fn dest_from_abi(d: &QpDest) -> AhAttr {
     }
 }
 
-/// QP attributes for `modify`: each `Some` field is set, and sets its `IBV_QP_*` mask bit, so
+/// QP attributes for `modify`: each `Some` field is set, and sets its [`QpAttrMask`] bit, so
 /// the mask can never disagree with the values.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QpAttr {
@@ -120,59 +120,35 @@ pub struct QpAttr {
     pub dest_qpn: Option<u32>,
 }
 
-/// `enum ibv_qp_attr_mask` bits.
-mod mask {
-    pub const STATE: u32 = 1;
-    pub const CUR_STATE: u32 = 1 << 1;
-    pub const EN_SQD_ASYNC_NOTIFY: u32 = 1 << 2;
-    pub const ACCESS_FLAGS: u32 = 1 << 3;
-    pub const PKEY_INDEX: u32 = 1 << 4;
-    pub const PORT: u32 = 1 << 5;
-    pub const QKEY: u32 = 1 << 6;
-    pub const AV: u32 = 1 << 7;
-    pub const PATH_MTU: u32 = 1 << 8;
-    pub const TIMEOUT: u32 = 1 << 9;
-    pub const RETRY_CNT: u32 = 1 << 10;
-    pub const RNR_RETRY: u32 = 1 << 11;
-    pub const RQ_PSN: u32 = 1 << 12;
-    pub const MAX_QP_RD_ATOMIC: u32 = 1 << 13;
-    pub const MIN_RNR_TIMER: u32 = 1 << 15;
-    pub const SQ_PSN: u32 = 1 << 16;
-    pub const MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
-    pub const DEST_QPN: u32 = 1 << 20;
-    /// Everything QUERY_QP can report.
-    pub const ALL: u32 = (1 << 21) - 1;
-}
-
 impl QpAttr {
     fn to_abi(&self, qp_handle: u32) -> ModifyQp {
         let mut m = ModifyQp {
             qp_handle,
             ..Default::default()
         };
-        let mut set = |bit: u32, present: bool| {
+        let mut set = |bit: QpAttrMask, present: bool| {
             if present {
-                m.attr_mask |= bit;
+                m.attr_mask |= bit.bits();
             }
         };
-        set(mask::STATE, self.state.is_some());
-        set(mask::CUR_STATE, self.cur_state.is_some());
-        set(mask::EN_SQD_ASYNC_NOTIFY, self.en_sqd_async_notify.is_some());
-        set(mask::ACCESS_FLAGS, self.access.is_some());
-        set(mask::PKEY_INDEX, self.pkey_index.is_some());
-        set(mask::PORT, self.port_num.is_some());
-        set(mask::QKEY, self.qkey.is_some());
-        set(mask::AV, self.ah.is_some());
-        set(mask::PATH_MTU, self.path_mtu.is_some());
-        set(mask::TIMEOUT, self.timeout.is_some());
-        set(mask::RETRY_CNT, self.retry_cnt.is_some());
-        set(mask::RNR_RETRY, self.rnr_retry.is_some());
-        set(mask::RQ_PSN, self.rq_psn.is_some());
-        set(mask::MAX_QP_RD_ATOMIC, self.max_rd_atomic.is_some());
-        set(mask::MIN_RNR_TIMER, self.min_rnr_timer.is_some());
-        set(mask::SQ_PSN, self.sq_psn.is_some());
-        set(mask::MAX_DEST_RD_ATOMIC, self.max_dest_rd_atomic.is_some());
-        set(mask::DEST_QPN, self.dest_qpn.is_some());
+        set(QpAttrMask::STATE, self.state.is_some());
+        set(QpAttrMask::CUR_STATE, self.cur_state.is_some());
+        set(QpAttrMask::EN_SQD_ASYNC_NOTIFY, self.en_sqd_async_notify.is_some());
+        set(QpAttrMask::ACCESS_FLAGS, self.access.is_some());
+        set(QpAttrMask::PKEY_INDEX, self.pkey_index.is_some());
+        set(QpAttrMask::PORT, self.port_num.is_some());
+        set(QpAttrMask::QKEY, self.qkey.is_some());
+        set(QpAttrMask::AV, self.ah.is_some());
+        set(QpAttrMask::PATH_MTU, self.path_mtu.is_some());
+        set(QpAttrMask::TIMEOUT, self.timeout.is_some());
+        set(QpAttrMask::RETRY_CNT, self.retry_cnt.is_some());
+        set(QpAttrMask::RNR_RETRY, self.rnr_retry.is_some());
+        set(QpAttrMask::RQ_PSN, self.rq_psn.is_some());
+        set(QpAttrMask::MAX_QP_RD_ATOMIC, self.max_rd_atomic.is_some());
+        set(QpAttrMask::MIN_RNR_TIMER, self.min_rnr_timer.is_some());
+        set(QpAttrMask::SQ_PSN, self.sq_psn.is_some());
+        set(QpAttrMask::MAX_DEST_RD_ATOMIC, self.max_dest_rd_atomic.is_some());
+        set(QpAttrMask::DEST_QPN, self.dest_qpn.is_some());
         m.qp_state = self.state.map_or(0, |s| s as u8);
         m.cur_qp_state = self.cur_state.map_or(0, |s| s as u8);
         m.en_sqd_async_notify = self.en_sqd_async_notify.map_or(0, u8::from);
@@ -412,7 +388,8 @@ impl Qp {
         let req = QueryQp {
             response: 0,
             qp_handle: self.handle,
-            attr_mask: mask::ALL,
+            // Everything QUERY_QP can report.
+            attr_mask: QpAttrMask::all().difference(QpAttrMask::RATE_LIMIT).bits(),
         };
         let r: QueryQpResp = self.ctx().write_cmd("QUERY_QP", abi::cmd::QUERY_QP, &req)?;
         let state = qp_state(r.qp_state)?;

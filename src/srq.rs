@@ -1,5 +1,6 @@
 //! Shared receive queues.
 
+use crate::attr::SrqAttrMask;
 use crate::context::ContextInner;
 use crate::cq::EventsReported;
 use crate::error::{Error, Result};
@@ -20,9 +21,6 @@ const METHOD_SRQ_CREATE: u16 = 0;
 const METHOD_SRQ_DESTROY: u16 = 1;
 /// `IB_SRQT_BASIC`.
 const SRQ_TYPE_BASIC: u64 = 0;
-/// `enum ibv_srq_attr_mask`.
-const SRQ_MAX_WR: u32 = 1;
-const SRQ_LIMIT: u32 = 2;
 
 /// How to create an SRQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,28 +197,29 @@ impl Srq {
     /// Arms the limit: when fewer than `limit` receives remain, the device raises one
     /// `SRQ_LIMIT_REACHED` async event and disarms.
     pub fn arm_limit(&mut self, limit: u32) -> Result<()> {
-        self.modify(SRQ_LIMIT, 0, limit)
+        self.modify(SrqAttrMask::LIMIT, 0, limit)
     }
 
     /// Grows the SRQ to at least `max_wr` receives, keeping those posted.
     pub fn resize(&mut self, max_wr: u32) -> Result<()> {
-        self.modify(SRQ_MAX_WR, max_wr, 0)?;
+        self.modify(SrqAttrMask::MAX_WR, max_wr, 0)?;
         self.max_wr = self.query()?.max_wr;
         Ok(())
     }
 
-    fn modify(&mut self, attr_mask: u32, max_wr: u32, srq_limit: u32) -> Result<()> {
+    fn modify(&mut self, attr_mask: SrqAttrMask, max_wr: u32, srq_limit: u32) -> Result<()> {
         self.owner.check("MODIFY_SRQ")?;
         let ctx = self.inner.pd.ctx.clone();
         let req = ModifySrq {
             srq_handle: self.inner.handle,
-            attr_mask,
+            attr_mask: attr_mask.bits(),
             max_wr,
             srq_limit,
         };
-        self.queue.modify(attr_mask & SRQ_MAX_WR != 0, &mut |drv_in| {
-            cmd::execute_plain::<_, ()>(ctx.fd(), "MODIFY_SRQ", abi::cmd::MODIFY_SRQ, &req, drv_in, &mut [])
-        })
+        self.queue
+            .modify(attr_mask.contains(SrqAttrMask::MAX_WR), &mut |drv_in| {
+                cmd::execute_plain::<_, ()>(ctx.fd(), "MODIFY_SRQ", abi::cmd::MODIFY_SRQ, &req, drv_in, &mut [])
+            })
     }
 
     /// Reads the attributes back (QUERY_SRQ).

@@ -2,6 +2,7 @@
 
 use crate::attr::QpType;
 use crate::error::WrReject;
+use crate::open_enum::open_enum;
 use crate::sys::assert_layout;
 use std::marker::PhantomData;
 
@@ -43,6 +44,15 @@ pub struct Remote {
     pub rkey: u32,
 }
 
+open_enum! {
+    /// `enum ibv_wr_opcode`, as far as [`SendOp`] goes: the same values as the kernel's
+    /// `enum ib_uverbs_wr_opcode` (the two part from 11 on).
+    WrOpcode {
+        RDMA_WRITE = 0, RDMA_WRITE_WITH_IMM = 1, SEND = 2, SEND_WITH_IMM = 3, RDMA_READ = 4,
+        ATOMIC_CMP_AND_SWP = 5, ATOMIC_FETCH_AND_ADD = 6,
+    }
+}
+
 /// What a send work request does. Immediate data is in network byte order, as in C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -79,17 +89,18 @@ pub enum SendOp {
 }
 
 impl SendOp {
-    /// The `enum ibv_wr_opcode` value.
+    /// The `enum ibv_wr_opcode` value ([`WrOpcode`]).
     pub fn wr_opcode(&self) -> u32 {
-        match self {
-            Self::RdmaWrite(_) => 0,
-            Self::RdmaWriteWithImm(..) => 1,
-            Self::Send => 2,
-            Self::SendWithImm { .. } => 3,
-            Self::RdmaRead(_) => 4,
-            Self::CompareSwap { .. } => 5,
-            Self::FetchAdd { .. } => 6,
-        }
+        let opcode = match self {
+            Self::RdmaWrite(_) => WrOpcode::RDMA_WRITE,
+            Self::RdmaWriteWithImm(..) => WrOpcode::RDMA_WRITE_WITH_IMM,
+            Self::Send => WrOpcode::SEND,
+            Self::SendWithImm { .. } => WrOpcode::SEND_WITH_IMM,
+            Self::RdmaRead(_) => WrOpcode::RDMA_READ,
+            Self::CompareSwap { .. } => WrOpcode::ATOMIC_CMP_AND_SWP,
+            Self::FetchAdd { .. } => WrOpcode::ATOMIC_FETCH_AND_ADD,
+        };
+        opcode.0
     }
 
     /// Immediate data (network order), when the operation carries one.

@@ -1,8 +1,8 @@
 #!/bin/sh
-# The Rust rxe provider (providers/rxe/libibverbs) as a drop-in for rdma-core's C one:
+# The Rust rxe provider (providers/libibverbs) as a drop-in for rdma-core's C one:
 # unmodified Debian binaries (ibverbs-utils, perftest) run on it, alone and against the C
 # provider. Needs an rxe device (the test guest has rxe0 on lo, GID 1 = ::ffff:127.0.0.1) and
-# the provider built beforehand:  cargo build -p uverbs-rxe-libibverbs
+# the provider built beforehand:  cargo build -p uverbs-libibverbs
 # Each check prints one PASS or FAIL line;
 # the last line counts them.
 set -eu
@@ -14,7 +14,7 @@ passed=0
 failed=0
 
 if [ ! -f "$lib" ]; then
-    echo "FAIL provider not built: $lib is missing (run: cargo build -p uverbs-rxe-libibverbs)"
+    echo "FAIL provider not built: $lib is missing (run: cargo build -p uverbs-libibverbs)"
     echo "libibverbs_dropin: 0 passed, 1 failed"
     exit 1
 fi

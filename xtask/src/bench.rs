@@ -55,7 +55,7 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let rust = build_rust_harness()?;
     let mut c = cargo();
-    c.args(["build", "--release", "-p", "uverbs-rxe-libibverbs"]);
+    c.args(["build", "--release", "-p", "uverbs-libibverbs"]);
     note!("xtask: {}", proc::describe(&c));
     proc::check(&mut c)?;
     let dropin = paths::target_dir().join("release/libuverbs_rxe.so");

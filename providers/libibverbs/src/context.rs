@@ -4,8 +4,8 @@ use crate::abi::{
     ibv_context, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_port_attr, ibv_query_device_ex_input,
     verbs_context, verbs_context_ops, verbs_device,
 };
-use crate::device::{self, DRIVER_ID_RXE};
-use crate::{ffi, libibverbs, verbs};
+use crate::device;
+use crate::{ah, cq, ffi, libibverbs, mr, pd, qp, srq};
 use libc::{c_int, c_void, size_t};
 use std::mem::{offset_of, size_of};
 use std::os::fd::{BorrowedFd, IntoRawFd};
@@ -44,29 +44,29 @@ static OPS: verbs_context_ops = verbs_context_ops {
     query_device_ex: Some(query_device_ex),
     query_port: Some(query_port),
     free_context: Some(free_context),
-    alloc_pd: Some(verbs::alloc_pd),
-    dealloc_pd: Some(verbs::dealloc_pd),
-    reg_mr: Some(verbs::reg_mr),
-    dereg_mr: Some(verbs::dereg_mr),
-    create_cq: Some(verbs::create_cq),
-    poll_cq: Some(verbs::poll_cq),
-    req_notify_cq: Some(verbs::req_notify_cq),
-    resize_cq: Some(verbs::resize_cq),
-    destroy_cq: Some(verbs::destroy_cq),
-    create_qp: Some(verbs::create_qp),
-    create_qp_ex: Some(verbs::create_qp_ex),
-    query_qp: Some(verbs::query_qp),
-    modify_qp: Some(verbs::modify_qp),
-    destroy_qp: Some(verbs::destroy_qp),
-    post_send: Some(verbs::post_send),
-    post_recv: Some(verbs::post_recv),
-    create_ah: Some(verbs::create_ah),
-    destroy_ah: Some(verbs::destroy_ah),
-    create_srq: Some(verbs::create_srq),
-    modify_srq: Some(verbs::modify_srq),
-    query_srq: Some(verbs::query_srq),
-    destroy_srq: Some(verbs::destroy_srq),
-    post_srq_recv: Some(verbs::post_srq_recv),
+    alloc_pd: Some(pd::alloc_pd),
+    dealloc_pd: Some(pd::dealloc_pd),
+    reg_mr: Some(mr::reg_mr),
+    dereg_mr: Some(mr::dereg_mr),
+    create_cq: Some(cq::create_cq),
+    poll_cq: Some(cq::poll_cq),
+    req_notify_cq: Some(cq::req_notify_cq),
+    resize_cq: Some(cq::resize_cq),
+    destroy_cq: Some(cq::destroy_cq),
+    create_qp: Some(qp::create_qp),
+    create_qp_ex: Some(qp::create_qp_ex),
+    query_qp: Some(qp::query_qp),
+    modify_qp: Some(qp::modify_qp),
+    destroy_qp: Some(qp::destroy_qp),
+    post_send: Some(qp::post_send),
+    post_recv: Some(qp::post_recv),
+    create_ah: Some(ah::create_ah),
+    destroy_ah: Some(ah::destroy_ah),
+    create_srq: Some(srq::create_srq),
+    modify_srq: Some(srq::modify_srq),
+    query_srq: Some(srq::query_srq),
+    destroy_srq: Some(srq::destroy_srq),
+    post_srq_recv: Some(srq::post_srq_recv),
     ..verbs_context_ops::EMPTY
 };
 
@@ -100,6 +100,8 @@ unsafe fn alloc_context_inner(ibdev: *mut ibv_device, cmd_fd: c_int) -> *mut ver
         unsafe { libc::close(cmd_fd) };
         return ffi::refuse_null("alloc_context", libc::ENOSYS, "libibverbs imports missing");
     };
+    // SAFETY: `ibdev` is a device `alloc_device` made.
+    let dev = unsafe { device::from_ibv(ibdev) };
     // SAFETY: libibverbs callocs a `Context` (all-zero: null/None pointers, zero integers, a
     // zeroed mutex, and `core`'s bytes, which are written below before any read) and
     // initializes its `vctx`; it takes ownership of `cmd_fd`, closing it on failure.
@@ -109,7 +111,7 @@ unsafe fn alloc_context_inner(ibdev: *mut ibv_device, cmd_fd: c_int) -> *mut ver
             cmd_fd,
             size_of::<Context>(),
             offset_of!(Context, vctx) as *mut verbs_context,
-            DRIVER_ID_RXE,
+            dev.matched.driver_id,
         )
     }
     .cast::<Context>();
@@ -142,8 +144,6 @@ unsafe fn alloc_context_inner(ibdev: *mut ibv_device, cmd_fd: c_int) -> *mut ver
             ),
         );
     }
-    // SAFETY: `ibdev` is a device `alloc_device` made.
-    let dev = unsafe { device::from_ibv(ibdev) };
     let info = match uverbs::devices() {
         Ok(list) => list.into_iter().find(|d| d.uverbs == dev.uverbs_name),
         Err(e) => return fail(ffi::fail("alloc_context", &e), "listing devices failed"),
@@ -205,15 +205,11 @@ unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
     });
 }
 
-/// Formats a raw firmware version as the C rxe provider does.
-fn fw_ver_string(raw: u64) -> String {
-    format!("{}.{}.{}", (raw >> 32) & 0xffff, (raw >> 16) & 0xffff, raw & 0xffff)
-}
-
-fn device_attr(a: &uverbs::DeviceAttr) -> ibv_device_attr {
+/// `a` as libibverbs lays it out, `fw_ver` formatted by `fw_ver`.
+fn device_attr(a: &uverbs::DeviceAttr, fw_ver: fn(u64) -> String) -> ibv_device_attr {
     // SAFETY: all-zero is a valid ibv_device_attr (integers and a char array).
     let mut o: ibv_device_attr = unsafe { std::mem::zeroed() };
-    let fw = fw_ver_string(a.fw_ver);
+    let fw = fw_ver(a.fw_ver);
     for (d, s) in o.fw_ver.iter_mut().zip(fw.bytes().take(63)) {
         *d = s as libc::c_char;
     }
@@ -284,7 +280,9 @@ unsafe extern "C" fn query_device_ex(
         };
         // SAFETY: all-zero is a valid ibv_device_attr_ex.
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
-        ex.orig_attr = device_attr(&a);
+        // SAFETY: `ibctx->device` is one of our devices.
+        let dev = unsafe { device::from_ibv((*ibctx).device) };
+        ex.orig_attr = device_attr(&a, dev.matched.frontend.fw_ver);
         ex.device_cap_flags_ex = u64::from(a.device_cap_flags);
         // SAFETY: `ibctx->device` is one of our devices; libibverbs set its `sysfs`.
         let num_ports = unsafe {

@@ -243,13 +243,6 @@ pub struct ibv_srq_init_attr {
 }
 assert_layout!(ibv_srq_init_attr, size 24, attr @ 8);
 
-/// `enum ibv_srq_attr_mask` bits.
-pub mod srq_attr_mask {
-    use libc::c_int;
-    pub const MAX_WR: c_int = 1;
-    pub const LIMIT: c_int = 1 << 1;
-}
-
 /// `struct ibv_ah`.
 #[repr(C)]
 pub struct ibv_ah {
@@ -334,7 +327,8 @@ assert_layout!(ibv_qp_init_attr_ex, size 136, comp_mask @ 60, pd @ 64, xrcd @ 72
     create_flags @ 80, max_tso_header @ 84, rwq_ind_tbl @ 88, rx_hash_conf @ 96,
     source_qpn @ 120, send_ops_flags @ 128);
 
-/// `enum ibv_qp_init_attr_mask` bits.
+/// `enum ibv_qp_init_attr_mask` bits: libibverbs' own (the kernel's CREATE_QP takes other
+/// `comp_mask` bits, `IB_UVERBS_CREATE_QP_MASK_*`), so they are not the core's.
 pub mod qp_init_attr_mask {
     pub const PD: u32 = 1 << 0;
     pub const XRCD: u32 = 1 << 1;
@@ -409,33 +403,6 @@ assert_layout!(ibv_qp_attr, size 144, qkey @ 16, dest_qp_num @ 28, qp_access_fla
     cap @ 36, ah_attr @ 56, alt_ah_attr @ 88, pkey_index @ 120, en_sqd_async_notify @ 124,
     max_rd_atomic @ 126, max_dest_rd_atomic @ 127, min_rnr_timer @ 128, port_num @ 129,
     timeout @ 130, retry_cnt @ 131, rnr_retry @ 132, alt_timeout @ 134, rate_limit @ 136);
-
-/// `enum ibv_qp_attr_mask` bits.
-pub mod qp_attr_mask {
-    pub const STATE: c_int = 1;
-    pub const CUR_STATE: c_int = 1 << 1;
-    pub const EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
-    pub const ACCESS_FLAGS: c_int = 1 << 3;
-    pub const PKEY_INDEX: c_int = 1 << 4;
-    pub const PORT: c_int = 1 << 5;
-    pub const QKEY: c_int = 1 << 6;
-    pub const AV: c_int = 1 << 7;
-    pub const PATH_MTU: c_int = 1 << 8;
-    pub const TIMEOUT: c_int = 1 << 9;
-    pub const RETRY_CNT: c_int = 1 << 10;
-    pub const RNR_RETRY: c_int = 1 << 11;
-    pub const RQ_PSN: c_int = 1 << 12;
-    pub const MAX_QP_RD_ATOMIC: c_int = 1 << 13;
-    pub const ALT_PATH: c_int = 1 << 14;
-    pub const MIN_RNR_TIMER: c_int = 1 << 15;
-    pub const SQ_PSN: c_int = 1 << 16;
-    pub const MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
-    pub const PATH_MIG_STATE: c_int = 1 << 18;
-    pub const CAP: c_int = 1 << 19;
-    pub const DEST_QPN: c_int = 1 << 20;
-    pub const RATE_LIMIT: c_int = 1 << 25;
-    use libc::c_int;
-}
 
 /// `struct ibv_sge`; the same layout as [`uverbs::Sge`].
 pub type ibv_sge = uverbs::Sge;
@@ -512,18 +479,6 @@ pub struct ibv_send_wr {
 }
 assert_layout!(ibv_send_wr, size 128, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 28,
     send_flags @ 32, imm_data @ 36, wr @ 40, remote_srqn @ 72, bind_mw_or_tso @ 80);
-
-/// `enum ibv_wr_opcode` values.
-pub mod wr_opcode {
-    use libc::c_int;
-    pub const RDMA_WRITE: c_int = 0;
-    pub const RDMA_WRITE_WITH_IMM: c_int = 1;
-    pub const SEND: c_int = 2;
-    pub const SEND_WITH_IMM: c_int = 3;
-    pub const RDMA_READ: c_int = 4;
-    pub const ATOMIC_CMP_AND_SWP: c_int = 5;
-    pub const ATOMIC_FETCH_AND_ADD: c_int = 6;
-}
 
 // ---------------------------------------------------------------------------------------------
 // verbs.h: queries
@@ -662,7 +617,7 @@ pub struct verbs_match_ent {
 }
 assert_layout!(verbs_match_ent, size 24, u @ 8, vendor @ 16, device @ 18, kind @ 20);
 
-/// `VERBS_MATCH_*` kinds.
+/// `VERBS_MATCH_*` kinds (driver.h; libibverbs' own).
 pub mod match_kind {
     pub const SENTINEL: u8 = 0;
     pub const MODALIAS: u8 = 2;

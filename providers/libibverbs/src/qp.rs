@@ -1,0 +1,459 @@
+//! Queue pairs: `create_qp`, `create_qp_ex`, `modify_qp`, `query_qp`, `destroy_qp`,
+//! `post_send`, `post_recv`.
+
+use crate::abi::{
+    ibv_ah_attr, ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_recv_wr,
+    ibv_send_wr, qp_init_attr_mask, verbs_qp,
+};
+use crate::ah::{ah_from, ah_to, Ah};
+use crate::cq::{cq_ref, Cq};
+use crate::event::{destroy_core, init_sync, wait_for_acks, Slot};
+use crate::ffi;
+use crate::pd::{pd_ref, Pd};
+use crate::spin::SpinLock;
+use crate::srq::{srq_ref, Srq};
+use crate::wr::{batch_room, filled, nth, post_recv_list, send_op, sges, BATCH};
+use libc::c_int;
+use std::mem::MaybeUninit;
+use std::sync::atomic::Ordering;
+use uverbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
+
+/// A QP: `verbs_qp`, then the `uverbs` QP and the objects whose use counts it holds.
+#[repr(C)]
+pub struct Qp {
+    vqp: verbs_qp,
+    qp: SpinLock<uverbs::Qp>,
+    pd: *const Pd,
+    send_cq: *const Cq,
+    recv_cq: *const Cq,
+    srq: *const Srq,
+    ud: bool,
+}
+
+/// # Safety
+/// `qp` must be a live QP made by [`create_qp`].
+unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
+    // SAFETY: `ibv_qp` is at the start of `verbs_qp`, the first field of a boxed `Qp`.
+    unsafe { &*qp.cast::<Qp>() }
+}
+
+pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    ffi::guard("create_qp", std::ptr::null_mut(), || {
+        // SAFETY: libibverbs passes one of our PDs and the caller's live attributes.
+        unsafe { create_qp_common(pd, &mut *attr) }
+    })
+}
+
+pub unsafe extern "C" fn create_qp_ex(_ibctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+    ffi::guard("create_qp_ex", std::ptr::null_mut(), || {
+        // SAFETY: the caller's live attributes.
+        let a = unsafe { &mut *attr };
+        let supported = qp_init_attr_mask::PD | qp_init_attr_mask::CREATE_FLAGS;
+        if a.comp_mask & !supported != 0 || a.comp_mask & qp_init_attr_mask::PD == 0 {
+            return ffi::refuse_null(
+                "create_qp_ex",
+                libc::EOPNOTSUPP,
+                &format!("comp_mask {:#x} (supported: PD, CREATE_FLAGS=0)", a.comp_mask),
+            );
+        }
+        if a.comp_mask & qp_init_attr_mask::CREATE_FLAGS != 0 && a.create_flags != 0 {
+            return ffi::refuse_null("create_qp_ex", libc::EOPNOTSUPP, "create_flags");
+        }
+        // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr`, in order.
+        let mut base = ibv_qp_init_attr {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        // SAFETY: `a.pd` is one of our PDs (comp_mask says it is set).
+        let qp = unsafe { create_qp_common(a.pd, &mut base) };
+        a.cap = base.cap;
+        qp
+    })
+}
+
+/// # Safety
+/// `pd` must be one of our PDs; `attr`'s CQ pointers must be our CQs.
+unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut ibv_qp {
+    // SAFETY: per the contract.
+    let p = unsafe { pd_ref(pd) };
+    let Some(qp_type) = u8::try_from(attr.qp_type).ok().and_then(QpType::from_raw) else {
+        return ffi::refuse_null("create_qp", libc::EOPNOTSUPP, &format!("QP type {}", attr.qp_type));
+    };
+    if attr.send_cq.is_null() || attr.recv_cq.is_null() {
+        return ffi::refuse_null("create_qp", libc::EINVAL, "missing CQ");
+    }
+    // SAFETY: per the contract.
+    let (scq, rcq) = unsafe { (cq_ref(attr.send_cq), cq_ref(attr.recv_cq)) };
+    let same = std::ptr::eq(scq, rcq);
+    // Lock in address order so two threads creating QPs on the same two CQs cannot deadlock.
+    let (first, second) = if (scq as *const Cq) <= (rcq as *const Cq) {
+        (scq, rcq)
+    } else {
+        (rcq, scq)
+    };
+    let g1 = first.cq.lock();
+    let g2 = (!same).then(|| second.cq.lock());
+    let (send_ref, recv_ref): (&uverbs::Cq, &uverbs::Cq) = match &g2 {
+        None => (&g1, &g1),
+        Some(g2) if std::ptr::eq(first, scq) => (&g1, g2),
+        Some(g2) => (g2, &g1),
+    };
+    // SAFETY: a non-null `srq` is one of our SRQs (libibverbs contract).
+    let srq = (!attr.srq.is_null()).then(|| unsafe { srq_ref(attr.srq) });
+    let srq_guard = srq.map(|s| s.srq.lock());
+    // Events name the QP by its `ibv_qp` pointer (see `Slot`).
+    let slot = Slot::<Qp>::new();
+    let mut init = uverbs::QpInit::new(qp_type, send_ref, recv_ref);
+    init.user_handle = Some(slot.user_handle());
+    init.cap = attr.cap;
+    init.sq_sig_all = attr.sq_sig_all != 0;
+    init.srq = srq_guard.as_deref();
+    let created = p.pd.create_qp(&init);
+    drop(srq_guard);
+    drop(g2);
+    drop(g1);
+    let qp = match created {
+        Ok(qp) => qp,
+        Err(e) => return ffi::fail_null("create_qp", &e),
+    };
+    attr.cap = qp.cap();
+    // SAFETY: all-zero is a valid verbs_qp; the fields libibverbs reads are set below and the
+    // mutex/cond initialized in place once boxed.
+    let mut vqp: verbs_qp = unsafe { std::mem::zeroed() };
+    vqp.qp.context = p.ibv.context;
+    vqp.qp.qp_context = attr.qp_context;
+    vqp.qp.pd = pd;
+    vqp.qp.send_cq = attr.send_cq;
+    vqp.qp.recv_cq = attr.recv_cq;
+    vqp.qp.srq = attr.srq;
+    vqp.qp.handle = qp.handle();
+    vqp.qp.qp_num = qp.qpn();
+    vqp.qp.state = QpState::Reset as c_int;
+    vqp.qp.qp_type = attr.qp_type;
+    p.users.fetch_add(1, Ordering::AcqRel);
+    scq.users.fetch_add(1, Ordering::AcqRel);
+    rcq.users.fetch_add(1, Ordering::AcqRel);
+    if let Some(s) = srq {
+        s.users.fetch_add(1, Ordering::AcqRel);
+    }
+    let b = slot.fill(Qp {
+        vqp,
+        qp: SpinLock::new(qp),
+        pd: p,
+        send_cq: scq,
+        recv_cq: rcq,
+        srq: srq.map_or(std::ptr::null(), |s| s as *const Srq),
+        ud: qp_type == QpType::Ud,
+    });
+    // SAFETY: `b` is live and not yet shared.
+    unsafe {
+        init_sync(
+            std::ptr::addr_of_mut!((*b).vqp.qp.mutex),
+            std::ptr::addr_of_mut!((*b).vqp.qp.cond),
+        );
+    }
+    b.cast::<ibv_qp>()
+}
+
+/// `destroy_qp`, as `ibv_cmd_destroy_qp`: the kernel destroy, then a wait until the program
+/// has acknowledged every async event the kernel reported for the QP.
+pub unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
+    ffi::guard("destroy_qp", libc::EIO, || {
+        let q = qp.cast::<Qp>();
+        // SAFETY: libibverbs passes one of our QPs, made by `create_qp_common`, which the
+        // program does not use from other threads while destroying it; on success the field
+        // is never read again.
+        let reported = match unsafe { destroy_core(std::ptr::addr_of_mut!((*q).qp), uverbs::Qp::destroy) } {
+            Ok(r) => r,
+            Err(e) => return ffi::fail("destroy_qp", &e),
+        };
+        // SAFETY: PDs, CQs and SRQs outlive the QPs counted in them (their destroy refuses);
+        // the kernel no longer counts this one.
+        unsafe {
+            (*(*q).pd).users.fetch_sub(1, Ordering::AcqRel);
+            (*(*q).send_cq).users.fetch_sub(1, Ordering::AcqRel);
+            (*(*q).recv_cq).users.fetch_sub(1, Ordering::AcqRel);
+            if !(*q).srq.is_null() {
+                (*(*q).srq).users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        // SAFETY: `qp` is live until freed below, and `create_qp_common` initialized its mutex
+        // and cond, which nobody uses after the wait.
+        unsafe {
+            let (mutex, cond) = (std::ptr::addr_of_mut!((*qp).mutex), std::ptr::addr_of_mut!((*qp).cond));
+            wait_for_acks(
+                mutex,
+                cond,
+                &[(std::ptr::addr_of!((*qp).events_completed), reported.r#async)],
+            );
+            libc::pthread_mutex_destroy(mutex);
+            libc::pthread_cond_destroy(cond);
+        }
+        // SAFETY: made by `create_qp_common` with Box::into_raw (`MaybeUninit<Qp>` has `Qp`'s
+        // layout); its `uverbs` half is gone and the rest needs no drop; this is its last use.
+        drop(unsafe { Box::from_raw(q.cast::<MaybeUninit<Qp>>()) });
+        0
+    })
+}
+
+/// The attributes `mask` selects, or the mask bits uverbs cannot express.
+fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, String> {
+    // `enum ibv_qp_attr_mask` is an int of bits; any bit pattern is a mask.
+    let mask = QpAttrMask::from_bits_retain(mask as u32);
+    let expressible = QpAttrMask::all()
+        - (QpAttrMask::ALT_PATH | QpAttrMask::PATH_MIG_STATE | QpAttrMask::CAP | QpAttrMask::RATE_LIMIT);
+    let refused = mask.difference(expressible);
+    if !refused.is_empty() {
+        return Err(format!(
+            "attribute mask bits {:#x} (alternate path, migration state, caps and rate limit \
+             are not supported)",
+            refused.bits()
+        ));
+    }
+    let has = |bit: QpAttrMask| mask.contains(bit);
+    let state = |v: c_int| {
+        u8::try_from(v)
+            .ok()
+            .and_then(QpState::from_raw)
+            .ok_or_else(|| format!("QP state {v}"))
+    };
+    Ok(QpAttr {
+        state: has(QpAttrMask::STATE).then(|| state(a.qp_state)).transpose()?,
+        cur_state: has(QpAttrMask::CUR_STATE).then(|| state(a.cur_qp_state)).transpose()?,
+        en_sqd_async_notify: has(QpAttrMask::EN_SQD_ASYNC_NOTIFY).then_some(a.en_sqd_async_notify != 0),
+        access: has(QpAttrMask::ACCESS_FLAGS).then_some(AccessFlags::from_bits_retain(a.qp_access_flags)),
+        pkey_index: has(QpAttrMask::PKEY_INDEX).then_some(a.pkey_index),
+        port_num: has(QpAttrMask::PORT).then_some(a.port_num),
+        qkey: has(QpAttrMask::QKEY).then_some(a.qkey),
+        ah: has(QpAttrMask::AV).then(|| ah_from(&a.ah_attr)),
+        path_mtu: has(QpAttrMask::PATH_MTU)
+            .then(|| {
+                u8::try_from(a.path_mtu)
+                    .ok()
+                    .and_then(Mtu::from_raw)
+                    .ok_or_else(|| format!("path MTU {}", a.path_mtu))
+            })
+            .transpose()?,
+        timeout: has(QpAttrMask::TIMEOUT).then_some(a.timeout),
+        retry_cnt: has(QpAttrMask::RETRY_CNT).then_some(a.retry_cnt),
+        rnr_retry: has(QpAttrMask::RNR_RETRY).then_some(a.rnr_retry),
+        rq_psn: has(QpAttrMask::RQ_PSN).then_some(a.rq_psn),
+        max_rd_atomic: has(QpAttrMask::MAX_QP_RD_ATOMIC).then_some(a.max_rd_atomic),
+        min_rnr_timer: has(QpAttrMask::MIN_RNR_TIMER).then_some(a.min_rnr_timer),
+        sq_psn: has(QpAttrMask::SQ_PSN).then_some(a.sq_psn),
+        max_dest_rd_atomic: has(QpAttrMask::MAX_DEST_RD_ATOMIC).then_some(a.max_dest_rd_atomic),
+        dest_qpn: has(QpAttrMask::DEST_QPN).then_some(a.dest_qp_num),
+    })
+}
+
+pub unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    ffi::guard("modify_qp", libc::EIO, || {
+        // SAFETY: libibverbs passes one of our QPs and the caller's attributes.
+        let (q, a) = unsafe { (qp_ref(qp), &*attr) };
+        let attr = match qp_attr_from(a, mask) {
+            Ok(attr) => attr,
+            Err(why) => {
+                ffi::verbose(format_args!("modify_qp: {why}"));
+                return libc::EOPNOTSUPP;
+            }
+        };
+        // libibverbs' ibv_modify_qp records the new state in `ibv_qp.state` on success.
+        match q.qp.lock().modify(&attr) {
+            Ok(()) => 0,
+            Err(e) => ffi::fail("modify_qp", &e),
+        }
+    })
+}
+
+pub unsafe extern "C" fn query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi::guard("query_qp", libc::EIO, || {
+        // SAFETY: libibverbs passes one of our QPs.
+        let q = unsafe { qp_ref(qp) };
+        let info = match q.qp.lock().query() {
+            Ok(i) => i,
+            Err(e) => return ffi::fail("query_qp", &e),
+        };
+        let i = &info.attr;
+        let out = ibv_qp_attr {
+            qp_state: i.state.map_or(0, |s| s as c_int),
+            cur_qp_state: i.cur_state.map_or(0, |s| s as c_int),
+            path_mtu: i.path_mtu.map_or(0, |v| v as c_int),
+            path_mig_state: 0,
+            qkey: i.qkey.unwrap_or(0),
+            rq_psn: i.rq_psn.unwrap_or(0),
+            sq_psn: i.sq_psn.unwrap_or(0),
+            dest_qp_num: i.dest_qpn.unwrap_or(0),
+            qp_access_flags: i.access.map_or(0, |a| a.bits()),
+            cap: info.cap,
+            ah_attr: i.ah.as_ref().map(ah_to).unwrap_or_default(),
+            alt_ah_attr: ibv_ah_attr::default(),
+            pkey_index: i.pkey_index.unwrap_or(0),
+            alt_pkey_index: 0,
+            en_sqd_async_notify: u8::from(i.en_sqd_async_notify.unwrap_or(false)),
+            sq_draining: u8::from(info.sq_draining),
+            max_rd_atomic: i.max_rd_atomic.unwrap_or(0),
+            max_dest_rd_atomic: i.max_dest_rd_atomic.unwrap_or(0),
+            min_rnr_timer: i.min_rnr_timer.unwrap_or(0),
+            port_num: i.port_num.unwrap_or(0),
+            timeout: i.timeout.unwrap_or(0),
+            retry_cnt: i.retry_cnt.unwrap_or(0),
+            rnr_retry: i.rnr_retry.unwrap_or(0),
+            alt_port_num: 0,
+            alt_timeout: 0,
+            rate_limit: 0,
+        };
+        // SAFETY: the caller's output structs; `qp` is live.
+        unsafe {
+            attr.write(out);
+            let c = &(*qp);
+            init.write(ibv_qp_init_attr {
+                qp_context: c.qp_context,
+                send_cq: c.send_cq,
+                recv_cq: c.recv_cq,
+                srq: c.srq,
+                cap: info.cap,
+                qp_type: c.qp_type,
+                sq_sig_all: c_int::from(info.sq_sig_all),
+            });
+        }
+        0
+    })
+}
+
+pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    // No `ffi::guard`: see the crate docs.
+    // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live for the
+    // call; `bad_wr` is writable.
+    unsafe { post_send_inner(qp_ref(qp), wr, bad_wr) }
+}
+
+/// The `uverbs` form of a C send request, or `None` for one uverbs cannot express (unknown
+/// opcode, bad scatter/gather list, UD request without an AH).
+///
+/// # Safety
+/// `w`'s SGE array and AH must stay valid for `'a`.
+#[inline(always)]
+unsafe fn send_wr<'a>(q: &'a Qp, w: &ibv_send_wr) -> Option<SendWr<'a>> {
+    // SAFETY: per the contract.
+    let (op, sg) = (send_op(w)?, unsafe { sges(w.sg_list, w.num_sge) }?);
+    let swr = SendWr::new(w.wr_id, op, sg).flags(SendFlags::from_bits_retain(w.send_flags));
+    if !q.ud {
+        return Some(swr);
+    }
+    // SAFETY: on UD QPs the `ud` arm is the one the caller filled.
+    let ud = unsafe { w.wr.ud };
+    if ud.ah.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null AH in a work request is one of ours, live for `'a`.
+    let ah = unsafe { &*ud.ah.cast::<Ah>() };
+    Some(swr.to(ah.ah.ud_dest(ud.remote_qpn, ud.remote_qkey)))
+}
+
+/// Reports a send request [`send_wr`] refused.
+///
+/// # Safety
+/// `bad_wr` must be writable.
+#[cold]
+unsafe fn reject_send(wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    ffi::verbose(format_args!("post_send: unsupported opcode or bad scatter/gather list"));
+    // SAFETY: per the contract.
+    unsafe { *bad_wr = wr };
+    libc::EINVAL
+}
+
+unsafe fn post_send_inner(q: &Qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    // SAFETY: a non-null `wr` is a live element of the caller's list.
+    if !wr.is_null() && unsafe { (*wr).next }.is_null() {
+        // One request, the common case: nothing to gather.
+        // SAFETY: as above; its SGE array and AH are live for the call.
+        let Some(swr) = (unsafe { send_wr(q, &*wr) }) else {
+            // SAFETY: writable per the libibverbs contract.
+            return unsafe { reject_send(wr, bad_wr) };
+        };
+        // SAFETY: the C caller of ibv_post_send keeps the buffers its SGEs name valid until
+        // completion, the contract `uverbs::Qp::post_send` asks for.
+        return match unsafe { q.qp.lock().post_send(std::slice::from_ref(&swr)) } {
+            Ok(()) => 0,
+            Err(e) => {
+                // SAFETY: writable per the libibverbs contract.
+                unsafe { *bad_wr = wr };
+                ffi::fail("post_send", &e)
+            }
+        };
+    }
+    // SAFETY: forwarded contract.
+    unsafe { post_send_batches(q, wr, bad_wr) }
+}
+
+/// [`post_send`] of a list (or of nothing), in batches of up to [`BATCH`]: out of line, so
+/// that the one-request path does not pay for its stack and registers.
+///
+/// # Safety
+/// As for [`post_send`].
+#[inline(never)]
+unsafe fn post_send_batches(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    let mut guard = q.qp.lock();
+    let mut room = batch_room::<SendWr<'_>>();
+    while !wr.is_null() {
+        let first = wr;
+        let mut n = 0;
+        let mut rejected = false;
+        while !wr.is_null() && n < BATCH {
+            // SAFETY: a live element of the caller's list, whose SGE array and AH are live for
+            // the call.
+            let w = unsafe { &*wr };
+            // SAFETY: as above.
+            let Some(swr) = (unsafe { send_wr(q, w) }) else {
+                rejected = true;
+                break;
+            };
+            room[n].write(swr);
+            n += 1;
+            wr = w.next;
+        }
+        if n > 0 {
+            // SAFETY: the loop above wrote the first `n`. The C caller of ibv_post_send keeps
+            // the buffers its SGEs name valid until completion, the contract
+            // `uverbs::Qp::post_send` asks for.
+            if let Err(e) = unsafe { guard.post_send(filled(&room, n)) } {
+                let index = match e {
+                    uverbs::Error::WorkRequest { index, .. } => index.min(n - 1),
+                    _ => 0,
+                };
+                // SAFETY: the batch came from the `n` (> `index`) elements from `first`;
+                // `bad_wr` is writable per the libibverbs contract.
+                unsafe { *bad_wr = nth(first, index, |w| w.next) };
+                return ffi::fail("post_send", &e);
+            }
+        }
+        if rejected {
+            // SAFETY: writable per the libibverbs contract; `wr` is the rejected request.
+            return unsafe { reject_send(wr, bad_wr) };
+        }
+    }
+    0
+}
+
+pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    // No `ffi::guard`: see the crate docs.
+    // SAFETY: as in post_send.
+    unsafe { post_recv_inner(qp_ref(qp), wr, bad_wr) }
+}
+
+unsafe fn post_recv_inner(q: &Qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    let mut guard = q.qp.lock();
+    // SAFETY: forwarded contract; the C caller keeps receive buffers valid and untouched
+    // until completion, the contract `uverbs::Qp::post_recv` asks for.
+    unsafe { post_recv_list(wr, bad_wr, |batch| guard.post_recv(batch)) }
+}
