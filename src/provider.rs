@@ -27,7 +27,7 @@ use crate::attr::{QpCap, QpState, QpType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::Result;
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendWr};
+use crate::wr::{RecvWr, SendList};
 use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -259,8 +259,8 @@ pub unsafe trait SrqQueue: Send + Any {
 
 /// The producer side of a QP's send and receive queues.
 ///
-/// The core has checked every work request against the rules all devices share (see
-/// `SendWr::check_transport`) before `post_send` sees it; the provider checks its own limits.
+/// The rules all devices share are checked by the core as the provider takes each send from
+/// its [`SendList`]; the provider checks its own limits.
 ///
 /// # Safety
 /// The addresses in driver bytes it passes to `modify` follow [`ProviderContext`]'s contract.
@@ -272,7 +272,7 @@ pub unsafe trait QpQueues: Send {
     ///
     /// # Safety
     /// See [`crate::Qp::post_send`].
-    unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()>;
+    unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()>;
 
     /// Writes `wrs` into the receive queue in order; same error contract as `post_send`.
     ///

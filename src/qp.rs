@@ -12,7 +12,7 @@ use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpDest, QueryQp, QueryQpRes
 use crate::sys::cmd;
 use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
-use crate::wr::{RecvWr, SendWr};
+use crate::wr::{RecvWr, SendList, SendWr};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -501,35 +501,8 @@ impl Qp {
                 reason: WrReject::WrongState(self.state),
             });
         }
-        let qp_type = self.qp_type;
-        match wrs.iter().position(|wr| wr.check_transport(qp_type).is_err()) {
-            // SAFETY: forwarded caller contract.
-            None => unsafe { self.queues.post_send(wrs) },
-            // SAFETY: forwarded caller contract.
-            Some(index) => unsafe { self.post_send_before_rejected(wrs, index) },
-        }
-    }
-
-    /// Posts the requests before `index`, which broke a transport rule, and reports it.
-    ///
-    /// # Safety
-    /// As for [`Qp::post_send`].
-    #[cold]
-    #[allow(unsafe_code)] // the caller's contract on the buffers
-    unsafe fn post_send_before_rejected(&mut self, wrs: &[SendWr<'_>], index: usize) -> Result<()> {
-        if index > 0 {
-            // SAFETY: forwarded caller contract.
-            unsafe { self.queues.post_send(&wrs[..index]) }?;
-        }
-        let reason = match wrs[index].check_transport(self.qp_type) {
-            Err(reason) => reason,
-            Ok(()) => WrReject::OpcodeNotSupported,
-        };
-        Err(Error::WorkRequest {
-            verb: "post_send",
-            index,
-            reason,
-        })
+        // SAFETY: forwarded caller contract.
+        unsafe { self.queues.post_send(SendList::new(wrs, self.qp_type)) }
     }
 
     /// Posts `wrs` to the receive queue (no system call).
@@ -591,7 +564,7 @@ struct NoQueues;
 #[allow(unsafe_code)] // a promise kept by making no kernel call
                       // SAFETY: no kernel call, no driver bytes.
 unsafe impl QpQueues for NoQueues {
-    unsafe fn post_send(&mut self, _: &[SendWr<'_>]) -> Result<()> {
+    unsafe fn post_send(&mut self, _: SendList<'_, '_>) -> Result<()> {
         Err(Error::invalid("post_send", "the QP is being dropped"))
     }
 

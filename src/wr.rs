@@ -192,6 +192,7 @@ impl<'a> SendWr<'a> {
     /// Checks the rules every transport imposes, whatever the device: which operations the
     /// QP type allows, that UD sends have a destination, that inline data is not used where
     /// the device must write, and atomic alignment.
+    #[inline]
     pub(crate) fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
         let allowed = match qp_type {
             QpType::Rc => true,
@@ -213,6 +214,41 @@ impl<'a> SendWr<'a> {
     /// Total bytes named by the scatter/gather list.
     pub fn total_len(&self) -> u64 {
         self.sg_list.iter().map(|s| u64::from(s.length)).sum()
+    }
+}
+
+/// Send work requests on their way to a provider: each comes out of [`SendList::iter`] only
+/// after the core checked it against the transport rules every device shares
+/// ([`SendWr::check_transport`]), so a provider cannot skip them. The check runs as the
+/// provider walks the list, inside its own loop.
+#[derive(Debug, Clone, Copy)]
+pub struct SendList<'l, 'a> {
+    wrs: &'l [SendWr<'a>],
+    qp_type: QpType,
+}
+
+impl<'l, 'a> SendList<'l, 'a> {
+    pub(crate) fn new(wrs: &'l [SendWr<'a>], qp_type: QpType) -> Self {
+        Self { wrs, qp_type }
+    }
+
+    /// How many requests the list holds.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    /// Whether the list is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
+
+    /// The requests in order, each once it passed the transport rules, or why it did not.
+    #[inline]
+    pub fn iter(&self) -> impl Iterator<Item = Result<&'l SendWr<'a>, WrReject>> + '_ {
+        let qp_type = self.qp_type;
+        self.wrs.iter().map(move |wr| wr.check_transport(qp_type).map(|()| wr))
     }
 }
 

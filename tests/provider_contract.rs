@@ -79,7 +79,7 @@ fn every_hook_runs_at_its_moment() {
 
     // The stub's device completes signaled sends at once into the user ring.
     unsafe { qp.post_send(&[send(1, true), send(2, false), send(3, true), send(4, true)]) }.unwrap();
-    assert_eq!(log.take(), [Hook::PostSend { qpn, count: 4 }]);
+    assert_eq!(log.take(), [Hook::PostSend { qpn, taken: 4 }]);
     let mut wc = [WorkCompletion::default(); 8];
     let n = cq.poll(&mut wc);
     let got: Vec<_> = wc[..n].iter().map(|c| (c.wr_id, c.qp_num, c.status)).collect();
@@ -125,14 +125,14 @@ fn every_hook_runs_at_its_moment() {
     drop(qp);
     assert_eq!(
         log.take(),
-        [Hook::PostSend { qpn, count: 1 }, Hook::QpDestroyed { qpn, scrubbed: 1 }],
+        [Hook::PostSend { qpn, taken: 1 }, Hook::QpDestroyed { qpn, scrubbed: 1 }],
         "after the kernel destroy the provider scrubs and forgets the QP"
     );
     assert_eq!(cq.poll(&mut wc), 0);
 }
 
 #[test]
-fn transport_rules_are_checked_before_the_provider_sees_a_list() {
+fn transport_rules_are_checked_before_the_provider_sees_a_request() {
     let (ctx, log) = stub_context();
     let pd = ctx.alloc_pd().unwrap();
     let mut cq = ctx.create_cq(16).unwrap();
@@ -164,9 +164,9 @@ fn transport_rules_are_checked_before_the_provider_sees_a_list() {
         log.take(),
         [Hook::PostSend {
             qpn: qp.qpn(),
-            count: 2
+            taken: 2
         }],
-        "only those before it"
+        "the provider took those before it, then got it as an error"
     );
     let mut wc = [WorkCompletion::default(); 4];
     assert_eq!(cq.poll(&mut wc), 2);

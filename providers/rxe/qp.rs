@@ -10,7 +10,7 @@ use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
-use crate::wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};
+use crate::wr::{RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -242,12 +242,12 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
 
 // SAFETY: MODIFY_QP carries no driver bytes on rxe.
 unsafe impl QpQueues for RxeQp {
-    unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+    unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
         let mut rejected = None;
         let mut posted = 0;
         for (index, wr) in wrs.iter().enumerate() {
-            let inline_len = match self.check_send(wr) {
-                Ok(len) => len,
+            let (wr, inline_len) = match wr.and_then(|wr| Ok((wr, self.check_send(wr)?))) {
+                Ok(checked) => checked,
                 Err(reason) => {
                     rejected = Some((index, reason));
                     break;

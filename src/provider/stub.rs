@@ -17,7 +17,7 @@ use crate::provider::{
 use crate::sys::abi::{cmd as command, ReqNotifyCq};
 use crate::sys::cmd;
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
-use crate::wr::{RecvWr, SendFlags, SendWr};
+use crate::wr::{RecvWr, SendFlags, SendList};
 use std::any::Any;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -64,10 +64,10 @@ pub enum Hook {
         solicited_only: bool,
         events: u32,
     },
-    /// A post reached the provider with this many work requests.
+    /// A post reached the provider, which took this many work requests from the list.
     PostSend {
         qpn: u32,
-        count: usize,
+        taken: usize,
     },
     CreateAh {
         data: u64,
@@ -454,21 +454,29 @@ struct StubQp {
 
 // SAFETY: the stub passes no driver request bytes.
 unsafe impl crate::provider::QpQueues for StubQp {
-    unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        self.log.push(Hook::PostSend {
-            qpn: self.qpn,
-            count: wrs.len(),
-        });
+    unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
+        let mut taken = 0;
+        let mut result = Ok(());
         for (index, wr) in wrs.iter().enumerate() {
-            if wr.flags.contains(SendFlags::SIGNALED) && !self.send_cq.produce(wr.wr_id, self.qpn, WcOpcode::SEND) {
-                return Err(Error::WorkRequest {
+            let done = wr.and_then(|wr| {
+                let signaled = wr.flags.contains(SendFlags::SIGNALED);
+                match !signaled || self.send_cq.produce(wr.wr_id, self.qpn, WcOpcode::SEND) {
+                    true => Ok(()),
+                    false => Err(WrReject::QueueFull),
+                }
+            });
+            if let Err(reason) = done {
+                result = Err(Error::WorkRequest {
                     verb: "post_send",
                     index,
-                    reason: WrReject::QueueFull,
+                    reason,
                 });
+                break;
             }
+            taken += 1;
         }
-        Ok(())
+        self.log.push(Hook::PostSend { qpn: self.qpn, taken });
+        result
     }
 
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {

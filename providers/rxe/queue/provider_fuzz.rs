@@ -25,7 +25,7 @@ use crate::error::{Error, WrReject};
 use crate::provider::{CqCreated, CqRing, QpCreated, QpQueues, QpRequest, SrqCreated, SrqQueue};
 use crate::testing::Rng;
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, Remote, SendFlags, SendOp, SendWr, Sge};
+use crate::wr::{RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -400,7 +400,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                         (op, f.rng.chance(30))
                     })
                     .collect();
-                let mut wrs: Vec<SendWr<'_>> = ops
+                let wrs: Vec<SendWr<'_>> = ops
                     .iter()
                     .zip(&sges)
                     .map(|(&(op, inline), s)| {
@@ -413,13 +413,9 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                         SendWr::new(wr_id, op, s).flags(flags)
                     })
                     .collect();
-                // The core checks the transport rules before a provider sees a list
-                // (`Qp::post_send`).
-                let valid = wrs.iter().take_while(|w| w.check_transport(qp_type).is_ok()).count();
-                wrs.truncate(valid);
                 // SAFETY: every SGE names `buf`, alive and readable; nothing writes it (no
                 // device).
-                let result = unsafe { qp.post_send(&wrs) };
+                let result = unsafe { qp.post_send(SendList::new(&wrs, qp_type)) };
                 sq_prod = check_posted(
                     f,
                     &sq,
