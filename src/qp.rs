@@ -502,7 +502,7 @@ impl Qp {
             });
         }
         // SAFETY: forwarded caller contract.
-        unsafe { self.queues.post_send(SendList::new(wrs, self.qp_type)) }
+        unsafe { self.queues.post_send(SendList::new(wrs)) }
     }
 
     /// Posts `wrs` to the receive queue (no system call).

@@ -219,36 +219,34 @@ impl<'a> SendWr<'a> {
 
 /// Send work requests on their way to a provider: each comes out of [`SendList::iter`] only
 /// after the core checked it against the transport rules every device shares
-/// ([`SendWr::check_transport`]), so a provider cannot skip them. The check runs as the
-/// provider walks the list, inside its own loop.
+/// ([`SendWr::check_transport`]) for the QP's transport, so a provider cannot skip them. The
+/// check runs as the provider walks the list, inside its own loop; the provider names the
+/// transport it was created with (`QpRequest::qp_type`), which keeps the list two words.
 #[derive(Debug, Clone, Copy)]
-pub struct SendList<'l, 'a> {
-    wrs: &'l [SendWr<'a>],
-    qp_type: QpType,
-}
+pub struct SendList<'l, 'a>(&'l [SendWr<'a>]);
 
 impl<'l, 'a> SendList<'l, 'a> {
-    pub(crate) fn new(wrs: &'l [SendWr<'a>], qp_type: QpType) -> Self {
-        Self { wrs, qp_type }
+    pub(crate) fn new(wrs: &'l [SendWr<'a>]) -> Self {
+        Self(wrs)
     }
 
     /// How many requests the list holds.
     #[inline]
     pub fn len(&self) -> usize {
-        self.wrs.len()
+        self.0.len()
     }
 
     /// Whether the list is empty.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.wrs.is_empty()
+        self.0.is_empty()
     }
 
-    /// The requests in order, each once it passed the transport rules, or why it did not.
+    /// The requests in order, each once it passed the transport rules of `qp_type`, or why
+    /// it did not.
     #[inline]
-    pub fn iter(&self) -> impl Iterator<Item = Result<&'l SendWr<'a>, WrReject>> + '_ {
-        let qp_type = self.qp_type;
-        self.wrs.iter().map(move |wr| wr.check_transport(qp_type).map(|()| wr))
+    pub fn iter(self, qp_type: QpType) -> impl Iterator<Item = Result<&'l SendWr<'a>, WrReject>> {
+        self.0.iter().map(move |wr| wr.check_transport(qp_type).map(|()| wr))
     }
 }
 

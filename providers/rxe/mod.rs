@@ -20,6 +20,7 @@ use crate::provider::{
 use abi::{CreateAhResp, MmInfo};
 use memmap2::MmapOptions;
 use queue::{Backing, Queue};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
@@ -70,7 +71,7 @@ impl RxeContext {
             MmapOptions::new()
                 .offset(mi.offset)
                 .len(mi.size as usize)
-                .map_mut(self.file.file())
+                .map_mut(self.file.as_fd().as_raw_fd())
         }
         .map_err(|e| Error::io(format!("{verb}: mmap of ring at cookie {:#x}", mi.offset), e))?;
         // A forked child gets no copy of the rings: it could only steal or corrupt the

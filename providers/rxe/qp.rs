@@ -4,7 +4,7 @@
 use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
 use super::queue::Producer;
 use super::RxeContext;
-use crate::attr::QpState;
+use crate::attr::{QpState, QpType};
 use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
@@ -36,6 +36,7 @@ pub(super) fn create(ctx: &RxeContext, req: &QpRequest<'_>, kernel: CreateQpCall
     let queues = Box::new(RxeQp {
         sq: Producer::new(sq),
         rq,
+        qp_type: req.qp_type,
         max_send_sge: cap.max_send_sge,
         max_recv_sge: cap.max_recv_sge,
         max_inline,
@@ -93,6 +94,7 @@ impl Doorbell {
 struct RxeQp {
     sq: Producer,
     rq: Option<Producer>,
+    qp_type: QpType,
     max_send_sge: u32,
     max_recv_sge: u32,
     max_inline: u32,
@@ -245,7 +247,7 @@ unsafe impl QpQueues for RxeQp {
     unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
         let mut rejected = None;
         let mut posted = 0;
-        for (index, wr) in wrs.iter().enumerate() {
+        for (index, wr) in wrs.iter(self.qp_type).enumerate() {
             let (wr, inline_len) = match wr.and_then(|wr| Ok((wr, self.check_send(wr)?))) {
                 Ok(checked) => checked,
                 Err(reason) => {

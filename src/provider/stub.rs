@@ -7,7 +7,7 @@
 //! Built with the `test-support` feature; open a context on it with
 //! [`crate::Context::open_with`].
 
-use crate::attr::{QpCap, QpState};
+use crate::attr::{QpCap, QpState, QpType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{
@@ -304,6 +304,7 @@ unsafe impl ProviderContext for StubContext {
         Ok(ProviderQp {
             queues: Box::new(StubQp {
                 qpn: created.qpn,
+                qp_type: request.qp_type,
                 send_cq,
                 qps: self.qps.clone(),
                 log: self.log.clone(),
@@ -447,6 +448,7 @@ unsafe impl CqRing for StubCq {
 /// A stub QP: sends complete at once into the send CQ.
 struct StubQp {
     qpn: u32,
+    qp_type: QpType,
     send_cq: Arc<CqShared>,
     qps: QpTable,
     log: HookLog,
@@ -457,7 +459,7 @@ unsafe impl crate::provider::QpQueues for StubQp {
     unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
         let mut taken = 0;
         let mut result = Ok(());
-        for (index, wr) in wrs.iter().enumerate() {
+        for (index, wr) in wrs.iter(self.qp_type).enumerate() {
             let done = wr.and_then(|wr| {
                 let signaled = wr.flags.contains(SendFlags::SIGNALED);
                 match !signaled || self.send_cq.produce(wr.wr_id, self.qpn, WcOpcode::SEND) {

@@ -415,7 +415,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                     .collect();
                 // SAFETY: every SGE names `buf`, alive and readable; nothing writes it (no
                 // device).
-                let result = unsafe { qp.post_send(SendList::new(&wrs, qp_type)) };
+                let result = unsafe { qp.post_send(SendList::new(&wrs)) };
                 sq_prod = check_posted(
                     f,
                     &sq,
