@@ -4,6 +4,7 @@ use crate::batch::Batch;
 use crate::context::{Context, ContextInner};
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
+use crate::parked::Parked;
 use crate::provider::{create_object, CqCreated, CqRing, KernelCall, ReadyRun};
 use crate::sys::abi::{self, DestroyCqResp, ReqNotifyCq, ResizeCq, ResizeCqResp};
 use crate::sys::cmd;
@@ -13,7 +14,7 @@ use crate::wc::WorkCompletion;
 use std::any::Any;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use zerocopy::IntoBytes;
 
 const METHOD_CQ_CREATE: u16 = 0;
@@ -56,7 +57,7 @@ pub(crate) struct CqInner {
     events: Arc<AtomicU32>,
     /// The provider's half, once the [`Cq`] handle is gone: the device may write into it
     /// until the kernel CQ is destroyed.
-    parked: Mutex<Option<Box<dyn CqRing>>>,
+    parked: Parked<dyn CqRing>,
     /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
 }
@@ -65,15 +66,7 @@ impl Drop for CqInner {
     fn drop(&mut self) {
         // Runs after every QP using the CQ is gone (they hold this `Arc`).
         let gone = self.destroyed.load(Ordering::Relaxed) || destroy_cq(&self.ctx, self.handle).is_ok();
-        let parked = self
-            .parked
-            .get_mut()
-            .map(Option::take)
-            .unwrap_or_else(|e| e.into_inner().take());
-        if !gone {
-            // The kernel still has the CQ: its ring must never be freed.
-            std::mem::forget(parked);
-        }
+        self.parked.release(gone);
         if let Some(channel) = &self.channel {
             channel.forget_cq(self.user_handle);
         }
@@ -177,7 +170,7 @@ impl Cq {
                 user_handle,
                 channel: init.channel.cloned(),
                 events,
-                parked: Mutex::new(None),
+                parked: Parked::new(),
                 destroyed: AtomicBool::new(false),
             }),
             ring,
@@ -289,8 +282,7 @@ impl Cq {
 impl Drop for Cq {
     fn drop(&mut self) {
         let ring = std::mem::replace(&mut self.ring, Box::new(NoRing));
-        let mut parked = self.inner.parked.lock().unwrap_or_else(|e| e.into_inner());
-        *parked = Some(ring);
+        self.inner.parked.park(ring);
     }
 }
 

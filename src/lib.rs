@@ -36,6 +36,7 @@ mod event;
 mod mr;
 mod netlink;
 mod open_enum;
+mod parked;
 mod pd;
 pub mod provider;
 #[path = "../providers/mod.rs"]

@@ -4,6 +4,7 @@ use crate::attr::SrqAttrMask;
 use crate::context::ContextInner;
 use crate::cq::EventsReported;
 use crate::error::{Error, Result};
+use crate::parked::Parked;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelInput, SrqCreated, SrqQueue};
 use crate::sys::abi::{self, DestroySrqResp, ModifySrq, QuerySrq, QuerySrqResp};
@@ -14,7 +15,7 @@ use crate::wr::RecvWr;
 use std::any::Any;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use zerocopy::IntoBytes;
 
 const METHOD_SRQ_CREATE: u16 = 0;
@@ -66,7 +67,7 @@ pub(crate) struct SrqInner {
     user_handle: u64,
     /// The provider's half, once the [`Srq`] handle is gone: the device may read and write
     /// it until the kernel SRQ is destroyed.
-    parked: Mutex<Option<Box<dyn SrqQueue>>>,
+    parked: Parked<dyn SrqQueue>,
     /// Set once an explicit [`Srq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
 }
@@ -74,15 +75,7 @@ pub(crate) struct SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         let gone = self.destroyed.load(Ordering::Relaxed) || destroy_srq(&self.pd.ctx, self.handle).is_ok();
-        let parked = self
-            .parked
-            .get_mut()
-            .map(Option::take)
-            .unwrap_or_else(|e| e.into_inner().take());
-        if !gone {
-            // The kernel still has the SRQ: its ring must never be freed.
-            std::mem::forget(parked);
-        }
+        self.parked.release(gone);
     }
 }
 
@@ -170,7 +163,7 @@ impl Pd {
                 pd: self.inner.clone(),
                 handle: created.handle,
                 user_handle,
-                parked: Mutex::new(None),
+                parked: Parked::new(),
                 destroyed: AtomicBool::new(false),
             }),
             queue,
@@ -279,8 +272,7 @@ impl Srq {
 impl Drop for Srq {
     fn drop(&mut self) {
         let queue = std::mem::replace(&mut self.queue, Box::new(NoQueue));
-        let mut parked = self.inner.parked.lock().unwrap_or_else(|e| e.into_inner());
-        *parked = Some(queue);
+        self.inner.parked.park(queue);
     }
 }
 
