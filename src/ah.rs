@@ -8,7 +8,7 @@ use crate::provider::create_object;
 use crate::sys::abi::{self, AhAttrAbi, CreateAh, CreateAhResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::object;
-use crate::wr::{AhRef, UdDest};
+use crate::wr::{AhData, AhRef, UdDest};
 use std::sync::Arc;
 
 const METHOD_AH_DESTROY: u16 = 0;
@@ -18,7 +18,7 @@ pub struct Ah {
     pd: Arc<PdInner>,
     handle: u32,
     /// What the provider needs to address a UD send with this AH.
-    provider_data: u64,
+    data: AhData,
 }
 
 impl std::fmt::Debug for Ah {
@@ -70,7 +70,7 @@ impl Pd {
         Ok(Ah {
             pd: self.inner.clone(),
             handle,
-            provider_data,
+            data: AhData { provider_data },
         })
     }
 }
@@ -88,7 +88,7 @@ impl Ah {
     /// The destination `remote_qpn` with `remote_qkey` behind this AH, for a UD send.
     pub fn ud_dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest<'_> {
         UdDest {
-            ah: AhRef::new(self.provider_data),
+            ah: AhRef::new(&self.data),
             remote_qpn,
             remote_qkey,
         }
@@ -101,7 +101,7 @@ impl Drop for Ah {
         // The provider's half goes only once the kernel AH is gone (and never in a forked
         // child, where the AH is the parent's).
         if destroy_ah(ctx, self.handle).is_ok() && !ctx.forked() {
-            ctx.provider.destroy_ah(self.provider_data);
+            ctx.provider.destroy_ah(self.data.provider_data);
         }
     }
 }

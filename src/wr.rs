@@ -4,7 +4,6 @@ use crate::attr::QpType;
 use crate::error::WrReject;
 use crate::open_enum::open_enum;
 use crate::sys::assert_layout;
-use std::marker::PhantomData;
 
 /// One scatter/gather entry: the same layout as C `struct ibv_sge`.
 #[repr(C)]
@@ -117,25 +116,27 @@ impl SendOp {
     }
 }
 
-/// An address handle as a work request names it (from [`crate::Ah::ud_dest`]): the value its
-/// provider reads back when posting, borrowed from the AH so the AH outlives the request.
-#[derive(Debug, Clone, Copy)]
-pub struct AhRef<'a> {
-    provider_data: u64,
-    _ah: PhantomData<&'a ()>,
+/// What a provider reads back from an address handle when posting: the value its
+/// `create_ah` returned. Kept inside the [`crate::Ah`].
+#[derive(Debug)]
+pub(crate) struct AhData {
+    pub(crate) provider_data: u64,
 }
 
-impl AhRef<'_> {
-    pub(crate) fn new(provider_data: u64) -> Self {
-        Self {
-            provider_data,
-            _ah: PhantomData,
-        }
+/// An address handle as a work request names it (from [`crate::Ah::ud_dest`]), borrowed from
+/// the AH so the AH outlives the request. A reference, so `Option<UdDest>` costs no tag.
+#[derive(Debug, Clone, Copy)]
+pub struct AhRef<'a>(&'a AhData);
+
+impl<'a> AhRef<'a> {
+    pub(crate) fn new(data: &'a AhData) -> Self {
+        Self(data)
     }
 
     /// What the provider's `create_ah` returned for this AH.
+    #[inline]
     pub(crate) fn provider_data(self) -> u64 {
-        self.provider_data
+        self.0.provider_data
     }
 }
 
