@@ -252,4 +252,29 @@ mod tests {
         assert_eq!(e(99, 5).target, EventTarget::Unknown(5));
         assert_eq!(format!("{:?}", e(10, 1).kind), "PORT_ERR");
     }
+
+    /// The channel counts each event it reads for the CQ it names (records written into a
+    /// pipe stand in for the kernel's); a user handle names one live CQ per channel.
+    #[test]
+    fn the_channel_counts_events_per_cq() {
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        let channel = CompChannel::from(rx);
+        let (seven, nine) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        channel.watch_cq(7, &seven).unwrap();
+        channel.watch_cq(9, &nine).unwrap();
+        assert!(channel.watch_cq(7, &Arc::new(AtomicU32::new(0))).is_err(), "7 is taken");
+        for handle in [7u64, 9, 7, 5] {
+            nix::unistd::write(&tx, CompEventDesc { cq_handle: handle }.as_bytes()).unwrap();
+        }
+        let mut seen = Vec::new();
+        while let Some(event) = channel.get_event(Some(Duration::ZERO)).unwrap() {
+            seen.push(event.cq_user_handle);
+        }
+        assert_eq!(seen, [7, 9, 7, 5], "every event is returned, counted or not");
+        assert_eq!((seven.load(Ordering::Relaxed), nine.load(Ordering::Relaxed)), (2, 1));
+        channel.forget_cq(7);
+        drop(nine);
+        channel.watch_cq(7, &seven).unwrap();
+        channel.watch_cq(9, &seven).unwrap();
+    }
 }
