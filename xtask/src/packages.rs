@@ -1,4 +1,4 @@
-//! Makes sure the host has the Debian packages the guest harness needs.
+//! Makes sure the host has the Debian packages the guest harness and the mlx5 model checks need.
 
 use crate::error::{bail, Result};
 use crate::proc::{self, find_program};
@@ -40,7 +40,9 @@ fn needs() -> Vec<Need> {
         program("timeout", "coreutils"),
         // rdma-core's C tools: references for guest scripts and for checks.
         program("ibv_devinfo", "ibverbs-utils"),
+        program("ibv_devices", "ibverbs-utils"),
         program("ibv_rc_pingpong", "ibverbs-utils"),
+        program("ibv_uc_pingpong", "ibverbs-utils"),
         program("ib_write_bw", "perftest"),
         program("rdma-ndd", "rdma-core"),
         // C programs built against libibverbs: the drop-in test's event checker and the
@@ -60,6 +62,12 @@ fn needs() -> Vec<Need> {
                     .any(|e| e.file_name().to_string_lossy().starts_with("librxe-"))
             }),
         },
+        // Debian's C mlx5 provider, which the mlx5 model checks run on the host.
+        file(
+            "/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so",
+            "ibverbs-providers",
+        ),
+        file("/etc/libibverbs.d/mlx5.driver", "ibverbs-providers"),
         Need {
             what: "a statically linked /bin/busybox".into(),
             package: "busybox-static".into(),

@@ -1,6 +1,7 @@
-//! `cargo xtask test`: host unit and doc tests, then the integration test
-//! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a
-//! QEMU guest unless the host has one), with a `guest: N passed, M failed` line.
+//! `cargo xtask test`: host unit and doc tests, then (only with `UVERBS_MLX5=1`, for now)
+//! the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
+//! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a QEMU guest unless
+//! the host has one), with a `guest: N passed, M failed` line that counts every item.
 
 use crate::error::Result;
 use crate::json;
@@ -69,6 +70,16 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
             }
         }
     }
+    // Debian's C libmlx5 on the mlx5 model, on the host. Gated until the model passes.
+    let mlx5_results = if crate::mlx5::enabled() {
+        crate::mlx5::test_step()
+    } else {
+        note!(
+            "xtask: NOT RUN: the mlx5 model checks (off until the model passes them; {}=1 runs them)",
+            crate::mlx5::ENV_GATE
+        );
+        Vec::new()
+    };
 
     let timeout: u32 = env_number("UVERBS_GUEST_TEST_TIMEOUT", ITEM_TIMEOUT)?;
     let mut items = Vec::new();
@@ -107,37 +118,56 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     };
     failures.extend(guest_failure);
 
-    let (mut passed, mut failed) = (0, failures.len());
-    for f in &failures {
-        say!("FAIL {f}");
+    let results: Vec<(String, std::result::Result<(), String>)> = mlx5_results
+        .into_iter()
+        .map(|c| (format!("mlx5 model: {}", c.name), c.result))
+        .chain(
+            items
+                .iter()
+                .zip(&outcomes)
+                .map(|(item, outcome)| (item.name.clone(), outcome.result(timeout))),
+        )
+        .collect();
+    let (lines, failed) = summary(&failures, &results);
+    for line in lines {
+        say!("{line}");
     }
-    for (item, outcome) in items.iter().zip(&outcomes) {
-        match outcome {
-            Outcome::Exited(0) => {
-                passed += 1;
-                say!("PASS {}", item.name);
-            }
-            Outcome::Exited(code) => {
-                failed += 1;
-                let why = if *code == 124 {
-                    format!("timed out after {timeout} s")
-                } else {
-                    format!("exit status {code}")
-                };
-                say!("FAIL {} ({why})", item.name);
-            }
-            Outcome::Unfinished(why) => {
-                failed += 1;
-                say!("FAIL {} (did not finish: {why})", item.name);
-            }
-        }
-    }
-    say!("guest: {passed} passed, {failed} failed");
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+impl Outcome {
+    /// `Err` with why, unless the item exited 0.
+    fn result(&self, timeout: u32) -> std::result::Result<(), String> {
+        match self {
+            Outcome::Exited(0) => Ok(()),
+            Outcome::Exited(124) => Err(format!("timed out after {timeout} s")),
+            Outcome::Exited(code) => Err(format!("exit status {code}")),
+            Outcome::Unfinished(why) => Err(format!("did not finish: {why}")),
+        }
+    }
+}
+
+/// The report's lines: a FAIL line per failed step, a PASS or FAIL line per item (the first
+/// line of why), then `guest: N passed, M failed` counting all of them; and M.
+fn summary(failures: &[String], results: &[(String, std::result::Result<(), String>)]) -> (Vec<String>, usize) {
+    let mut lines: Vec<String> = failures.iter().map(|f| format!("FAIL {f}")).collect();
+    let mut passed = 0;
+    for (name, result) in results {
+        match result {
+            Ok(()) => {
+                passed += 1;
+                lines.push(format!("PASS {name}"));
+            }
+            Err(why) => lines.push(format!("FAIL {name} ({})", why.lines().next().unwrap_or_default())),
+        }
+    }
+    let failed = failures.len() + results.len() - passed;
+    lines.push(format!("guest: {passed} passed, {failed} failed"));
+    (lines, failed)
 }
 
 /// Builds the main crate's integration tests; returns (target name, executable).
@@ -280,5 +310,35 @@ mod tests {
         assert!(s.contains("timeout -k 10 60 \"$@\""), "{s}");
         assert!(s.contains("item 0 'test a b' /t/a --test-threads=1 'x y'\n"), "{s}");
         assert!(s.ends_with("item 1 tests/guest/z.sh /bin/sh /p/z.sh\n"), "{s}");
+    }
+
+    #[test]
+    fn summary_counts_failed_steps_mlx5_items_and_guest_items() {
+        let results = [
+            (
+                "mlx5 model: build the model".to_string(),
+                Err("the crate is missing\nmore".to_string()),
+            ),
+            ("test rc".to_string(), Outcome::Exited(0).result(60)),
+            ("test cq".to_string(), Outcome::Exited(124).result(60)),
+            (
+                "x.sh".to_string(),
+                Outcome::Unfinished("the guest did not boot".into()).result(60),
+            ),
+        ];
+        let (lines, failed) = summary(&["host: miri: no nightly".to_string()], &results);
+        assert_eq!(
+            lines,
+            [
+                "FAIL host: miri: no nightly",
+                "FAIL mlx5 model: build the model (the crate is missing)",
+                "PASS test rc",
+                "FAIL test cq (timed out after 60 s)",
+                "FAIL x.sh (did not finish: the guest did not boot)",
+                "guest: 1 passed, 4 failed",
+            ]
+        );
+        assert_eq!(failed, 4);
+        assert_eq!(summary(&[], &[]), (vec!["guest: 0 passed, 0 failed".to_string()], 0));
     }
 }

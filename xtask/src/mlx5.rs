@@ -1,0 +1,579 @@
+//! The mlx5 device model (issue #15): `cargo xtask mlx5` runs a program on it, and
+//! [`test_step`] is the host step of `cargo xtask test` that runs Debian's unmodified C
+//! libmlx5 (through libibverbs) on it: no guest, no root, no ConnectX anywhere.
+//!
+//! The model is the crate `providers/mlx5/model` (package `uverbs-mlx5-model`), an
+//! `LD_PRELOAD` interposer. A program runs on it with `UVERBS_MLX5_MODEL_DIR=<dir>` and
+//! `LD_PRELOAD=<abs path of target/debug/libuverbs_mlx5_model.so>`; every process started with
+//! the same dir sees the same device `mlx5_0` (port 1 ACTIVE) and can reach the others. Each
+//! run here gets a fresh dir `target/mlx5-model/<pid>-<n>`, removed after a passing item and
+//! kept after a failing one (until an xtask run finds its process gone).
+
+use crate::error::{bail, Context, Result};
+use crate::proc::{self, sh_quote};
+use crate::{env_number, paths};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// `UVERBS_MLX5=1` makes `cargo xtask test` run [`test_step`]. Off by default until the model
+/// passes it (the team lead flips the default then).
+pub const ENV_GATE: &str = "UVERBS_MLX5";
+/// Limit in seconds for each item of the step.
+pub const ENV_TIMEOUT: &str = "UVERBS_MLX5_TIMEOUT";
+const ITEM_TIMEOUT: u32 = 300;
+/// The model's directory variable (the contract with the model crate).
+const ENV_DIR: &str = "UVERBS_MLX5_MODEL_DIR";
+const MODEL_PACKAGE: &str = "uverbs-mlx5-model";
+const MODEL_MANIFEST: &str = "providers/mlx5/model/Cargo.toml";
+const MODEL_LIB: &str = "libuverbs_mlx5_model.so";
+const DEVICE: &str = "mlx5_0";
+/// Source of the C check program, compiled at test time (never part of the library).
+const VERBS_CHECK_C: &str = "tests/mlx5/verbs_check.c";
+/// ibv_rc_pingpong/ibv_uc_pingpong iterations per pair.
+const ITERS: &str = "10000";
+
+/// Whether `UVERBS_MLX5=1` asks `cargo xtask test` for the mlx5 step.
+pub fn enabled() -> bool {
+    std::env::var(ENV_GATE).is_ok_and(|v| v == "1")
+}
+
+/// `cargo xtask mlx5 [--] <command...>`: builds the model and runs the shell command on it
+/// (`/bin/sh -c`, cwd = project root) in a fresh model dir; returns its exit status.
+pub fn run(args: &[String]) -> Result<ExitCode> {
+    let command = shell_command(args)?;
+    let lib = build_model()?;
+    let dir = fresh_dir()?;
+    note!("xtask: mlx5 model dir {}", dir.display());
+    let mut c = Command::new("/bin/sh");
+    c.args(["-c", &command]);
+    on_model(&mut c, &lib, &dir);
+    let st = proc::status(&mut c)?;
+    if st.success() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(ExitCode::from(st.code().unwrap_or(128).clamp(0, 255) as u8))
+}
+
+/// The command line `cargo xtask mlx5` runs: its arguments joined by spaces, as `guest` does.
+fn shell_command(args: &[String]) -> Result<String> {
+    if args.is_empty() {
+        bail!(
+            "`cargo xtask mlx5` needs a command to run on the mlx5 model\n{}",
+            crate::USAGE
+        );
+    }
+    Ok(args.join(" "))
+}
+
+/// Builds the model crate; returns the interposer's absolute path. Fails, saying so, where
+/// the crate is not in this tree.
+pub fn build_model() -> Result<PathBuf> {
+    require_model_crate(&paths::root())?;
+    let mut c = crate::testrun::cargo();
+    c.args(["build", "-p", MODEL_PACKAGE]);
+    note!("xtask: {}", proc::describe(&c));
+    proc::check(&mut c)?;
+    let lib = paths::target_dir().join("debug").join(MODEL_LIB);
+    if !lib.is_file() {
+        bail!("`cargo build -p {MODEL_PACKAGE}` made no {}", lib.display());
+    }
+    Ok(lib)
+}
+
+fn require_model_crate(root: &Path) -> Result<()> {
+    if !root.join(MODEL_MANIFEST).is_file() {
+        bail!(
+            "the mlx5 model crate is not in this tree: {MODEL_MANIFEST} is missing \
+             (package {MODEL_PACKAGE}, issue #15)"
+        );
+    }
+    Ok(())
+}
+
+/// Points `c` at the model: the dir, the interposer, the project root as cwd.
+fn on_model(c: &mut Command, lib: &Path, dir: &Path) {
+    c.env(ENV_DIR, dir).env("LD_PRELOAD", lib).current_dir(paths::root());
+}
+
+fn model_root() -> PathBuf {
+    paths::target_dir().join("mlx5-model")
+}
+
+/// A new, empty model dir of this process; first removes those of processes that are gone.
+fn fresh_dir() -> Result<PathBuf> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let root = model_root();
+    if let Ok(d) = std::fs::read_dir(&root) {
+        for e in d.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.split('-').next().unwrap_or_default();
+            if pid != std::process::id().to_string() && !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = root.join(format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// One item of the step and how it ended (`Err` says why it failed).
+pub struct Checked {
+    pub name: String,
+    pub result: std::result::Result<(), String>,
+}
+
+/// The host step of `cargo xtask test` (when [`enabled`]): builds the model, then runs
+/// `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong pairs (`-s 1`, `-s 60`, `-s 4096`, `-e`),
+/// an ibv_uc_pingpong pair and verbs_check (one process, and two processes) on it, each
+/// bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
+/// (never a skip).
+pub fn test_step() -> Vec<Checked> {
+    let lib = match crate::packages::ensure().and_then(|()| build_model()) {
+        Ok(lib) => lib,
+        Err(e) => {
+            return vec![Checked {
+                name: "set-up: host packages, model build".into(),
+                result: Err(e.to_string()),
+            }]
+        }
+    };
+    let limit = match env_number(ENV_TIMEOUT, ITEM_TIMEOUT) {
+        Ok(s) => Duration::from_secs(s.into()),
+        Err(e) => {
+            return vec![Checked {
+                name: "settings".into(),
+                result: Err(e.to_string()),
+            }]
+        }
+    };
+    let step = Step { lib, limit };
+    let mut out = Vec::new();
+    let mut check = |name: String, f: &mut dyn FnMut(&Path) -> std::result::Result<(), String>| {
+        note!("==== mlx5 model: {name}");
+        let result = step.item(f);
+        if let Err(why) = &result {
+            note!("xtask: mlx5 model: FAIL {name}: {why}");
+        }
+        out.push(Checked { name, result });
+    };
+
+    check("ibv_devices lists mlx5_0".into(), &mut |dir| {
+        let text = step.output(dir, "ibv_devices", &["ibv_devices"])?;
+        lists_device(&text)
+            .then_some(())
+            .ok_or(format!("no {DEVICE} in:\n{text}"))
+    });
+    let mut link = Link::Unknown;
+    check("ibv_devinfo -v shows mlx5_0, port 1 ACTIVE".into(), &mut |dir| {
+        let text = step.output(dir, "ibv_devinfo", &["ibv_devinfo", "-v", "-d", DEVICE])?;
+        let info = devinfo(&text);
+        link = info.link;
+        match (info.hca, info.port1_active) {
+            (true, true) => Ok(()),
+            (false, _) => Err(format!("no `hca_id: {DEVICE}` in:\n{text}")),
+            (true, false) => Err(format!("port 1 is not PORT_ACTIVE:\n{text}")),
+        }
+    });
+    // RoCE needs a GID (index 0 on the model); InfiniBand uses LIDs.
+    let gid: &[&str] = if link == Link::Ethernet { &["-g", "0"] } else { &[] };
+    let pingpongs: [(&str, &[&str]); 5] = [
+        ("ibv_rc_pingpong", &["-s", "1"]),
+        ("ibv_rc_pingpong", &["-s", "60"]),
+        ("ibv_rc_pingpong", &["-s", "4096"]),
+        ("ibv_rc_pingpong", &["-e"]),
+        ("ibv_uc_pingpong", &[]),
+    ];
+    for (program, extra) in pingpongs {
+        let mut args: Vec<&str> = vec![program, "-d", DEVICE, "-n", ITERS];
+        args.extend(gid);
+        args.extend(extra);
+        check(format!("{} pair", args.join(" ")), &mut |dir| {
+            let port = free_port()?;
+            let server: Vec<String> = args
+                .iter()
+                .map(|s| s.to_string())
+                .chain(["-p".into(), port.to_string()])
+                .collect();
+            let mut client = server.clone();
+            client.push("127.0.0.1".into());
+            let (s, c) = step.pair(dir, port, &server, &client)?;
+            let done = format!("{ITERS} iters");
+            for (side, text) in [("server", &s), ("client", &c)] {
+                if !text.contains(&done) {
+                    return Err(format!("the {side} exited 0 without reporting {done}"));
+                }
+            }
+            Ok(())
+        });
+    }
+    let exe = compile_verbs_check();
+    check("verbs_check (one process, two contexts)".into(), &mut |dir| {
+        let exe = exe.clone()?;
+        let text = step.output(dir, "verbs_check", &[exe.as_str(), "-d", DEVICE])?;
+        verbs_check_passed(&text)
+    });
+    check("verbs_check (two processes)".into(), &mut |dir| {
+        let exe = exe.clone()?;
+        let port = free_port()?;
+        let p = port.to_string();
+        let server = [exe.as_str(), "-d", DEVICE, "-S", "-p", &p].map(String::from);
+        let client = [exe.as_str(), "-d", DEVICE, "-p", &p, "127.0.0.1"].map(String::from);
+        let (_, c) = step.pair(dir, port, &server, &client)?;
+        verbs_check_passed(&c)
+    });
+    out
+}
+
+/// What one step run shares: the interposer and the per-item limit.
+struct Step {
+    lib: PathBuf,
+    limit: Duration,
+}
+
+impl Step {
+    /// Runs one item in a fresh model dir; removes the dir if it passed, names it if not.
+    fn item(&self, f: &mut dyn FnMut(&Path) -> std::result::Result<(), String>) -> std::result::Result<(), String> {
+        let dir = fresh_dir().map_err(|e| e.to_string())?;
+        let result = f(&dir);
+        match &result {
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            Err(_) => note!("xtask: mlx5 model: outputs kept in {}", dir.display()),
+        }
+        result
+    }
+
+    /// `argv` on the model under `timeout`, stdout and stderr into `<dir>/<name>.out`.
+    fn spawn(&self, dir: &Path, name: &str, argv: &[String]) -> std::result::Result<Child, String> {
+        let path = dir.join(format!("{name}.out"));
+        let out = std::fs::File::create(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut c = Command::new("timeout");
+        c.args(["-k", "10", &self.limit.as_secs().to_string()])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        on_model(&mut c, &self.lib, dir);
+        c.spawn()
+            .map_err(|e| format!("cannot start `{}`: {e}", proc::describe(&c)))
+    }
+
+    /// Runs `argv` to the end; its output if it exited 0.
+    fn output(&self, dir: &Path, name: &str, argv: &[&str]) -> std::result::Result<String, String> {
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let mut child = self.spawn(dir, name, &argv)?;
+        let st = child.wait().map_err(|e| e.to_string())?;
+        let text = read_out(dir, name);
+        if !st.success() {
+            return Err(format!(
+                "`{}` {}: {}\n{}",
+                describe_argv(&argv),
+                exit_text(st.code()),
+                last_line(&text),
+                tail(&text, 20)
+            ));
+        }
+        Ok(text)
+    }
+
+    /// A server and a client: the client starts once the server listens on `port`; both must
+    /// exit 0. Returns (server output, client output).
+    fn pair(
+        &self,
+        dir: &Path,
+        port: u16,
+        server: &[String],
+        client: &[String],
+    ) -> std::result::Result<(String, String), String> {
+        let mut s = self.spawn(dir, "server", server)?;
+        let start = Instant::now();
+        while !listening(port) {
+            if let Ok(Some(st)) = s.try_wait() {
+                let text = read_out(dir, "server");
+                return Err(format!(
+                    "the server ended ({}) before listening on port {port}: {}\n{}",
+                    exit_text(st.code()),
+                    last_line(&text),
+                    tail(&text, 20)
+                ));
+            }
+            if start.elapsed() > self.limit.min(Duration::from_secs(60)) {
+                stop(&mut s);
+                return Err(format!(
+                    "the server did not listen on port {port} within {:?}",
+                    start.elapsed()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let crc = self.spawn(dir, "client", client)?.wait().map_err(|e| e.to_string())?;
+        // A server whose client failed may wait for it forever: give it 10 s, then stop it.
+        let deadline = Instant::now()
+            + if crc.success() {
+                self.limit
+            } else {
+                Duration::from_secs(10)
+            };
+        let src = loop {
+            match s.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                _ => {
+                    stop(&mut s);
+                    break None;
+                }
+            }
+        };
+        let (so, co) = (read_out(dir, "server"), read_out(dir, "client"));
+        match (src.map(|s| s.code()), crc.code()) {
+            (Some(Some(0)), Some(0)) => Ok((so, co)),
+            (sc, cc) => Err(format!(
+                "server {}, client {}: {}\n---- server\n{}\n---- client\n{}",
+                sc.map_or("stopped after its client failed".into(), exit_text),
+                exit_text(cc),
+                last_line(if cc == Some(0) { &so } else { &co }),
+                tail(&so, 15),
+                tail(&co, 15)
+            )),
+        }
+    }
+}
+
+/// Stops a `timeout` child and the program under it (`timeout` passes SIGTERM on).
+fn stop(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-s", "TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+fn read_out(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap_or_default()
+}
+
+fn describe_argv(argv: &[String]) -> String {
+    argv.iter().map(|a| sh_quote(a)).collect::<Vec<_>>().join(" ")
+}
+
+/// An exit code in words; 124 is `timeout`'s.
+fn exit_text(code: Option<i32>) -> String {
+    match code {
+        Some(0) => "exit 0".into(),
+        Some(124) | Some(137) => "timed out".into(),
+        Some(c) => format!("exit status {c}"),
+        None => "killed by a signal".into(),
+    }
+}
+
+/// The last non-blank line of an output, for one-line reports.
+fn last_line(text: &str) -> &str {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("(no output)")
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A TCP port free on 127.0.0.1 right now.
+fn free_port() -> std::result::Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free TCP port: {e}"))?;
+    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// Whether some socket listens on TCP `port` (IPv4 or IPv6), from /proc/net.
+fn listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .any(|f| std::fs::read_to_string(f).is_ok_and(|t| listens_on(&t, port)))
+}
+
+/// Whether a /proc/net/tcp{,6} table has a LISTEN (state 0A) socket on local `port`.
+fn listens_on(table: &str, port: u16) -> bool {
+    table.lines().skip(1).any(|l| {
+        let mut f = l.split_whitespace();
+        let local = f.nth(1).unwrap_or_default();
+        let state = f.nth(1).unwrap_or_default();
+        state == "0A" && local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+    })
+}
+
+/// Whether `ibv_devices` output lists the model's device.
+fn lists_device(text: &str) -> bool {
+    text.lines().any(|l| l.split_whitespace().next() == Some(DEVICE))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Link {
+    Unknown,
+    InfiniBand,
+    Ethernet,
+}
+
+/// What the step needs from `ibv_devinfo -v -d mlx5_0`.
+#[derive(Debug, PartialEq)]
+struct DevInfo {
+    hca: bool,
+    port1_active: bool,
+    link: Link,
+}
+
+fn devinfo(text: &str) -> DevInfo {
+    let mut info = DevInfo {
+        hca: false,
+        port1_active: false,
+        link: Link::Unknown,
+    };
+    let mut port = 0;
+    for l in text.lines() {
+        let mut kv = l.trim().splitn(2, ':');
+        let (key, value) = (kv.next().unwrap_or_default(), kv.next().unwrap_or_default().trim());
+        match key {
+            "hca_id" => info.hca |= value == DEVICE,
+            "port" => port = value.parse().unwrap_or(0),
+            "state" if port == 1 => info.port1_active = value.starts_with("PORT_ACTIVE"),
+            "link_layer" if port == 1 => {
+                info.link = match value {
+                    "InfiniBand" => Link::InfiniBand,
+                    "Ethernet" => Link::Ethernet,
+                    _ => Link::Unknown,
+                }
+            }
+            _ => {}
+        }
+    }
+    info
+}
+
+/// Compiles verbs_check with gcc against libibverbs; its path, or why it does not build.
+fn compile_verbs_check() -> std::result::Result<String, String> {
+    let out_dir = paths::target_dir().join("mlx5-check");
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    let exe = out_dir.join("verbs_check");
+    let mut c = Command::new("gcc");
+    c.args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(paths::root().join(VERBS_CHECK_C))
+        .arg("-libverbs");
+    note!("xtask: {}", proc::describe(&c));
+    proc::filter(&mut c, b"", &[0]).map_err(|e| format!("{VERBS_CHECK_C} does not compile: {e}"))?;
+    Ok(exe.to_string_lossy().into_owned())
+}
+
+/// Passes when verbs_check's last line counts at least one pass and no failure.
+fn verbs_check_passed(text: &str) -> std::result::Result<(), String> {
+    let counts = text.lines().rev().find_map(|l| {
+        let rest = l.strip_prefix("verbs_check: ")?;
+        let (p, f) = rest.split_once(" passed, ")?;
+        Some((p.parse::<u32>().ok()?, f.strip_suffix(" failed")?.parse::<u32>().ok()?))
+    });
+    let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    match counts {
+        Some((p, 0)) if p > 0 && fails.is_empty() => Ok(()),
+        Some((p, f)) => Err(format!(
+            "verbs_check: {p} passed, {f} failed{}\n{}",
+            fails.first().map_or(String::new(), |l| format!("; first {l}")),
+            fails.join("\n")
+        )),
+        None => Err(format!(
+            "no `verbs_check: N passed, M failed` line:\n{}",
+            tail(text, 20)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_is_the_arguments_joined() {
+        assert!(shell_command(&[]).is_err());
+        let args = ["ibv_devinfo", "-v", "&&", "echo ok"].map(String::from);
+        assert_eq!(shell_command(&args).unwrap(), "ibv_devinfo -v && echo ok");
+    }
+
+    #[test]
+    fn parses_ibv_devices_and_ibv_devinfo() {
+        let devices = "    device          \t   node GUID\n    ------          \t----------------\n    mlx5_0          \t0002c90300fed670\n";
+        assert!(lists_device(devices));
+        assert!(!lists_device("    device\n    mlx5_01 x\n"));
+        let info = "hca_id:\tmlx5_0\n\ttransport:\t\t\tInfiniBand (0)\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n\t\t\tlink_layer:\t\tEthernet\n\t\tport:\t2\n\t\t\tstate:\t\t\tPORT_DOWN (1)\n\t\t\tlink_layer:\t\tInfiniBand\n";
+        assert_eq!(
+            devinfo(info),
+            DevInfo {
+                hca: true,
+                port1_active: true,
+                link: Link::Ethernet
+            }
+        );
+        let down = "hca_id:\trxe0\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_DOWN (1)\n\t\t\tlink_layer:\t\tInfiniBand\n";
+        assert_eq!(
+            devinfo(down),
+            DevInfo {
+                hca: false,
+                port1_active: false,
+                link: Link::InfiniBand
+            }
+        );
+    }
+
+    #[test]
+    fn finds_listening_sockets_in_proc_net_tcp() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n   1: 0100007F:A3F2 0100007F:4853 01 00000000:00000000 00:00000000 00000000     0        0 2\n";
+        assert!(listens_on(table, 0x4853));
+        assert!(!listens_on(table, 0xa3f2), "an established socket does not listen");
+        let v6 = "  sl  local_address                         remote_address                        st\n   0: 00000000000000000000000000000000:4853 00000000000000000000000000000000:0000 0A 0\n";
+        assert!(listens_on(v6, 0x4853));
+        assert!(!listens_on(v6, 0x4854));
+    }
+
+    #[test]
+    fn verbs_check_needs_its_count_line_with_no_failure() {
+        assert!(verbs_check_passed("PASS a\nPASS b\nverbs_check: 2 passed, 0 failed\n").is_ok());
+        let e = verbs_check_passed("PASS a\nFAIL b: why\nverbs_check: 1 passed, 1 failed\n").unwrap_err();
+        assert_eq!(
+            e.lines().next(),
+            Some("verbs_check: 1 passed, 1 failed; first FAIL b: why")
+        );
+        assert!(verbs_check_passed("FAIL setup: no device\nverbs_check: 0 passed, 1 failed\n").is_err());
+        assert!(
+            verbs_check_passed("verbs_check: 0 passed, 0 failed\n").is_err(),
+            "nothing ran"
+        );
+        assert!(verbs_check_passed("PASS a\n").is_err(), "cut short");
+    }
+
+    #[test]
+    fn one_line_reports() {
+        assert_eq!(last_line("a\nlast words\n\n  \n"), "last words");
+        assert_eq!(last_line(""), "(no output)");
+        assert_eq!(tail("1\n2\n3\n", 2), "2\n3");
+    }
+
+    #[test]
+    fn exit_codes_in_words() {
+        assert_eq!(exit_text(Some(124)), "timed out");
+        assert_eq!(exit_text(Some(3)), "exit status 3");
+        assert_eq!(exit_text(None), "killed by a signal");
+    }
+
+    #[test]
+    fn a_missing_model_crate_is_an_error_not_a_skip() {
+        let e = require_model_crate(Path::new("/nonexistent")).unwrap_err().to_string();
+        assert!(e.contains(MODEL_MANIFEST), "{e}");
+    }
+}
