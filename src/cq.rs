@@ -290,8 +290,8 @@ impl Drop for Cq {
 /// allocation).
 pub(crate) struct NoRing;
 
-#[allow(unsafe_code)] // a promise about `ready_run`, kept by describing none
-                      // SAFETY: `ready_run` describes no completions.
+#[allow(unsafe_code)]
+// SAFETY: `ready_run` describes no completions.
 unsafe impl CqRing for NoRing {
     fn poll(&mut self, _: &mut [WorkCompletion]) -> usize {
         0

@@ -561,8 +561,8 @@ impl Drop for Qp {
 /// What a [`Qp`] holds in place of queues it had to leak (a zero-sized box: no allocation).
 struct NoQueues;
 
-#[allow(unsafe_code)] // a promise kept by making no kernel call
-                      // SAFETY: no kernel call, no driver bytes.
+#[allow(unsafe_code)]
+// SAFETY: no kernel call, no driver bytes.
 unsafe impl QpQueues for NoQueues {
     unsafe fn post_send(&mut self, _: SendList<'_, '_>) -> Result<()> {
         Err(Error::invalid("post_send", "the QP is being dropped"))

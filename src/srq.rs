@@ -104,10 +104,10 @@ pub struct Srq {
     max_sge: u32,
 }
 
-#[allow(unsafe_code)] // a promise, argued below
-                      // SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it takes
-                      // `&mut self`; through a shared `&Srq` threads only read immutable fields and run kernel
-                      // commands.
+#[allow(unsafe_code)]
+// SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it takes
+// `&mut self`; through a shared `&Srq` threads only read immutable fields and run kernel
+// commands.
 unsafe impl Sync for Srq {}
 
 impl std::fmt::Debug for Srq {
@@ -280,8 +280,8 @@ impl Drop for Srq {
 /// allocation).
 pub(crate) struct NoQueue;
 
-#[allow(unsafe_code)] // a promise kept by making no kernel call
-                      // SAFETY: no kernel call, no driver bytes.
+#[allow(unsafe_code)]
+// SAFETY: no kernel call, no driver bytes.
 unsafe impl SrqQueue for NoQueue {
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
         Err(Error::invalid("post_srq_recv", "the SRQ is being dropped"))
