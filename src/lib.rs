@@ -24,6 +24,9 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod ah;
+#[cfg(feature = "tokio")]
+#[allow(unsafe_code)] // registers the event fds with the reactor
+pub mod aio;
 mod attr;
 #[allow(unsafe_code)] // reads ring memory in place, through the provider's pointers
 mod batch;
