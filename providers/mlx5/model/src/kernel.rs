@@ -378,12 +378,20 @@ impl Model {
         if fits(48) {
             len += 1;
         }
-        if fits(64) {
+        // hca_core_clock_offset (its comp_mask bit stays clear: no core clock page).
+        if fits(56) {
+            len += 8;
+        }
+        if fits(60) {
             resp.log_uar_size = 12;
             len += 4;
         }
-        if fits(68) {
+        if fits(64) {
             resp.num_uars_per_page = 1;
+            len += 4;
+        }
+        // num_dyn_bfregs, dump_fill_mkey (no DUMP_FILL_MKEY capability).
+        if fits(68) {
             len += 4;
         }
         if fits(72) {

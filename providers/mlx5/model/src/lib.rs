@@ -26,6 +26,8 @@ pub mod runtime;
 mod sysfs;
 pub mod wire;
 
+#[cfg(test)]
+mod tests;
 
 /// Whether `UVERBS_MLX5_MODEL_LOG=1`.
 pub fn log_enabled() -> bool {

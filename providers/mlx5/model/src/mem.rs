@@ -186,4 +186,15 @@ impl Memory for Arena {
     fn take(&self, addr: u64) -> Result<u64, Fault> {
         self.word(addr, |_| 0)
     }
+    /// A probe (the kernel pinning memory) is not a stray access: it is how unmapped memory
+    /// is found.
+    fn probe(&self, addr: u64, len: u64) -> bool {
+        let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        regions.iter().any(|(base, bytes)| {
+            addr >= *base
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= base + bytes.len() as u64)
+        })
+    }
 }

@@ -103,8 +103,9 @@ fn serve(mut stream: UnixStream) {
     }
 }
 
-/// Polls doorbells and runs send WQEs, forever. It spins (yielding) while there is work
-/// and sleeps longer the longer it stays idle.
+/// Polls doorbells and runs send WQEs, forever. It runs on while there is work,
+/// sleeps a few microseconds between polls, and longer once idle for a while
+/// (yielding would hand the core to the client's own busy-polling thread for a whole slice).
 fn device_loop() {
     let Some(rt) = runtime() else { return };
     let mut peers: HashMap<u16, UnixStream> = HashMap::new();
@@ -131,8 +132,8 @@ fn device_loop() {
         }
         idle = idle.saturating_add(1);
         match idle {
-            0..=2000 => std::thread::yield_now(),
-            2001..=20000 => std::thread::sleep(Duration::from_micros(20)),
+            0..=64 => std::hint::spin_loop(),
+            65..=50_000 => std::thread::sleep(Duration::from_micros(10)),
             _ => std::thread::sleep(Duration::from_micros(500)),
         }
     }
