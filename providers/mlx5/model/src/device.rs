@@ -144,7 +144,6 @@ impl Device {
         let full = ci.map_or(true, |ci| cq.pi.wrapping_sub(ci) & 0xff_ffff >= cq.ncqe);
         if full {
             cq.error = true;
-            cq.async_events += 1;
             crate::log!("cq {} overrun: CQ_ERR", cq.cqn);
             if let Some(sink) = async_sink {
                 let ev = abi::AsyncEventDesc {
@@ -178,7 +177,6 @@ impl Device {
     fn fire(cq: &mut Cq, arm: Arm) {
         cq.arm = None;
         cq.fired = Some(arm.value);
-        cq.comp_events += 1;
         if let Some(ch) = &cq.channel {
             ch.push(&cq.user_handle.to_ne_bytes());
         }
@@ -231,6 +229,8 @@ impl Device {
                 if cq.fired == Some(value) || cq.arm.is_some_and(|a| a.value == value) {
                     continue;
                 }
+                // The record carries the same value: do not arm twice for one request.
+                cq.last_arm_db = value;
                 Self::arm(cq, value);
             }
         }
@@ -256,7 +256,6 @@ impl Device {
     fn raise_qp_fatal(model: &mut Model, h: u32) {
         let Some(qp) = model.qps.get_mut(h) else { return };
         qp.state = qps::ERR;
-        qp.async_events += 1;
         crate::log!("qp {:#x} fatal", qp.qpn);
         if let Some(sink) = model.contexts.get(&qp.ctx).and_then(|c| c.async_sink.as_ref()) {
             let ev = abi::AsyncEventDesc {

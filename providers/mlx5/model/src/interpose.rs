@@ -378,6 +378,26 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
     unsafe { real(fd, buf, count) }
 }
 
+/// Interposed: events read from the model's event fds are counted, as the kernel counts
+/// them at read time.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    let Some(real) = real!("read", fn(c_int, *mut c_void, size_t) -> ssize_t) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards the caller's arguments to libc's function.
+    let n = unsafe { real(fd, buf, count) };
+    if n > 0 && fd_kind(fd) == FD_EVENT {
+        if let Some(rt) = runtime() {
+            // SAFETY: the read just filled `n` bytes of the caller's buffer.
+            let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n as usize) };
+            let _ = catch_unwind(AssertUnwindSafe(|| rt.lock().events_read(fd, bytes)));
+        }
+    }
+    n
+}
+
 /// Interposed: `RDMA_VERBS_IOCTL` on the device file.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {

@@ -50,6 +50,8 @@ pub struct Context {
     /// Static UAR pages (legacy mode).
     pub static_uar_pages: u64,
     pub async_sink: Option<Arc<dyn EventSink>>,
+    /// The client's end of the async event fd.
+    pub async_fd: Option<i32>,
     /// Addresses of the UAR pages mapped for this context (the device watches their CQ
     /// doorbell word).
     pub uar_maps: Vec<u64>,
@@ -178,6 +180,49 @@ impl Model {
         self.channels.remove(&fd);
     }
 
+    /// The client read `bytes` from event fd `fd`: count the events per object, as the
+    /// kernel does when an event is read (uverbs_main.c `ib_uverbs_event_read`), for the
+    /// DESTROY_CQ/QP responses libibverbs waits on.
+    pub fn events_read(&mut self, fd: i32, bytes: &[u8]) {
+        if let Some(&(ctx, _)) = self.channels.get(&fd) {
+            for rec in bytes.chunks_exact(8) {
+                let handle = u64::from_ne_bytes(rec.try_into().unwrap_or_default());
+                for h in self.cqs.handles() {
+                    if let Some(cq) = self.cqs.get_mut(h).filter(|c| c.ctx == ctx && c.user_handle == handle) {
+                        cq.comp_events += 1;
+                        break;
+                    }
+                }
+            }
+            return;
+        }
+        let Some((&ctx, _)) = self.contexts.iter().find(|(_, c)| c.async_fd == Some(fd)) else {
+            return;
+        };
+        for rec in bytes.chunks_exact(16) {
+            let ev: abi::AsyncEventDesc = decode(rec);
+            if ev.event_type == abi::event::CQ_ERR {
+                let cq = self
+                    .cqs
+                    .iter()
+                    .find(|(_, c)| c.ctx == ctx && c.user_handle == ev.element)
+                    .map(|(h, _)| h);
+                if let Some(cq) = cq.and_then(|h| self.cqs.get_mut(h)) {
+                    cq.async_events += 1;
+                }
+            } else {
+                let qp = self
+                    .qps
+                    .iter()
+                    .find(|(_, q)| q.ctx == ctx && q.user_handle == ev.element)
+                    .map(|(h, _)| h);
+                if let Some(qp) = qp.and_then(|h| self.qps.get_mut(h)) {
+                    qp.async_events += 1;
+                }
+            }
+        }
+    }
+
     /// `write(fd, buf, count)` on the device file (uverbs_main.c `ib_uverbs_write`).
     pub fn write(&mut self, ctx: i32, buf: u64, count: usize, mem: &dyn Memory, host: &dyn Host) -> Result<(), Errno> {
         // ib_uverbs_write: `if (count < sizeof(hdr)) return -EINVAL;`
@@ -293,6 +338,7 @@ impl Model {
                 let c = self.contexts.entry(call.ctx).or_default();
                 *c = ctx;
                 c.async_sink = Some(sink);
+                c.async_fd = Some(fd);
                 Ok(())
             }
             Err(e) => {
@@ -406,6 +452,7 @@ impl Model {
             lib_uar_dyn,
             static_uar_pages: static_pages,
             async_sink: None,
+            async_fd: None,
             uar_maps: Vec::new(),
         })
     }

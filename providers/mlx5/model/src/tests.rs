@@ -989,6 +989,11 @@ fn a_full_cq_raises_cq_err_and_is_not_overwritten() {
     assert_eq!(events.len(), 1);
     let ev = abi::AsyncEventDesc::read_from_bytes(&events[0]).unwrap();
     assert_eq!((ev.event_type, ev.element), (abi::event::CQ_ERR, 0xc0));
+    // Counted when read, for DESTROY_CQ's response.
+    let mut m = p.env.model.lock().unwrap();
+    let fd = m.contexts[&CTX].async_fd.unwrap();
+    m.events_read(fd, &events[0]);
+    assert_eq!(m.cqs.iter().next().unwrap().1.async_events, 1);
 }
 
 #[test]
