@@ -1,0 +1,553 @@
+//! The `LD_PRELOAD` interposer: the libc entry points the client's calls land in.
+//!
+//! With `UVERBS_MLX5_MODEL_DIR` set, `/dev/infiniband/uverbs0` opens as a device file of the
+//! model (backed by a `/dev/null` descriptor, so `fstat` reports the character device sysfs
+//! names), `write`/`ioctl`/`mmap`/`close` on it go to the model, paths under
+//! `/sys/class/infiniband*` lead into `<dir>/sysfs`, and RDMA netlink is refused (libibverbs
+//! then reads sysfs). Every other call goes to the next definition (`dlsym(RTLD_NEXT)`).
+//! Without the variable, everything passes through.
+//!
+//! No panic leaves these functions: each model call runs under `catch_unwind` and becomes
+//! `EIO`. The model's lock is only taken for descriptors the model made, so the model's own
+//! libc calls (made while it holds the lock) pass straight through.
+
+use crate::mem::ProcessMemory;
+use crate::runtime::{model_dir, runtime, ProcessHost};
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, off_t, size_t, ssize_t};
+use std::ffi::{CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+const DEVICE_PATH: &[u8] = b"/dev/infiniband/uverbs0";
+const SYSFS_PREFIX: &[u8] = b"/sys/class/infiniband";
+const NETLINK_RDMA: c_int = 20;
+
+/// What a descriptor is to the model.
+const FD_OTHER: u8 = 0;
+const FD_DEVICE: u8 = 1;
+const FD_EVENT: u8 = 2;
+const FD_TABLE: usize = 1 << 16;
+static FD_KIND: [AtomicU8; FD_TABLE] = [const { AtomicU8::new(FD_OTHER) }; FD_TABLE];
+/// UAR pages currently mapped (munmap only takes the lock when there are some).
+static UAR_PAGES: AtomicUsize = AtomicUsize::new(0);
+
+fn fd_kind(fd: c_int) -> u8 {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_KIND.get(i))
+        .map_or(FD_OTHER, |k| k.load(Ordering::Acquire))
+}
+
+/// Marks `fd` as one of the model's (event fds are marked by the host that makes them).
+fn mark_fd(fd: c_int, kind: u8) {
+    if let Some(k) = usize::try_from(fd).ok().and_then(|i| FD_KIND.get(i)) {
+        k.store(kind, Ordering::Release);
+    }
+}
+
+/// Marks a new event fd.
+pub(crate) fn mark_event_fd(fd: c_int) {
+    mark_fd(fd, FD_EVENT);
+}
+
+/// Forgets an event fd the model closes itself.
+pub(crate) fn unmark_fd(fd: c_int) {
+    mark_fd(fd, FD_OTHER);
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Resolves and caches the next definition of a libc function.
+macro_rules! real {
+    ($name:literal, fn($($t:ty),*) -> $r:ty) => {{
+        static PTR: AtomicUsize = AtomicUsize::new(0);
+        let mut p = PTR.load(Ordering::Relaxed);
+        if p == 0 {
+            // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the definition after
+            // this library (libc's).
+            p = unsafe { libc::dlsym(libc::RTLD_NEXT, concat!($name, "\0").as_ptr().cast()) } as usize;
+            PTR.store(p, Ordering::Relaxed);
+        }
+        if p == 0 {
+            None
+        } else {
+            // SAFETY: the symbol is libc's function of this exact C signature.
+            Some(unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(p) })
+        }
+    }};
+}
+
+/// Runs a model operation, turning a panic into `EIO`.
+fn guarded<T>(fail: T, f: impl FnOnce() -> Result<T, c_int>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            set_errno(e);
+            fail
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            fail
+        }
+    }
+}
+
+/// What a path means to the model.
+enum Path {
+    Device,
+    Redirect(CString),
+    Other,
+}
+
+fn classify(path: *const c_char) -> Path {
+    if path.is_null() {
+        return Path::Other;
+    }
+    let Some(dir) = model_dir() else { return Path::Other };
+    // SAFETY: a non-null path argument of a libc call is a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+    if bytes == DEVICE_PATH {
+        return Path::Device;
+    }
+    if let Some(rest) = bytes.strip_prefix(SYSFS_PREFIX) {
+        if rest.is_empty() || rest.starts_with(b"/") || rest.starts_with(b"_verbs") {
+            let mut full = dir.join("sysfs/class").into_os_string().into_encoded_bytes();
+            full.extend_from_slice(b"/infiniband");
+            full.extend_from_slice(rest);
+            if let Ok(c) = CString::new(full) {
+                return Path::Redirect(c);
+            }
+        }
+    }
+    Path::Other
+}
+
+/// The path to give the real function: the redirection, `/dev/null` for the device file
+/// (for the stat family), or the caller's.
+fn with_path<R>(path: *const c_char, f: impl FnOnce(*const c_char) -> R) -> R {
+    match classify(path) {
+        Path::Device => f(c"/dev/null".as_ptr()),
+        Path::Redirect(c) => f(c.as_ptr()),
+        Path::Other => f(path),
+    }
+}
+
+fn open_device(flags: c_int) -> c_int {
+    let Some(real) = real!("open", fn(*const c_char, c_int, c_uint) -> c_int) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    guarded(-1, || {
+        let rt = runtime().ok_or(libc::ENODEV)?;
+        // SAFETY: libc open of a constant path.
+        let fd = unsafe { real(c"/dev/null".as_ptr(), libc::O_RDWR | (flags & libc::O_CLOEXEC), 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+        }
+        rt.lock().open(fd);
+        mark_fd(fd, FD_DEVICE);
+        crate::log!("open uverbs0 -> fd {fd}");
+        Ok(fd)
+    })
+}
+
+macro_rules! open_like {
+    ($name:ident, $real:literal) => {
+        /// Interposed: opens the model's device file or a redirected sysfs path.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+            match classify(path) {
+                Path::Device => open_device(flags),
+                other => {
+                    let Some(real) = real!($real, fn(*const c_char, c_int, c_uint) -> c_int) else {
+                        set_errno(libc::ENOSYS);
+                        return -1;
+                    };
+                    let p = if let Path::Redirect(c) = &other {
+                        c.as_ptr()
+                    } else {
+                        path
+                    };
+                    // SAFETY: forwards the caller's arguments to libc's function.
+                    unsafe { real(p, flags, mode) }
+                }
+            }
+        }
+    };
+}
+open_like!(open, "open");
+open_like!(open64, "open64");
+
+macro_rules! open_fortified {
+    ($name:ident, $real:literal) => {
+        /// Interposed: the `_FORTIFY_SOURCE` form of `open`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int) -> c_int {
+            match classify(path) {
+                Path::Device => open_device(flags),
+                other => {
+                    let Some(real) = real!($real, fn(*const c_char, c_int) -> c_int) else {
+                        set_errno(libc::ENOSYS);
+                        return -1;
+                    };
+                    let p = if let Path::Redirect(c) = &other {
+                        c.as_ptr()
+                    } else {
+                        path
+                    };
+                    // SAFETY: forwards the caller's arguments to libc's function.
+                    unsafe { real(p, flags) }
+                }
+            }
+        }
+    };
+}
+open_fortified!(__open_2, "__open_2");
+open_fortified!(__open64_2, "__open64_2");
+
+macro_rules! openat_like {
+    ($name:ident, $real:literal) => {
+        /// Interposed: `openat` with an absolute path behaves as `open`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+            match classify(path) {
+                Path::Device => open_device(flags),
+                other => {
+                    let Some(real) = real!($real, fn(c_int, *const c_char, c_int, c_uint) -> c_int) else {
+                        set_errno(libc::ENOSYS);
+                        return -1;
+                    };
+                    let p = if let Path::Redirect(c) = &other {
+                        c.as_ptr()
+                    } else {
+                        path
+                    };
+                    // SAFETY: forwards the caller's arguments to libc's function.
+                    unsafe { real(dirfd, p, flags, mode) }
+                }
+            }
+        }
+    };
+}
+openat_like!(openat, "openat");
+openat_like!(openat64, "openat64");
+
+macro_rules! stat_like {
+    ($name:ident, $real:literal, $buf:ty) => {
+        /// Interposed: the stat family sees the device file and the sysfs tree.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, buf: *mut $buf) -> c_int {
+            let Some(real) = real!($real, fn(*const c_char, *mut $buf) -> c_int) else {
+                set_errno(libc::ENOSYS);
+                return -1;
+            };
+            // SAFETY: forwards to libc's function with the caller's buffer.
+            with_path(path, |p| unsafe { real(p, buf) })
+        }
+    };
+}
+stat_like!(stat, "stat", libc::stat);
+stat_like!(stat64, "stat64", libc::stat64);
+stat_like!(lstat, "lstat", libc::stat);
+stat_like!(lstat64, "lstat64", libc::stat64);
+
+macro_rules! xstat_like {
+    ($name:ident, $real:literal, $buf:ty) => {
+        /// Interposed: glibc's versioned stat entry points (`__xstat`, ...).
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(ver: c_int, path: *const c_char, buf: *mut $buf) -> c_int {
+            let Some(real) = real!($real, fn(c_int, *const c_char, *mut $buf) -> c_int) else {
+                set_errno(libc::ENOSYS);
+                return -1;
+            };
+            // SAFETY: forwards to libc's function with the caller's buffer.
+            with_path(path, |p| unsafe { real(ver, p, buf) })
+        }
+    };
+}
+xstat_like!(__xstat, "__xstat", libc::stat);
+xstat_like!(__xstat64, "__xstat64", libc::stat64);
+xstat_like!(__lxstat, "__lxstat", libc::stat);
+xstat_like!(__lxstat64, "__lxstat64", libc::stat64);
+
+macro_rules! fstatat_like {
+    ($name:ident, $real:literal, $buf:ty) => {
+        /// Interposed: `fstatat` with an absolute path.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, buf: *mut $buf, flags: c_int) -> c_int {
+            let Some(real) = real!($real, fn(c_int, *const c_char, *mut $buf, c_int) -> c_int) else {
+                set_errno(libc::ENOSYS);
+                return -1;
+            };
+            // SAFETY: forwards to libc's function with the caller's buffer.
+            with_path(path, |p| unsafe { real(dirfd, p, buf, flags) })
+        }
+    };
+}
+fstatat_like!(fstatat, "fstatat", libc::stat);
+fstatat_like!(fstatat64, "fstatat64", libc::stat64);
+
+macro_rules! fxstatat_like {
+    ($name:ident, $real:literal, $buf:ty) => {
+        /// Interposed: glibc's versioned `fstatat`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            ver: c_int,
+            dirfd: c_int,
+            path: *const c_char,
+            buf: *mut $buf,
+            flags: c_int,
+        ) -> c_int {
+            let Some(real) = real!($real, fn(c_int, c_int, *const c_char, *mut $buf, c_int) -> c_int) else {
+                set_errno(libc::ENOSYS);
+                return -1;
+            };
+            // SAFETY: forwards to libc's function with the caller's buffer.
+            with_path(path, |p| unsafe { real(ver, dirfd, p, buf, flags) })
+        }
+    };
+}
+fxstatat_like!(__fxstatat, "__fxstatat", libc::stat);
+fxstatat_like!(__fxstatat64, "__fxstatat64", libc::stat64);
+
+/// Interposed: `statx` (what Rust's std uses).
+#[no_mangle]
+pub unsafe extern "C" fn statx(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mask: c_uint,
+    buf: *mut libc::statx,
+) -> c_int {
+    let Some(real) = real!(
+        "statx",
+        fn(c_int, *const c_char, c_int, c_uint, *mut libc::statx) -> c_int
+    ) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards to libc's function with the caller's buffer.
+    with_path(path, |p| unsafe { real(dirfd, p, flags, mask, buf) })
+}
+
+/// Interposed: `opendir` lists the sysfs tree.
+#[no_mangle]
+pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
+    let Some(real) = real!("opendir", fn(*const c_char) -> *mut libc::DIR) else {
+        set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwards to libc's function.
+    with_path(path, |p| unsafe { real(p) })
+}
+
+/// Interposed: RDMA netlink is refused, so libibverbs reads sysfs.
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    if model_dir().is_some() && domain == libc::AF_NETLINK && protocol == NETLINK_RDMA {
+        crate::log!("refusing RDMA netlink");
+        set_errno(libc::EPROTONOSUPPORT);
+        return -1;
+    }
+    let Some(real) = real!("socket", fn(c_int, c_int, c_int) -> c_int) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards the caller's arguments to libc's function.
+    unsafe { real(domain, ty, protocol) }
+}
+
+/// Interposed: commands on the device file.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    if fd_kind(fd) == FD_DEVICE {
+        return guarded(-1, || {
+            let rt = runtime().ok_or(libc::EBADF)?;
+            rt.lock().write(fd, buf as u64, count, &ProcessMemory, &ProcessHost)?;
+            Ok(count as ssize_t)
+        });
+    }
+    let Some(real) = real!("write", fn(c_int, *const c_void, size_t) -> ssize_t) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards the caller's arguments to libc's function.
+    unsafe { real(fd, buf, count) }
+}
+
+/// Interposed: events read from the model's event fds are counted, as the kernel counts
+/// them at read time.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    let Some(real) = real!("read", fn(c_int, *mut c_void, size_t) -> ssize_t) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards the caller's arguments to libc's function.
+    let n = unsafe { real(fd, buf, count) };
+    if n > 0 && fd_kind(fd) == FD_EVENT {
+        if let Some(rt) = runtime() {
+            // SAFETY: the read just filled `n` bytes of the caller's buffer.
+            let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n as usize) };
+            let _ = catch_unwind(AssertUnwindSafe(|| rt.lock().events_read(fd, bytes)));
+        }
+    }
+    n
+}
+
+/// Interposed: `RDMA_VERBS_IOCTL` on the device file.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    if fd_kind(fd) == FD_DEVICE {
+        return guarded(-1, || {
+            let rt = runtime().ok_or(libc::EBADF)?;
+            rt.lock().ioctl(fd, request, arg as u64, &ProcessMemory)?;
+            Ok(0)
+        });
+    }
+    let Some(real) = real!("ioctl", fn(c_int, c_ulong, *mut c_void) -> c_int) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards the caller's arguments to libc's function (the third is the one
+    // pointer-sized variadic argument every ioctl takes).
+    unsafe { real(fd, request, arg) }
+}
+
+fn mmap_device(addr: *mut c_void, len: size_t, flags: c_int, fd: c_int, offset: i64) -> *mut c_void {
+    guarded(libc::MAP_FAILED, || {
+        let rt = runtime().ok_or(libc::EBADF)?;
+        let page = crate::abi::PAGE_SIZE as i64;
+        if offset < 0 || offset % page != 0 {
+            return Err(libc::EINVAL);
+        }
+        let mut model = rt.lock();
+        model.check_mmap(fd, (offset / page) as u64, len as u64)?;
+        let real = real!(
+            "mmap",
+            fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void
+        )
+        .ok_or(libc::ENOSYS)?;
+        let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE);
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: an anonymous shared page stands for the UAR; MAP_FIXED is honoured only
+        // when the caller asked for it at its own address.
+        let p = unsafe { real(addr, len, prot, libc::MAP_SHARED | libc::MAP_ANONYMOUS | fixed, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+        }
+        model.mapped(fd, p as u64);
+        UAR_PAGES.fetch_add(1, Ordering::AcqRel);
+        crate::log!("mmap offset {offset:#x} -> {p:?}");
+        Ok(p)
+    })
+}
+
+/// Interposed: UAR pages of the device file.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: off_t,
+) -> *mut c_void {
+    if fd_kind(fd) == FD_DEVICE {
+        return mmap_device(addr, len, flags, fd, offset);
+    }
+    let Some(real) = real!(
+        "mmap",
+        fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void
+    ) else {
+        set_errno(libc::ENOSYS);
+        return libc::MAP_FAILED;
+    };
+    // SAFETY: forwards the caller's arguments to libc's function.
+    unsafe { real(addr, len, prot, flags, fd, offset) }
+}
+
+/// Interposed: `mmap64` (the same as `mmap` on 64-bit).
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: off_t,
+) -> *mut c_void {
+    // SAFETY: same contract as mmap.
+    unsafe { mmap(addr, len, prot, flags, fd, offset) }
+}
+
+/// Interposed: a UAR page unmapped is forgotten by the device first.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    if UAR_PAGES.load(Ordering::Acquire) > 0 {
+        if let Some(rt) = runtime() {
+            let mut m = rt.lock();
+            let before = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
+            m.unmapped(addr as u64, len as u64);
+            let after = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
+            UAR_PAGES.fetch_sub(before - after, Ordering::AcqRel);
+        }
+    }
+    let Some(real) = real!("munmap", fn(*mut c_void, size_t) -> c_int) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards the caller's arguments to libc's function.
+    unsafe { real(addr, len) }
+}
+
+/// Interposed: closing the device file destroys its context; closing an event fd forgets
+/// it.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let kind = fd_kind(fd);
+    if kind != FD_OTHER {
+        if let Some(rt) = runtime() {
+            let mut m = rt.lock();
+            if kind == FD_DEVICE {
+                let before = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
+                m.close(fd);
+                let after = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
+                UAR_PAGES.fetch_sub(before - after, Ordering::AcqRel);
+                crate::log!("close uverbs0 fd {fd}");
+            } else {
+                m.fd_closed(fd);
+            }
+            unmark_fd(fd);
+        }
+    }
+    let Some(real) = real!("close", fn(c_int) -> c_int) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwards the caller's argument to libc's function.
+    unsafe { real(fd) }
+}
+
+/// Runs when the library is loaded: builds the sysfs tree and points libibverbs at it.
+extern "C" fn init() {
+    let _ = catch_unwind(|| {
+        let Some(dir) = model_dir() else { return };
+        let root = dir.join("sysfs");
+        if let Err(e) = crate::sysfs::build(&root) {
+            crate::log!("cannot build {}: {e}", root.display());
+            return;
+        }
+        if std::env::var_os("SYSFS_PATH").is_none() {
+            // Runs in the loader's constructor, before the program's threads exist.
+            std::env::set_var("SYSFS_PATH", &root);
+        }
+    });
+}
+
+#[used]
+#[link_section = ".init_array"]
+static CONSTRUCTOR: extern "C" fn() = init;

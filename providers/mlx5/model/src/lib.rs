@@ -1,0 +1,46 @@
+//! A model of an mlx5 (ConnectX) device and of the uverbs kernel that drives it, for tests:
+//! Debian's unmodified libibverbs and libmlx5 (and this repository's Rust core) run on it
+//! through an `LD_PRELOAD` interposer, with no RDMA hardware.
+//!
+//! - [`kernel`]: the uverbs commands of the mlx5 driver (framed `write()` and the ioctl
+//!   methods modelled), validating driver data as Linux 6.1 does.
+//! - [`device`]: executes WQEs when the doorbell records move, writes CQEs, raises events.
+//! - [`runtime`]: the model inside one process: its port on a Unix-socket fabric shared by
+//!   the processes started with the same `UVERBS_MLX5_MODEL_DIR`, and its threads.
+//! - [`interpose`]: the libc functions the client's calls land in (`/dev/infiniband/uverbs0`,
+//!   the sysfs tree, `write`/`ioctl`/`mmap` on the device file).
+//!
+//! Without `UVERBS_MLX5_MODEL_DIR` the interposer passes every call through.
+
+#![deny(unsafe_op_in_unsafe_fn, rust_2018_idioms)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod abi;
+pub mod device;
+#[allow(unsafe_code)]
+mod interpose;
+pub mod kernel;
+pub mod mem;
+pub mod objects;
+pub mod runtime;
+mod sysfs;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+/// Whether `UVERBS_MLX5_MODEL_LOG=1`.
+pub fn log_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("UVERBS_MLX5_MODEL_LOG").is_some_and(|v| v == "1"))
+}
+
+/// Writes one `mlx5-model:` line to stderr when logging is on.
+#[macro_export]
+macro_rules! log {
+    ($($arg:tt)*) => {
+        if $crate::log_enabled() {
+            eprintln!("mlx5-model: {}", format_args!($($arg)*));
+        }
+    };
+}

@@ -1,0 +1,182 @@
+//! The objects a context owns, as the kernel and the device both see them.
+
+use std::sync::Arc;
+
+/// Where the model delivers events: the writing end of a completion channel or of the async
+/// event fd.
+pub trait EventSink: Send + Sync {
+    /// Queues one event record (8 or 16 bytes) for the client's `read()`.
+    fn push(&self, record: &[u8]);
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct Pd {
+    pub ctx: i32,
+    pub users: u32,
+}
+
+/// A registered memory region: `[addr, addr + length)` of the client, named by `iova`.
+#[derive(Debug, Clone)]
+pub struct Mr {
+    pub ctx: i32,
+    pub pd: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub iova: u64,
+    pub access: u32,
+    pub key: u32,
+}
+
+/// A pending arm request read from the CQ doorbell (record or UAR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arm {
+    pub solicited_only: bool,
+    pub ci: u32,
+    /// The doorbell value (`sn << 28 | cmd | ci`) that armed it.
+    pub value: u32,
+}
+
+/// A completion queue in user memory.
+pub struct Cq {
+    pub ctx: i32,
+    pub cqn: u32,
+    pub user_handle: u64,
+    pub buf: u64,
+    /// Entries in the ring, a power of two.
+    pub ncqe: u32,
+    pub cqe_size: u32,
+    pub db: u64,
+    /// CQEs written so far (24-bit counter as the hardware's producer index).
+    pub pi: u32,
+    pub channel: Option<Arc<dyn EventSink>>,
+    pub arm: Option<Arm>,
+    /// The arm value of the last event raised (an arm seen again with it is a duplicate).
+    pub fired: Option<u32>,
+    /// The arm doorbell record as last seen.
+    pub last_arm_db: u32,
+    pub comp_events: u32,
+    pub async_events: u32,
+    /// Overrun seen: the CQ is in error and writes nothing more.
+    pub error: bool,
+    pub users: u32,
+}
+
+/// A queue pair's connection attributes, from MODIFY_QP.
+#[derive(Debug, Default, Clone)]
+pub struct QpAttrs {
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub access: u32,
+    pub pkey_index: u16,
+    pub port_num: u8,
+    pub path_mtu: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub dest: crate::abi::QpDest,
+}
+
+/// Why the send queue waits before retrying its head WQE.
+#[derive(Debug, Clone, Copy)]
+pub struct Stall {
+    pub until: std::time::Instant,
+    pub rnr_left: u8,
+    pub retry_left: u8,
+}
+
+/// A queue pair whose rings live in user memory.
+pub struct Qp {
+    pub ctx: i32,
+    pub qpn: u32,
+    pub qp_type: u8,
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub user_handle: u64,
+    pub uidx: u32,
+    pub buf: u64,
+    pub rq_cnt: u32,
+    pub rq_shift: u32,
+    pub sq_cnt: u32,
+    pub db: u64,
+    pub state: u8,
+    pub attrs: QpAttrs,
+    pub sq_sig_all: bool,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline: u32,
+    /// Send WQE basic blocks consumed (16-bit, as `dbrec[SND]`).
+    pub sq_ci: u16,
+    /// Receive WQEs consumed (16-bit, as `dbrec[RCV]`).
+    pub rq_ci: u16,
+    pub stall: Option<Stall>,
+    pub async_events: u32,
+}
+
+impl Qp {
+    /// Address of the send queue.
+    pub fn sq_base(&self) -> u64 {
+        self.buf.wrapping_add(u64::from(self.rq_cnt) << self.rq_shift)
+    }
+}
+
+/// A dynamically allocated UAR page (`MLX5_IB_OBJECT_UAR`).
+#[derive(Debug)]
+pub struct Uar {
+    pub ctx: i32,
+    pub pgoff: u64,
+    pub page_id: u32,
+}
+
+/// A table of objects named by small integer handles.
+pub struct Table<T> {
+    slots: Vec<Option<T>>,
+}
+
+impl<T> Default for Table<T> {
+    fn default() -> Self {
+        Self { slots: Vec::new() }
+    }
+}
+
+impl<T> Table<T> {
+    /// Stores `value` in the lowest free slot; returns its handle.
+    pub fn insert(&mut self, value: T) -> u32 {
+        let at = self.slots.iter().position(Option::is_none).unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        self.slots[at] = Some(value);
+        u32::try_from(at).unwrap_or(u32::MAX)
+    }
+    pub fn get(&self, handle: u32) -> Option<&T> {
+        self.slots.get(handle as usize).and_then(Option::as_ref)
+    }
+    pub fn get_mut(&mut self, handle: u32) -> Option<&mut T> {
+        self.slots.get_mut(handle as usize).and_then(Option::as_mut)
+    }
+    pub fn remove(&mut self, handle: u32) -> Option<T> {
+        self.slots.get_mut(handle as usize).and_then(Option::take)
+    }
+    /// Handles in use.
+    pub fn handles(&self) -> Vec<u32> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].is_some())
+            .map(|i| i as u32)
+            .collect()
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|v| (i as u32, v)))
+    }
+}

@@ -1,0 +1,214 @@
+//! The model running inside a process: its port on the fabric, the device thread, the
+//! responder threads and the event fds.
+//!
+//! Each process binds `<dir>/lid-<LID>.sock` (the first free LID from one derived from its
+//! pid: bind is atomic, so two processes never share one) and serves the requests other
+//! processes send its QPs; a QP's packets go to the process whose LID its RTR address vector
+//! names. QPNs are `LID << 8 | n`, so they differ between processes.
+
+use crate::device::Device;
+use crate::kernel::{Errno, Host, Model};
+use crate::mem::ProcessMemory;
+use crate::objects::EventSink;
+use crate::wire::{read_frame, write_frame, Request, Response};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The model of this process.
+pub struct Runtime {
+    model: Mutex<Model>,
+    dir: PathBuf,
+    lid: u16,
+}
+
+static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+
+/// The directory shared by the processes of one test (`UVERBS_MLX5_MODEL_DIR`).
+pub fn model_dir() -> Option<&'static PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        std::env::var_os("UVERBS_MLX5_MODEL_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    })
+    .as_ref()
+}
+
+/// The runtime, started on first use (the first open of the device file).
+pub fn runtime() -> Option<&'static Runtime> {
+    RUNTIME
+        .get_or_init(|| model_dir().and_then(|dir| Runtime::start(dir.clone())))
+        .as_ref()
+}
+
+impl Runtime {
+    fn start(dir: PathBuf) -> Option<Self> {
+        let pid = std::process::id();
+        let first = (pid % 0xbff0) as u16 + 1;
+        let (lid, listener) = (0..0xbff0u16).find_map(|k| {
+            let lid = (first.wrapping_add(k) % 0xbff0).max(1);
+            UnixListener::bind(dir.join(format!("lid-{lid}.sock")))
+                .ok()
+                .map(|l| (lid, l))
+        })?;
+        crate::log!("pid {pid} has LID {lid}");
+        let rt = Self {
+            model: Mutex::new(Model::new(lid)),
+            dir,
+            lid,
+        };
+        std::thread::Builder::new()
+            .name("mlx5-model-listen".into())
+            .spawn(move || listen(listener))
+            .ok()?;
+        std::thread::Builder::new()
+            .name("mlx5-model-device".into())
+            .spawn(device_loop)
+            .ok()?;
+        Some(rt)
+    }
+
+    /// The model, locked (a panic while it was held leaves it usable: every handler
+    /// leaves the tables consistent between statements that can fail).
+    pub fn lock(&self) -> MutexGuard<'_, Model> {
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Accepts connections from peers; one responder thread each.
+fn listen(listener: UnixListener) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let _ = std::thread::Builder::new()
+            .name("mlx5-model-responder".into())
+            .spawn(move || serve(stream));
+    }
+}
+
+/// Answers one peer's requests until it hangs up.
+fn serve(mut stream: UnixStream) {
+    let Some(rt) = runtime() else { return };
+    while let Ok(frame) = read_frame(&mut stream) {
+        let answer = match Request::decode(&frame) {
+            Some(req) => Device::respond(&mut rt.lock(), &req, &ProcessMemory),
+            None => Response::Dropped,
+        };
+        if write_frame(&mut stream, &answer.encode()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Polls doorbells and runs send WQEs, forever. It runs on while there is work,
+/// sleeps a few microseconds between polls, and longer once idle for a while
+/// (yielding would hand the core to the client's own busy-polling thread for a whole slice).
+fn device_loop() {
+    let Some(rt) = runtime() else { return };
+    let mut peers: HashMap<u16, UnixStream> = HashMap::new();
+    let mut idle = 0u32;
+    loop {
+        let mut active = false;
+        let work = {
+            let mut m = rt.lock();
+            Device::poll_arms(&mut m, &ProcessMemory);
+            Device::next_work(&mut m, &ProcessMemory, Instant::now(), &mut active)
+        };
+        if let Some(work) = work {
+            active = true;
+            let answer = if work.dlid == rt.lid {
+                Some(Device::respond(&mut rt.lock(), &work.request, &ProcessMemory))
+            } else {
+                exchange(&rt.dir, &mut peers, work.dlid, &work.request)
+            };
+            Device::complete(&mut rt.lock(), work, answer, &ProcessMemory, Instant::now());
+        }
+        if active {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        match idle {
+            0..=64 => std::hint::spin_loop(),
+            65..=50_000 => std::thread::sleep(Duration::from_micros(10)),
+            _ => std::thread::sleep(Duration::from_micros(500)),
+        }
+    }
+}
+
+/// Sends `req` to the process with `dlid` and waits for its answer; `None` when it cannot
+/// be reached or does not answer in time.
+fn exchange(dir: &std::path::Path, peers: &mut HashMap<u16, UnixStream>, dlid: u16, req: &Request) -> Option<Response> {
+    let stream = match peers.entry(dlid) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let s = UnixStream::connect(dir.join(format!("lid-{dlid}.sock"))).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+            v.insert(s)
+        }
+    };
+    let answer = write_frame(stream, &req.encode())
+        .ok()
+        .and_then(|()| read_frame(stream).ok());
+    match answer.and_then(|a| Response::decode(&a)) {
+        Some(r) => Some(r),
+        None => {
+            peers.remove(&dlid);
+            None
+        }
+    }
+}
+
+/// An event file: the client reads records from one end of a `SOCK_SEQPACKET` pair, the
+/// model writes them to the other.
+struct SocketSink(OwnedFd);
+
+impl EventSink for SocketSink {
+    fn push(&self, record: &[u8]) {
+        // SAFETY: sends `record` (a valid slice) on a socket we own; MSG_NOSIGNAL keeps a
+        // closed reader from raising SIGPIPE, MSG_DONTWAIT keeps a full queue from blocking.
+        let _ = unsafe {
+            libc::send(
+                self.0.as_raw_fd(),
+                record.as_ptr().cast(),
+                record.len(),
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+    }
+}
+
+/// Event fds made in this process.
+pub struct ProcessHost;
+
+impl Host for ProcessHost {
+    fn event_fd(&self) -> Result<(i32, Arc<dyn EventSink>), Errno> {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` has room for the two descriptors socketpair writes.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
+        }
+        // SAFETY: fds[1] was just created and is owned by nobody else.
+        let ours = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+        crate::interpose::mark_event_fd(fds[0]);
+        Ok((fds[0], Arc::new(SocketSink(ours))))
+    }
+
+    fn close_fd(&self, fd: i32) {
+        crate::interpose::unmark_fd(fd);
+        // SAFETY: `fd` is the client end event_fd created for a command that failed; the
+        // client never saw it.
+        unsafe { libc::close(fd) };
+    }
+}

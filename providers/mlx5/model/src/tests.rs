@@ -1,0 +1,1076 @@
+//! Unit tests: each kernel validation rule called with bytes, and the device against
+//! well-formed and hostile WQEs and doorbells in an [`Arena`] that counts stray accesses.
+
+use crate::abi::{self, cmd, qp_attr, qps};
+use crate::device::Device;
+use crate::kernel::{Errno, Host, Model};
+use crate::mem::{Arena, Memory};
+use crate::objects::EventSink;
+use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, ENOMEM, ENOSPC, EOPNOTSUPP, EPERM, EPROTONOSUPPORT};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use zerocopy::{FromBytes, IntoBytes};
+
+const CTX: i32 = 3;
+const CMD: u64 = 0x1_0000;
+const RESP: u64 = 0x2_0000;
+const DB: u64 = 0x3_0000;
+const CQ_BUF: u64 = 0x4_0000;
+const QP_BUF: u64 = 0x10_0000;
+const DATA: u64 = 0x20_0000;
+
+#[derive(Default)]
+struct Sink(Mutex<Vec<Vec<u8>>>);
+impl EventSink for Sink {
+    fn push(&self, record: &[u8]) {
+        self.0.lock().unwrap().push(record.to_vec());
+    }
+}
+
+#[derive(Default)]
+struct TestHost {
+    sinks: Mutex<Vec<Arc<Sink>>>,
+}
+impl Host for TestHost {
+    fn event_fd(&self) -> Result<(i32, Arc<dyn EventSink>), Errno> {
+        let sink = Arc::new(Sink::default());
+        let mut s = self.sinks.lock().unwrap();
+        s.push(sink.clone());
+        Ok((100 + s.len() as i32, sink))
+    }
+    fn close_fd(&self, _fd: i32) {}
+}
+
+struct Env {
+    model: Mutex<Model>,
+    mem: Arena,
+    host: TestHost,
+}
+
+impl Env {
+    fn bare() -> Self {
+        let mem = Arena::default();
+        for (addr, len) in [
+            (CMD, 4096),
+            (RESP, 4096),
+            (DB, 4096),
+            (CQ_BUF, 0x8000),
+            (QP_BUF, 0x10000),
+            (DATA, 0x10000),
+        ] {
+            mem.add(addr, len);
+        }
+        let mut model = Model::new(7);
+        model.open(CTX);
+        Self {
+            model: Mutex::new(model),
+            mem,
+            host: TestHost::default(),
+        }
+    }
+
+    /// A context with legacy UARs (`dyn_uar == false`) or dynamic ones.
+    fn new(dyn_uar: bool) -> Self {
+        let env = Self::bare();
+        let req = abi::AllocUcontextReq {
+            total_num_bfregs: 16,
+            num_low_latency_bfregs: 4,
+            max_cqe_version: 1,
+            lib_caps: if dyn_uar { 3 } else { 1 },
+            ..Default::default()
+        };
+        env.get_context(req.as_bytes()).unwrap();
+        env
+    }
+
+    fn write(&self, command: u32, req: &[u8], udata: &[u8], out_words: u16) -> Result<(), Errno> {
+        let len = 8 + req.len() + udata.len();
+        let hdr = abi::CmdHdr {
+            command,
+            in_words: (len / 4) as u16,
+            out_words,
+        };
+        let mut bytes = hdr.as_bytes().to_vec();
+        bytes.extend_from_slice(req);
+        bytes.extend_from_slice(udata);
+        self.mem.write(CMD, &bytes).unwrap();
+        self.model
+            .lock()
+            .unwrap()
+            .write(CTX, CMD, bytes.len(), &self.mem, &self.host)
+    }
+
+    fn resp<T: FromBytes>(&self) -> T {
+        let mut b = vec![0u8; std::mem::size_of::<T>()];
+        self.mem.read(RESP, &mut b).unwrap();
+        T::read_from_bytes(&b).unwrap()
+    }
+
+    fn get_context(&self, udata: &[u8]) -> Result<(), Errno> {
+        self.write(cmd::GET_CONTEXT, &RESP.to_ne_bytes(), udata, 20)
+    }
+
+    fn alloc_pd(&self) -> u32 {
+        self.write(cmd::ALLOC_PD, &RESP.to_ne_bytes(), &[], 2).unwrap();
+        u32::from_ne_bytes(self.resp::<[u8; 4]>())
+    }
+
+    fn reg_mr(&self, pd: u32, addr: u64, len: u64, access: u32) -> Result<(u32, u32), Errno> {
+        let req = abi::RegMr {
+            response: RESP,
+            start: addr,
+            length: len,
+            hca_va: addr,
+            pd_handle: pd,
+            access_flags: access,
+        };
+        self.write(cmd::REG_MR, req.as_bytes(), &[], 3)?;
+        let r: abi::RegMrResp = self.resp();
+        Ok((r.mr_handle, r.lkey))
+    }
+
+    fn cq_cmd(cqe: u32, channel: i32) -> abi::CreateCq {
+        abi::CreateCq {
+            response: RESP,
+            user_handle: 0xc0,
+            cqe,
+            comp_vector: 0,
+            comp_channel: channel,
+            reserved: 0,
+        }
+    }
+
+    fn mlx5_cq(buf: u64, db: u64) -> abi::Mlx5CreateCq {
+        abi::Mlx5CreateCq {
+            buf_addr: buf,
+            db_addr: db,
+            cqe_size: 64,
+            ..Default::default()
+        }
+    }
+
+    fn create_cq(&self, cqe: u32, buf: u64, db: u64) -> Result<u32, Errno> {
+        self.write(
+            cmd::CREATE_CQ,
+            Self::cq_cmd(cqe, -1).as_bytes(),
+            Self::mlx5_cq(buf, db).as_bytes(),
+            4,
+        )?;
+        Ok(self.resp::<abi::CreateCqResp>().cq_handle)
+    }
+
+    fn qp_cmd(pd: u32, cq: u32, qp_type: u8) -> abi::CreateQp {
+        abi::CreateQp {
+            response: RESP,
+            user_handle: 0x9,
+            pd_handle: pd,
+            send_cq_handle: cq,
+            recv_cq_handle: cq,
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            qp_type,
+            ..Default::default()
+        }
+    }
+
+    fn mlx5_qp(buf: u64, db: u64, uidx: u32) -> abi::Mlx5CreateQp {
+        abi::Mlx5CreateQp {
+            buf_addr: buf,
+            db_addr: db,
+            sq_wqe_count: 16,
+            rq_wqe_count: 8,
+            rq_wqe_shift: 4,
+            uidx,
+            ..Default::default()
+        }
+    }
+
+    fn create_qp_with(&self, req: abi::CreateQp, ucmd: &[u8]) -> Result<(u32, u32), Errno> {
+        self.write(cmd::CREATE_QP, req.as_bytes(), ucmd, 18)?;
+        let r: abi::CreateQpResp = self.resp();
+        Ok((r.qp_handle, r.qpn))
+    }
+
+    fn modify(&self, qp: u32, f: impl FnOnce(&mut abi::ModifyQp)) -> Result<(), Errno> {
+        let mut m = abi::ModifyQp {
+            qp_handle: qp,
+            ..Default::default()
+        };
+        f(&mut m);
+        self.write(cmd::MODIFY_QP, m.as_bytes(), &[], 0)
+    }
+
+    /// RESET -> INIT -> RTR -> RTS, connected to `dest_qpn` on this model's LID.
+    fn connect(&self, qp: u32, dest_qpn: u32, rnr_retry: u8) {
+        let all = abi::access::REMOTE_WRITE | abi::access::REMOTE_READ | abi::access::REMOTE_ATOMIC;
+        self.modify(qp, |m| {
+            m.attr_mask = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS;
+            m.qp_state = qps::INIT;
+            m.port_num = 1;
+            m.qp_access_flags = all;
+        })
+        .unwrap();
+        self.modify(qp, |m| {
+            m.attr_mask = qp_attr::STATE
+                | qp_attr::AV
+                | qp_attr::PATH_MTU
+                | qp_attr::DEST_QPN
+                | qp_attr::RQ_PSN
+                | qp_attr::MAX_DEST_RD_ATOMIC
+                | qp_attr::MIN_RNR_TIMER;
+            m.qp_state = qps::RTR;
+            m.dest.dlid = 7;
+            m.dest.port_num = 1;
+            m.path_mtu = 5;
+            m.dest_qp_num = dest_qpn;
+            m.max_dest_rd_atomic = 1;
+            m.min_rnr_timer = 1;
+        })
+        .unwrap();
+        self.modify(qp, |m| {
+            m.attr_mask = qp_attr::STATE
+                | qp_attr::SQ_PSN
+                | qp_attr::TIMEOUT
+                | qp_attr::RETRY_CNT
+                | qp_attr::RNR_RETRY
+                | qp_attr::MAX_QP_RD_ATOMIC;
+            m.qp_state = qps::RTS;
+            m.timeout = 1;
+            m.retry_cnt = 1;
+            m.rnr_retry = rnr_retry;
+            m.max_rd_atomic = 1;
+        })
+        .unwrap();
+    }
+
+    /// Runs the device until it has nothing left to do (bounded).
+    fn drive(&self) {
+        for _ in 0..10_000 {
+            let mut active = false;
+            let work = {
+                let mut m = self.model.lock().unwrap();
+                Device::poll_arms(&mut m, &self.mem);
+                Device::next_work(&mut m, &self.mem, Instant::now(), &mut active)
+            };
+            let Some(work) = work else {
+                if active {
+                    continue;
+                }
+                return;
+            };
+            let answer = Device::respond(&mut self.model.lock().unwrap(), &work.request, &self.mem);
+            Device::complete(
+                &mut self.model.lock().unwrap(),
+                work,
+                Some(answer),
+                &self.mem,
+                Instant::now(),
+            );
+        }
+    }
+}
+
+// ---- write() framing ---------------------------------------------------------------------
+
+#[test]
+fn a_write_shorter_than_the_header_is_einval() {
+    let env = Env::new(false);
+    env.mem.write(CMD, &[0; 8]).unwrap();
+    assert_eq!(
+        env.model.lock().unwrap().write(CTX, CMD, 7, &env.mem, &env.host),
+        Err(EINVAL)
+    );
+}
+
+#[test]
+fn in_words_must_cover_the_whole_write() {
+    let env = Env::new(false);
+    let hdr = abi::CmdHdr {
+        command: cmd::ALLOC_PD,
+        in_words: 5,
+        out_words: 2,
+    };
+    let mut b = hdr.as_bytes().to_vec();
+    b.extend_from_slice(&RESP.to_ne_bytes());
+    env.mem.write(CMD, &b).unwrap();
+    assert_eq!(
+        env.model.lock().unwrap().write(CTX, CMD, b.len(), &env.mem, &env.host),
+        Err(EINVAL)
+    );
+}
+
+#[test]
+fn a_request_shorter_than_the_command_is_enospc() {
+    let env = Env::new(false);
+    assert_eq!(env.write(cmd::REG_MR, &[0; 16], &[], 3), Err(ENOSPC));
+}
+
+#[test]
+fn out_words_short_of_the_core_response_is_enospc() {
+    let env = Env::new(false);
+    assert_eq!(env.write(cmd::QUERY_DEVICE, &RESP.to_ne_bytes(), &[], 43), Err(ENOSPC));
+}
+
+#[test]
+fn unknown_command_bits_are_einval_and_unmodelled_commands_eopnotsupp() {
+    let env = Env::new(false);
+    assert_eq!(
+        env.write(0x100 | cmd::ALLOC_PD, &RESP.to_ne_bytes(), &[], 2),
+        Err(EINVAL)
+    );
+    // POST_SEND (28) is not enabled on mlx5; REQ_NOTIFY_CQ (23) neither.
+    assert_eq!(env.write(28, &[0; 24], &[], 1), Err(EOPNOTSUPP));
+    assert_eq!(env.write(23, &[0; 8], &[], 0), Err(EOPNOTSUPP));
+}
+
+#[test]
+fn commands_before_get_context_are_einval() {
+    let env = Env::bare();
+    assert_eq!(env.write(cmd::ALLOC_PD, &RESP.to_ne_bytes(), &[], 2), Err(EINVAL));
+}
+
+// ---- GET_CONTEXT / mlx5_ib_alloc_ucontext -------------------------------------------------
+
+fn ucontext(f: impl FnOnce(&mut abi::AllocUcontextReq)) -> abi::AllocUcontextReq {
+    let mut r = abi::AllocUcontextReq {
+        total_num_bfregs: 16,
+        num_low_latency_bfregs: 4,
+        max_cqe_version: 1,
+        lib_caps: 1,
+        ..Default::default()
+    };
+    f(&mut r);
+    r
+}
+
+#[test]
+fn a_second_get_context_is_einval() {
+    let env = Env::new(false);
+    assert_eq!(env.get_context(ucontext(|_| {}).as_bytes()), Err(EINVAL));
+}
+
+#[test]
+fn ucontext_driver_data_between_v0_and_v2_is_einval() {
+    let env = Env::bare();
+    assert_eq!(env.get_context(&ucontext(|_| {}).as_bytes()[..12]), Err(EINVAL));
+}
+
+#[test]
+fn ucontext_unknown_flags_are_eopnotsupp() {
+    let env = Env::bare();
+    assert_eq!(env.get_context(ucontext(|r| r.flags = 2).as_bytes()), Err(EOPNOTSUPP));
+}
+
+#[test]
+fn ucontext_reserved_fields_and_comp_mask_are_eopnotsupp() {
+    for f in [
+        (|r: &mut abi::AllocUcontextReq| r.reserved0 = 1) as fn(&mut abi::AllocUcontextReq),
+        |r| r.reserved1 = 1,
+        |r| r.reserved2 = 1,
+        |r| r.comp_mask = 1,
+    ] {
+        let env = Env::bare();
+        assert_eq!(env.get_context(ucontext(f).as_bytes()), Err(EOPNOTSUPP));
+    }
+}
+
+#[test]
+fn ucontext_more_low_latency_bfregs_than_bfregs_is_einval() {
+    let env = Env::bare();
+    assert_eq!(
+        env.get_context(ucontext(|r| r.num_low_latency_bfregs = 16).as_bytes()),
+        Err(EINVAL)
+    );
+}
+
+#[test]
+fn ucontext_too_many_bfregs_is_enomem() {
+    let env = Env::bare();
+    assert_eq!(
+        env.get_context(ucontext(|r| r.total_num_bfregs = 2000).as_bytes()),
+        Err(ENOMEM)
+    );
+}
+
+#[test]
+fn ucontext_devx_is_refused_so_libmlx5_retries_without() {
+    let env = Env::bare();
+    assert_eq!(
+        env.get_context(ucontext(|r| r.flags = abi::ALLOC_UCTX_DEVX).as_bytes()),
+        Err(EOPNOTSUPP)
+    );
+    assert_eq!(env.get_context(ucontext(|_| {}).as_bytes()), Ok(()));
+    let resp: [u8; 80] = env.resp();
+    let drv = abi::AllocUcontextResp::read_from_bytes(&resp[8..]).unwrap();
+    assert_eq!((drv.tot_bfregs, drv.cqe_version, drv.response_length), (16, 1, 72));
+}
+
+// ---- PD and MR -------------------------------------------------------------------------
+
+#[test]
+fn alloc_pd_without_a_driver_response_buffer_is_efault() {
+    let env = Env::new(false);
+    assert_eq!(env.write(cmd::ALLOC_PD, &RESP.to_ne_bytes(), &[], 1), Err(EFAULT));
+    assert_eq!(env.write(cmd::ALLOC_PD, &RESP.to_ne_bytes(), &[], 2), Ok(()));
+}
+
+#[test]
+fn dealloc_pd_of_an_unknown_handle_is_enoent_and_of_a_used_pd_ebusy() {
+    let env = Env::new(false);
+    assert_eq!(env.write(cmd::DEALLOC_PD, &9u32.to_ne_bytes(), &[], 0), Err(ENOENT));
+    let pd = env.alloc_pd();
+    env.reg_mr(pd, DATA, 4096, 1).unwrap();
+    assert_eq!(env.write(cmd::DEALLOC_PD, &pd.to_ne_bytes(), &[], 0), Err(EBUSY));
+}
+
+#[test]
+fn reg_mr_rules() {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    // start and hca_va with different page offsets
+    let req = abi::RegMr {
+        response: RESP,
+        start: DATA,
+        length: 64,
+        hca_va: DATA + 1,
+        pd_handle: pd,
+        access_flags: 1,
+    };
+    assert_eq!(env.write(cmd::REG_MR, req.as_bytes(), &[], 3), Err(EINVAL));
+    // remote write without local write; unknown access bits; on-demand paging
+    assert_eq!(env.reg_mr(pd, DATA, 64, abi::access::REMOTE_WRITE), Err(EINVAL));
+    assert_eq!(env.reg_mr(pd, DATA, 64, 1 << 12), Err(EINVAL));
+    assert_eq!(env.reg_mr(pd, DATA, 64, 0x40), Err(EOPNOTSUPP));
+    // unknown PD; memory that is not mapped
+    assert_eq!(env.reg_mr(pd + 5, DATA, 64, 1), Err(EINVAL));
+    assert_eq!(env.reg_mr(pd, 0x7000_0000, 64, 1), Err(EFAULT));
+    assert!(env.reg_mr(pd, DATA, 64, 1).is_ok());
+}
+
+// ---- CQ --------------------------------------------------------------------------------
+
+fn cq_err(env: &Env, core: abi::CreateCq, drv: &[u8], out_words: u16) -> Result<(), Errno> {
+    env.write(cmd::CREATE_CQ, core.as_bytes(), drv, out_words)
+}
+
+#[test]
+fn create_cq_driver_data_rules() {
+    let env = Env::new(false);
+    let core = Env::cq_cmd(15, -1);
+    let good = Env::mlx5_cq(CQ_BUF, DB);
+    // shorter than `flags`
+    assert_eq!(cq_err(&env, core, &good.as_bytes()[..21], 4), Err(EINVAL));
+    // unknown flags; CQE size; reserved fields
+    let mut bad = good;
+    bad.flags = 1 << 3;
+    assert_eq!(cq_err(&env, core, bad.as_bytes(), 4), Err(EINVAL));
+    let mut bad = good;
+    bad.cqe_size = 32;
+    assert_eq!(cq_err(&env, core, bad.as_bytes(), 4), Err(EINVAL));
+    let mut bad = good;
+    bad.reserved1 = 1;
+    assert_eq!(cq_err(&env, core, bad.as_bytes(), 4), Err(EINVAL));
+    // CQE compression and 128-byte padding need capabilities the device lacks
+    let mut bad = good;
+    bad.cqe_comp_en = 1;
+    assert_eq!(cq_err(&env, core, bad.as_bytes(), 4), Err(EOPNOTSUPP));
+    // unmapped buffer
+    let mut bad = good;
+    bad.buf_addr = 0x7000_0000;
+    assert_eq!(cq_err(&env, core, bad.as_bytes(), 4), Err(EFAULT));
+    // no room for the 4-byte CQN: EFAULT
+    assert_eq!(cq_err(&env, core, good.as_bytes(), 2), Err(EFAULT));
+    assert_eq!(cq_err(&env, core, good.as_bytes(), 4), Ok(()));
+    assert_eq!(env.resp::<abi::CreateCqResp>().cqe, 15);
+}
+
+#[test]
+fn create_cq_core_rules() {
+    let env = Env::new(false);
+    let good = Env::mlx5_cq(CQ_BUF, DB);
+    let mut core = Env::cq_cmd(15, -1);
+    core.comp_vector = 99;
+    assert_eq!(cq_err(&env, core, good.as_bytes(), 4), Err(EINVAL));
+    assert_eq!(cq_err(&env, Env::cq_cmd(15, 55), good.as_bytes(), 4), Err(EBADF));
+    assert_eq!(cq_err(&env, Env::cq_cmd(1 << 22, -1), good.as_bytes(), 4), Err(EINVAL));
+    assert_eq!(cq_err(&env, Env::cq_cmd(u32::MAX, -1), good.as_bytes(), 4), Err(EINVAL));
+}
+
+#[test]
+fn with_dynamic_uars_a_cq_must_name_its_uar_page() {
+    let env = Env::new(true);
+    let core = Env::cq_cmd(15, -1);
+    let mut drv = Env::mlx5_cq(CQ_BUF, DB);
+    assert_eq!(cq_err(&env, core, drv.as_bytes(), 4), Err(EINVAL));
+    drv.flags = abi::CQ_FLAG_UAR_PAGE_INDEX;
+    assert_eq!(cq_err(&env, core, drv.as_bytes(), 4), Ok(()));
+}
+
+#[test]
+fn destroy_cq_in_use_is_ebusy_and_unknown_enoent() {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    env.create_qp_with(
+        Env::qp_cmd(pd, cq, abi::qpt::RC),
+        Env::mlx5_qp(QP_BUF, DB + 64, 1).as_bytes(),
+    )
+    .unwrap();
+    let d = abi::DestroyObj {
+        response: RESP,
+        handle: cq,
+        reserved: 0,
+    };
+    assert_eq!(env.write(cmd::DESTROY_CQ, d.as_bytes(), &[], 2), Err(EBUSY));
+    let d = abi::DestroyObj {
+        response: RESP,
+        handle: cq + 9,
+        reserved: 0,
+    };
+    assert_eq!(env.write(cmd::DESTROY_CQ, d.as_bytes(), &[], 2), Err(ENOENT));
+}
+
+// ---- QP --------------------------------------------------------------------------------
+
+fn qp_env() -> (Env, u32, u32) {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    (env, pd, cq)
+}
+
+fn qp_with(f: impl FnOnce(&mut abi::Mlx5CreateQp)) -> Result<(), Errno> {
+    let (env, pd, cq) = qp_env();
+    let mut u = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    f(&mut u);
+    env.create_qp_with(Env::qp_cmd(pd, cq, abi::qpt::RC), u.as_bytes())
+        .map(|_| ())
+}
+
+#[test]
+fn create_qp_driver_data_shorter_than_ece_options_is_einval() {
+    let (env, pd, cq) = qp_env();
+    let u = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd, cq, abi::qpt::RC), &u.as_bytes()[..40]),
+        Err(EINVAL)
+    );
+}
+
+#[test]
+fn create_qp_reserved_and_trailing_bytes_must_be_zero() {
+    assert_eq!(qp_with(|u| u.reserved = 1), Err(EINVAL));
+    let (env, pd, cq) = qp_env();
+    let mut bytes = Env::mlx5_qp(QP_BUF, DB + 64, 1).as_bytes().to_vec();
+    bytes.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 1]);
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd, cq, abi::qpt::RC), &bytes),
+        Err(EINVAL)
+    );
+}
+
+#[test]
+fn create_qp_unknown_vendor_flags_are_einval() {
+    assert_eq!(qp_with(|u| u.flags = 1 << 9), Err(EINVAL));
+    assert_eq!(qp_with(|u| u.flags = abi::QP_FLAG_SCATTER_CQE), Ok(()));
+}
+
+#[test]
+fn create_qp_user_index_rules() {
+    assert_eq!(qp_with(|u| u.uidx = abi::DEFAULT_UIDX), Err(EINVAL));
+    assert_eq!(qp_with(|u| u.uidx = 1 << 24), Err(EINVAL));
+    // CQE version 0: the index must be the default one.
+    let env = Env::bare();
+    env.get_context(ucontext(|r| r.max_cqe_version = 0).as_bytes()).unwrap();
+    let pd = env.alloc_pd();
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    let qp = |uidx| {
+        env.create_qp_with(
+            Env::qp_cmd(pd, cq, abi::qpt::RC),
+            Env::mlx5_qp(QP_BUF, DB + 64, uidx).as_bytes(),
+        )
+    };
+    assert_eq!(qp(1), Err(EINVAL));
+    assert!(qp(abi::DEFAULT_UIDX).is_ok());
+}
+
+#[test]
+fn create_qp_sq_wqe_count_must_be_a_power_of_two_within_the_device() {
+    assert_eq!(qp_with(|u| u.sq_wqe_count = 12), Err(EINVAL));
+    assert_eq!(qp_with(|u| u.sq_wqe_count = 1 << 16), Err(EINVAL));
+}
+
+#[test]
+fn create_qp_receive_queue_rules() {
+    assert_eq!(qp_with(|u| u.rq_wqe_shift = 33), Err(EINVAL));
+    // No receive queue (max_recv_wr 0) with RQ sizes given.
+    let (env, pd, cq) = qp_env();
+    let mut req = Env::qp_cmd(pd, cq, abi::qpt::RC);
+    req.max_recv_wr = 0;
+    assert_eq!(
+        env.create_qp_with(req, Env::mlx5_qp(QP_BUF, DB + 64, 1).as_bytes()),
+        Err(EINVAL)
+    );
+    let mut u = Env::mlx5_qp(QP_BUF, DB + 64, 2);
+    (u.rq_wqe_count, u.rq_wqe_shift) = (0, 0);
+    assert!(env.create_qp_with(req, u.as_bytes()).is_ok());
+}
+
+#[test]
+fn create_qp_buffer_must_be_mapped() {
+    assert_eq!(qp_with(|u| u.buf_addr = 0x7000_0000), Err(EFAULT));
+}
+
+#[test]
+fn create_qp_types_handles_and_dynamic_uars() {
+    let (env, pd, cq) = qp_env();
+    let u = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd, cq, 4), u.as_bytes()),
+        Err(EOPNOTSUPP)
+    );
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd, cq + 3, abi::qpt::RC), u.as_bytes()),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd + 3, cq, abi::qpt::RC), u.as_bytes()),
+        Err(EINVAL)
+    );
+    let env = Env::new(true);
+    let pd = env.alloc_pd();
+    let mut drv = Env::mlx5_cq(CQ_BUF, DB);
+    drv.flags = abi::CQ_FLAG_UAR_PAGE_INDEX;
+    cq_err(&env, Env::cq_cmd(15, -1), drv.as_bytes(), 4).unwrap();
+    let cq = env.resp::<abi::CreateCqResp>().cq_handle;
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd, cq, abi::qpt::RC), u.as_bytes()),
+        Err(EINVAL)
+    );
+    let mut u = u;
+    u.flags = abi::QP_FLAG_UAR_PAGE_INDEX;
+    assert!(env
+        .create_qp_with(Env::qp_cmd(pd, cq, abi::qpt::RC), u.as_bytes())
+        .is_ok());
+}
+
+#[test]
+fn modify_qp_rules() {
+    let (env, pd, cq) = qp_env();
+    let (qp, _) = env
+        .create_qp_with(
+            Env::qp_cmd(pd, cq, abi::qpt::RC),
+            Env::mlx5_qp(QP_BUF, DB + 64, 1).as_bytes(),
+        )
+        .unwrap();
+    let init = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS;
+    // RESET -> RTR is no transition; INIT without its required attributes; extra attributes.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::RTR)),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::INIT)),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) =
+            (init | qp_attr::SQ_PSN, qps::INIT, 1)),
+        Err(EINVAL)
+    );
+    // A port other than 1; a state beyond ERR; a pkey index beyond the table.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) = (init, qps::INIT, 2)),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, 7)),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num, m.pkey_index) =
+            (init, qps::INIT, 1, 200)),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) = (init, qps::INIT, 1)),
+        Ok(())
+    );
+    // Attribute bits beyond the standard ones are EOPNOTSUPP.
+    assert_eq!(env.modify(qp, |m| m.attr_mask = 1 << 24), Err(EOPNOTSUPP));
+    // Unknown QP handle.
+    assert_eq!(env.modify(qp + 4, |m| m.attr_mask = qp_attr::STATE), Err(EINVAL));
+}
+
+// ---- mmap and ioctl ------------------------------------------------------------------------
+
+#[test]
+fn mmap_rules() {
+    let env = Env::new(false);
+    let m = env.model.lock().unwrap();
+    assert_eq!(m.check_mmap(CTX, 0, 4096), Ok(()));
+    assert_eq!(m.check_mmap(CTX, 0, 8192), Err(EINVAL));
+    assert_eq!(m.check_mmap(CTX, 8, 4096), Err(EINVAL));
+    assert_eq!(m.check_mmap(CTX, 2 << 8, 4096), Err(EPERM));
+    assert_eq!(m.check_mmap(CTX, 1 << 8, 4096), Err(libc::ENOSYS));
+    drop(m);
+    let env = Env::new(true);
+    assert_eq!(env.model.lock().unwrap().check_mmap(CTX, 0, 4096), Err(EINVAL));
+}
+
+fn uar_ioctl(env: &Env, f: impl FnOnce(&mut abi::IoctlHdr, &mut Vec<abi::IoctlAttr>)) -> Result<(), Errno> {
+    let mut hdr = abi::IoctlHdr {
+        length: 24 + 16 * 5,
+        object_id: abi::uar_obj::OBJECT,
+        method_id: abi::uar_obj::METHOD_ALLOC,
+        num_attrs: 5,
+        driver_id: abi::RDMA_DRIVER_MLX5,
+        ..Default::default()
+    };
+    let out = |id, at: u64, len| abi::IoctlAttr {
+        attr_id: id,
+        len,
+        flags: 1,
+        attr_data: 0,
+        data: RESP + at,
+    };
+    let mut attrs = vec![
+        abi::IoctlAttr {
+            attr_id: abi::uar_obj::ATTR_HANDLE,
+            flags: 1,
+            ..Default::default()
+        },
+        abi::IoctlAttr {
+            attr_id: abi::uar_obj::ATTR_TYPE,
+            len: 8,
+            flags: 1,
+            data: abi::uar_obj::TYPE_NC,
+            attr_data: 0,
+        },
+        out(abi::uar_obj::ATTR_MMAP_OFFSET, 0, 8),
+        out(abi::uar_obj::ATTR_MMAP_LENGTH, 8, 4),
+        out(abi::uar_obj::ATTR_PAGE_ID, 12, 4),
+    ];
+    f(&mut hdr, &mut attrs);
+    let mut bytes = hdr.as_bytes().to_vec();
+    for a in &attrs {
+        bytes.extend_from_slice(a.as_bytes());
+    }
+    env.mem.write(CMD, &bytes).unwrap();
+    env.model
+        .lock()
+        .unwrap()
+        .ioctl(CTX, abi::RDMA_VERBS_IOCTL, CMD, &env.mem)
+}
+
+#[test]
+fn ioctl_rules() {
+    let env = Env::new(true);
+    assert_eq!(uar_ioctl(&env, |h, _| h.reserved1 = 1), Err(EPROTONOSUPPORT));
+    assert_eq!(uar_ioctl(&env, |h, _| h.length += 1), Err(EINVAL));
+    assert_eq!(uar_ioctl(&env, |h, _| h.driver_id = 14), Err(EINVAL));
+    assert_eq!(uar_ioctl(&env, |h, _| h.object_id = 0), Err(EPROTONOSUPPORT));
+    assert_eq!(
+        uar_ioctl(&env, |_, a| a[1].data = abi::uar_obj::TYPE_BF),
+        Err(EOPNOTSUPP)
+    );
+    let unknown = abi::IoctlAttr {
+        attr_id: 0x1010,
+        flags: 1,
+        ..Default::default()
+    };
+    let more = |h: &mut abi::IoctlHdr, a: &mut Vec<abi::IoctlAttr>| {
+        a.push(unknown);
+        (h.num_attrs, h.length) = (6, 24 + 16 * 6);
+    };
+    assert_eq!(uar_ioctl(&env, more), Err(EPROTONOSUPPORT));
+    assert_eq!(uar_ioctl(&env, |_, _| {}), Ok(()));
+    let offset = u64::from_ne_bytes(env.resp::<[u8; 8]>());
+    assert_eq!(env.model.lock().unwrap().check_mmap(CTX, offset / 4096, 4096), Ok(()));
+    assert_eq!(
+        env.model.lock().unwrap().check_mmap(CTX, offset / 4096, 8192),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.model.lock().unwrap().ioctl(CTX, 0x1234, CMD, &env.mem),
+        Err(libc::ENOTTY)
+    );
+}
+
+// ---- the device ------------------------------------------------------------------------
+
+/// Two connected RC QPs on one model, an MR over DATA with every access, and one CQ.
+struct Pair {
+    env: Env,
+    key: u32,
+    qpn: [u32; 2],
+    posted: [u16; 2],
+    recvs: [u16; 2],
+}
+
+const QP_DB: [u64; 2] = [DB + 64, DB + 128];
+const QP_BUFS: [u64; 2] = [QP_BUF, QP_BUF + 0x4000];
+const CQ_DB: u64 = DB;
+
+impl Pair {
+    fn new(rnr_retry: u8) -> Self {
+        let env = Env::new(false);
+        let pd = env.alloc_pd();
+        let (_, key) = env.reg_mr(pd, DATA, 0x8000, 0xf).unwrap();
+        let cq = env.create_cq(15, CQ_BUF, CQ_DB).unwrap();
+        let mut qpn = [0; 2];
+        let mut handles = [0; 2];
+        for i in 0..2 {
+            let (h, n) = env
+                .create_qp_with(
+                    Env::qp_cmd(pd, cq, abi::qpt::RC),
+                    Env::mlx5_qp(QP_BUFS[i], QP_DB[i], 1 + i as u32).as_bytes(),
+                )
+                .unwrap();
+            (handles[i], qpn[i]) = (h, n);
+        }
+        env.connect(handles[0], qpn[1], rnr_retry);
+        env.connect(handles[1], qpn[0], rnr_retry);
+        Self {
+            env,
+            key,
+            qpn,
+            posted: [0; 2],
+            recvs: [0; 2],
+        }
+    }
+
+    /// Posts one send WQE (64 bytes) on QP `i` and rings the doorbell record.
+    fn post(&mut self, i: usize, opcode: u8, segs: &[u8], signaled: bool) {
+        let idx = self.posted[i];
+        let mut wqe = [0u8; 64];
+        let ds = 1 + segs.len() / 16;
+        wqe[0..4].copy_from_slice(&((u32::from(idx) << 8) | u32::from(opcode)).to_be_bytes());
+        wqe[4..8].copy_from_slice(&((self.qpn[i] << 8) | ds as u32).to_be_bytes());
+        wqe[11] = if signaled { abi::WQE_CTRL_CQ_UPDATE } else { 0 };
+        wqe[16..16 + segs.len()].copy_from_slice(segs);
+        let sq = QP_BUFS[i] + 8 * 16;
+        self.env.mem.write(sq + u64::from(idx % 16) * 64, &wqe).unwrap();
+        self.posted[i] += 1;
+        self.env
+            .mem
+            .write(QP_DB[i] + abi::SND_DBR, &u32::from(self.posted[i]).to_be_bytes())
+            .unwrap();
+    }
+
+    /// Posts a receive of `len` bytes at `addr` on QP `i`.
+    fn recv(&mut self, i: usize, addr: u64, len: u32) {
+        let idx = self.recvs[i];
+        let seg = data_seg(len, self.key, addr);
+        self.env.mem.write(QP_BUFS[i] + u64::from(idx % 8) * 16, &seg).unwrap();
+        self.recvs[i] += 1;
+        self.env
+            .mem
+            .write(QP_DB[i] + abi::RCV_DBR, &u32::from(self.recvs[i]).to_be_bytes())
+            .unwrap();
+    }
+
+    /// The CQEs written so far: (opcode, syndrome, byte_cnt).
+    fn cqes(&self) -> Vec<(u8, u8, u32)> {
+        let mut out = Vec::new();
+        for slot in 0..16u64 {
+            let mut c = [0u8; 64];
+            self.env.mem.read(CQ_BUF + slot * 64, &mut c).unwrap();
+            if c[63] >> 4 != 0 || c[56..60] != [0; 4] {
+                out.push((c[63] >> 4, c[55], u32::from_be_bytes(c[44..48].try_into().unwrap())));
+            }
+        }
+        out
+    }
+}
+
+fn data_seg(len: u32, key: u32, addr: u64) -> [u8; 16] {
+    let mut s = [0u8; 16];
+    s[0..4].copy_from_slice(&len.to_be_bytes());
+    s[4..8].copy_from_slice(&key.to_be_bytes());
+    s[8..16].copy_from_slice(&addr.to_be_bytes());
+    s
+}
+
+fn raddr_seg(addr: u64, rkey: u32) -> [u8; 16] {
+    let mut s = [0u8; 16];
+    s[0..8].copy_from_slice(&addr.to_be_bytes());
+    s[8..12].copy_from_slice(&rkey.to_be_bytes());
+    s
+}
+
+#[test]
+fn a_send_moves_the_bytes_and_completes_on_both_sides() {
+    let mut p = Pair::new(7);
+    p.env.mem.write(DATA, b"hello").unwrap();
+    p.recv(1, DATA + 0x1000, 64);
+    p.post(0, abi::opcode::SEND, &data_seg(5, p.key, DATA), true);
+    p.env.drive();
+    let mut got = [0u8; 5];
+    p.env.mem.read(DATA + 0x1000, &mut got).unwrap();
+    assert_eq!(&got, b"hello");
+    assert_eq!(p.cqes(), vec![(abi::cqe_op::RESP_SEND, 0, 5), (abi::cqe_op::REQ, 0, 0)]);
+    assert_eq!(p.env.mem.stray(), 0);
+}
+
+#[test]
+fn rdma_write_read_and_atomics_act_on_the_target() {
+    let mut p = Pair::new(7);
+    p.env.mem.write(DATA, &[7; 8]).unwrap();
+    let mut segs = raddr_seg(DATA + 0x2000, p.key).to_vec();
+    segs.extend_from_slice(&data_seg(8, p.key, DATA));
+    p.post(0, abi::opcode::RDMA_WRITE, &segs, false);
+    let mut segs = raddr_seg(DATA + 0x2000, p.key).to_vec();
+    segs.extend_from_slice(&data_seg(8, p.key, DATA + 0x3000));
+    p.post(0, abi::opcode::RDMA_READ, &segs, true);
+    // FAA of 5 on the big-endian word at 0x4000 (starts at 10), result to 0x4100.
+    p.env.mem.write(DATA + 0x4000, &10u64.to_be_bytes()).unwrap();
+    let mut segs = raddr_seg(DATA + 0x4000, p.key).to_vec();
+    segs.extend_from_slice(&5u64.to_be_bytes());
+    segs.extend_from_slice(&[0; 8]);
+    segs.extend_from_slice(&data_seg(8, p.key, DATA + 0x4100));
+    p.post(0, abi::opcode::ATOMIC_FA, &segs, true);
+    p.env.drive();
+    let mut b = [0u8; 8];
+    p.env.mem.read(DATA + 0x3000, &mut b).unwrap();
+    assert_eq!(b, [7; 8]);
+    p.env.mem.read(DATA + 0x4000, &mut b).unwrap();
+    assert_eq!(u64::from_be_bytes(b), 15);
+    p.env.mem.read(DATA + 0x4100, &mut b).unwrap();
+    assert_eq!(u64::from_be_bytes(b), 10);
+    assert_eq!(p.cqes(), vec![(0, 0, 8), (0, 0, 8)]);
+}
+
+#[test]
+fn a_bad_rkey_is_remote_access_and_what_follows_is_flushed() {
+    let mut p = Pair::new(7);
+    let mut segs = raddr_seg(DATA, p.key ^ 0xff00).to_vec();
+    segs.extend_from_slice(&data_seg(8, p.key, DATA));
+    p.post(0, abi::opcode::RDMA_WRITE, &segs, false);
+    p.post(0, abi::opcode::SEND, &data_seg(8, p.key, DATA), false);
+    p.env.drive();
+    let e = abi::cqe_op::REQ_ERR;
+    assert_eq!(
+        p.cqes(),
+        vec![(e, abi::syndrome::REMOTE_ACCESS, 0), (e, abi::syndrome::WR_FLUSH, 0)]
+    );
+}
+
+#[test]
+fn a_bad_lkey_is_local_protection() {
+    let mut p = Pair::new(7);
+    p.post(0, abi::opcode::SEND, &data_seg(8, 0x4242, DATA), true);
+    p.env.drive();
+    assert_eq!(p.cqes(), vec![(abi::cqe_op::REQ_ERR, abi::syndrome::LOCAL_PROT, 0)]);
+}
+
+#[test]
+fn no_receive_posted_exhausts_the_rnr_retries() {
+    let mut p = Pair::new(0);
+    p.post(0, abi::opcode::SEND, &data_seg(8, p.key, DATA), true);
+    p.env.drive();
+    assert_eq!(p.cqes(), vec![(abi::cqe_op::REQ_ERR, abi::syndrome::RNR_RETRY_EXC, 0)]);
+}
+
+#[test]
+fn a_full_cq_raises_cq_err_and_is_not_overwritten() {
+    let mut p = Pair::new(7);
+    for _ in 0..17 {
+        p.post(0, abi::opcode::NOP, &[], true);
+        if p.posted[0] % 8 == 0 {
+            p.env.drive();
+        }
+    }
+    p.env.drive();
+    let sinks = p.env.host.sinks.lock().unwrap();
+    let events = sinks[0].0.lock().unwrap();
+    assert_eq!(events.len(), 1);
+    let ev = abi::AsyncEventDesc::read_from_bytes(&events[0]).unwrap();
+    assert_eq!((ev.event_type, ev.element), (abi::event::CQ_ERR, 0xc0));
+    // Counted when read, for DESTROY_CQ's response.
+    let mut m = p.env.model.lock().unwrap();
+    let fd = m.contexts[&CTX].async_fd.unwrap();
+    m.events_read(fd, &events[0]);
+    assert_eq!(m.cqs.iter().next().unwrap().1.async_events, 1);
+}
+
+#[test]
+fn moving_to_err_flushes_posted_receives() {
+    let mut p = Pair::new(7);
+    p.recv(1, DATA, 8);
+    p.recv(1, DATA, 8);
+    let qp1 = 1;
+    p.env
+        .modify(qp1, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::ERR))
+        .unwrap();
+    p.env.drive();
+    let e = abi::cqe_op::RESP_ERR;
+    assert_eq!(
+        p.cqes(),
+        vec![(e, abi::syndrome::WR_FLUSH, 0), (e, abi::syndrome::WR_FLUSH, 0)]
+    );
+}
+
+/// splitmix64, for the seeded hostile-input test.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[test]
+fn hostile_wqes_and_doorbells_never_panic_or_stray() {
+    let mut rng = Rng(0x5eed);
+    for round in 0..200 {
+        let mut p = Pair::new((round % 8) as u8);
+        for _ in 0..8 {
+            let mut junk = [0u8; 64];
+            for b in junk.chunks_mut(8) {
+                b.copy_from_slice(&rng.next().to_ne_bytes());
+            }
+            // Sometimes a plausible control segment, sometimes pure noise.
+            if rng.next() % 2 == 0 {
+                let idx = p.posted[0];
+                junk[0..4].copy_from_slice(&((u32::from(idx) << 8) | (rng.next() % 0x14) as u32).to_be_bytes());
+                junk[4..8].copy_from_slice(&((p.qpn[0] << 8) | (rng.next() % 8) as u32).to_be_bytes());
+                if rng.next() % 2 == 0 {
+                    junk[20..24].copy_from_slice(&p.key.to_be_bytes());
+                }
+            }
+            let idx = u64::from(p.posted[0] % 16);
+            p.env.mem.write(QP_BUFS[0] + 8 * 16 + idx * 64, &junk).unwrap();
+            p.posted[0] = p.posted[0].wrapping_add(1);
+            let db = if rng.next() % 8 == 0 {
+                rng.next() as u32
+            } else {
+                u32::from(p.posted[0])
+            };
+            p.env.mem.write(QP_DB[0] + abi::SND_DBR, &db.to_be_bytes()).unwrap();
+            if rng.next() % 4 == 0 {
+                let rq = rng.next() as u32;
+                p.env.mem.write(QP_DB[1] + abi::RCV_DBR, &rq.to_be_bytes()).unwrap();
+            }
+            if rng.next() % 4 == 0 {
+                p.env
+                    .mem
+                    .write(QP_BUFS[1] + (rng.next() % 8) * 16, &rng.next().to_ne_bytes())
+                    .unwrap();
+            }
+            if rng.next() % 8 == 0 {
+                p.env
+                    .mem
+                    .write(CQ_DB + abi::CQ_ARM_DB, &(rng.next() as u32).to_ne_bytes())
+                    .unwrap();
+            }
+            p.env.drive();
+        }
+        assert_eq!(p.env.mem.stray(), 0, "round {round}");
+    }
+}
