@@ -620,7 +620,7 @@ impl Device {
             }
             Response::AtomicOriginal(v) => {
                 if let Some(&(addr, _)) = work.scatter.first() {
-                    if mem.write(addr, &v.to_be_bytes()).is_err() {
+                    if mem.write(addr, &v.to_ne_bytes()).is_err() {
                         return fail(model, syndrome::LOCAL_PROT);
                     }
                 }
@@ -735,16 +735,15 @@ impl Device {
                 } else {
                     match mr_covering(&model.mrs, *rkey, pd, *raddr, 8, need) {
                         Some(at) if qp_access & need != 0 => {
-                            // Atomics operate on big-endian 64-bit words in memory.
+                            // Atomics operate on 64-bit words in host order, as on a device
+                            // whose driver reports IB_ATOMIC_HCA (mlx5 reports it only
+                            // when the device answers in host endianness).
                             let done = match &req.op {
-                                Op::CompareSwap { compare, swap, .. } => {
-                                    let (c, s) = (compare.to_be(), swap.to_be());
-                                    mem.compare_swap(at, c, s)
-                                }
-                                Op::FetchAdd { add, .. } => Self::fetch_add_be(mem, at, *add),
+                                Op::CompareSwap { compare, swap, .. } => mem.compare_swap(at, *compare, *swap),
+                                Op::FetchAdd { add, .. } => mem.fetch_add(at, *add),
                                 _ => Err(crate::mem::Fault),
                             };
-                            done.map(|old| Response::AtomicOriginal(u64::from_be(old)))
+                            done.map(Response::AtomicOriginal)
                                 .map_err(|_| Response::Nak(syndrome::REMOTE_ACCESS))
                         }
                         _ => Err(Response::Nak(syndrome::REMOTE_ACCESS)),
@@ -765,21 +764,6 @@ impl Device {
             }
             Err(other) => other,
         }
-    }
-
-    /// A big-endian fetch-and-add: compare-and-swap until it sticks (bounded: another
-    /// writer can only delay it so often before we report it as a remote access error).
-    fn fetch_add_be(mem: &dyn Memory, at: u64, add: u64) -> Result<u64, crate::mem::Fault> {
-        let mut buf = [0u8; 8];
-        for _ in 0..1000 {
-            mem.read(at, &mut buf)?;
-            let old = u64::from_ne_bytes(buf);
-            let new = u64::from_be(old).wrapping_add(add).to_be();
-            if mem.compare_swap(at, old, new)? == old {
-                return Ok(old);
-            }
-        }
-        Err(crate::mem::Fault)
     }
 
     fn has_recv(model: &Model, h: u32, mem: &dyn Memory) -> bool {

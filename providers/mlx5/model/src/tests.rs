@@ -925,8 +925,9 @@ fn rdma_write_read_and_atomics_act_on_the_target() {
     let mut segs = raddr_seg(DATA + 0x2000, p.key).to_vec();
     segs.extend_from_slice(&data_seg(8, p.key, DATA + 0x3000));
     p.post(0, abi::opcode::RDMA_READ, &segs, true);
-    // FAA of 5 on the big-endian word at 0x4000 (starts at 10), result to 0x4100.
-    p.env.mem.write(DATA + 0x4000, &10u64.to_be_bytes()).unwrap();
+    // FAA of 5 (big-endian in the WQE) on the host-order word at 0x4000 (starts at 10),
+    // the original value to 0x4100 in host order.
+    p.env.mem.write(DATA + 0x4000, &10u64.to_ne_bytes()).unwrap();
     let mut segs = raddr_seg(DATA + 0x4000, p.key).to_vec();
     segs.extend_from_slice(&5u64.to_be_bytes());
     segs.extend_from_slice(&[0; 8]);
@@ -937,9 +938,9 @@ fn rdma_write_read_and_atomics_act_on_the_target() {
     p.env.mem.read(DATA + 0x3000, &mut b).unwrap();
     assert_eq!(b, [7; 8]);
     p.env.mem.read(DATA + 0x4000, &mut b).unwrap();
-    assert_eq!(u64::from_be_bytes(b), 15);
+    assert_eq!(u64::from_ne_bytes(b), 15);
     p.env.mem.read(DATA + 0x4100, &mut b).unwrap();
-    assert_eq!(u64::from_be_bytes(b), 10);
+    assert_eq!(u64::from_ne_bytes(b), 10);
     assert_eq!(p.cqes(), vec![(0, 0, 8), (0, 0, 8)]);
 }
 
