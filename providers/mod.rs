@@ -6,6 +6,7 @@ use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
+mod mlx5;
 mod rxe;
 
 /// The rxe ring's hostile-ring harness, for `crate::testing`.
