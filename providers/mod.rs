@@ -14,7 +14,7 @@ mod rxe;
 pub use rxe::hostile;
 
 /// Every provider compiled in, asked in order.
-static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe];
+static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe, &mlx5::Mlx5];
 
 /// Every provider compiled into this build, in the order [`crate::open`] asks them. For front
 /// ends over the public API that must name devices' providers themselves (the drop-in
