@@ -6,6 +6,9 @@ use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
+/// Not yet run on a device or on the mlx5 model: built only with the `mlx5` feature.
+#[cfg(feature = "mlx5")]
+mod mlx5;
 mod rxe;
 
 /// The rxe ring's hostile-ring harness, for `crate::testing`.
@@ -13,7 +16,11 @@ mod rxe;
 pub use rxe::hostile;
 
 /// Every provider compiled in, asked in order.
+#[cfg(not(feature = "mlx5"))]
 static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe];
+/// Every provider compiled in, asked in order.
+#[cfg(feature = "mlx5")]
+static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe, &mlx5::Mlx5];
 
 /// Every provider compiled into this build, in the order [`crate::open`] asks them. For front
 /// ends over the public API that must name devices' providers themselves (the drop-in

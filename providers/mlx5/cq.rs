@@ -1,0 +1,433 @@
+//! mlx5 completion queues: a user-allocated ring of 64-byte CQEs the device hands over by
+//! flipping each entry's owner bit, a doorbell record for the consumer index and arming, and
+//! the CQ doorbell in UAR page 0.
+//!
+//! The ring and the table of the QPs completing on it live in [`CqShared`] behind a try-lock:
+//! the poller takes it without waiting (a poll that finds it taken returns nothing), and a QP
+//! scrubbing its CQEs on RESET or destroy, or linking itself at create, waits for the
+//! poller's batch to end. So a QP's state is never freed while a poll reads it, whatever CQE
+//! the device writes.
+
+use super::cqe::{self, BadCqe, Cqe64, Decoded, WorkQueue, CQE_SIZE, INVALID_OP_OWN, OP_OWN};
+use super::mem::{Buffer, Doorbell};
+use super::qp::QpShared;
+use super::{abi, Ctx};
+use crate::error::{Error, Result};
+use crate::provider::{CqRing, CreateCqCall, KernelCall, ReadyRun};
+use crate::wc::WorkCompletion;
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use zerocopy::IntoBytes;
+
+/// Doorbell record words (`MLX5_CQ_SET_CI`, `MLX5_CQ_ARM_DB`).
+const SET_CI: usize = 0;
+const ARM_DB: usize = 1;
+/// `MLX5_CQ_DOORBELL`: the CQ doorbell's offset in UAR page 0.
+const UAR_CQ_DOORBELL: usize = 0x20;
+/// `MLX5_CQ_DB_REQ_NOT_SOL`: arm for solicited completions only.
+const ARM_SOLICITED: u32 = 1 << 24;
+/// The largest ring the device takes.
+const MAX_CQES: u32 = 1 << 24;
+/// Completions translated per `ready_run`.
+const SCRATCH: usize = 64;
+
+pub(super) fn create(ctx: &Arc<Ctx>, cqe: u32, kernel: CreateCqCall<'_>) -> Result<Box<dyn CqRing>> {
+    let ncqe = cqe
+        .checked_add(1)
+        .and_then(u32::checked_next_power_of_two)
+        .filter(|&n| n <= MAX_CQES)
+        .ok_or_else(|| Error::invalid("CREATE_CQ", format!("{cqe} entries: at most {} on mlx5", MAX_CQES - 1)))?;
+    let ring = Ring::new(ncqe)?;
+    let db = ctx.db_pages.alloc("CREATE_CQ")?;
+    let req = abi::CreateCq {
+        buf_addr: ring.buf.addr(),
+        db_addr: db.addr(),
+        cqe_size: CQE_SIZE as u32,
+        ..Default::default()
+    };
+    let mut resp = abi::CreateCqResp::default();
+    kernel(ncqe - 1, req.as_bytes(), resp.as_mut_bytes())?;
+    let shared = Arc::new(CqShared {
+        locked: AtomicBool::new(false),
+        state: UnsafeCell::new(CqState {
+            ring,
+            qps: HashMap::new(),
+        }),
+        db,
+    });
+    Ok(Box::new(Mlx5Cq {
+        shared,
+        ctx: ctx.clone(),
+        cqn: resp.cqn,
+        scratch: vec![WorkCompletion::default(); SCRATCH].into_boxed_slice(),
+        pending: 0..0,
+    }))
+}
+
+/// The CQE ring and the consumer index.
+pub(super) struct Ring {
+    buf: Buffer,
+    /// Entries, a power of two.
+    ncqe: u32,
+    /// Free-running consumer index.
+    ci: u32,
+}
+
+impl Ring {
+    /// A ring of `ncqe` (a power of two) entries, each marked not yet written.
+    pub(super) fn new(ncqe: u32) -> Result<Self> {
+        let buf = Buffer::new(ncqe as usize * CQE_SIZE, "CREATE_CQ")?;
+        let ring = Self { buf, ncqe, ci: 0 };
+        for i in 0..ncqe {
+            ring.op_own(i).store(INVALID_OP_OWN, Ordering::Relaxed);
+        }
+        Ok(ring)
+    }
+
+    /// Entry `index` (masked).
+    fn entry(&self, index: u32) -> NonNull<u8> {
+        let slot = (index & (self.ncqe - 1)) as usize;
+        // SAFETY: `slot < ncqe` and the buffer holds `ncqe` entries.
+        unsafe { self.buf.base().add(slot * CQE_SIZE) }
+    }
+
+    /// Entry `index`'s `op_own` byte, which the device writes last.
+    fn op_own(&self, index: u32) -> &AtomicU8 {
+        // SAFETY: byte 63 of an entry inside the buffer, which lives as long as `self`.
+        unsafe { &*self.entry(index).add(OP_OWN).cast::<AtomicU8>().as_ptr() }
+    }
+
+    /// The CQE at `index`, if the device has handed it over: a valid opcode and the owner bit
+    /// of `index`'s pass over the ring. Acquire: the rest of the entry is read after.
+    fn ready(&self, index: u32) -> Option<[u8; CQE_SIZE]> {
+        let op_own = self.op_own(index).load(Ordering::Acquire);
+        let pass = u8::from(index & self.ncqe != 0);
+        if cqe::cqe_opcode(op_own) == cqe::opcode::INVALID || cqe::owner(op_own) != pass {
+            return None;
+        }
+        // SAFETY: a whole entry inside the buffer; the device no longer writes it.
+        Some(unsafe { self.entry(index).cast::<[u8; CQE_SIZE]>().as_ptr().read_volatile() })
+    }
+
+    /// Removes the CQEs of user index `uidx` among those handed over, as libmlx5's
+    /// `__mlx5_cq_clean` does: later entries move up over them, keeping each destination's
+    /// owner bit. Returns how many were removed.
+    fn scrub(&mut self, uidx: u32) -> u32 {
+        let mut end = self.ci;
+        while end.wrapping_sub(self.ci) < self.ncqe && self.ready(end).is_some() {
+            end = end.wrapping_add(1);
+        }
+        let mut removed = 0u32;
+        let mut i = end;
+        while i != self.ci {
+            i = i.wrapping_sub(1);
+            let Some(bytes) = self.ready(i) else { break };
+            if Cqe64::parse(&bytes).user_index() == uidx {
+                removed += 1;
+            } else if removed > 0 {
+                let to = i.wrapping_add(removed);
+                let owner = self.op_own(to).load(Ordering::Relaxed) & 1;
+                let mut moved = bytes;
+                moved[OP_OWN] = (bytes[OP_OWN] & !1) | owner;
+                // SAFETY: a whole entry inside the buffer, handed over by the device.
+                unsafe { self.entry(to).cast::<[u8; CQE_SIZE]>().as_ptr().write_volatile(moved) };
+            }
+        }
+        self.ci = self.ci.wrapping_add(removed);
+        removed
+    }
+}
+
+/// What the poller and the QPs linking or scrubbing share, under the try-lock.
+struct CqState {
+    ring: Ring,
+    /// The QPs completing on this CQ, by user index.
+    qps: HashMap<u32, Arc<QpShared>>,
+}
+
+/// A CQ's shared half: the QPs using it hold it too.
+pub(super) struct CqShared {
+    locked: AtomicBool,
+    state: UnsafeCell<CqState>,
+    db: Doorbell,
+}
+
+// SAFETY: `state` is only reached through a `CqGuard`, which `locked` makes exclusive.
+unsafe impl Sync for CqShared {}
+
+/// Exclusive access to a CQ's state.
+struct CqGuard<'a> {
+    cq: &'a CqShared,
+}
+
+impl CqShared {
+    /// The state, if no one else holds it: never waits.
+    fn try_lock(&self) -> Option<CqGuard<'_>> {
+        self.locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(CqGuard { cq: self })
+    }
+
+    /// The state, waiting for a poll's batch (or another QP's scrub) to end.
+    fn lock(&self) -> CqGuard<'_> {
+        loop {
+            if let Some(guard) = self.try_lock() {
+                return guard;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Makes the QP of user index `uidx` known to polls.
+    pub(super) fn link(&self, uidx: u32, qp: Arc<QpShared>) {
+        self.lock().state().qps.insert(uidx, qp);
+    }
+
+    /// Removes the QP's CQEs, and with `unlink` the QP itself, publishing the new consumer
+    /// index.
+    pub(super) fn scrub(&self, uidx: u32, unlink: bool) {
+        let mut guard = self.lock();
+        let state = guard.state();
+        if unlink {
+            state.qps.remove(&uidx);
+        }
+        if state.ring.scrub(uidx) > 0 {
+            self.db.set(SET_CI, state.ring.ci & 0xff_ffff);
+        }
+    }
+}
+
+impl CqGuard<'_> {
+    fn state(&mut self) -> &mut CqState {
+        // SAFETY: the guard holds the lock, so this is the only reference.
+        unsafe { &mut *self.cq.state.get() }
+    }
+}
+
+impl Drop for CqGuard<'_> {
+    fn drop(&mut self) {
+        self.cq.locked.store(false, Ordering::Release);
+    }
+}
+
+/// Moves up to `out.len()` completions out of the ring; publishes the consumer index once.
+fn poll_ring(state: &mut CqState, db: &Doorbell, out: &mut [WorkCompletion]) -> usize {
+    let mut n = 0;
+    while n < out.len() {
+        let Some(bytes) = state.ring.ready(state.ring.ci) else {
+            break;
+        };
+        out[n] = complete(&state.qps, &Cqe64::parse(&bytes));
+        state.ring.ci = state.ring.ci.wrapping_add(1);
+        n += 1;
+    }
+    if n > 0 {
+        db.set(SET_CI, state.ring.ci & 0xff_ffff);
+    }
+    n
+}
+
+/// The completion for one CQE: decoded, its `wr_id` from the QP's tables.
+fn complete(qps: &HashMap<u32, Arc<QpShared>>, cqe: &Cqe64) -> WorkCompletion {
+    let found = cqe::decode(cqe).and_then(
+        |Decoded {
+             user_index,
+             queue,
+             mut wc,
+         }| {
+            let qp = qps.get(&user_index).ok_or(BadCqe::UnknownUserIndex)?;
+            wc.wr_id = match queue {
+                WorkQueue::Send { wqe_counter } => qp.complete_send(wqe_counter)?,
+                WorkQueue::Recv => qp.complete_recv()?,
+            };
+            Ok(wc)
+        },
+    );
+    found.unwrap_or_else(|why| cqe::bad_cqe_completion(cqe, why))
+}
+
+/// The poller's half of a CQ.
+pub(super) struct Mlx5Cq {
+    shared: Arc<CqShared>,
+    ctx: Arc<Ctx>,
+    cqn: u32,
+    /// Completions translated for `ready_run`, `pending` of them not yet consumed.
+    scratch: Box<[WorkCompletion]>,
+    pending: std::ops::Range<usize>,
+}
+
+impl Mlx5Cq {
+    /// The shared half, for the QPs that complete here.
+    pub(super) fn shared(&self) -> &Arc<CqShared> {
+        &self.shared
+    }
+}
+
+// SAFETY: `ready_run` describes completions in `scratch`, which only `&mut self` methods
+// change; CREATE_CQ's driver bytes name the ring and doorbell record this CQ owns until it
+// is dropped, after the kernel destroy.
+unsafe impl CqRing for Mlx5Cq {
+    fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
+        let queued = self.pending.len().min(wc.len());
+        wc[..queued].copy_from_slice(&self.scratch[self.pending.start..self.pending.start + queued]);
+        self.pending.start += queued;
+        if queued == wc.len() {
+            return queued;
+        }
+        let Some(mut guard) = self.shared.try_lock() else {
+            return queued;
+        };
+        queued + poll_ring(guard.state(), &self.shared.db, &mut wc[queued..])
+    }
+
+    fn ready_run(&mut self) -> ReadyRun {
+        if self.pending.is_empty() {
+            let n = match self.shared.try_lock() {
+                Some(mut guard) => poll_ring(guard.state(), &self.shared.db, &mut self.scratch),
+                None => 0,
+            };
+            self.pending = 0..n;
+        }
+        let len = self.pending.len();
+        if len == 0 {
+            return ReadyRun::empty();
+        }
+        let first = NonNull::from(&mut self.scratch[self.pending.start]);
+        ReadyRun {
+            first,
+            before_wrap: len,
+            wrapped: first,
+            len,
+            stride: size_of::<WorkCompletion>(),
+        }
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pending.start += n.min(self.pending.len());
+    }
+
+    fn resize(&mut self, _kernel: KernelCall<'_, u32>) -> Result<()> {
+        Err(Error::Unsupported {
+            verb: "RESIZE_CQ",
+            what: "CQ resize on mlx5 (not built yet)",
+        })
+    }
+
+    /// Arms in user space: the doorbell record, then the UAR's CQ doorbell.
+    fn arm(&mut self, solicited_only: bool, events: u32, _kernel: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let ci = self.shared.lock().state().ring.ci & 0xff_ffff;
+        let word = arm_word(solicited_only, events, ci);
+        self.shared.db.set(ARM_DB, word);
+        // The record must be in memory before the device reads it on the doorbell.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.ctx.cq_uar().write64(
+            UAR_CQ_DOORBELL,
+            (u64::from(word) << 32 | u64::from(self.cqn)).to_be_bytes(),
+        );
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The arm doorbell word: sequence number (`events & 3`), command, consumer index.
+fn arm_word(solicited_only: bool, events: u32, ci: u32) -> u32 {
+    let cmd = if solicited_only { ARM_SOLICITED } else { 0 };
+    (events & 3) << 28 | cmd | (ci & 0xff_ffff)
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::providers::mlx5::mem::DbPages;
+    use crate::wc::WcStatus;
+
+    /// A CQ's shared half on heap memory, no kernel.
+    pub(crate) fn shared(ncqe: u32) -> Arc<CqShared> {
+        Arc::new(CqShared {
+            locked: AtomicBool::new(false),
+            state: UnsafeCell::new(CqState {
+                ring: Ring::new(ncqe).unwrap(),
+                qps: HashMap::new(),
+            }),
+            db: Arc::new(DbPages::new(4096)).alloc("test").unwrap(),
+        })
+    }
+
+    /// Plays the device: writes a CQE at producer index `pi`, `op_own` last.
+    pub(crate) fn produce(cq: &CqShared, pi: u32, mut bytes: [u8; CQE_SIZE]) {
+        let mut guard = cq.lock();
+        let ring = &guard.state().ring;
+        let op_own = bytes[OP_OWN] & !1 | u8::from(pi & ring.ncqe != 0);
+        bytes[OP_OWN] = INVALID_OP_OWN;
+        // SAFETY: a whole entry of the test ring, not handed over yet.
+        unsafe { ring.entry(pi).cast::<[u8; CQE_SIZE]>().as_ptr().write(bytes) };
+        ring.op_own(pi).store(op_own, Ordering::Release);
+    }
+
+    /// A responder CQE for user index `uidx`.
+    pub(crate) fn recv_cqe(uidx: u32, qpn: u32) -> [u8; CQE_SIZE] {
+        let mut b = [0u8; CQE_SIZE];
+        b[32..36].copy_from_slice(&uidx.to_be_bytes());
+        b[56..60].copy_from_slice(&qpn.to_be_bytes());
+        b[OP_OWN] = cqe::opcode::RESP_SEND << 4;
+        b
+    }
+
+    pub(crate) fn poll(cq: &CqShared, out: &mut [WorkCompletion]) -> usize {
+        poll_ring(cq.lock().state(), &cq.db, out)
+    }
+
+    #[test]
+    fn owner_parity_gates_entries_across_passes() {
+        let cq = shared(4);
+        let mut out = [WorkCompletion::default(); 8];
+        assert_eq!(poll(&cq, &mut out), 0, "a fresh ring is all invalid");
+        for pi in 0..10u32 {
+            produce(&cq, pi, recv_cqe(9, 0x40 + pi));
+            assert_eq!(poll(&cq, &mut out), 1, "entry {pi}");
+            // No QP: a typed error completion, not a read of anything.
+            assert_eq!((out[0].status, out[0].qp_num), (WcStatus::GENERAL_ERR, 0x40 + pi));
+            assert_eq!(out[0].vendor_err, BadCqe::UnknownUserIndex.vendor_err());
+            assert_eq!(cq.db.get(SET_CI), pi + 1);
+            // The entry of the last pass is stale now: its owner bit is the old pass's.
+            assert_eq!(poll(&cq, &mut out), 0);
+        }
+    }
+
+    #[test]
+    fn scrub_removes_one_qps_cqes_and_keeps_the_order_of_the_rest() {
+        let cq = shared(8);
+        let uidx = [1, 2, 1, 3, 1, 2];
+        // Start mid-ring, so the handed-over entries wrap.
+        let mut out = [WorkCompletion::default(); 8];
+        for pi in 0..6 {
+            produce(&cq, pi, recv_cqe(7, 0));
+        }
+        assert_eq!(poll(&cq, &mut out), 6);
+        for (i, &u) in uidx.iter().enumerate() {
+            produce(&cq, 6 + i as u32, recv_cqe(u, 100 + i as u32));
+        }
+        cq.scrub(1, true);
+        assert_eq!(cq.db.get(SET_CI), 9);
+        let n = poll(&cq, &mut out);
+        let qpns: Vec<u32> = out[..n].iter().map(|w| w.qp_num).collect();
+        assert_eq!(qpns, [101, 103, 105]);
+        // The ring goes on with the right owner bits.
+        produce(&cq, 12, recv_cqe(2, 112));
+        assert_eq!(poll(&cq, &mut out), 1);
+        assert_eq!(out[0].qp_num, 112);
+    }
+
+    #[test]
+    fn arm_word_carries_sequence_command_and_index() {
+        assert_eq!(arm_word(false, 5, 0x0123_4567), 1 << 28 | 0x23_4567);
+        assert_eq!(arm_word(true, 3, 7), 3 << 28 | 1 << 24 | 7);
+    }
+}

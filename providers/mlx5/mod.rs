@@ -1,0 +1,244 @@
+//! ConnectX (`mlx5_ib`): user space allocates every ring and doorbell record, writes WQEs
+//! and reads CQEs in the device's own formats, and rings doorbells through mapped UAR pages.
+//!
+//! Built: contexts with legacy UARs, PDs, CQs (poll, arm), RC and UC QPs (every send
+//! operation, inline data, receives, RESET and destroy scrubbing). Not yet: BlueFlame, CQ
+//! resize, SRQs, UD and address handles (`Error::Unsupported`).
+
+mod abi;
+mod cq;
+mod cqe;
+#[cfg(test)]
+mod dv_check;
+mod mem;
+mod qp;
+mod wqe;
+
+use crate::device::{DeviceFile, DeviceInfo};
+use crate::error::{Error, Result};
+use crate::provider::{
+    CqRing, CreateCqCall, CreateQpCall, KernelCall, Provider, ProviderContext, ProviderQp, QpRequest, SrqCreated,
+    SrqQueue,
+};
+use mem::{DbPages, UarPage};
+use memmap2::MmapOptions;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Arc, Mutex};
+use zerocopy::IntoBytes;
+
+/// `RDMA_DRIVER_MLX5` in `enum rdma_driver_id` (the second entry, after UNKNOWN).
+const DRIVER_ID: u32 = 1;
+/// The per-device uverbs ABI version of mlx5.
+const ABI_VERSION: u32 = 1;
+/// Blue flame registers asked for, and how many of them low latency (libmlx5's defaults).
+const BFREGS: u32 = 16;
+const LOW_LATENCY_BFREGS: u32 = 4;
+/// Bfregs per UAR (`NUM_BFREGS_PER_UAR`) and the first bfreg's offset in a UAR
+/// (`MLX5_BF_OFFSET`).
+const BFREGS_PER_UAR: u32 = 4;
+const BF_OFFSET: usize = 0x800;
+/// The bytes of the UAR a bfreg index lands in (`MLX5_ADAPTER_PAGE_SIZE`).
+const ADAPTER_PAGE: usize = 4096;
+/// User indices the device can carry (24 bits; the all-ones one is invalid).
+const MAX_USER_INDEX: u32 = 0xff_fffe;
+
+/// The mlx5 provider.
+pub(crate) struct Mlx5;
+
+impl Provider for Mlx5 {
+    fn name(&self) -> &'static str {
+        "mlx5"
+    }
+
+    fn driver_id(&self) -> u32 {
+        DRIVER_ID
+    }
+
+    fn matches(&self, device: &DeviceInfo) -> bool {
+        let driver = match device.driver_id {
+            Some(id) => id == DRIVER_ID,
+            None => device.name.starts_with("mlx5_"),
+        };
+        driver && device.abi_version == ABI_VERSION
+    }
+
+    fn open(&self, file: &Arc<DeviceFile>, kernel: KernelCall<'_, ()>) -> Result<Box<dyn ProviderContext>> {
+        let req = abi::AllocUcontextReq {
+            total_num_bfregs: BFREGS,
+            num_low_latency_bfregs: LOW_LATENCY_BFREGS,
+            max_cqe_version: 1,
+            lib_caps: abi::LIB_CAP_4K_UAR,
+            ..Default::default()
+        };
+        let mut resp = abi::AllocUcontextResp::default();
+        kernel(req.as_bytes(), resp.as_mut_bytes())?;
+        let ctx = Ctx::from_response(file, &resp)?;
+        Ok(Box::new(Mlx5Context(Arc::new(ctx))))
+    }
+}
+
+/// Per-context state.
+pub(super) struct Ctx {
+    /// The legacy UAR pages, in index order.
+    uars: Vec<UarPage>,
+    bf_reg_size: u32,
+    num_uars_per_page: u32,
+    db_pages: Arc<DbPages>,
+    uidx: UserIndices,
+    max_sq_desc_sz: u16,
+    max_rq_desc_sz: u16,
+    max_send_wqebb: u32,
+    max_recv_wr: u32,
+}
+
+impl Ctx {
+    /// Checks GET_CONTEXT's response and maps the UAR pages it describes.
+    fn from_response(file: &DeviceFile, resp: &abi::AllocUcontextResp) -> Result<Self> {
+        let verb = "GET_CONTEXT";
+        if resp.cqe_version != 1 {
+            return Err(Error::Unsupported {
+                verb,
+                what: "mlx5 devices without CQE version 1 (user indices)",
+            });
+        }
+        let per_page = resp.num_uars_per_page.max(1);
+        let pages = resp.tot_bfregs / (per_page * 2);
+        if pages == 0 || pages > 256 {
+            return Err(Error::malformed(
+                verb,
+                format!("{} bfregs, {per_page} UARs per page", resp.tot_bfregs),
+            ));
+        }
+        let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| usize::try_from(p).ok())
+            .unwrap_or(4096);
+        // `MLX5_SHUT_UP_BF` set (and not 0) asks for uncached UAR pages, as in libmlx5.
+        let uncached = std::env::var_os("MLX5_SHUT_UP_BF").is_some_and(|v| v != "0");
+        let command = if uncached {
+            abi::MMAP_NC_PAGE
+        } else {
+            abi::MMAP_REGULAR_PAGE
+        };
+        let uars = (0..u64::from(pages))
+            .map(|i| {
+                // SAFETY: a shared mapping of one UAR page of the device; written only with
+                // 8-byte volatile stores at checked offsets (`UarPage::write64`).
+                let map = unsafe {
+                    MmapOptions::new()
+                        .offset(((command << 8) | i) * page_size as u64)
+                        .len(page_size)
+                        .map_mut(file.as_fd().as_raw_fd())
+                }
+                .map_err(|e| Error::io(format!("{verb}: mmap of UAR page {i}"), e))?;
+                UarPage::new(map).ok_or_else(|| Error::malformed(verb, "mmap returned null"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            uars,
+            bf_reg_size: resp.bf_reg_size,
+            num_uars_per_page: per_page,
+            db_pages: Arc::new(DbPages::new(page_size)),
+            uidx: UserIndices::default(),
+            max_sq_desc_sz: resp.max_sq_desc_sz,
+            max_rq_desc_sz: resp.max_rq_desc_sz,
+            max_send_wqebb: resp.max_send_wqebb,
+            max_recv_wr: resp.max_recv_wr,
+        })
+    }
+
+    /// Where bfreg `index`'s doorbell is (libmlx5 `mlx5.c`'s bfreg layout), if inside the
+    /// mapped UARs.
+    fn bfreg(&self, index: u32) -> Option<qp::SendDoorbell> {
+        let per_page = BFREGS_PER_UAR * self.num_uars_per_page;
+        let page = (index / per_page) as usize;
+        let uar_in_page = ((index / BFREGS_PER_UAR) % self.num_uars_per_page) as usize;
+        let reg = (index % BFREGS_PER_UAR) as usize;
+        let offset = ADAPTER_PAGE * uar_in_page + BF_OFFSET + reg * self.bf_reg_size as usize;
+        let toggle = (self.bf_reg_size / 2) as usize;
+        let uar = self.uars.get(page)?;
+        (uar.fits(offset) && uar.fits(offset ^ toggle)).then_some(qp::SendDoorbell { page, offset, toggle })
+    }
+
+    /// The UAR page CQ doorbells go to.
+    fn cq_uar(&self) -> &UarPage {
+        &self.uars[0]
+    }
+}
+
+/// The context's user indices: the lowest free one is handed out.
+#[derive(Default)]
+struct UserIndices {
+    /// Bit `i` set: index `i` is taken.
+    used: Mutex<Vec<u64>>,
+}
+
+impl UserIndices {
+    fn alloc(&self) -> Result<u32> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let word = match used.iter().position(|w| *w != u64::MAX) {
+            Some(w) => w,
+            None => {
+                used.push(0);
+                used.len() - 1
+            }
+        };
+        let index = word as u32 * 64 + used[word].trailing_ones();
+        if index > MAX_USER_INDEX {
+            return Err(Error::Unsupported {
+                verb: "create_qp",
+                what: "more than 2^24 - 1 QPs in one mlx5 context",
+            });
+        }
+        used[word] |= 1 << (index % 64);
+        Ok(index)
+    }
+
+    fn free(&self, index: u32) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = used.get_mut(index as usize / 64) {
+            *w &= !(1 << (index % 64));
+        }
+    }
+}
+
+struct Mlx5Context(Arc<Ctx>);
+
+// SAFETY: the driver bytes passed here name no user memory but ALLOC_PD's response buffer,
+// which lives across the call; the CQ and QP halves vouch for their own.
+unsafe impl ProviderContext for Mlx5Context {
+    fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
+        let mut resp = abi::AllocPdResp::default();
+        kernel(&[], resp.as_mut_bytes())
+    }
+
+    fn reg_mr(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
+        kernel(&[], &mut [])
+    }
+
+    fn create_cq(&self, cqe: u32, kernel: CreateCqCall<'_>) -> Result<Box<dyn CqRing>> {
+        cq::create(&self.0, cqe, kernel)
+    }
+
+    fn create_qp(&self, request: &QpRequest<'_>, kernel: CreateQpCall<'_>) -> Result<ProviderQp> {
+        qp::create(&self.0, request, kernel)
+    }
+
+    fn create_srq(&self, _kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
+        Err(Error::Unsupported {
+            verb: "create_srq",
+            what: "SRQs on mlx5 (not built yet)",
+        })
+    }
+
+    fn create_ah(&self, _kernel: KernelCall<'_, u32>) -> Result<u64> {
+        Err(Error::Unsupported {
+            verb: "create_ah",
+            what: "address handles on mlx5 (not built yet: UD QPs are not either)",
+        })
+    }
+
+    /// `create_ah` never succeeds, so there is nothing to release.
+    fn destroy_ah(&self, _: u64) {}
+}
