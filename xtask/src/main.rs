@@ -11,12 +11,10 @@
 //!   the integration test binaries (`--test-threads=1`) and
 //!   executable `tests/guest/*.sh` against an rxe device; ends with
 //!   `guest: N passed, M failed` (M also counts failed host steps and builds).
-//!   **The mlx5 model checks are NOT part of it by default yet**: with
-//!   `UVERBS_MLX5=1` it also runs them on the host after the host steps (Debian's
+//!   After the host steps it runs the mlx5 model checks on the host (Debian's
 //!   C libmlx5 on the model: `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong and
 //!   ibv_uc_pingpong pairs, `tests/mlx5/verbs_check.c`; xtask/src/mlx5.rs), each
-//!   item counted in that line. They fail, never skip, while the model crate is
-//!   missing; the default flips to on once the model passes them.
+//!   item counted in that line.
 //! - `cargo xtask mlx5 [--] <command...>`: build the mlx5 device model
 //!   (`cargo build -p uverbs-mlx5-model`) and run a shell command on it on the
 //!   host (cwd = project root, `/bin/sh -c`, `UVERBS_MLX5_MODEL_DIR` set to a
@@ -41,9 +39,8 @@
 //! - `UVERBS_NATIVE=1`: run tests and demo on the host instead of a guest;
 //!   `UVERBS_NATIVE=0`: always use a guest. Unset: native iff the host has
 //!   `/sys/class/infiniband_verbs/uverbs*`.
-//! - `UVERBS_MLX5=1`: `cargo xtask test` runs the mlx5 model checks (off by
-//!   default until the model passes them); `UVERBS_MLX5_TIMEOUT=<s>`: limit per
-//!   mlx5 item (default 300); `UVERBS_MLX5_MODEL_LOG=1`: the model logs to stderr.
+//! - `UVERBS_MLX5_TIMEOUT=<s>`: limit per mlx5 model item (default 300);
+//!   `UVERBS_MLX5_MODEL_LOG=1`: the model logs to stderr.
 //!
 //! `RUST_*` and `UVERBS_*` variables are passed into the guest. Files go to
 //! `target/guest/`: cached `vmlinux-<release>` and initramfs, `kernel.log`
@@ -104,8 +101,7 @@ pub const ENV_NATIVE: &str = "UVERBS_NATIVE";
 
 const USAGE: &str = "\
 usage: cargo xtask guest [--] <command...>   run a shell command in the rxe guest
-       cargo xtask test [-- <test args>]     run all tests (host, then rxe guest;
-                                             UVERBS_MLX5=1 adds the mlx5 model checks)
+       cargo xtask test [-- <test args>]     run all tests (host, mlx5 model, rxe guest)
        cargo xtask mlx5 [--] <command...>    run a shell command on the mlx5 device model
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider

@@ -17,9 +17,6 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// `UVERBS_MLX5=1` makes `cargo xtask test` run [`test_step`]. Off by default until the model
-/// passes it (the team lead flips the default then).
-pub const ENV_GATE: &str = "UVERBS_MLX5";
 /// Limit in seconds for each item of the step.
 pub const ENV_TIMEOUT: &str = "UVERBS_MLX5_TIMEOUT";
 const ITEM_TIMEOUT: u32 = 300;
@@ -33,11 +30,6 @@ const DEVICE: &str = "mlx5_0";
 const VERBS_CHECK_C: &str = "tests/mlx5/verbs_check.c";
 /// ibv_rc_pingpong/ibv_uc_pingpong iterations per pair.
 const ITERS: &str = "10000";
-
-/// Whether `UVERBS_MLX5=1` asks `cargo xtask test` for the mlx5 step.
-pub fn enabled() -> bool {
-    std::env::var(ENV_GATE).is_ok_and(|v| v == "1")
-}
 
 /// `cargo xtask mlx5 [--] <command...>`: builds the model and runs the shell command on it
 /// (`/bin/sh -c`, cwd = project root) in a fresh model dir; returns its exit status.

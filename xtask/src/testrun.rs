@@ -1,5 +1,4 @@
-//! `cargo xtask test`: host unit and doc tests, then (only with `UVERBS_MLX5=1`, for now)
-//! the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
+//! `cargo xtask test`: host unit and doc tests, then the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
 //! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a QEMU guest unless
 //! the host has one), with a `guest: N passed, M failed` line that counts every item.
 
@@ -70,16 +69,8 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
             }
         }
     }
-    // Debian's C libmlx5 on the mlx5 model, on the host. Gated until the model passes.
-    let mlx5_results = if crate::mlx5::enabled() {
-        crate::mlx5::test_step()
-    } else {
-        note!(
-            "xtask: NOT RUN: the mlx5 model checks (off until the model passes them; {}=1 runs them)",
-            crate::mlx5::ENV_GATE
-        );
-        Vec::new()
-    };
+    // Debian's C libmlx5 on the mlx5 model, on the host.
+    let mlx5_results = crate::mlx5::test_step();
 
     let timeout: u32 = env_number("UVERBS_GUEST_TEST_TIMEOUT", ITEM_TIMEOUT)?;
     let mut items = Vec::new();
