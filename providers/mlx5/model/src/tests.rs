@@ -1014,60 +1014,48 @@ fn moving_to_err_flushes_posted_receives() {
     );
 }
 
-/// splitmix64, for the seeded hostile-input test.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 #[test]
 fn hostile_wqes_and_doorbells_never_panic_or_stray() {
-    let mut rng = Rng(0x5eed);
+    let mut rng = uverbs::testing::Rng::new(0x5eed);
     for round in 0..200 {
         let mut p = Pair::new((round % 8) as u8);
         for _ in 0..8 {
             let mut junk = [0u8; 64];
             for b in junk.chunks_mut(8) {
-                b.copy_from_slice(&rng.next().to_ne_bytes());
+                b.copy_from_slice(&rng.next_u64().to_ne_bytes());
             }
             // Sometimes a plausible control segment, sometimes pure noise.
-            if rng.next() % 2 == 0 {
+            if rng.next_u64() % 2 == 0 {
                 let idx = p.posted[0];
-                junk[0..4].copy_from_slice(&((u32::from(idx) << 8) | (rng.next() % 0x14) as u32).to_be_bytes());
-                junk[4..8].copy_from_slice(&((p.qpn[0] << 8) | (rng.next() % 8) as u32).to_be_bytes());
-                if rng.next() % 2 == 0 {
+                junk[0..4].copy_from_slice(&((u32::from(idx) << 8) | (rng.next_u64() % 0x14) as u32).to_be_bytes());
+                junk[4..8].copy_from_slice(&((p.qpn[0] << 8) | (rng.next_u64() % 8) as u32).to_be_bytes());
+                if rng.next_u64() % 2 == 0 {
                     junk[20..24].copy_from_slice(&p.key.to_be_bytes());
                 }
             }
             let idx = u64::from(p.posted[0] % 16);
             p.env.mem.write(QP_BUFS[0] + 8 * 16 + idx * 64, &junk).unwrap();
             p.posted[0] = p.posted[0].wrapping_add(1);
-            let db = if rng.next() % 8 == 0 {
-                rng.next() as u32
+            let db = if rng.next_u64() % 8 == 0 {
+                rng.next_u64() as u32
             } else {
                 u32::from(p.posted[0])
             };
             p.env.mem.write(QP_DB[0] + abi::SND_DBR, &db.to_be_bytes()).unwrap();
-            if rng.next() % 4 == 0 {
-                let rq = rng.next() as u32;
+            if rng.next_u64() % 4 == 0 {
+                let rq = rng.next_u64() as u32;
                 p.env.mem.write(QP_DB[1] + abi::RCV_DBR, &rq.to_be_bytes()).unwrap();
             }
-            if rng.next() % 4 == 0 {
+            if rng.next_u64() % 4 == 0 {
                 p.env
                     .mem
-                    .write(QP_BUFS[1] + (rng.next() % 8) * 16, &rng.next().to_ne_bytes())
+                    .write(QP_BUFS[1] + (rng.next_u64() % 8) * 16, &rng.next_u64().to_ne_bytes())
                     .unwrap();
             }
-            if rng.next() % 8 == 0 {
+            if rng.next_u64() % 8 == 0 {
                 p.env
                     .mem
-                    .write(CQ_DB + abi::CQ_ARM_DB, &(rng.next() as u32).to_ne_bytes())
+                    .write(CQ_DB + abi::CQ_ARM_DB, &(rng.next_u64() as u32).to_ne_bytes())
                     .unwrap();
             }
             p.env.drive();
