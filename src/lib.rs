@@ -68,5 +68,5 @@ pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
-pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
