@@ -493,7 +493,7 @@ fn post_recvs(qp: &mut Qp, sge: &Sge, n: u32) -> (u32, Option<uverbs::Error>) {
 
 /// `pp_post_send`: one signaled SEND of the whole buffer.
 fn post_send(qp: &mut Qp, sge: &Sge, flags: SendFlags) -> Result<(), String> {
-    let wr = SendWr::new(PINGPONG_SEND_WRID, SendOp::Send, std::slice::from_ref(sge)).flags(flags);
+    let wr = SendWr::new(PINGPONG_SEND_WRID, SendOp::Send, std::slice::from_ref(sge)).set_flags(flags);
     // SAFETY: `sge` names the MR `mr` in `run`, which outlives the QP (see `post_recvs`); the
     // device only reads it for a send, and with INLINE the bytes are copied before return.
     unsafe { qp.post_send(&[wr]) }.map_err(|e| format!("Couldn't post send: {e}"))

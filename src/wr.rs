@@ -184,8 +184,16 @@ impl<'a> SendWr<'a> {
         self
     }
 
-    /// Replaces the flags.
-    pub fn flags(mut self, flags: SendFlags) -> Self {
+    /// Adds `flags` to those already set: `SendWr::new(..).with(SendFlags::INLINE)` stays
+    /// signaled.
+    pub fn with(mut self, flags: SendFlags) -> Self {
+        self.flags |= flags;
+        self
+    }
+
+    /// Replaces the flags, [`SendFlags::SIGNALED`] included: without it the request makes no
+    /// completion unless the QP signals every send (`QpInit::sq_sig_all`).
+    pub fn set_flags(mut self, flags: SendFlags) -> Self {
         self.flags = flags;
         self
     }
@@ -264,6 +272,22 @@ impl<'a> RecvWr<'a> {
     /// A receive into `sg_list`.
     pub fn new(wr_id: u64, sg_list: &'a [Sge]) -> Self {
         Self { wr_id, sg_list }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_adds_a_flag_and_set_flags_replaces_them() {
+        let wr = SendWr::new(1, SendOp::Send, &[]);
+        assert_eq!(wr.flags, SendFlags::SIGNALED, "new requests are signaled");
+        assert_eq!(
+            wr.with(SendFlags::INLINE).flags,
+            SendFlags::SIGNALED | SendFlags::INLINE
+        );
+        assert_eq!(wr.set_flags(SendFlags::INLINE).flags, SendFlags::INLINE);
     }
 }
 

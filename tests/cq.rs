@@ -102,7 +102,7 @@ fn solicited_only_waits_for_a_solicited_receive() {
         None,
         "unsolicited: no event"
     );
-    let wr = SendWr::new(2, SendOp::Send, &sge).flags(SendFlags::SIGNALED | SendFlags::SOLICITED);
+    let wr = SendWr::new(2, SendOp::Send, &sge).with(SendFlags::SOLICITED);
     unsafe { tx.post_send(&[wr]) }.unwrap();
     let ev = channel
         .get_event(Some(Duration::from_secs(10)))

@@ -256,7 +256,7 @@ fn inline_sends_arrive_and_free_the_buffer_at_once() {
             lkey: 0,
         };
         let sges = [sge];
-        let wr = SendWr::new(i, SendOp::Send, &sges).flags(SendFlags::INLINE | SendFlags::SIGNALED);
+        let wr = SendWr::new(i, SendOp::Send, &sges).with(SendFlags::INLINE);
         unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
         scratch.fill(0xee);
     }
@@ -284,7 +284,7 @@ fn inline_sends_arrive_and_free_the_buffer_at_once() {
         lkey: 0,
     };
     let sges = [sge];
-    let wr = SendWr::new(50, SendOp::Send, &sges).flags(SendFlags::INLINE);
+    let wr = SendWr::new(50, SendOp::Send, &sges).with(SendFlags::INLINE);
     match unsafe { p.a.qp.post_send(&[wr]) } {
         Err(Error::WorkRequest {
             index: 0,

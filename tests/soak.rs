@@ -347,7 +347,7 @@ impl Soak {
             .map(|(p, op, sges, inline)| {
                 let wr = SendWr::new(((q as u64) << 56) | p.seq, *op, &sges[..p.npieces]);
                 if *inline {
-                    wr.flags(SendFlags::SIGNALED | SendFlags::INLINE)
+                    wr.with(SendFlags::INLINE)
                 } else {
                     wr
                 }

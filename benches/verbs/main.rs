@@ -467,7 +467,7 @@ fn bench_post(o: &Opts, p: &mut Pair, list: usize) {
             } else {
                 SendFlags::empty()
             };
-            SendWr::new(i as u64, SendOp::RdmaWrite(remote), &sge).flags(flags)
+            SendWr::new(i as u64, SendOp::RdmaWrite(remote), &sge).set_flags(flags)
         })
         .collect();
     for r in -1..rounds as isize {

@@ -430,7 +430,7 @@ mod tests {
                 } else {
                     SendFlags::SIGNALED
                 };
-                let wr = SendWr::new(0xfeed, op, &sges).flags(flags);
+                let wr = SendWr::new(0xfeed, op, &sges).set_flags(flags);
                 let slot = written(&wr, if inline { 32 } else { 0 });
                 let mut raw = [0u64; 15];
                 raw[..arm.len()].copy_from_slice(arm);

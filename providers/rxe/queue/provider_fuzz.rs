@@ -410,7 +410,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                         } else {
                             SendFlags::SIGNALED
                         };
-                        SendWr::new(wr_id, op, s).flags(flags)
+                        SendWr::new(wr_id, op, s).set_flags(flags)
                     })
                     .collect();
                 // SAFETY: every SGE names `buf`, alive and readable; nothing writes it (no
