@@ -101,7 +101,8 @@ pub struct WorkCompletion {
     pub vendor_err: u32,
     /// Bytes transferred (receives: bytes received, including a UD GRH).
     pub byte_len: u32,
-    /// Immediate data, in network byte order (`__be32` in C); or the invalidated rkey.
+    /// Immediate data, raw: in network byte order (`__be32` in C); [`WorkCompletion::imm`]
+    /// gives it in host order. Or the invalidated rkey.
     pub imm_data: u32,
     /// Local QP number.
     pub qp_num: u32,

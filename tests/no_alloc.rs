@@ -155,7 +155,7 @@ fn poll_and_post_make_no_allocation() {
                 p.a.qp
                     .post_send(&[
                         SendWr::new(id + 2, SendOp::Send, &two_sges),
-                        SendWr::new(id + 3, SendOp::SendWithImm { imm_data: 7 }, &inline_sge).with(SendFlags::INLINE),
+                        SendWr::new(id + 3, SendOp::SendWithImm { imm: 7 }, &inline_sge).with(SendFlags::INLINE),
                         SendWr::new(id + 4, SendOp::RdmaWrite(remote), &send_sge),
                         SendWr::new(id + 5, SendOp::RdmaWrite(remote), &inline_sge).with(SendFlags::INLINE),
                     ])

@@ -105,13 +105,7 @@ fn send_with_imm_carries_flag_and_value() {
     p.a.mr.as_mut_slice()[..16].copy_from_slice(b"immediate hello!");
     let sge = p.a.mr.sge(0, 16).unwrap();
     let sges = [sge];
-    let wr = SendWr::new(
-        1,
-        SendOp::SendWithImm {
-            imm_data: 0xdead_beefu32.to_be(),
-        },
-        &sges,
-    );
+    let wr = SendWr::new(1, SendOp::SendWithImm { imm: 0xdead_beef }, &sges);
     unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
     let s = poll_n(&mut p.a.cq, 1, 1)[0];
     assert_eq!((s.status, s.opcode, s.wr_id), (WcStatus::SUCCESS, WcOpcode::SEND, 1));
@@ -124,7 +118,7 @@ fn send_with_imm_carries_flag_and_value() {
     assert_eq!(
         r.imm_data,
         0xdead_beefu32.to_be(),
-        "imm_data stays in network byte order"
+        "host order in the request, network order in the completion's raw field"
     );
     assert_eq!(r.imm(), Some(0xdead_beef));
     assert_eq!(&p.b.mr.as_slice()[..16], b"immediate hello!");
@@ -159,7 +153,7 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
     p.a.mr.as_mut_slice()[2000..2100].fill(0x5a);
     let sge = p.a.mr.sge(2000, 100).unwrap();
     let sges = [sge];
-    let wr = SendWr::new(11, SendOp::RdmaWriteWithImm(wi, 42u32.to_be()), &sges);
+    let wr = SendWr::new(11, SendOp::RdmaWriteWithImm(wi, 42), &sges);
     unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
     let c = poll_n(&mut p.a.cq, 1, 4)[0];
     assert_eq!(
