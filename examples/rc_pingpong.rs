@@ -548,9 +548,7 @@ fn run(o: &Opts) -> Result<(), String> {
             mr.as_mut_slice()[i] = 0;
         }
     }
-    let sge = mr
-        .sge(0, o.size)
-        .ok_or_else(|| "buffer smaller than the message".to_string())?;
+    let sge = mr.sge(0, o.size).map_err(|e| e.to_string())?;
 
     let mut cq = ctx
         .create_cq(o.rx_depth + 1)
@@ -587,7 +585,7 @@ fn run(o: &Opts) -> Result<(), String> {
         return Err("Couldn't get local LID".into());
     }
     let gid = if o.gidx >= 0 {
-        ctx.query_gid(o.ib_port, o.gidx as u32)
+        ctx.query_gid(o.ib_port, o.gidx as u8)
             .map_err(|e| format!("can't read sgid of index {}: {e}", o.gidx))?
             .raw
     } else {

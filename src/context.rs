@@ -1,6 +1,6 @@
 //! An open device: the kernel context every other object lives in.
 
-use crate::attr::{AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
+use crate::attr::{AhAttr, AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{Provider, ProviderContext};
@@ -19,10 +19,10 @@ use zerocopy::{FromBytes, IntoBytes};
 pub struct Gid {
     /// The 16 GID bytes (for RoCE, an IPv6 or IPv4-mapped address).
     pub raw: [u8; 16],
-    /// Index in the port's table.
-    pub index: u32,
+    /// Index in the port's table, as address vectors name it (`GlobalRoute::sgid_index`).
+    pub index: u8,
     /// Port number.
-    pub port: u32,
+    pub port: u8,
     /// Type (`IB_UVERBS_GID_TYPE_*`): 0 IB, 1 RoCE v1, 2 RoCE v2.
     pub gid_type: u32,
     /// ifindex of the network device it belongs to (0 for none).
@@ -36,6 +36,12 @@ impl Gid {
     /// The GID as an IPv6 address (IPv4 appears mapped, `::ffff:a.b.c.d`).
     pub fn ip(&self) -> std::net::Ipv6Addr {
         std::net::Ipv6Addr::from(self.raw)
+    }
+
+    /// The RoCE path to `dgid` from this GID: its port and index as the source
+    /// ([`AhAttr::roce`]). For two QPs on one device, `gid.route_to(gid.raw)`.
+    pub fn route_to(&self, dgid: [u8; 16]) -> AhAttr {
+        AhAttr::roce(self.port, dgid, self.index)
     }
 }
 
@@ -311,7 +317,9 @@ impl Context {
         Ok(port_attr(&resp))
     }
 
-    /// Every valid GID of every port (ioctl QUERY_GID_TABLE).
+    /// Every valid GID of every port (ioctl QUERY_GID_TABLE). GIDs past index 255 are left
+    /// out: no address vector can name them (`sgid_index` is 8 bits in the kernel ABI, as in
+    /// C's `ibv_global_route`).
     pub fn gid_table(&self) -> Result<Vec<Gid>> {
         let attr = self.query_device()?;
         let mut total = 0usize;
@@ -335,21 +343,23 @@ impl Context {
         entries.truncate(count);
         Ok(entries
             .into_iter()
-            .map(|e| Gid {
-                raw: e.gid,
-                index: e.gid_index,
-                port: e.port_num,
-                gid_type: e.gid_type,
-                netdev_ifindex: e.netdev_ifindex,
+            .filter_map(|e| {
+                Some(Gid {
+                    raw: e.gid,
+                    index: u8::try_from(e.gid_index).ok()?,
+                    port: u8::try_from(e.port_num).ok()?,
+                    gid_type: e.gid_type,
+                    netdev_ifindex: e.netdev_ifindex,
+                })
             })
             .collect())
     }
 
     /// The GID at `index` on `port`.
-    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+    pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid> {
         self.gid_table()?
             .into_iter()
-            .find(|g| g.port == u32::from(port) && g.index == index)
+            .find(|g| g.port == port && g.index == index)
             .ok_or_else(|| Error::invalid("query_gid", format!("port {port} has no GID {index}")))
     }
 
@@ -357,7 +367,7 @@ impl Context {
     /// networks route), else any that is not link-local.
     pub fn roce_v2_gid(&self, port: u8) -> Result<Gid> {
         let table = self.gid_table()?;
-        let v2 = |g: &&Gid| g.port == u32::from(port) && g.gid_type == Gid::TYPE_ROCE_V2;
+        let v2 = |g: &&Gid| g.port == port && g.gid_type == Gid::TYPE_ROCE_V2;
         let mapped = table.iter().filter(v2).find(|g| g.ip().to_ipv4_mapped().is_some());
         let global = table
             .iter()

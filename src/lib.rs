@@ -63,7 +63,7 @@ pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
-pub use mr::{AccessFlags, Mr};
+pub use mr::{AccessFlags, Mr, OutOfBounds};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{Qp, QpAttr, QpInfo, QpInit};
