@@ -66,7 +66,7 @@ pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Mr, OutOfBounds};
 pub use pd::Pd;
 pub use providers::providers;
-pub use qp::{Qp, QpAttr, QpInfo, QpInit};
+pub use qp::{ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
