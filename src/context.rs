@@ -9,8 +9,8 @@ use crate::sys::cmd::{self, PlainRequest};
 use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use zerocopy::{FromBytes, IntoBytes};
 
 /// A GID table entry.
@@ -53,6 +53,8 @@ pub(crate) struct ContextInner {
     pub(crate) provider: Box<dyn ProviderContext>,
     pub(crate) num_comp_vectors: u32,
     next_user_handle: AtomicU64,
+    /// Each live CQ's overrun flag by user handle, set when a CQ_ERR event for it is read.
+    cq_overruns: Mutex<Vec<(u64, Weak<AtomicBool>)>>,
     /// The process the context was created in; a forked child must not touch its objects
     /// (see `crate::fork`).
     pub(crate) owner: Owner,
@@ -63,6 +65,27 @@ impl ContextInner {
     /// is created).
     pub(crate) fn new_user_handle(&self) -> u64 {
         self.next_user_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn cq_overruns(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicBool>)>> {
+        self.cq_overruns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets `overrun` when a CQ_ERR event names `cq_user_handle` (on CQ create; entries of
+    /// dropped CQs are pruned here).
+    pub(crate) fn watch_cq_overrun(&self, cq_user_handle: u64, overrun: &Arc<AtomicBool>) {
+        let mut cqs = self.cq_overruns();
+        cqs.retain(|(_, w)| w.strong_count() > 0);
+        cqs.push((cq_user_handle, Arc::downgrade(overrun)));
+    }
+
+    /// A CQ_ERR event named `cq_user_handle`: flags every live CQ with that handle.
+    pub(crate) fn cq_overran(&self, cq_user_handle: u64) {
+        for (_, flag) in self.cq_overruns().iter().filter(|(h, _)| *h == cq_user_handle) {
+            if let Some(flag) = flag.upgrade() {
+                flag.store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
@@ -279,6 +302,7 @@ impl Context {
                 provider: provider_ctx,
                 num_comp_vectors,
                 next_user_handle: AtomicU64::new(1),
+                cq_overruns: Mutex::new(Vec::new()),
                 owner: Owner::current(),
             }),
         })

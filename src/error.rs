@@ -82,6 +82,13 @@ pub enum Error {
         /// What is missing.
         what: &'static str,
     },
+    /// The CQ overran: more completions arrived than it holds and the device dropped some
+    /// (a `CQ_ERR` async event; see `Cq::overrun`).
+    #[error("CQ {cq_user_handle} overran: completions were lost and it cannot be used any more (ibv_poll_cq(3)); make it deeper than the work requests that can complete into it")]
+    CqOverrun {
+        /// `Cq::user_handle` of the CQ.
+        cq_user_handle: u64,
+    },
     /// A forked child used a handle it inherited: the kernel objects belong to the parent.
     /// The child must open its own context.
     #[error("{verb}: this process is a fork of the one that opened the device; open a new context here")]
