@@ -132,12 +132,13 @@ impl WorkCompletion {
         self.status == WcStatus::SUCCESS
     }
 
-    /// The immediate data in host byte order, when the completion carries one (the same
-    /// order [`crate::SendOp`] takes it in).
+    /// The immediate data in host byte order (the order [`crate::SendOp`] takes it in), when
+    /// this is a receive that carries one. Send completions never do: rxe flags its send
+    /// completions of `*_WITH_IMM` requests `WITH_IMM` with `imm_data` 0, and
+    /// `ibv_poll_cq(3)` gives the flag a meaning only for receives.
     pub fn imm(&self) -> Option<u32> {
-        self.wc_flags
-            .contains(WcFlags::WITH_IMM)
-            .then(|| u32::from_be(self.imm_data))
+        let receive = self.opcode.0 & WcOpcode::RECV.0 != 0;
+        (receive && self.wc_flags.contains(WcFlags::WITH_IMM)).then(|| u32::from_be(self.imm_data))
     }
 
     /// The completion as a `Result`: `Ok(self)` on success, else the fields that are
@@ -244,14 +245,19 @@ mod tests {
     }
 
     #[test]
-    fn imm_is_host_order_only_with_flag() {
+    fn imm_is_host_order_only_for_receives_with_the_flag() {
         let mut wc = WorkCompletion {
             imm_data: 0x1234_5678u32.to_be(),
             ..Default::default()
         };
+        wc.opcode = WcOpcode::RECV;
         assert_eq!(wc.imm(), None);
         wc.wc_flags = WcFlags::WITH_IMM | WcFlags::GRH;
         assert_eq!(wc.imm(), Some(0x1234_5678));
+        wc.opcode = WcOpcode::RECV_RDMA_WITH_IMM;
+        assert_eq!(wc.imm(), Some(0x1234_5678));
+        wc.opcode = WcOpcode::SEND;
+        assert_eq!(wc.imm(), None, "a send completion carries no immediate data");
     }
 }
 

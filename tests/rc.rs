@@ -109,6 +109,8 @@ fn send_with_imm_carries_flag_and_value() {
     unsafe { p.a.qp.post_send(&[wr]) }.unwrap();
     let s = poll_n(&mut p.a.cq, 1, 1)[0];
     assert_eq!((s.status, s.opcode, s.wr_id), (WcStatus::SUCCESS, WcOpcode::SEND, 1));
+    // rxe flags the send completion WITH_IMM, with imm_data 0: `imm()` is for receives.
+    assert_eq!((s.wc_flags, s.imm_data, s.imm()), (WcFlags::WITH_IMM, 0, None), "{s:?}");
     let r = poll_n(&mut p.b.cq, 1, 1)[0];
     assert_eq!(
         (r.status, r.opcode, r.wr_id, r.byte_len),

@@ -4,4 +4,4 @@
 set -eu
 out=$(timeout 60 "$UVERBS_TARGET_DIR/debug/examples/loopback")
 echo "$out"
-echo "$out" | grep -q 'received "hello" with immediate 7'
+[ "$out" = 'received "hello" with immediate 7' ]
