@@ -55,7 +55,7 @@ fn run() -> DemoResult<()> {
         println!("  gid[{}] {} type {}", g.index, g.ip(), g.gid_type);
     }
     let gid = ctx.roce_v2_gid(1)?;
-    let path = AhAttr::roce(1, gid.raw, gid.index as u8);
+    let path = gid.route_to(gid.raw);
     println!("\nusing gid[{}] {}", gid.index, gid.ip());
     rc_traffic(&ctx, path)?;
     ud_traffic(&ctx, path)

@@ -31,7 +31,7 @@ fn main() -> DemoResult<()> {
         pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?,
         pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?,
     );
-    let path = AhAttr::roce(1, gid.raw, gid.index as u8);
+    let path = gid.route_to(gid.raw);
     let (an, bn) = (a.qpn(), b.qpn());
     for (qp, peer) in [(&mut a, bn), (&mut b, an)] {
         qp.to_init(1, AccessFlags::LOCAL_WRITE)?;
@@ -39,7 +39,7 @@ fn main() -> DemoResult<()> {
         qp.to_rts(0)?;
     }
     let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
-    let (send, recv) = ([mr.sge(0, 64).ok_or("sge")?], [mr.sge(2048, 64).ok_or("sge")?]);
+    let (send, recv) = ([mr.sge(0, 64)?], [mr.sge(2048, 64)?]);
 
     let mut poll = Poll::new()?;
     poll.registry()

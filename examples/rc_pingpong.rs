@@ -493,7 +493,7 @@ fn post_recvs(qp: &mut Qp, sge: &Sge, n: u32) -> (u32, Option<uverbs::Error>) {
 
 /// `pp_post_send`: one signaled SEND of the whole buffer.
 fn post_send(qp: &mut Qp, sge: &Sge, flags: SendFlags) -> Result<(), String> {
-    let wr = SendWr::new(PINGPONG_SEND_WRID, SendOp::Send, std::slice::from_ref(sge)).flags(flags);
+    let wr = SendWr::new(PINGPONG_SEND_WRID, SendOp::Send, std::slice::from_ref(sge)).set_flags(flags);
     // SAFETY: `sge` names the MR `mr` in `run`, which outlives the QP (see `post_recvs`); the
     // device only reads it for a send, and with INLINE the bytes are copied before return.
     unsafe { qp.post_send(&[wr]) }.map_err(|e| format!("Couldn't post send: {e}"))
@@ -548,9 +548,7 @@ fn run(o: &Opts) -> Result<(), String> {
             mr.as_mut_slice()[i] = 0;
         }
     }
-    let sge = mr
-        .sge(0, o.size)
-        .ok_or_else(|| "buffer smaller than the message".to_string())?;
+    let sge = mr.sge(0, o.size).map_err(|e| e.to_string())?;
 
     let mut cq = ctx
         .create_cq(o.rx_depth + 1)
@@ -587,7 +585,7 @@ fn run(o: &Opts) -> Result<(), String> {
         return Err("Couldn't get local LID".into());
     }
     let gid = if o.gidx >= 0 {
-        ctx.query_gid(o.ib_port, o.gidx as u32)
+        ctx.query_gid(o.ib_port, o.gidx as u8)
             .map_err(|e| format!("can't read sgid of index {}: {e}", o.gidx))?
             .raw
     } else {

@@ -32,6 +32,15 @@ pub struct Batch<'a> {
     ready: usize,
 }
 
+impl std::fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("ready", &self.ready)
+            .field("left", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: the pointers are into the ring the batch borrows mutably, which is `Send`; moving
 // the batch moves that borrow with it.
 unsafe impl Send for Batch<'_> {}

@@ -1,6 +1,6 @@
 //! An open device: the kernel context every other object lives in.
 
-use crate::attr::{AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
+use crate::attr::{AhAttr, AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{Provider, ProviderContext};
@@ -9,8 +9,8 @@ use crate::sys::cmd::{self, PlainRequest};
 use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use zerocopy::{FromBytes, IntoBytes};
 
 /// A GID table entry.
@@ -19,10 +19,10 @@ use zerocopy::{FromBytes, IntoBytes};
 pub struct Gid {
     /// The 16 GID bytes (for RoCE, an IPv6 or IPv4-mapped address).
     pub raw: [u8; 16],
-    /// Index in the port's table.
-    pub index: u32,
+    /// Index in the port's table, as address vectors name it (`GlobalRoute::sgid_index`).
+    pub index: u8,
     /// Port number.
-    pub port: u32,
+    pub port: u8,
     /// Type (`IB_UVERBS_GID_TYPE_*`): 0 IB, 1 RoCE v1, 2 RoCE v2.
     pub gid_type: u32,
     /// ifindex of the network device it belongs to (0 for none).
@@ -37,6 +37,12 @@ impl Gid {
     pub fn ip(&self) -> std::net::Ipv6Addr {
         std::net::Ipv6Addr::from(self.raw)
     }
+
+    /// The RoCE path to `dgid` from this GID: its port and index as the source
+    /// ([`AhAttr::roce`]). For two QPs on one device, `gid.route_to(gid.raw)`.
+    pub fn route_to(&self, dgid: [u8; 16]) -> AhAttr {
+        AhAttr::roce(self.port, dgid, self.index)
+    }
 }
 
 pub(crate) struct ContextInner {
@@ -47,6 +53,8 @@ pub(crate) struct ContextInner {
     pub(crate) provider: Box<dyn ProviderContext>,
     pub(crate) num_comp_vectors: u32,
     next_user_handle: AtomicU64,
+    /// Each live CQ's overrun flag by user handle, set when a CQ_ERR event for it is read.
+    cq_overruns: Mutex<Vec<(u64, Weak<AtomicBool>)>>,
     /// The process the context was created in; a forked child must not touch its objects
     /// (see `crate::fork`).
     pub(crate) owner: Owner,
@@ -57,6 +65,27 @@ impl ContextInner {
     /// is created).
     pub(crate) fn new_user_handle(&self) -> u64 {
         self.next_user_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn cq_overruns(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicBool>)>> {
+        self.cq_overruns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets `overrun` when a CQ_ERR event names `cq_user_handle` (on CQ create; entries of
+    /// dropped CQs are pruned here).
+    pub(crate) fn watch_cq_overrun(&self, cq_user_handle: u64, overrun: &Arc<AtomicBool>) {
+        let mut cqs = self.cq_overruns();
+        cqs.retain(|(_, w)| w.strong_count() > 0);
+        cqs.push((cq_user_handle, Arc::downgrade(overrun)));
+    }
+
+    /// A CQ_ERR event named `cq_user_handle`: flags every live CQ with that handle.
+    pub(crate) fn cq_overran(&self, cq_user_handle: u64) {
+        for (_, flag) in self.cq_overruns().iter().filter(|(h, _)| *h == cq_user_handle) {
+            if let Some(flag) = flag.upgrade() {
+                flag.store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
@@ -273,6 +302,7 @@ impl Context {
                 provider: provider_ctx,
                 num_comp_vectors,
                 next_user_handle: AtomicU64::new(1),
+                cq_overruns: Mutex::new(Vec::new()),
                 owner: Owner::current(),
             }),
         })
@@ -311,7 +341,9 @@ impl Context {
         Ok(port_attr(&resp))
     }
 
-    /// Every valid GID of every port (ioctl QUERY_GID_TABLE).
+    /// Every valid GID of every port (ioctl QUERY_GID_TABLE). GIDs past index 255 are left
+    /// out: no address vector can name them (`sgid_index` is 8 bits in the kernel ABI, as in
+    /// C's `ibv_global_route`).
     pub fn gid_table(&self) -> Result<Vec<Gid>> {
         let attr = self.query_device()?;
         let mut total = 0usize;
@@ -335,21 +367,23 @@ impl Context {
         entries.truncate(count);
         Ok(entries
             .into_iter()
-            .map(|e| Gid {
-                raw: e.gid,
-                index: e.gid_index,
-                port: e.port_num,
-                gid_type: e.gid_type,
-                netdev_ifindex: e.netdev_ifindex,
+            .filter_map(|e| {
+                Some(Gid {
+                    raw: e.gid,
+                    index: u8::try_from(e.gid_index).ok()?,
+                    port: u8::try_from(e.port_num).ok()?,
+                    gid_type: e.gid_type,
+                    netdev_ifindex: e.netdev_ifindex,
+                })
             })
             .collect())
     }
 
     /// The GID at `index` on `port`.
-    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+    pub fn query_gid(&self, port: u8, index: u8) -> Result<Gid> {
         self.gid_table()?
             .into_iter()
-            .find(|g| g.port == u32::from(port) && g.index == index)
+            .find(|g| g.port == port && g.index == index)
             .ok_or_else(|| Error::invalid("query_gid", format!("port {port} has no GID {index}")))
     }
 
@@ -357,7 +391,7 @@ impl Context {
     /// networks route), else any that is not link-local.
     pub fn roce_v2_gid(&self, port: u8) -> Result<Gid> {
         let table = self.gid_table()?;
-        let v2 = |g: &&Gid| g.port == u32::from(port) && g.gid_type == Gid::TYPE_ROCE_V2;
+        let v2 = |g: &&Gid| g.port == port && g.gid_type == Gid::TYPE_ROCE_V2;
         let mapped = table.iter().filter(v2).find(|g| g.ip().to_ipv4_mapped().is_some());
         let global = table
             .iter()

@@ -60,6 +60,8 @@ pub(crate) struct CqInner {
     parked: Parked<dyn CqRing>,
     /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
+    /// Set when [`Context::get_async_event`] reads a CQ_ERR event for this CQ.
+    overrun: Arc<AtomicBool>,
 }
 
 impl Drop for CqInner {
@@ -129,6 +131,8 @@ impl Cq {
         if let Some(channel) = init.channel {
             channel.watch_cq(user_handle, &events)?;
         }
+        let overrun = Arc::new(AtomicBool::new(false));
+        inner.watch_cq_overrun(user_handle, &overrun);
         let (created, ring) = create_object(
             "CREATE_CQ",
             |kernel| inner.provider.create_cq(init.cqe, kernel),
@@ -172,6 +176,7 @@ impl Cq {
                 events,
                 parked: Parked::new(),
                 destroyed: AtomicBool::new(false),
+                overrun,
             }),
             ring,
             owner: inner.owner,
@@ -182,6 +187,9 @@ impl Cq {
     /// Moves up to `wc.len()` ready completions into `wc` and returns how many: fewer than
     /// asked (possibly 0) when fewer are ready, as `ibv_poll_cq(3)`. Never blocks, allocates or
     /// makes a system call.
+    ///
+    /// More completions than the CQ holds overrun it: those that do not fit are lost, and
+    /// `poll` still returns the ones that fit. Only an async event tells; see [`Cq::overrun`].
     ///
     /// In a forked child the CQ is the parent's and its ring is not mapped: this returns 0.
     #[inline]
@@ -206,10 +214,35 @@ impl Cq {
         Batch::new(&mut *self.ring, run)
     }
 
+    /// Whether the CQ overran: completions were lost because more arrived than it holds.
+    /// `ibv_poll_cq(3)`: the CQ cannot be used after that; work requests that completed into
+    /// it are unaccounted for. Size a CQ for every work request that can complete into it.
+    ///
+    /// The device says so with a `CQ_ERR` async event; this is `true` once
+    /// [`Context::get_async_event`] (on any clone of the context, in any thread) has read it.
+    /// A program that reads no async events never learns of an overrun. [`Cq::poll`] does not
+    /// check (it stays a ring read); [`Cq::check`] and [`Cq::req_notify`] do.
+    pub fn overrun(&self) -> bool {
+        self.inner.overrun.load(Ordering::Relaxed)
+    }
+
+    /// [`Error::CqOverrun`] if the CQ overran ([`Cq::overrun`]): for a poller's cold path
+    /// (`cq.check()?` when a poll comes back empty).
+    pub fn check(&self) -> Result<()> {
+        if self.overrun() {
+            return Err(Error::CqOverrun {
+                cq_user_handle: self.inner.user_handle,
+            });
+        }
+        Ok(())
+    }
+
     /// Asks for an event on the CQ's channel at the next completion (or the next solicited
-    /// one). One event per request: call again after each event.
+    /// one). One event per request: call again after each event. Fails with
+    /// [`Error::CqOverrun`] once the CQ overran ([`Cq::overrun`]).
     pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
         self.owner.check("REQ_NOTIFY_CQ")?;
+        self.check()?;
         let events = self.inner.events.load(Ordering::Relaxed);
         let (ctx, handle) = (&self.inner.ctx, self.inner.handle);
         self.ring.arm(solicited_only, events, &mut || {

@@ -11,7 +11,7 @@ pub type Verb = &'static str;
 #[non_exhaustive]
 pub enum Error {
     /// The kernel refused a command.
-    #[error("{verb}: kernel returned {errno} ({}){}", errno.desc(), hint(verb, *errno))]
+    #[error("{verb}: kernel returned {errno}{}", hint(verb, *errno))]
     Kernel {
         /// The verb that failed.
         verb: Verb,
@@ -82,6 +82,13 @@ pub enum Error {
         /// What is missing.
         what: &'static str,
     },
+    /// The CQ overran: more completions arrived than it holds and the device dropped some
+    /// (a `CQ_ERR` async event; see `Cq::overrun`).
+    #[error("CQ {cq_user_handle} overran: completions were lost and it cannot be used any more (ibv_poll_cq(3)); make it deeper than the work requests that can complete into it")]
+    CqOverrun {
+        /// `Cq::user_handle` of the CQ.
+        cq_user_handle: u64,
+    },
     /// A forked child used a handle it inherited: the kernel objects belong to the parent.
     /// The child must open its own context.
     #[error("{verb}: this process is a fork of the one that opened the device; open a new context here")]
@@ -149,6 +156,8 @@ impl std::fmt::Display for WrReject {
     }
 }
 
+impl std::error::Error for WrReject {}
+
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -188,6 +197,21 @@ impl Error {
     }
 }
 
+/// For callers that speak `std::io`: the errno stays the raw OS error where the kernel
+/// refused a command; the message (with the verb and hint) is kept in every case.
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        match &e {
+            Error::Kernel { errno, .. } => Self::new(Self::from_raw_os_error(*errno as i32).kind(), e),
+            Error::Io { source, .. } => Self::new(source.kind(), e),
+            Error::NoDevice { .. } | Error::NoProvider { .. } => Self::new(std::io::ErrorKind::NotFound, e),
+            Error::InvalidArgument { .. } | Error::WorkRequest { .. } => Self::new(std::io::ErrorKind::InvalidInput, e),
+            Error::Unsupported { .. } | Error::AbiVersion { .. } => Self::new(std::io::ErrorKind::Unsupported, e),
+            _ => Self::other(e),
+        }
+    }
+}
+
 /// What an errno usually means for a given verb, to make errors actionable.
 fn hint(verb: Verb, errno: Errno) -> &'static str {
     match (verb, errno) {
@@ -196,7 +220,11 @@ fn hint(verb: Verb, errno: Errno) -> &'static str {
         }
         ("REG_MR", Errno::EFAULT) => ": the address range is not mapped in this process",
         ("MODIFY_QP", Errno::EINVAL) => {
-            ": the attributes do not fit this state transition (wrong mask, state or value)"
+            ": the attributes do not fit this state transition (wrong mask, state or value); \
+             on RoCE the path needs a GRH (`AhAttr::roce`, not a bare LID)"
+        }
+        ("MODIFY_QP", Errno::ENODATA) => {
+            ": the path's source GID index names no GID on this port (see `Context::gid_table`)"
         }
         ("MODIFY_QP", Errno::ETIMEDOUT) | ("MODIFY_QP", Errno::ENETUNREACH) => {
             ": the destination GID could not be resolved on the chosen source GID"
@@ -208,5 +236,42 @@ fn hint(verb: Verb, errno: Errno) -> &'static str {
         (_, Errno::EOPNOTSUPP) => ": the device does not implement this",
         (_, Errno::EACCES) => ": the device file was opened by another process (another user, or the parent of a fork)",
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_errors_print_the_errno_once_with_the_hint() {
+        assert_eq!(
+            Error::kernel("MODIFY_QP", Errno::ENODATA).to_string(),
+            "MODIFY_QP: kernel returned ENODATA: No data available: the path's source GID index \
+             names no GID on this port (see `Context::gid_table`)"
+        );
+        let einval = Error::kernel("MODIFY_QP", Errno::EINVAL).to_string();
+        assert!(
+            einval.starts_with("MODIFY_QP: kernel returned EINVAL: Invalid argument: "),
+            "{einval}"
+        );
+        assert!(einval.contains("RoCE the path needs a GRH"), "{einval}");
+        assert_eq!(
+            Error::kernel("QUERY_QP", Errno::EIO).to_string(),
+            "QUERY_QP: kernel returned EIO: I/O error"
+        );
+    }
+
+    #[test]
+    fn io_errors_keep_the_kind_and_the_message() {
+        let io = std::io::Error::from(Error::kernel("REG_MR", Errno::EPERM));
+        assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(io.to_string().contains("RLIMIT_MEMLOCK"), "{io}");
+        let wr = Error::WorkRequest {
+            verb: "post_send",
+            index: 3,
+            reason: WrReject::QueueFull,
+        };
+        assert_eq!(std::io::Error::from(wr).kind(), std::io::ErrorKind::InvalidInput);
     }
 }

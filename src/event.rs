@@ -225,10 +225,19 @@ impl Context {
     }
 
     /// Waits up to `timeout` (forever with `None`) for the next async event. The fd to poll is
-    /// [`Context::async_fd`].
+    /// [`Context::async_fd`]. A `CQ_ERR` event read here also marks its CQ
+    /// ([`crate::Cq::overrun`]).
     pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
         let desc: Option<AsyncEventDesc> = read_event(self.async_fd(), "get_async_event", timeout)?;
-        Ok(desc.as_ref().map(AsyncEvent::from_desc))
+        let event = desc.as_ref().map(AsyncEvent::from_desc);
+        if let Some(AsyncEvent {
+            target: EventTarget::Cq(cq),
+            kind: AsyncEventKind::CQ_ERR,
+        }) = event
+        {
+            self.inner.cq_overran(cq);
+        }
+        Ok(event)
     }
 }
 

@@ -8,18 +8,10 @@
 //! The core in `src/` is vendor neutral. Vendor modules live under `providers/`, one folder
 //! each, behind the contract in [`provider`]; [`open`] picks the right one for a device.
 //!
-//! ```no_run
-//! # fn main() -> uverbs::Result<()> {
-//! let ctx = uverbs::open(None)?; // the first device, with its provider
-//! let pd = ctx.alloc_pd()?;
-//! let mut cq = ctx.create_cq(256)?;
-//! let mut wc = [uverbs::WorkCompletion::default(); 16];
-//! let n = cq.poll(&mut wc);
-//! # let _ = (pd, n);
-//! # Ok(())
-//! # }
-//! ```
-
+//! Connect two RC QPs on one device and move one message (`examples/loopback.rs`; the README
+//! says what each default is):
+//!
+#![doc = concat!("```no_run\n", include_str!("../examples/loopback.rs"), "```")]
 #![deny(missing_docs, unsafe_code, unsafe_op_in_unsafe_fn, rust_2018_idioms)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -55,6 +47,11 @@ pub mod testing;
 mod wc;
 mod wr;
 
+/// The README's Rust code, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use ah::Ah;
 pub use attr::{
     AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpAttrMask,
@@ -66,10 +63,28 @@ pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
-pub use mr::{AccessFlags, Mr};
+pub use mr::{AccessFlags, Mr, OutOfBounds};
 pub use pd::Pd;
 pub use providers::providers;
-pub use qp::{Qp, QpAttr, QpInfo, QpInit};
+pub use qp::{ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
-pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
+
+#[cfg(test)]
+mod tests {
+    /// The README's example is `examples/loopback.rs` (which `tests/guest/loopback.sh` runs),
+    /// less its header comment.
+    #[test]
+    fn readme_example_is_the_loopback_example() {
+        let readme = include_str!("../README.md");
+        let start = readme.find("```rust,no_run\n").expect("a Rust block") + "```rust,no_run\n".len();
+        let block = &readme[start..start + readme[start..].find("```").expect("closed")];
+        let example: String = include_str!("../examples/loopback.rs")
+            .lines()
+            .filter(|l| !l.starts_with("//!"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(block.trim(), example.trim());
+    }
+}

@@ -5,7 +5,7 @@ use crate::pd::{Pd, PdInner};
 use crate::sys::abi::{self, RegMr, RegMrResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::object;
-use crate::wr::Sge;
+use crate::wr::{Remote, Sge};
 use memmap2::MmapMut;
 use std::sync::Arc;
 
@@ -25,6 +25,35 @@ bitflags::bitflags! {
         const REMOTE_ATOMIC = 1 << 3;
         /// Memory windows may be bound to it.
         const MW_BIND = 1 << 4;
+    }
+}
+
+/// A range that does not fit a memory region (from [`Mr::sge`] or [`Mr::remote`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBounds {
+    /// Start of the range, from the region's first byte.
+    pub offset: usize,
+    /// Length of the range.
+    pub len: usize,
+    /// Length of the region.
+    pub mr_len: usize,
+}
+
+impl std::fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes at offset {} do not fit the {}-byte memory region",
+            self.len, self.offset, self.mr_len
+        )
+    }
+}
+
+impl std::error::Error for OutOfBounds {}
+
+impl From<OutOfBounds> for Error {
+    fn from(e: OutOfBounds) -> Self {
+        Error::invalid("memory region", e.to_string())
     }
 }
 
@@ -156,14 +185,36 @@ impl Mr {
         self.len == 0
     }
 
-    /// A scatter/gather entry for `len` bytes at `offset`, or `None` if out of bounds.
-    pub fn sge(&self, offset: usize, len: u32) -> Option<Sge> {
-        let end = offset.checked_add(len as usize)?;
-        (end <= self.len).then(|| Sge {
+    /// A scatter/gather entry for the `len` bytes at `offset` in the region.
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
+        self.check(offset, len as usize)?;
+        Ok(Sge {
             addr: self.iova + offset as u64,
             length: len,
             lkey: self.lkey,
         })
+    }
+
+    /// Where a peer's RDMA read, write or atomic lands at `offset` in this region: the
+    /// address and rkey to send the peer. `offset` may be the region's length (for
+    /// zero-length operations).
+    pub fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
+        self.check(offset, 0)?;
+        Ok(Remote {
+            addr: self.iova + offset as u64,
+            rkey: self.rkey,
+        })
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfBounds {
+                offset,
+                len,
+                mr_len: self.len,
+            }),
+        }
     }
 
     /// The bytes. Peers with remote write access, and the device executing receives or reads

@@ -185,6 +185,47 @@ pub struct QpInfo {
     pub sq_draining: bool,
 }
 
+/// What [`Qp::to_rtr`] and [`Qp::to_rts`] set on an RC QP besides the path, QP number and
+/// PSNs (UC QPs take none of them). [`Default`] is for a data plane: a peer that stops
+/// answering fails the send with `RETRY_EXC_ERR` after about half a second, never hangs.
+/// Pass your own to [`Qp::to_rtr_with`] and [`Qp::to_rts_with`]; any other attribute goes
+/// through [`Qp::modify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectAttr {
+    /// Local ACK timeout, 4.096 µs × 2^`timeout` (0: none). Default 14, about 67 ms.
+    pub timeout: u8,
+    /// Transport retries after a timeout before the send fails with `RETRY_EXC_ERR`, 0–7.
+    /// Default 6. rxe retries forever with 7 (`docs/kernel-facts.md`), so a dead peer
+    /// would never surface.
+    pub retry_cnt: u8,
+    /// Retries after an RNR NAK (the peer had no receive posted), 0–6, or 7 for forever.
+    /// Default 7: a peer slow to post receives delays sends but never fails them; a dead
+    /// peer still fails them through `retry_cnt`.
+    pub rnr_retry: u8,
+    /// How long the peer is told to wait before retrying after this QP sent an RNR NAK,
+    /// as the IB spec's table code (12: 0.64 ms). Default 12.
+    pub min_rnr_timer: u8,
+    /// RDMA reads and atomics this QP keeps outstanding as initiator. Default 16; a device
+    /// that allows fewer (`DeviceAttr::max_qp_init_rd_atom`) refuses it with EINVAL.
+    pub max_rd_atomic: u8,
+    /// RDMA reads and atomics this QP accepts outstanding as target. Default 16; the
+    /// device limit is `DeviceAttr::max_qp_rd_atom`.
+    pub max_dest_rd_atomic: u8,
+}
+
+impl Default for ConnectAttr {
+    fn default() -> Self {
+        Self {
+            timeout: 14,
+            retry_cnt: 6,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
 /// How to create a QP.
 #[derive(Debug, Clone, Copy)]
 pub struct QpInit<'a> {
@@ -205,7 +246,11 @@ pub struct QpInit<'a> {
 }
 
 impl<'a> QpInit<'a> {
-    /// A QP of `qp_type` on these CQs with modest default queue sizes.
+    /// A QP of `qp_type` on these CQs with 128 send and 128 receive work requests, one
+    /// scatter/gather entry each, no inline data, sends signaled only when they ask
+    /// (`sq_sig_all` false), its own receive queue and a fresh user handle. Change the
+    /// fields before `create_qp` for more; the kernel may grant more than asked
+    /// ([`Qp::cap`]).
     pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq) -> Self {
         Self {
             qp_type,
@@ -422,7 +467,8 @@ impl Qp {
         Ok(info)
     }
 
-    /// RESET → INIT for a connected QP: port, P_Key index 0 and remote `access`.
+    /// RESET → INIT for a connected QP: `port_num`, P_Key index 0 and the remote `access`
+    /// the peer gets (`AccessFlags::REMOTE_*`; local write needs no flag here).
     pub fn to_init(&mut self, port_num: u8, access: AccessFlags) -> Result<()> {
         self.modify(&QpAttr {
             state: Some(QpState::Init),
@@ -433,8 +479,22 @@ impl Qp {
         })
     }
 
-    /// INIT → RTR for a connected QP, towards `dest_qpn` at `ah`.
+    /// INIT → RTR for a connected QP, towards `dest_qpn` at `ah`, expecting the peer's
+    /// first PSN `rq_psn`, with the default [`ConnectAttr`] (RC: 16 reads/atomics as target,
+    /// RNR timer 0.64 ms).
     pub fn to_rtr(&mut self, ah: AhAttr, dest_qpn: u32, rq_psn: u32, mtu: Mtu) -> Result<()> {
+        self.to_rtr_with(ah, dest_qpn, rq_psn, mtu, &ConnectAttr::default())
+    }
+
+    /// [`Qp::to_rtr`] with `connect`'s `max_dest_rd_atomic` and `min_rnr_timer` (RC only).
+    pub fn to_rtr_with(
+        &mut self,
+        ah: AhAttr,
+        dest_qpn: u32,
+        rq_psn: u32,
+        mtu: Mtu,
+        connect: &ConnectAttr,
+    ) -> Result<()> {
         let rc = self.qp_type == QpType::Rc;
         self.modify(&QpAttr {
             state: Some(QpState::Rtr),
@@ -442,13 +502,14 @@ impl Qp {
             path_mtu: Some(mtu),
             dest_qpn: Some(dest_qpn),
             rq_psn: Some(rq_psn),
-            max_dest_rd_atomic: rc.then_some(16),
-            min_rnr_timer: rc.then_some(12),
+            max_dest_rd_atomic: rc.then_some(connect.max_dest_rd_atomic),
+            min_rnr_timer: rc.then_some(connect.min_rnr_timer),
             ..Default::default()
         })
     }
 
-    /// RESET → INIT → RTR → RTS for a UD QP on `port_num` with `qkey`.
+    /// RESET → INIT → RTR → RTS for a UD QP on `port_num` with `qkey`, P_Key index 0 and
+    /// send PSN 0.
     pub fn ud_to_rts(&mut self, port_num: u8, qkey: u32) -> Result<()> {
         self.modify(&QpAttr {
             state: Some(QpState::Init),
@@ -468,16 +529,24 @@ impl Qp {
         })
     }
 
-    /// RTR → RTS for a connected QP.
+    /// RTR → RTS for a connected QP, sending from PSN `sq_psn`, with the default
+    /// [`ConnectAttr`] (RC: ACK timeout about 67 ms, 6 retries, RNR retry forever, 16
+    /// reads/atomics as initiator).
     pub fn to_rts(&mut self, sq_psn: u32) -> Result<()> {
+        self.to_rts_with(sq_psn, &ConnectAttr::default())
+    }
+
+    /// [`Qp::to_rts`] with `connect`'s `timeout`, `retry_cnt`, `rnr_retry` and
+    /// `max_rd_atomic` (RC only).
+    pub fn to_rts_with(&mut self, sq_psn: u32, connect: &ConnectAttr) -> Result<()> {
         let rc = self.qp_type == QpType::Rc;
         self.modify(&QpAttr {
             state: Some(QpState::Rts),
             sq_psn: Some(sq_psn),
-            timeout: rc.then_some(14),
-            retry_cnt: rc.then_some(7),
-            rnr_retry: rc.then_some(7),
-            max_rd_atomic: rc.then_some(16),
+            timeout: rc.then_some(connect.timeout),
+            retry_cnt: rc.then_some(connect.retry_cnt),
+            rnr_retry: rc.then_some(connect.rnr_retry),
+            max_rd_atomic: rc.then_some(connect.max_rd_atomic),
             ..Default::default()
         })
     }

@@ -16,6 +16,47 @@ open_enum! {
     }
 }
 
+impl WcStatus {
+    /// What the status means, as `ibv_wc_status_str(3)` says it.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::SUCCESS => "success",
+            Self::LOC_LEN_ERR => "local length error",
+            Self::LOC_QP_OP_ERR => "local QP operation error",
+            Self::LOC_EEC_OP_ERR => "local EE context operation error",
+            Self::LOC_PROT_ERR => "local protection error",
+            Self::WR_FLUSH_ERR => "Work Request Flushed Error",
+            Self::MW_BIND_ERR => "memory management operation error",
+            Self::BAD_RESP_ERR => "bad response error",
+            Self::LOC_ACCESS_ERR => "local access error",
+            Self::REM_INV_REQ_ERR => "remote invalid request error",
+            Self::REM_ACCESS_ERR => "remote access error",
+            Self::REM_OP_ERR => "remote operation error",
+            Self::RETRY_EXC_ERR => "transport retry counter exceeded",
+            Self::RNR_RETRY_EXC_ERR => "RNR retry counter exceeded",
+            Self::LOC_RDD_VIOL_ERR => "local RDD violation error",
+            Self::REM_INV_RD_REQ_ERR => "remote invalid RD request",
+            Self::REM_ABORT_ERR => "aborted error",
+            Self::INV_EECN_ERR => "invalid EE context number",
+            Self::INV_EEC_STATE_ERR => "invalid EE context state",
+            Self::FATAL_ERR => "fatal error",
+            Self::RESP_TIMEOUT_ERR => "response timeout error",
+            Self::GENERAL_ERR => "general error",
+            _ => "unknown",
+        }
+    }
+}
+
+/// The verbs.h name and `ibv_wc_status_str(3)`'s text: `RETRY_EXC_ERR (transport retry
+/// counter exceeded)`.
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?} ({})", self.description())
+    }
+}
+
+impl std::error::Error for WcStatus {}
+
 open_enum! {
     /// `enum ibv_wc_opcode`.
     WcOpcode {
@@ -60,7 +101,8 @@ pub struct WorkCompletion {
     pub vendor_err: u32,
     /// Bytes transferred (receives: bytes received, including a UD GRH).
     pub byte_len: u32,
-    /// Immediate data, in network byte order (`__be32` in C); or the invalidated rkey.
+    /// Immediate data, raw: in network byte order (`__be32` in C); [`WorkCompletion::imm`]
+    /// gives it in host order. Or the invalidated rkey.
     pub imm_data: u32,
     /// Local QP number.
     pub qp_num: u32,
@@ -90,13 +132,55 @@ impl WorkCompletion {
         self.status == WcStatus::SUCCESS
     }
 
-    /// The immediate data in host byte order, when the completion carries one.
+    /// The immediate data in host byte order (the order [`crate::SendOp`] takes it in), when
+    /// this is a receive that carries one. Send completions never do: rxe flags its send
+    /// completions of `*_WITH_IMM` requests `WITH_IMM` with `imm_data` 0, and
+    /// `ibv_poll_cq(3)` gives the flag a meaning only for receives.
     pub fn imm(&self) -> Option<u32> {
-        self.wc_flags
-            .contains(WcFlags::WITH_IMM)
-            .then(|| u32::from_be(self.imm_data))
+        let receive = self.opcode.0 & WcOpcode::RECV.0 != 0;
+        (receive && self.wc_flags.contains(WcFlags::WITH_IMM)).then(|| u32::from_be(self.imm_data))
+    }
+
+    /// The completion as a `Result`: `Ok(self)` on success, else the fields that are
+    /// meaningful for a failed request, as an error that prints and propagates with `?`.
+    pub fn result(&self) -> Result<&Self, WcError> {
+        if self.is_success() {
+            Ok(self)
+        } else {
+            Err(WcError {
+                wr_id: self.wr_id,
+                status: self.status,
+                vendor_err: self.vendor_err,
+                qp_num: self.qp_num,
+            })
+        }
     }
 }
+
+/// A work request that completed in error (from [`WorkCompletion::result`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WcError {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// The status, never [`WcStatus::SUCCESS`].
+    pub status: WcStatus,
+    /// Vendor error syndrome.
+    pub vendor_err: u32,
+    /// Local QP number.
+    pub qp_num: u32,
+}
+
+impl fmt::Display for WcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "work request {} on QP {} completed with {} (vendor error {:#x})",
+            self.wr_id, self.qp_num, self.status, self.vendor_err
+        )
+    }
+}
+
+impl std::error::Error for WcError {}
 
 impl fmt::Debug for WorkCompletion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -126,14 +210,54 @@ mod tests {
     }
 
     #[test]
-    fn imm_is_host_order_only_with_flag() {
+    fn status_prints_name_and_meaning() {
+        assert_eq!(
+            WcStatus::RETRY_EXC_ERR.to_string(),
+            "RETRY_EXC_ERR (transport retry counter exceeded)"
+        );
+        assert_eq!(WcStatus(77).to_string(), "WcStatus(77) (unknown)");
+    }
+
+    #[test]
+    fn result_is_ok_on_success_and_names_the_request_on_error() {
+        let mut wc = WorkCompletion {
+            wr_id: 9,
+            qp_num: 17,
+            ..Default::default()
+        };
+        assert_eq!(wc.result().map(|w| w.wr_id), Ok(9));
+        wc.status = WcStatus::REM_ACCESS_ERR;
+        wc.vendor_err = 0x81;
+        let err = wc.result().unwrap_err();
+        assert_eq!(
+            err,
+            WcError {
+                wr_id: 9,
+                status: WcStatus::REM_ACCESS_ERR,
+                vendor_err: 0x81,
+                qp_num: 17
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "work request 9 on QP 17 completed with REM_ACCESS_ERR (remote access error) (vendor error 0x81)"
+        );
+    }
+
+    #[test]
+    fn imm_is_host_order_only_for_receives_with_the_flag() {
         let mut wc = WorkCompletion {
             imm_data: 0x1234_5678u32.to_be(),
             ..Default::default()
         };
+        wc.opcode = WcOpcode::RECV;
         assert_eq!(wc.imm(), None);
         wc.wc_flags = WcFlags::WITH_IMM | WcFlags::GRH;
         assert_eq!(wc.imm(), Some(0x1234_5678));
+        wc.opcode = WcOpcode::RECV_RDMA_WITH_IMM;
+        assert_eq!(wc.imm(), Some(0x1234_5678));
+        wc.opcode = WcOpcode::SEND;
+        assert_eq!(wc.imm(), None, "a send completion carries no immediate data");
     }
 }
 

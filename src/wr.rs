@@ -52,7 +52,9 @@ open_enum! {
     }
 }
 
-/// What a send work request does. Immediate data is in network byte order, as in C.
+/// What a send work request does. Immediate data is given in host byte order, as
+/// [`crate::WorkCompletion::imm`] returns it at the receiver; it is put in network byte order
+/// where the work queue entry is written (C's `ibv_send_wr.imm_data` is already `__be32`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SendOp {
@@ -60,12 +62,13 @@ pub enum SendOp {
     Send,
     /// Send with 32 bits of immediate data.
     SendWithImm {
-        /// Network byte order.
-        imm_data: u32,
+        /// Host byte order.
+        imm: u32,
     },
     /// One-sided write.
     RdmaWrite(Remote),
-    /// One-sided write that also consumes a receive at the peer and delivers immediate data.
+    /// One-sided write that also consumes a receive at the peer and delivers immediate data
+    /// (host byte order).
     RdmaWriteWithImm(Remote, u32),
     /// One-sided read into the local buffers.
     RdmaRead(Remote),
@@ -102,10 +105,12 @@ impl SendOp {
         opcode.0
     }
 
-    /// Immediate data (network order), when the operation carries one.
+    /// Immediate data in network byte order, as a work queue entry carries it, when the
+    /// operation has one.
+    #[inline]
     pub fn imm_data(&self) -> Option<u32> {
         match *self {
-            Self::SendWithImm { imm_data } | Self::RdmaWriteWithImm(_, imm_data) => Some(imm_data),
+            Self::SendWithImm { imm } | Self::RdmaWriteWithImm(_, imm) => Some(imm.to_be()),
             _ => None,
         }
     }
@@ -184,8 +189,16 @@ impl<'a> SendWr<'a> {
         self
     }
 
-    /// Replaces the flags.
-    pub fn flags(mut self, flags: SendFlags) -> Self {
+    /// Adds `flags` to those already set: `SendWr::new(..).with(SendFlags::INLINE)` stays
+    /// signaled.
+    pub fn with(mut self, flags: SendFlags) -> Self {
+        self.flags |= flags;
+        self
+    }
+
+    /// Replaces the flags, [`SendFlags::SIGNALED`] included: without it the request makes no
+    /// completion unless the QP signals every send (`QpInit::sq_sig_all`).
+    pub fn set_flags(mut self, flags: SendFlags) -> Self {
         self.flags = flags;
         self
     }
@@ -264,6 +277,34 @@ impl<'a> RecvWr<'a> {
     /// A receive into `sg_list`.
     pub fn new(wr_id: u64, sg_list: &'a [Sge]) -> Self {
         Self { wr_id, sg_list }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn imm_goes_in_host_order_and_reaches_the_wqe_in_network_order() {
+        let send = SendOp::SendWithImm { imm: 0x1234_5678 };
+        assert_eq!(send.imm_data().map(u32::to_ne_bytes), Some([0x12, 0x34, 0x56, 0x78]));
+        let remote = Remote { addr: 0, rkey: 0 };
+        assert_eq!(
+            SendOp::RdmaWriteWithImm(remote, 1).imm_data().map(u32::to_ne_bytes),
+            Some([0, 0, 0, 1])
+        );
+        assert_eq!(SendOp::Send.imm_data(), None);
+    }
+
+    #[test]
+    fn with_adds_a_flag_and_set_flags_replaces_them() {
+        let wr = SendWr::new(1, SendOp::Send, &[]);
+        assert_eq!(wr.flags, SendFlags::SIGNALED, "new requests are signaled");
+        assert_eq!(
+            wr.with(SendFlags::INLINE).flags,
+            SendFlags::SIGNALED | SendFlags::INLINE
+        );
+        assert_eq!(wr.set_flags(SendFlags::INLINE).flags, SendFlags::INLINE);
     }
 }
 

@@ -8,12 +8,41 @@ use uverbs::*;
 
 fn write(p: &mut Pair, wr_id: u64) -> WorkCompletion {
     let sge = [p.a.mr.sge(0, 64).unwrap()];
-    let remote = Remote {
-        addr: p.b.mr.addr(),
-        rkey: p.b.mr.rkey(),
-    };
+    let remote = p.b.mr.remote(0).unwrap();
     unsafe { p.a.qp.post_send(&[SendWr::new(wr_id, SendOp::RdmaWrite(remote), &sge)]) }.unwrap();
     poll_n(&mut p.a.cq, 1, 1)[0]
+}
+
+#[test]
+fn ranges_outside_an_mr_name_offset_length_and_size() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.sge(4088, 8).unwrap().addr, mr.addr() + 4088);
+    let err = mr.sge(4090, 8).unwrap_err();
+    assert_eq!(
+        err,
+        OutOfBounds {
+            offset: 4090,
+            len: 8,
+            mr_len: 4096
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "8 bytes at offset 4090 do not fit the 4096-byte memory region"
+    );
+    assert!(mr.sge(usize::MAX, 1).is_err(), "no overflow");
+    assert_eq!(
+        mr.remote(100).unwrap(),
+        Remote {
+            addr: mr.addr() + 100,
+            rkey: mr.rkey()
+        }
+    );
+    assert!(mr.remote(4096).is_ok() && mr.remote(4097).is_err());
+    let as_crate_error: Error = err.into();
+    assert!(as_crate_error.to_string().contains("offset 4090"), "{as_crate_error}");
 }
 
 #[test]

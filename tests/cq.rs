@@ -102,7 +102,7 @@ fn solicited_only_waits_for_a_solicited_receive() {
         None,
         "unsolicited: no event"
     );
-    let wr = SendWr::new(2, SendOp::Send, &sge).flags(SendFlags::SIGNALED | SendFlags::SOLICITED);
+    let wr = SendWr::new(2, SendOp::Send, &sge).with(SendFlags::SOLICITED);
     unsafe { tx.post_send(&[wr]) }.unwrap();
     let ev = channel
         .get_event(Some(Duration::from_secs(10)))
@@ -163,6 +163,7 @@ fn overrun_is_reported_as_a_cq_error_event() {
         ..Default::default()
     });
     let cap = p.a.cq.capacity() as u64;
+    assert!(!p.a.cq.overrun());
     write_n(&mut p, 0..cap + 4);
     let ev = p
         .ctx
@@ -176,6 +177,13 @@ fn overrun_is_reported_as_a_cq_error_event() {
             target: EventTarget::Cq(p.a.cq.user_handle())
         }
     );
+    // Reading the event marked the CQ, and only that one: the poller sees it in `overrun`,
+    // `check` and `req_notify`.
+    assert!(p.a.cq.overrun() && !p.b.cq.overrun());
+    let handle = p.a.cq.user_handle();
+    assert!(matches!(p.a.cq.check(), Err(Error::CqOverrun { cq_user_handle }) if cq_user_handle == handle));
+    assert!(matches!(p.a.cq.req_notify(false), Err(Error::CqOverrun { .. })));
+    p.b.cq.check().unwrap();
     // What fit is still delivered, exactly once and in order.
     let got: Vec<u64> = poll_n(&mut p.a.cq, cap as usize, 8).iter().map(|c| c.wr_id).collect();
     assert_eq!(got, (0..cap).collect::<Vec<_>>());

@@ -85,7 +85,7 @@ fn err_with_n_outstanding_flushes_exactly_n() {
                 let wr = SendWr::new(i, SendOp::Send, &sge);
                 // Every third unsignaled: a flushed request completes regardless.
                 if i % 3 == 1 {
-                    wr.flags(SendFlags::empty())
+                    wr.set_flags(SendFlags::empty())
                 } else {
                     wr
                 }

@@ -125,7 +125,6 @@ fn poll_and_post_make_no_allocation() {
     }];
     let recv_sges: Vec<[Sge; 1]> = (0..4).map(|i| [p.b.mr.sge(4096 + i * 128, 128).unwrap()]).collect();
     let mut wc = [WorkCompletion::default(); 16];
-    let inline = SendFlags::INLINE | SendFlags::SIGNALED;
 
     let (calls, (sends, recvs)) = allocator_calls(|| {
         let (mut sends, mut recvs) = (0u64, 0u64);
@@ -151,14 +150,14 @@ fn poll_and_post_make_no_allocation() {
             unsafe {
                 p.a.qp.post_send(&[SendWr::new(id, SendOp::Send, &send_sge)]).unwrap();
                 p.a.qp
-                    .post_send(&[SendWr::new(id + 1, SendOp::Send, &inline_sge).flags(inline)])
+                    .post_send(&[SendWr::new(id + 1, SendOp::Send, &inline_sge).with(SendFlags::INLINE)])
                     .unwrap();
                 p.a.qp
                     .post_send(&[
                         SendWr::new(id + 2, SendOp::Send, &two_sges),
-                        SendWr::new(id + 3, SendOp::SendWithImm { imm_data: 7 }, &inline_sge).flags(inline),
+                        SendWr::new(id + 3, SendOp::SendWithImm { imm: 7 }, &inline_sge).with(SendFlags::INLINE),
                         SendWr::new(id + 4, SendOp::RdmaWrite(remote), &send_sge),
-                        SendWr::new(id + 5, SendOp::RdmaWrite(remote), &inline_sge).flags(inline),
+                        SendWr::new(id + 5, SendOp::RdmaWrite(remote), &inline_sge).with(SendFlags::INLINE),
                     ])
                     .unwrap();
             }

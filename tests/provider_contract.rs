@@ -33,7 +33,7 @@ fn send(id: u64, signaled: bool) -> SendWr<'static> {
     if signaled {
         wr
     } else {
-        wr.flags(SendFlags::empty())
+        wr.set_flags(SendFlags::empty())
     }
 }
 

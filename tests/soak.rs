@@ -276,11 +276,9 @@ impl Soak {
                 };
                 let op = match kind {
                     Kind::Send => SendOp::Send,
-                    Kind::SendImm => SendOp::SendWithImm {
-                        imm_data: imm_for(q, seq).to_be(),
-                    },
+                    Kind::SendImm => SendOp::SendWithImm { imm: imm_for(q, seq) },
                     Kind::Write => SendOp::RdmaWrite(remote),
-                    Kind::WriteImm => SendOp::RdmaWriteWithImm(remote, imm_for(q, seq).to_be()),
+                    Kind::WriteImm => SendOp::RdmaWriteWithImm(remote, imm_for(q, seq)),
                     Kind::Read => SendOp::RdmaRead(remote),
                     Kind::CmpSwap => {
                         let hit = s.rng.below(2) == 0;
@@ -347,7 +345,7 @@ impl Soak {
             .map(|(p, op, sges, inline)| {
                 let wr = SendWr::new(((q as u64) << 56) | p.seq, *op, &sges[..p.npieces]);
                 if *inline {
-                    wr.flags(SendFlags::SIGNALED | SendFlags::INLINE)
+                    wr.with(SendFlags::INLINE)
                 } else {
                     wr
                 }

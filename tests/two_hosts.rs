@@ -116,21 +116,12 @@ fn rc_qp(h: &Host, peer_gid: &Gid, peer_qpn: Option<u32>) -> Qp {
 
 fn connect(qp: &mut Qp, h: &Host, peer_gid: &Gid, peer_qpn: u32) {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    let ah = AhAttr::roce(1, peer_gid.raw, h.gid.index as u8);
+    let ah = h.gid.route_to(peer_gid.raw);
     qp.to_init(1, access).unwrap();
     qp.to_rtr(ah, peer_qpn, 0, Mtu::Mtu1024).unwrap();
-    // rxe (Linux 6.1) treats retry_cnt 7 as "retry forever"; 6 lets a dead peer surface as
-    // RETRY_EXC_ERR.
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(0),
-        timeout: Some(14),
-        retry_cnt: Some(6),
-        rnr_retry: Some(6),
-        max_rd_atomic: Some(16),
-        ..Default::default()
-    })
-    .unwrap();
+    // The defaults (timeout 14, retry_cnt 6): `killed_peer_gives_retry_exceeded` shows they
+    // let a dead peer surface (rxe retries forever with retry_cnt 7).
+    qp.to_rts(0).unwrap();
 }
 
 #[test]
@@ -245,7 +236,7 @@ fn ud_datagrams_cross_the_wire() {
         qp
     };
     let (mut qa, mut qb) = (ud(&a), ud(&b));
-    let ah = a.pd.create_ah(&AhAttr::roce(1, b.gid.raw, a.gid.index as u8)).unwrap();
+    let ah = a.pd.create_ah(&a.gid.route_to(b.gid.raw)).unwrap();
     let before = wire.tx_packets();
     for i in 0..50u64 {
         let sge = b.mr.sge(i as usize * 1024, 1024).unwrap();

@@ -50,7 +50,7 @@ fn uc_send_and_write_arrive() {
     };
     unsafe {
         p.a.qp
-            .post_send(&[SendWr::new(22, SendOp::RdmaWriteWithImm(remote2, 5u32.to_be()), &sge)])
+            .post_send(&[SendWr::new(22, SendOp::RdmaWriteWithImm(remote2, 5), &sge)])
     }
     .unwrap();
     let done = poll_n(&mut p.a.cq, 2, 4);

@@ -41,9 +41,7 @@ fn ud_sends_carry_grh_src_qp_and_payload() {
         let op = if i % 2 == 0 {
             SendOp::Send
         } else {
-            SendOp::SendWithImm {
-                imm_data: (i as u32).to_be(),
-            }
+            SendOp::SendWithImm { imm: i as u32 }
         };
         // SAFETY: the buffer is rewritten only after the send completed (polled below).
         unsafe { tx.post_send(&[SendWr::new(i, op, &sge).to(dest)]) }.unwrap();

@@ -49,7 +49,7 @@ struct Opts {
     impl_name: String,
     only: Option<Vec<String>>,
     device: Option<String>,
-    gid_index: u32,
+    gid_index: u8,
     cq_depth: u32,
     callgrind: bool,
 }
@@ -180,7 +180,7 @@ fn connect(qp: &mut Qp, gid: &Gid, dest: u32) -> uverbs::Result<()> {
         port_num: 1,
         grh: Some(GlobalRoute {
             dgid: gid.raw,
-            sgid_index: gid.index as u8,
+            sgid_index: gid.index,
             hop_limit: 64,
             ..Default::default()
         }),
@@ -467,7 +467,7 @@ fn bench_post(o: &Opts, p: &mut Pair, list: usize) {
             } else {
                 SendFlags::empty()
             };
-            SendWr::new(i as u64, SendOp::RdmaWrite(remote), &sge).flags(flags)
+            SendWr::new(i as u64, SendOp::RdmaWrite(remote), &sge).set_flags(flags)
         })
         .collect();
     for r in -1..rounds as isize {

@@ -404,14 +404,15 @@ impl SendQueue {
         };
         let (op, imm) = match wr.op {
             SendOp::Send => (opcode::SEND, 0),
-            SendOp::SendWithImm { imm_data } => (opcode::SEND_IMM, imm_data),
+            // The WQE carries immediate data in network order (`SendOp::imm_data`).
+            SendOp::SendWithImm { imm } => (opcode::SEND_IMM, imm.to_be()),
             SendOp::RdmaWrite(r) => {
                 w.put(&wqe::raddr_seg(r.addr, r.rkey));
                 (opcode::RDMA_WRITE, 0)
             }
-            SendOp::RdmaWriteWithImm(r, imm_data) => {
+            SendOp::RdmaWriteWithImm(r, imm) => {
                 w.put(&wqe::raddr_seg(r.addr, r.rkey));
-                (opcode::RDMA_WRITE_IMM, imm_data)
+                (opcode::RDMA_WRITE_IMM, imm.to_be())
             }
             SendOp::RdmaRead(r) => {
                 w.put(&wqe::raddr_seg(r.addr, r.rkey));
@@ -675,7 +676,7 @@ mod tests {
             lkey: 0,
         }];
         let remote = Remote { addr: 0x1000, rkey: 7 };
-        let wr = SendWr::new(9, SendOp::RdmaWrite(remote), &sges).flags(SendFlags::INLINE);
+        let wr = SendWr::new(9, SendOp::RdmaWrite(remote), &sges).set_flags(SendFlags::INLINE);
         // SAFETY: the inline SGE names `data`.
         assert_eq!(unsafe { sq.write(&wr) }, 2);
         let bytes = ring(&buf, blocks);

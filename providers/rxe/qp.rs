@@ -397,12 +397,12 @@ mod tests {
             (
                 SendOp::RdmaWriteWithImm(remote, 0x1234),
                 1,
-                0x1234,
+                0x1234u32.to_be(),
                 &rdma_arm,
                 remote.addr,
             ),
             (SendOp::Send, 2, 0, &[], 0),
-            (SendOp::SendWithImm { imm_data: 0x55 }, 3, 0x55, &[], 0),
+            (SendOp::SendWithImm { imm: 0x55 }, 3, 0x55u32.to_be(), &[], 0),
             (SendOp::RdmaRead(remote), 4, 0, &rdma_arm, remote.addr),
             (
                 SendOp::CompareSwap {
@@ -430,7 +430,7 @@ mod tests {
                 } else {
                     SendFlags::SIGNALED
                 };
-                let wr = SendWr::new(0xfeed, op, &sges).flags(flags);
+                let wr = SendWr::new(0xfeed, op, &sges).set_flags(flags);
                 let slot = written(&wr, if inline { 32 } else { 0 });
                 let mut raw = [0u64; 15];
                 raw[..arm.len()].copy_from_slice(arm);

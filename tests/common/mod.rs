@@ -23,9 +23,9 @@ pub fn loopback_gid(ctx: &Context) -> Gid {
     ctx.roce_v2_gid(1).expect("a RoCE v2 GID")
 }
 
-/// The address of `gid` on port 1, as a QP's path (from the same GID index locally).
+/// The address of `gid`, as a QP's path (from the same GID locally).
 pub fn path_to(gid: &Gid) -> AhAttr {
-    AhAttr::roce(1, gid.raw, gid.index as u8)
+    gid.route_to(gid.raw)
 }
 
 /// Two RC QPs on one device connected to each other, each with its own CQ and MR.

@@ -346,7 +346,7 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
 unsafe fn send_wr<'a>(q: &'a Qp, w: &ibv_send_wr) -> Option<SendWr<'a>> {
     // SAFETY: per the contract.
     let (op, sg) = (send_op(w)?, unsafe { sges(w.sg_list, w.num_sge) }?);
-    let swr = SendWr::new(w.wr_id, op, sg).flags(SendFlags::from_bits_retain(w.send_flags));
+    let swr = SendWr::new(w.wr_id, op, sg).set_flags(SendFlags::from_bits_retain(w.send_flags));
     if !q.ud {
         return Some(swr);
     }

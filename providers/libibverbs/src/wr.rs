@@ -42,9 +42,13 @@ pub(crate) fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
     // Negative opcodes become values no `WrOpcode` has.
     Some(match WrOpcode(wr.opcode as u32) {
         WrOpcode::RDMA_WRITE => SendOp::RdmaWrite(rdma()),
-        WrOpcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), wr.imm_data),
+        // C's `imm_data` is `__be32`; the core takes host order and swaps back when it writes
+        // the WQE, so the bytes on the wire are C's.
+        WrOpcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), u32::from_be(wr.imm_data)),
         WrOpcode::SEND => SendOp::Send,
-        WrOpcode::SEND_WITH_IMM => SendOp::SendWithImm { imm_data: wr.imm_data },
+        WrOpcode::SEND_WITH_IMM => SendOp::SendWithImm {
+            imm: u32::from_be(wr.imm_data),
+        },
         WrOpcode::RDMA_READ => SendOp::RdmaRead(rdma()),
         WrOpcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
             remote: aremote,

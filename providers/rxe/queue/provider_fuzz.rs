@@ -386,7 +386,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                     .map(|_| {
                         let op = match f.rng.below(7) {
                             0 => SendOp::Send,
-                            1 => SendOp::SendWithImm { imm_data: 5 },
+                            1 => SendOp::SendWithImm { imm: 5 },
                             2 => SendOp::RdmaWrite(remote),
                             3 => SendOp::RdmaWriteWithImm(remote, 6),
                             4 => SendOp::RdmaRead(remote),
@@ -410,7 +410,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                         } else {
                             SendFlags::SIGNALED
                         };
-                        SendWr::new(wr_id, op, s).flags(flags)
+                        SendWr::new(wr_id, op, s).set_flags(flags)
                     })
                     .collect();
                 // SAFETY: every SGE names `buf`, alive and readable; nothing writes it (no
