@@ -54,11 +54,28 @@ fn run() -> DemoResult<()> {
     for g in &gids {
         println!("  gid[{}] {} type {}", g.index, g.ip(), g.gid_type);
     }
-    let gid = ctx.roce_v2_gid(1)?;
-    let path = gid.route_to(gid.raw);
-    println!("\nusing gid[{}] {}", gid.index, gid.ip());
+    // RoCE addresses by GID; InfiniBand by LID (both QPs are on this port).
+    let path = if port.needs_grh() {
+        let gid = ctx.roce_v2_gid(1)?;
+        println!("\nusing gid[{}] {}", gid.index, gid.ip());
+        gid.route_to(gid.raw)
+    } else {
+        println!("\nusing lid {}", port.lid);
+        AhAttr {
+            port_num: 1,
+            dlid: port.lid,
+            ..Default::default()
+        }
+    };
     rc_traffic(&ctx, path)?;
-    ud_traffic(&ctx, path)
+    match ud_traffic(&ctx, path) {
+        // A provider without UD yet (mlx5) says so; everything else is a failure.
+        Err(e) if matches!(e.downcast_ref::<Error>(), Some(Error::Unsupported { .. })) => {
+            println!("UD: not run: {e}");
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 const MSG: usize = 4096;
@@ -119,6 +136,15 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
         }
         if start.elapsed() > Duration::from_secs(120) {
             return Err("traffic stalled".into());
+        }
+    }
+    // The last sends' completions may still be pending when the last receive is in: take
+    // them, so the waits below see the write's and the read's own.
+    while sdone < TOTAL {
+        let n = scq.poll(&mut wc);
+        sdone += check(&wc[..n])? as u64;
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err("send completions stalled".into());
         }
     }
     let secs = start.elapsed().as_secs_f64();

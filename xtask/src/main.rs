@@ -13,13 +13,15 @@
 //!   `guest: N passed, M failed` (M also counts failed host steps and builds).
 //!   After the host steps it runs the mlx5 model checks on the host (Debian's
 //!   C libmlx5 on the model: `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong and
-//!   ibv_uc_pingpong pairs, `tests/mlx5/verbs_check.c`; xtask/src/mlx5.rs), each
-//!   item counted in that line.
+//!   ibv_uc_pingpong pairs, `tests/mlx5/verbs_check.c`; then the Rust demo and
+//!   rc_pingpong with the Rust mlx5 provider, the latter against ibv_rc_pingpong
+//!   both ways; xtask/src/mlx5.rs), each item counted in that line.
 //! - `cargo xtask mlx5 [--] <command...>`: build the mlx5 device model
 //!   (`cargo build -p uverbs-mlx5-model`) and run a shell command on it on the
 //!   host (cwd = project root, `/bin/sh -c`, `UVERBS_MLX5_MODEL_DIR` set to a
 //!   fresh `target/mlx5-model/<pid>-<n>/`, `LD_PRELOAD` to the interposer); its
-//!   exit status is returned (docs/mlx5-model.md).
+//!   exit status is returned (docs/mlx5-model.md). `cargo xtask mlx5 --step` runs
+//!   only the mlx5 step of `cargo xtask test` and prints each item.
 //! - `cargo xtask demo`: build and run `examples/demo` (release) in the guest.
 //! - `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the
 //!   rxe ring code under loom, miri (nightly) and libFuzzer with ASan (nightly;
@@ -103,6 +105,7 @@ const USAGE: &str = "\
 usage: cargo xtask guest [--] <command...>   run a shell command in the rxe guest
        cargo xtask test [-- <test args>]     run all tests (host, mlx5 model, rxe guest)
        cargo xtask mlx5 [--] <command...>    run a shell command on the mlx5 device model
+       cargo xtask mlx5 --step               run only the mlx5 model checks of `test`
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider
        cargo xtask bench --emulator          QEMU's soft-TLB flushes during the replayed drain

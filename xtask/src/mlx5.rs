@@ -34,6 +34,20 @@ const ITERS: &str = "10000";
 /// `cargo xtask mlx5 [--] <command...>`: builds the model and runs the shell command on it
 /// (`/bin/sh -c`, cwd = project root) in a fresh model dir; returns its exit status.
 pub fn run(args: &[String]) -> Result<ExitCode> {
+    // `cargo xtask mlx5 --step`: only the mlx5 step of `cargo xtask test`, on the host.
+    if args == ["--step"] {
+        let results = test_step();
+        let failed = results.iter().filter(|c| c.result.is_err()).count();
+        for c in &results {
+            say!("{} {}", if c.result.is_ok() { "PASS" } else { "FAIL" }, c.name);
+        }
+        say!("mlx5 model: {} passed, {failed} failed", results.len() - failed);
+        return Ok(if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     let command = shell_command(args)?;
     let lib = build_model()?;
     let dir = fresh_dir()?;
@@ -124,8 +138,9 @@ pub struct Checked {
 
 /// The host step of `cargo xtask test` (when [`enabled`]): builds the model, then runs
 /// `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong pairs (`-s 1`, `-s 60`, `-s 4096`, `-e`),
-/// an ibv_uc_pingpong pair and verbs_check (one process, and two processes) on it, each
-/// bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
+/// an ibv_uc_pingpong pair and verbs_check (one process, and two processes) on it; then the
+/// Rust demo and the Rust rc_pingpong against ibv_rc_pingpong both ways (the Rust core and
+/// mlx5 provider, `--features mlx5`); each bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
 /// (never a skip).
 pub fn test_step() -> Vec<Checked> {
     let lib = match crate::packages::ensure().and_then(|()| build_model()) {
@@ -221,7 +236,72 @@ pub fn test_step() -> Vec<Checked> {
         let (_, c) = step.pair(dir, port, &server, &client)?;
         verbs_check_passed(&c)
     });
+    // The Rust core with the Rust mlx5 provider on the model.
+    let rust = build_rust_examples();
+    check(
+        "Rust demo (Rust mlx5 provider): RC send/recv, RDMA write and read".into(),
+        &mut |dir| {
+            let (demo, _) = rust.clone()?;
+            let text = step.output(dir, "demo", &[demo.as_str()])?;
+            match text.contains("every payload checked") && text.contains("bytes match") {
+                true => Ok(()),
+                false => Err(format!("the demo exited 0 without its RC lines:\n{}", tail(&text, 20))),
+            }
+        },
+    );
+    for rust_serves in [true, false] {
+        let name = match rust_serves {
+            true => format!("rc_pingpong (Rust) server, ibv_rc_pingpong client, -n {ITERS}"),
+            false => format!("ibv_rc_pingpong server, rc_pingpong (Rust) client, -n {ITERS}"),
+        };
+        check(name, &mut |dir| {
+            let (_, rust_pp) = rust.clone()?;
+            let port = free_port()?.to_string();
+            let args = |program: &str| -> Vec<String> {
+                [program, "-d", DEVICE, "-n", ITERS, "-p", &port]
+                    .map(String::from)
+                    .to_vec()
+            };
+            let (mut server, mut client) = match rust_serves {
+                true => (args(&rust_pp), args("ibv_rc_pingpong")),
+                false => (args("ibv_rc_pingpong"), args(&rust_pp)),
+            };
+            if link == Link::Ethernet {
+                server.extend(["-g".into(), "0".into()]);
+                client.extend(["-g".into(), "0".into()]);
+            }
+            client.push("127.0.0.1".into());
+            let port = port.parse().map_err(|_| "port".to_string())?;
+            let (s, c) = step.pair(dir, port, &server, &client)?;
+            let done = format!("{ITERS} iters");
+            for (side, text) in [("server", &s), ("client", &c)] {
+                if !text.contains(&done) {
+                    return Err(format!("the {side} exited 0 without reporting {done}"));
+                }
+            }
+            Ok(())
+        });
+    }
     out
+}
+
+/// Builds the demo and rc_pingpong examples with the mlx5 provider; their paths.
+fn build_rust_examples() -> std::result::Result<(String, String), String> {
+    let mut c = crate::testrun::cargo();
+    c.args([
+        "build",
+        "--features",
+        "mlx5",
+        "--example",
+        "demo",
+        "--example",
+        "rc_pingpong",
+    ]);
+    note!("xtask: {}", proc::describe(&c));
+    proc::check(&mut c).map_err(|e| format!("the Rust examples do not build with the mlx5 provider: {e}"))?;
+    let dir = paths::target_dir().join("debug").join("examples");
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    Ok((path("demo"), path("rc_pingpong")))
 }
 
 /// What one step run shares: the interposer and the per-item limit.

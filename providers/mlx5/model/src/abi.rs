@@ -332,6 +332,9 @@ abi_struct!(
     /// `struct ib_uverbs_attr`.
     IoctlAttr, 16, { attr_id: u16, len: u16, flags: u16, attr_data: u16, data: u64 });
 abi_struct!(
+    /// `struct ib_uverbs_gid_entry`.
+    GidEntry, 32, { gid: [u8; 16], gid_index: u32, port_num: u32, gid_type: u32, netdev_ifindex: u32 });
+abi_struct!(
     /// `struct ib_uverbs_async_event_desc`.
     AsyncEventDesc, 16, { element: u64, event_type: u32, reserved: u32 });
 

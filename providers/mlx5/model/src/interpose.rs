@@ -404,7 +404,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
     if fd_kind(fd) == FD_DEVICE {
         return guarded(-1, || {
             let rt = runtime().ok_or(libc::EBADF)?;
-            rt.lock().ioctl(fd, request, arg as u64, &ProcessMemory)?;
+            rt.lock().ioctl(fd, request, arg as u64, &ProcessMemory, &ProcessHost)?;
             Ok(0)
         });
     }

@@ -15,6 +15,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
 
+mod ioctl;
+
 /// A positive errno value.
 pub type Errno = i32;
 
@@ -49,9 +51,17 @@ pub struct Context {
     pub lib_uar_dyn: bool,
     /// Static UAR pages (legacy mode).
     pub static_uar_pages: u64,
+    /// Legacy mode: QPs using each bfreg (`bfregi->count`, indexed by the bfreg number
+    /// without the fast-path ones), and how many of them are low-latency.
+    pub bfreg_count: Vec<u32>,
+    pub num_low_latency_bfregs: u32,
+    /// The request was v2 (`bfregi->ver`); v0 gets bfreg 0 only.
+    pub ucontext_v2: bool,
     pub async_sink: Option<Arc<dyn EventSink>>,
-    /// The client's end of the async event fd.
+    /// The client's end of the async event fd (the first one: events go there).
     pub async_fd: Option<i32>,
+    /// Every async event fd of the context (ioctl ASYNC_EVENT_ALLOC may make more than one).
+    pub async_fds: Vec<i32>,
     /// Addresses of the UAR pages mapped for this context (the device watches their CQ
     /// doorbell word).
     pub uar_maps: Vec<u64>,
@@ -74,20 +84,38 @@ pub struct Model {
     next_uar_page: u32,
 }
 
-/// The parts of a decoded write() command.
-struct Call<'a> {
-    ctx: i32,
-    req: &'a [u8],
-    response: u64,
+/// The parts of a decoded command: a write() command, or an ioctl method turned into the
+/// write form's core request so both run the same handler.
+pub(crate) struct Call<'a> {
+    pub(crate) ctx: i32,
+    pub(crate) req: &'a [u8],
+    pub(crate) response: u64,
     /// Driver request bytes (`udata.inbuf`), copied in.
-    udata_in: Vec<u8>,
+    pub(crate) udata_in: Vec<u8>,
     /// Address the kernel writes driver response bytes to (0 when `outlen` is 0: the kernel
     /// passes NULL then, `ib_uverbs_init_udata_buf_or_null`).
-    udata_out: u64,
-    udata_outlen: usize,
+    pub(crate) udata_out: u64,
+    pub(crate) udata_outlen: usize,
+    /// For an ioctl method: the write form's core response lands here, and the ioctl layer
+    /// copies its fields to the method's output attributes.
+    pub(crate) core_out: Option<std::cell::RefCell<Vec<u8>>>,
 }
 
-fn decode<T: FromBytes>(bytes: &[u8]) -> T {
+impl Call<'_> {
+    /// Writes the core response: to the client's response buffer (write()), or keeps it for
+    /// the ioctl layer.
+    pub(crate) fn respond_core(&self, mem: &dyn Memory, bytes: &[u8]) -> Result<(), Errno> {
+        match &self.core_out {
+            Some(out) => {
+                *out.borrow_mut() = bytes.to_vec();
+                Ok(())
+            }
+            None => mem.write(self.response, bytes).map_err(|_| EFAULT),
+        }
+    }
+}
+
+pub(crate) fn decode<T: FromBytes>(bytes: &[u8]) -> T {
     // Callers pass at least size_of::<T>() bytes (checked against the method's req_size).
     T::read_from_prefix(bytes)
         .map(|(v, _)| v)
@@ -280,6 +308,7 @@ impl Model {
                 response.wrapping_add(resp_size as u64)
             },
             udata_outlen: outlen,
+            core_out: None,
         };
         crate::log!("write cmd {command} in {} out {}", hdr.in_words, hdr.out_words);
         if command != cmd::GET_CONTEXT && !self.contexts.get(&ctx).is_some_and(|c| c.alive) {
@@ -332,13 +361,16 @@ impl Model {
             num_comp_vectors: caps::NUM_COMP_VECTORS,
         };
         // The core response is written before the driver runs (ib_uverbs_get_context).
-        let driver = Self::respond(mem, call.response, resp.as_bytes()).and_then(|()| self.alloc_ucontext(call, mem));
+        let driver = call
+            .respond_core(mem, resp.as_bytes())
+            .and_then(|()| self.alloc_ucontext(call, mem));
         match driver {
             Ok(ctx) => {
                 let c = self.contexts.entry(call.ctx).or_default();
                 *c = ctx;
                 c.async_sink = Some(sink);
                 c.async_fd = Some(fd);
+                c.async_fds.push(fd);
                 Ok(())
             }
             Err(e) => {
@@ -451,8 +483,12 @@ impl Model {
             cqe_version,
             lib_uar_dyn,
             static_uar_pages: static_pages,
+            bfreg_count: vec![0; if lib_uar_dyn { 0 } else { req.total_num_bfregs as usize }],
+            num_low_latency_bfregs: req.num_low_latency_bfregs,
+            ucontext_v2: inlen != abi::MLX5_UCONTEXT_REQ_V0,
             async_sink: None,
             async_fd: None,
+            async_fds: Vec::new(),
             uar_maps: Vec::new(),
         })
     }
@@ -491,7 +527,7 @@ impl Model {
             phys_port_cnt: 1,
             ..Default::default()
         };
-        Self::respond(mem, call.response, resp.as_bytes())
+        call.respond_core(mem, resp.as_bytes())
     }
 
     fn query_port(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
@@ -519,7 +555,7 @@ impl Model {
             link_layer: 1,
             ..Default::default()
         };
-        Self::respond(mem, call.response, resp.as_bytes())
+        call.respond_core(mem, resp.as_bytes())
     }
 
     // ---- PD and MR ---------------------------------------------------------------------
@@ -533,7 +569,7 @@ impl Model {
         // 4-byte PD number without clamping to outlen: no driver response buffer (NULL) is
         // EFAULT. Driver first, then the core response (uverbs_cmd.c ib_uverbs_alloc_pd).
         let result = Self::respond(mem, call.udata_out, &(handle + 1).to_ne_bytes())
-            .and_then(|()| Self::respond(mem, call.response, &handle.to_ne_bytes()));
+            .and_then(|()| call.respond_core(mem, &handle.to_ne_bytes()));
         if result.is_err() {
             self.pds.remove(handle);
         }
@@ -612,7 +648,7 @@ impl Model {
             lkey: key,
             rkey: key,
         };
-        let result = Self::respond(mem, call.response, resp.as_bytes());
+        let result = call.respond_core(mem, resp.as_bytes());
         if result.is_err() {
             self.drop_mr(handle);
         }
@@ -638,7 +674,7 @@ impl Model {
 
     fn create_comp_channel(&mut self, call: &Call<'_>, mem: &dyn Memory, host: &dyn Host) -> Result<(), Errno> {
         let (fd, sink) = host.event_fd()?;
-        if let Err(e) = Self::respond(mem, call.response, &(fd as u32).to_ne_bytes()) {
+        if let Err(e) = call.respond_core(mem, &(fd as u32).to_ne_bytes()) {
             host.close_fd(fd);
             return Err(e);
         }
@@ -732,7 +768,7 @@ impl Model {
                 cq_handle: handle,
                 cqe: ncqe - 1,
             };
-            Self::respond(mem, call.response, resp.as_bytes())
+            call.respond_core(mem, resp.as_bytes())
         });
         match result {
             Ok(()) => {
@@ -765,7 +801,7 @@ impl Model {
         }
         // `if (entries == ibcq->cqe + 1) return 0;`
         if new_n == cq.ncqe {
-            return Self::respond(mem, call.response, &resize_resp(cq.ncqe - 1));
+            return call.respond_core(mem, &resize_resp(cq.ncqe - 1));
         }
         // resize_user: `ib_copy_from_udata(&ucmd, udata, sizeof(ucmd))`, unclamped: short or
         // missing driver data reads past it (NULL when absent: EFAULT).
@@ -790,7 +826,7 @@ impl Model {
         }
         let cq = self.cqs.get_mut(req.cq_handle).ok_or(EINVAL)?;
         Device::resize_cq(cq, ucmd.buf_addr, new_n, u32::from(ucmd.cqe_size), mem);
-        Self::respond(mem, call.response, &resize_resp(new_n - 1))
+        call.respond_core(mem, &resize_resp(new_n - 1))
     }
 
     fn destroy_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
@@ -805,7 +841,7 @@ impl Model {
             async_events_reported: cq.async_events,
         };
         self.cqs.remove(req.handle);
-        Self::respond(mem, call.response, resp.as_bytes())
+        call.respond_core(mem, resp.as_bytes())
     }
 
     // ---- QPs ---------------------------------------------------------------------------
@@ -910,16 +946,19 @@ impl Model {
         if !mem.probe(ucmd.db_addr & !(PAGE_SIZE - 1), PAGE_SIZE) {
             return Err(EFAULT);
         }
-        let bfreg_index = if uar_named {
-            abi::INVALID_BFREG
+        let bfregn = if uar_named {
+            None
         } else {
-            // alloc_bfreg hands out low-latency bfregs first; the model always picks bfreg 1
-            // of the first UAR (adjust_bfregn: 1 / 2 * 4 + 1 % 2 = 1).
-            1
+            let c = self.contexts.get_mut(&call.ctx).ok_or(EINVAL)?;
+            Some(alloc_bfreg(c))
         };
+        // adjust_bfregn: the index in the layout with the fast-path bfregs (4 per UAR, 2 of
+        // them not fast path).
+        let bfreg_index = bfregn.map_or(abi::INVALID_BFREG, |n| n / 2 * 4 + n % 2);
         let qpn = self.next_qpn & 0xff_ffff;
         let handle = self.qps.insert(Qp {
             ctx: call.ctx,
+            bfregn,
             qpn,
             qp_type: req.qp_type,
             pd: req.pd_handle,
@@ -968,9 +1007,10 @@ impl Model {
         };
         // mlx5_ib_create_qp copies min(outlen, sizeof(resp)); then the core response.
         let result = Self::respond(mem, call.udata_out, &dresp.as_bytes()[..outlen])
-            .and_then(|()| Self::respond(mem, call.response, resp.as_bytes()));
+            .and_then(|()| call.respond_core(mem, resp.as_bytes()));
         if let Err(e) = result {
             self.qps.remove(handle);
+            self.free_bfreg(call.ctx, bfregn);
             return Err(e);
         }
         self.next_qpn += 1;
@@ -1149,7 +1189,7 @@ impl Model {
             sq_sig_all: u8::from(qp.sq_sig_all),
             ..Default::default()
         };
-        Self::respond(mem, call.response, resp.as_bytes())
+        call.respond_core(mem, resp.as_bytes())
     }
 
     fn destroy_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
@@ -1157,6 +1197,7 @@ impl Model {
         let qp = self.qps.get(req.handle).filter(|q| q.ctx == call.ctx).ok_or(ENOENT)?;
         let events = qp.async_events;
         if let Some(qp) = self.qps.remove(req.handle) {
+            self.free_bfreg(qp.ctx, qp.bfregn);
             for cq in [qp.send_cq, qp.recv_cq] {
                 if let Some(c) = self.cqs.get_mut(cq) {
                     c.users -= 1;
@@ -1166,47 +1207,14 @@ impl Model {
                 pd.users -= 1;
             }
         }
-        Self::respond(mem, call.response, &events.to_ne_bytes())
+        call.respond_core(mem, &events.to_ne_bytes())
     }
 
     // ---- ioctl -------------------------------------------------------------------------
 
-    /// `ioctl(fd, RDMA_VERBS_IOCTL, hdr)` (uverbs_ioctl.c `ib_uverbs_ioctl`). Only the mlx5
-    /// UAR object is modelled; every other method does not exist here (EPROTONOSUPPORT), so
-    /// libibverbs falls back to the write() commands.
-    pub fn ioctl(&mut self, ctx: i32, request: u64, arg: u64, mem: &dyn Memory) -> Result<(), Errno> {
-        if request != abi::RDMA_VERBS_IOCTL {
-            return Err(libc::ENOTTY);
-        }
-        let mut hb = [0u8; 24];
-        mem.read(arg, &mut hb).map_err(|_| EFAULT)?;
-        let hdr: abi::IoctlHdr = decode(&hb);
-        // `if (hdr.length > PAGE_SIZE || hdr.length != struct_size(&hdr, attrs, num_attrs))
-        // return -EINVAL;`
-        if u64::from(hdr.length) > PAGE_SIZE || usize::from(hdr.length) != 24 + 16 * usize::from(hdr.num_attrs) {
-            return Err(EINVAL);
-        }
-        // `if (hdr.reserved1 || hdr.reserved2) return -EPROTONOSUPPORT;`
-        if hdr.reserved1 != 0 || hdr.reserved2 != 0 {
-            return Err(EPROTONOSUPPORT);
-        }
-        let is_uar = hdr.object_id == abi::uar_obj::OBJECT
-            && matches!(hdr.method_id, abi::uar_obj::METHOD_ALLOC | abi::uar_obj::METHOD_DESTROY);
-        if !is_uar {
-            crate::log!(
-                "ioctl object {:#x} method {:#x} not modelled",
-                hdr.object_id,
-                hdr.method_id
-            );
-            return Err(EPROTONOSUPPORT);
-        }
-        // ib_uverbs_cmd_verbs: the driver id must be the device's (docs/kernel-facts.md).
-        if hdr.driver_id != abi::RDMA_DRIVER_MLX5 {
-            return Err(EINVAL);
-        }
-        if !self.contexts.get(&ctx).is_some_and(|c| c.alive) {
-            return Err(EINVAL);
-        }
+    /// The mlx5 UAR object's methods (main.c `UAR_OBJ_ALLOC`/`DESTROY`), after
+    /// [`Model::ioctl`] checked the header.
+    fn uar_method(&mut self, ctx: i32, hdr: &abi::IoctlHdr, arg: u64, mem: &dyn Memory) -> Result<(), Errno> {
         let mut attrs = Vec::new();
         for i in 0..u64::from(hdr.num_attrs) {
             let mut ab = [0u8; 16];
@@ -1325,6 +1333,14 @@ impl Model {
         }
     }
 
+    /// qp.c `free_bfreg`.
+    fn free_bfreg(&mut self, ctx: i32, bfregn: Option<u32>) {
+        let count = bfregn.and_then(|n| self.contexts.get_mut(&ctx)?.bfreg_count.get_mut(n as usize));
+        if let Some(count) = count {
+            *count = count.saturating_sub(1);
+        }
+    }
+
     /// A UAR page of context `ctx` is now mapped at `addr`.
     pub fn mapped(&mut self, ctx: i32, addr: u64) {
         if let Some(c) = self.contexts.get_mut(&ctx) {
@@ -1338,6 +1354,37 @@ impl Model {
             c.uar_maps.retain(|&p| !(p >= addr && p < addr.saturating_add(len)));
         }
     }
+}
+
+/// qp.c `alloc_bfreg` (legacy UARs): a free low-latency ("high class") bfreg, else the
+/// least used medium one, else bfreg 0 (shared, no BlueFlame); v0 contexts always get 0.
+/// Bfreg numbers count only the non-fast-path bfregs: 0 is the first UAR's, the last
+/// `num_low_latency_bfregs` are low latency, the ones between medium.
+fn alloc_bfreg(c: &mut Context) -> u32 {
+    let total = c.bfreg_count.len() as u32;
+    let med = total.saturating_sub(c.num_low_latency_bfregs + 1);
+    let first_hi = med + 1;
+    let mut pick = None;
+    if c.ucontext_v2 {
+        pick = (first_hi..total).find(|&i| c.bfreg_count[i as usize] == 0);
+        if pick.is_none() && med > 0 {
+            let mut min = 1;
+            for i in 1..first_hi {
+                if c.bfreg_count[i as usize] < c.bfreg_count[min as usize] {
+                    min = i;
+                }
+                if c.bfreg_count[min as usize] == 0 {
+                    break;
+                }
+            }
+            pick = Some(min);
+        }
+    }
+    let n = pick.unwrap_or(0);
+    if let Some(count) = c.bfreg_count.get_mut(n as usize) {
+        *count += 1;
+    }
+    n
 }
 
 /// `struct ib_uverbs_resize_cq_resp {cqe, reserved}`.

@@ -93,6 +93,8 @@ pub struct Stall {
 /// A queue pair whose rings live in user memory.
 pub struct Qp {
     pub ctx: i32,
+    /// The legacy bfreg the kernel chose for it (released on destroy).
+    pub bfregn: Option<u32>,
     pub qpn: u32,
     pub qp_type: u8,
     pub pd: u32,
