@@ -9,10 +9,11 @@
 //! - miri: `cargo +nightly miri test` of the ring and CQ unit tests (synthetic rings, threads
 //!   standing in for the kernel, the hostile-ring harness, `Batch` across a wrap) under
 //!   several scheduler seeds. `MIRIFLAGS` from the environment replaces the default.
-//! - fuzz: builds `fuzz/`'s target `rings` the way `cargo fuzz build` does (libFuzzer,
-//!   sanitizer coverage, AddressSanitizer, `--cfg fuzzing`), so no `cargo-fuzz` install is
-//!   needed, and runs it for the given seconds on `fuzz/corpus/rings`. `cargo +nightly fuzz
-//!   run rings` does the same where cargo-fuzz is installed.
+//! - fuzz: builds `fuzz/`'s targets the way `cargo fuzz build` does (libFuzzer, sanitizer
+//!   coverage, AddressSanitizer, `--cfg fuzzing`), so no `cargo-fuzz` install is needed, and
+//!   runs `rings` (the rxe rings) for the given seconds on `fuzz/corpus/rings`, then
+//!   `mlx5_device` (the mlx5 device model) for half as long on `fuzz/corpus/mlx5_device`.
+//!   `cargo +nightly fuzz run <target>` does the same where cargo-fuzz is installed.
 //!
 //! miri and the sanitizers need the nightly toolchain. When it (or its `miri` and `rust-src`
 //! components) is missing, these commands install it with rustup and fail, saying so, if
@@ -89,8 +90,12 @@ pub fn miri() -> Result<Command> {
 pub fn fuzz(secs: u32) -> Result<Vec<Command>> {
     ensure_nightly()?;
     let dir = paths::root().join("fuzz");
-    for d in ["corpus/rings", "artifacts/rings"] {
-        std::fs::create_dir_all(dir.join(d)).context(format!("creating fuzz/{d}"))?;
+    let targets = [("rings", secs), ("mlx5_device", secs / 2)];
+    for (target, _) in targets {
+        for d in ["corpus", "artifacts"] {
+            let d = format!("{d}/{target}");
+            std::fs::create_dir_all(dir.join(&d)).context(format!("creating fuzz/{d}"))?;
+        }
     }
     // What `cargo fuzz build` passes (cargo-fuzz 0.13, default options).
     let rustflags = [
@@ -107,15 +112,19 @@ pub fn fuzz(secs: u32) -> Result<Vec<Command>> {
     .join(" ");
     let mut build = nightly_cargo();
     build
-        .args(["build", "--release", "--bin", "rings", "--target", FUZZ_TRIPLE])
+        .args(["build", "--release", "--bins", "--target", FUZZ_TRIPLE])
         .env("RUSTFLAGS", rustflags)
         .current_dir(&dir);
-    let mut run = Command::new(dir.join("target").join(FUZZ_TRIPLE).join("release/rings"));
-    run.arg(format!("-max_total_time={secs}"))
-        .arg("-artifact_prefix=artifacts/rings/")
-        .arg("corpus/rings")
-        .current_dir(&dir);
-    Ok(vec![build, run])
+    let mut chain = vec![build];
+    for (target, secs) in targets {
+        let mut run = Command::new(dir.join("target").join(FUZZ_TRIPLE).join("release").join(target));
+        run.arg(format!("-max_total_time={secs}"))
+            .arg(format!("-artifact_prefix=artifacts/{target}/"))
+            .arg(format!("corpus/{target}"))
+            .current_dir(&dir);
+        chain.push(run);
+    }
+    Ok(chain)
 }
 
 /// `cargo` of the nightly toolchain, without the variables that would pin the outer one.
