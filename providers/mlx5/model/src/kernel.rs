@@ -253,14 +253,14 @@ impl Model {
 
     /// `write(fd, buf, count)` on the device file (uverbs_main.c `ib_uverbs_write`).
     pub fn write(&mut self, ctx: i32, buf: u64, count: usize, mem: &dyn Memory, host: &dyn Host) -> Result<(), Errno> {
-        // ib_uverbs_write: `if (count < sizeof(hdr)) return -EINVAL;`
+        // core/uverbs_main.c:577 ib_uverbs_write: `if (count < sizeof(hdr)) return -EINVAL;`
         if count < 8 {
             return Err(EINVAL);
         }
         let mut hdr_bytes = [0u8; 8];
         mem.read(buf, &mut hdr_bytes).map_err(|_| EFAULT)?;
         let hdr: abi::CmdHdr = decode(&hdr_bytes);
-        // uverbs_uapi.c uapi_get_method: bits outside EXTENDED|COMMAND_MASK are EINVAL.
+        // core/rdma_core.h:172 uapi_get_method: bits outside EXTENDED|COMMAND_MASK are EINVAL.
         if hdr.command & !(cmd::FLAG_EXTENDED | cmd::COMMAND_MASK) != 0 {
             return Err(EINVAL);
         }
@@ -271,14 +271,15 @@ impl Model {
             return Err(EOPNOTSUPP);
         }
         let command = hdr.command;
-        // uapi_get_method: a method the device does not enable is EOPNOTSUPP (mlx5 does not
+        // core/rdma_core.h:182 uapi_get_method: a method the device does not enable is
+        // EOPNOTSUPP (mlx5 does not
         // enable POST_SEND, POLL_CQ, REQ_NOTIFY_CQ: device.c default uverbs_cmd_mask).
         let Some((req_size, resp_size)) = write_method(command) else {
             crate::log!("write cmd {command} not modelled");
             return Err(EOPNOTSUPP);
         };
-        // uverbs_main.c verify_hdr: in_words covers the whole write, the request fits, and
-        // out_words covers the core response.
+        // core/uverbs_main.c:535, :551, :554 verify_hdr: in_words covers the whole write
+        // (EINVAL), the request fits and out_words covers the core response (ENOSPC).
         if usize::from(hdr.in_words) * 4 != count {
             return Err(EINVAL);
         }
@@ -312,7 +313,7 @@ impl Model {
         };
         crate::log!("write cmd {command} in {} out {}", hdr.in_words, hdr.out_words);
         if command != cmd::GET_CONTEXT && !self.contexts.get(&ctx).is_some_and(|c| c.alive) {
-            // ib_uverbs_get_ucontext_file: no ucontext yet is EINVAL.
+            // core/uverbs_main.c:99 ib_uverbs_get_ucontext_file: no ucontext yet is EINVAL.
             return Err(EINVAL);
         }
         let result = match command {
@@ -350,8 +351,8 @@ impl Model {
     // ---- GET_CONTEXT -------------------------------------------------------------------
 
     fn get_context(&mut self, call: &Call<'_>, mem: &dyn Memory, host: &dyn Host) -> Result<(), Errno> {
-        // uverbs_cmd.c ib_uverbs_get_context -> ib_alloc_ucontext: a second GET_CONTEXT is
-        // EINVAL (the file already has a ucontext).
+        // core/uverbs_cmd.c:241 ib_init_ucontext (from ib_uverbs_get_context): a second
+        // GET_CONTEXT is EINVAL (the file already has a ucontext).
         if self.ctx(call.ctx)?.alive {
             return Err(EINVAL);
         }
@@ -380,11 +381,11 @@ impl Model {
         }
     }
 
-    /// main.c `mlx5_ib_alloc_ucontext` (6.1: main.c:1853).
+    /// hw/mlx5/main.c:1853 `mlx5_ib_alloc_ucontext`.
     fn alloc_ucontext(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<Context, Errno> {
         let inlen = call.udata_in.len();
-        // `if (udata->inlen == sizeof(req)) ver = 0; else if (inlen >= min_req_v2) ver = 2;
-        // else return -EINVAL;`
+        // hw/mlx5/main.c:1872-1877 mlx5_ib_alloc_ucontext: `if (udata->inlen == sizeof(req))
+        // ver = 0; else if (inlen >= min_req_v2) ver = 2; else return -EINVAL;`
         if inlen != abi::MLX5_UCONTEXT_REQ_V0 && inlen < abi::MLX5_UCONTEXT_REQ_V2_MIN {
             return Err(EINVAL);
         }
@@ -392,35 +393,41 @@ impl Model {
         let n = inlen.min(32);
         bytes[..n].copy_from_slice(&call.udata_in[..n]);
         let mut req: abi::AllocUcontextReq = decode(&bytes);
-        // `if (req.flags & ~MLX5_IB_ALLOC_UCTX_DEVX) return -EOPNOTSUPP;`
+        // hw/mlx5/main.c:1883 mlx5_ib_alloc_ucontext: `if (req.flags &
+        // ~MLX5_IB_ALLOC_UCTX_DEVX) return -EOPNOTSUPP;`
         if req.flags & !abi::ALLOC_UCTX_DEVX != 0 {
             return Err(EOPNOTSUPP);
         }
-        // `if (req.comp_mask || req.reserved0 || req.reserved1 || req.reserved2)
-        // return -EOPNOTSUPP;`
+        // hw/mlx5/main.c:1886 mlx5_ib_alloc_ucontext: `if (req.comp_mask || req.reserved0 ||
+        // req.reserved1 || req.reserved2) return -EOPNOTSUPP;`
         if req.comp_mask != 0 || req.reserved0 != 0 || req.reserved1 != 0 || req.reserved2 != 0 {
             return Err(EOPNOTSUPP);
         }
-        // `req.total_num_bfregs = ALIGN(req.total_num_bfregs, MLX5_NON_FP_BFREGS_PER_UAR);
-        // if (req.num_low_latency_bfregs > req.total_num_bfregs - 1) return -EINVAL;`
+        // hw/mlx5/main.c:1889-1892 mlx5_ib_alloc_ucontext: `req.total_num_bfregs =
+        // ALIGN(req.total_num_bfregs, MLX5_NON_FP_BFREGS_PER_UAR); if
+        // (req.num_low_latency_bfregs > req.total_num_bfregs - 1) return -EINVAL;`
         req.total_num_bfregs = req.total_num_bfregs.checked_add(1).map_or(0, |v| v & !1);
         if req.num_low_latency_bfregs > req.total_num_bfregs.wrapping_sub(1) {
             return Err(EINVAL);
         }
-        // mlx5_ib_devx_create: this device has no DEVX user contexts (log_max_uctx 0).
+        // hw/mlx5/main.c:1894 -> hw/mlx5/devx.c:122 mlx5_ib_devx_create: this device has no
+        // DEVX user contexts (`if (!MLX5_CAP_GEN(dev->mdev, log_max_uctx)) return -EINVAL;`;
+        // Debian's 6.1 has CONFIG_INFINIBAND_USER_ACCESS=m, so not the EOPNOTSUPP stub).
         if req.flags & abi::ALLOC_UCTX_DEVX != 0 {
-            return Err(EOPNOTSUPP);
+            return Err(EINVAL);
         }
         let lib_uar_dyn = req.lib_caps & abi::LIB_CAP_DYN_UAR != 0;
         let mut static_pages = 0;
         if !lib_uar_dyn {
-            // calc_total_bfregs: more bfregs than the device's UARs hold is ENOMEM; none is
-            // EINVAL (per the shared notes, main.c:1596).
-            if req.total_num_bfregs > caps::MAX_BFREGS {
-                return Err(ENOMEM);
-            }
+            // hw/mlx5/main.c:1604 calc_total_bfregs: `if (req->total_num_bfregs == 0) return
+            // -EINVAL;`, then hw/mlx5/main.c:1610 `if (req->total_num_bfregs >
+            // MLX5_MAX_BFREGS) return -ENOMEM;`. (Its second low-latency check, main.c:1617,
+            // cannot fire here: with one UAR per system page it aligns to 2 again.)
             if req.total_num_bfregs == 0 {
                 return Err(EINVAL);
+            }
+            if req.total_num_bfregs > caps::MAX_BFREGS {
+                return Err(ENOMEM);
             }
             static_pages = u64::from(req.total_num_bfregs / 2);
         }
@@ -578,9 +585,9 @@ impl Model {
 
     fn dealloc_pd(&mut self, call: &Call<'_>) -> Result<(), Errno> {
         let handle = decode::<abi::HandleOnly>(call.req).handle;
-        // rdma_core.c lookup_get_idr_uobject: an unknown handle is ENOENT.
+        // core/rdma_core.c:327 lookup_get_idr_uobject: an unknown handle is ENOENT.
         let pd = self.pds.get(handle).filter(|p| p.ctx == call.ctx).ok_or(ENOENT)?;
-        // uverbs_std_types.c uverbs_free_pd -> ib_destroy_usecnt: in use is EBUSY.
+        // core/uverbs_std_types.c:127 uverbs_free_pd: in use is EBUSY.
         if pd.users > 0 {
             return Err(EBUSY);
         }
@@ -590,12 +597,14 @@ impl Model {
 
     fn reg_mr(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::RegMr = decode(call.req);
-        // uverbs_cmd.c ib_uverbs_reg_mr: start and hca_va must share their page offset.
+        // core/uverbs_cmd.c:710 ib_uverbs_reg_mr: start and hca_va must share their page
+        // offset.
         if (req.start ^ req.hca_va) & (PAGE_SIZE - 1) != 0 {
             return Err(EINVAL);
         }
-        // ib_check_mr_access: unknown bits are EINVAL; remote write or atomic needs local
-        // write; on-demand paging is not supported by this device (EOPNOTSUPP).
+        // include/rdma/ib_verbs.h:4296, :4300, :4303 ib_check_mr_access (core/uverbs_cmd.c:717):
+        // remote write or atomic needs local write, unknown bits, and on-demand paging on a
+        // device without IBK_ON_DEMAND_PAGING (this one) are all EINVAL.
         const SUPPORTED: u32 = 0xff | 0x1ff0_0000;
         let a = req.access_flags;
         if a & !SUPPORTED != 0 {
@@ -605,7 +614,7 @@ impl Model {
             return Err(EINVAL);
         }
         if a & 0x40 != 0 {
-            return Err(EOPNOTSUPP);
+            return Err(EINVAL);
         }
         // uobj_get_obj_read(pd): an unknown PD is EINVAL.
         if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
@@ -684,11 +693,13 @@ impl Model {
 
     fn create_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::CreateCq = decode(call.req);
-        // uverbs_cmd.c create_cq: `if (cmd->comp_vector >= num_comp_vectors) return -EINVAL;`
+        // core/uverbs_cmd.c:1021 create_cq: `if (cmd->comp_vector >= num_comp_vectors) return
+        // -EINVAL;`
         if req.comp_vector >= caps::NUM_COMP_VECTORS {
             return Err(EINVAL);
         }
-        // ib_uverbs_lookup_comp_file: an fd that is not a completion channel is EBADF.
+        // core/uverbs_cmd.c:1030 ib_uverbs_lookup_comp_file: an fd that is not a completion
+        // channel is EBADF.
         let channel = if req.comp_channel >= 0 {
             let (owner, sink) = self.channels.get(&req.comp_channel).ok_or(EBADF)?;
             if *owner != call.ctx {
@@ -698,8 +709,9 @@ impl Model {
         } else {
             None
         };
-        // cq.c mlx5_ib_create_cq: `if (entries < 0 || roundup_pow_of_two(entries + 1) >
-        // (1 << log_max_cq_sz)) return -EINVAL;` (entries is an int).
+        // hw/mlx5/cq.c:959, :967 mlx5_ib_create_cq: `if (entries < 0 || entries > (1 <<
+        // log_max_cq_sz)) return -EINVAL;`, then the same for roundup_pow_of_two(entries + 1)
+        // (entries is an int).
         let entries = i32::try_from(req.cqe).map_err(|_| EINVAL)?;
         let ncqe = (entries as u32 + 1).checked_next_power_of_two().ok_or(EINVAL)?;
         if ncqe > 1 << caps::LOG_MAX_CQ_SZ {
@@ -708,31 +720,36 @@ impl Model {
         let ctx = self.ctx(call.ctx)?;
         // cq.c create_cq_user.
         let inlen = call.udata_in.len().min(32);
-        // `if (ucmdlen < offsetof(struct mlx5_ib_create_cq, flags)) return -EINVAL;`
+        // hw/mlx5/cq.c:729 create_cq_user: `if (ucmdlen < offsetof(struct mlx5_ib_create_cq,
+        // flags)) return -EINVAL;`
         if inlen < abi::MLX5_CREATE_CQ_FLAGS_OFFSET {
             return Err(EINVAL);
         }
         let mut bytes = [0u8; 32];
         bytes[..inlen].copy_from_slice(&call.udata_in[..inlen]);
         let ucmd: abi::Mlx5CreateCq = decode(&bytes);
-        // `if (ucmd.flags & ~(CQE_128B_PAD | UAR_PAGE_INDEX | REAL_TIME_TS)) return -EINVAL;`
+        // hw/mlx5/cq.c:735 create_cq_user: `if (ucmd.flags & ~(CQE_128B_PAD | UAR_PAGE_INDEX |
+        // REAL_TIME_TS)) return -EINVAL;`
         if ucmd.flags & !(abi::CQ_FLAG_CQE_128B_PAD | abi::CQ_FLAG_UAR_PAGE_INDEX | abi::CQ_FLAG_REAL_TIME_TS) != 0 {
             return Err(EINVAL);
         }
-        // `if ((ucmd.cqe_size != 64 && ucmd.cqe_size != 128) || ucmd.reserved0 ||
-        // ucmd.reserved1) return -EINVAL;`
+        // hw/mlx5/cq.c:740 create_cq_user: `if ((ucmd.cqe_size != 64 && ucmd.cqe_size != 128)
+        // || ucmd.reserved0 || ucmd.reserved1) return -EINVAL;`
         if (ucmd.cqe_size != 64 && ucmd.cqe_size != 128) || ucmd.reserved0 != 0 || ucmd.reserved1 != 0 {
             return Err(EINVAL);
         }
-        // ib_umem_get(buf_addr, entries * cqe_size): unmapped memory is EFAULT.
+        // hw/mlx5/cq.c:747 create_cq_user: ib_umem_get(buf_addr, entries * cqe_size):
+        // unmapped memory is EFAULT.
         if !mem.probe(ucmd.buf_addr, u64::from(ncqe) * u64::from(ucmd.cqe_size)) {
             return Err(EFAULT);
         }
-        // mlx5_ib_db_map_user pins the doorbell page: EFAULT when unmapped.
+        // hw/mlx5/cq.c:762 create_cq_user -> mlx5_ib_db_map_user pins the doorbell page:
+        // EFAULT when unmapped.
         if !mem.probe(ucmd.db_addr & !(PAGE_SIZE - 1), PAGE_SIZE) {
             return Err(EFAULT);
         }
-        // `else if (context->bfregi.lib_uar_dyn) { err = -EINVAL; }`: with dynamic UARs the
+        // hw/mlx5/cq.c:791 create_cq_user: `else if (context->bfregi.lib_uar_dyn) { err =
+        // -EINVAL; }`: with dynamic UARs the
         // CQ must name its UAR page.
         if ucmd.flags & abi::CQ_FLAG_UAR_PAGE_INDEX == 0 && ctx.lib_uar_dyn {
             return Err(EINVAL);
@@ -762,7 +779,8 @@ impl Model {
             error: false,
             users: 0,
         });
-        // mlx5_ib_create_cq: `ib_copy_to_udata(udata, &cq->mcq.cqn, sizeof(__u32))`, unclamped.
+        // hw/mlx5/cq.c:1029 mlx5_ib_create_cq: `ib_copy_to_udata(udata, &cq->mcq.cqn,
+        // sizeof(__u32))`, unclamped.
         let result = Self::respond(mem, call.udata_out, &cqn.to_ne_bytes()).and_then(|()| {
             let resp = abi::CreateCqResp {
                 cq_handle: handle,
@@ -789,8 +807,9 @@ impl Model {
             .get(req.cq_handle)
             .filter(|c| c.ctx == call.ctx)
             .ok_or(EINVAL)?;
-        // cq.c mlx5_ib_resize_cq: `if (entries < 1 || entries > (1 << log_max_cq_sz))
-        // return -EINVAL;`
+        // hw/mlx5/cq.c:1283, :1292 mlx5_ib_resize_cq: `if (entries < 1 || entries > (1 <<
+        // log_max_cq_sz)) return -EINVAL;`, then roundup_pow_of_two(entries + 1) against
+        // the same plus one.
         let entries = i32::try_from(req.cqe).map_err(|_| EINVAL)?;
         if entries < 1 || entries as u32 > 1 << caps::LOG_MAX_CQ_SZ {
             return Err(EINVAL);
@@ -799,11 +818,12 @@ impl Model {
         if new_n > (1 << caps::LOG_MAX_CQ_SZ) + 1 {
             return Err(EINVAL);
         }
-        // `if (entries == ibcq->cqe + 1) return 0;`
+        // hw/mlx5/cq.c:1295 mlx5_ib_resize_cq: `if (entries == ibcq->cqe + 1) return 0;`
         if new_n == cq.ncqe {
             return call.respond_core(mem, &resize_resp(cq.ncqe - 1));
         }
-        // resize_user: `ib_copy_from_udata(&ucmd, udata, sizeof(ucmd))`, unclamped: short or
+        // hw/mlx5/cq.c:1161 resize_user: `ib_copy_from_udata(&ucmd, udata, sizeof(ucmd))`,
+        // unclamped: short or
         // missing driver data reads past it (NULL when absent: EFAULT).
         let mut bytes = [0u8; 16];
         if call.udata_in.len() >= 16 {
@@ -812,7 +832,8 @@ impl Model {
             return Err(if call.udata_in.is_empty() { EFAULT } else { EINVAL });
         }
         let ucmd: abi::Mlx5ResizeCq = decode(&bytes);
-        // `if (ucmd.reserved0 || ucmd.reserved1) return -EINVAL;`
+        // hw/mlx5/cq.c:1165 resize_user: `if (ucmd.reserved0 || ucmd.reserved1) return
+        // -EINVAL;`
         if ucmd.reserved0 != 0 || ucmd.reserved1 != 0 {
             return Err(EINVAL);
         }
@@ -865,11 +886,12 @@ impl Model {
         }
         let ctx = self.ctx(call.ctx)?;
         let inlen = call.udata_in.len();
-        // qp.c process_udata_size: driver data shorter than `ece_options` is EINVAL.
+        // hw/mlx5/qp.c:3024, :3045 process_udata_size: driver data shorter than
+        // `ece_options` is EINVAL.
         if inlen < abi::MLX5_CREATE_QP_ECE_OFFSET {
             return Err(EINVAL);
         }
-        // qp.c check_ucmd_data: everything from `reserved` on must be zero.
+        // hw/mlx5/qp.c:3194 check_ucmd_data: everything from `reserved` on must be zero.
         if call.udata_in[abi::MLX5_CREATE_QP_RESERVED_OFFSET.min(inlen)..]
             .iter()
             .any(|&b| b != 0)
@@ -897,7 +919,8 @@ impl Model {
         } else if ucmd.uidx == abi::DEFAULT_UIDX || ucmd.uidx & !0xff_ffff != 0 {
             return Err(EINVAL);
         }
-        // qp.c set_rq_size: `if (cap->max_recv_wr > (1 << log_max_qp_sz)) return -EINVAL;`
+        // hw/mlx5/qp.c:394 set_rq_size: `if (cap->max_recv_wr > (1 << log_max_qp_sz)) return
+        // -EINVAL;`
         if req.max_recv_wr > 1 << caps::LOG_MAX_QP_SZ {
             return Err(EINVAL);
         }
@@ -916,23 +939,26 @@ impl Model {
         } else {
             (0, 0)
         };
-        // qp.c create_user_qp: `if (ucmd->rq_wqe_shift != qp->rq.wqe_shift ||
+        // hw/mlx5/qp.c:2242 create_user_qp: `if (ucmd->rq_wqe_shift != qp->rq.wqe_shift ||
         // ucmd->rq_wqe_count != qp->rq.wqe_cnt) return -EINVAL;` (a QP without receive queue
         // must describe none).
         if ucmd.rq_wqe_shift != rq_shift || ucmd.rq_wqe_count != rq_cnt {
             return Err(EINVAL);
         }
-        // `if (ucmd->sq_wqe_count > (1 << log_max_qp_sz)) return -EINVAL;`
+        // hw/mlx5/qp.c:2246 create_user_qp: `if (ucmd->sq_wqe_count > (1 << log_max_qp_sz))
+        // return -EINVAL;`
         if ucmd.sq_wqe_count > 1 << caps::LOG_MAX_QP_SZ {
             return Err(EINVAL);
         }
-        // _create_user_qp: with dynamic UARs the QP must name its UAR page (alloc_bfreg:
+        // hw/mlx5/qp.c:942 _create_user_qp -> qp.c:731 alloc_bfreg: with dynamic UARs the QP
+        // must name its UAR page (alloc_bfreg:
         // `if (bfregi->lib_uar_dyn) return -EINVAL;`).
         let uar_named = ucmd.flags & (abi::QP_FLAG_UAR_PAGE_INDEX | abi::QP_FLAG_BFREG_INDEX) != 0;
         if !uar_named && ctx.lib_uar_dyn {
             return Err(EINVAL);
         }
-        // qp.c set_user_buf_size: `if (ucmd->sq_wqe_count && !is_power_of_2(...)) return
+        // hw/mlx5/qp.c:602 set_user_buf_size: `if (ucmd->sq_wqe_count && !is_power_of_2(...))
+        // return
         // -EINVAL;`
         if ucmd.sq_wqe_count != 0 && !ucmd.sq_wqe_count.is_power_of_two() {
             return Err(EINVAL);
@@ -1005,7 +1031,8 @@ impl Model {
             max_inline_data: req.max_inline_data,
             reserved: 0,
         };
-        // mlx5_ib_create_qp copies min(outlen, sizeof(resp)); then the core response.
+        // hw/mlx5/qp.c:3013 process_udata_size: the response is min(outlen, sizeof(resp));
+        // then the core response.
         let result = Self::respond(mem, call.udata_out, &dresp.as_bytes()[..outlen])
             .and_then(|()| call.respond_core(mem, resp.as_bytes()));
         if let Err(e) = result {
@@ -1033,7 +1060,8 @@ impl Model {
             .filter(|q| q.ctx == call.ctx)
             .ok_or(EINVAL)?;
         let mask = req.attr_mask;
-        // uverbs_cmd.c modify_qp: invalid port numbers and states beyond ERR are EINVAL.
+        // core/uverbs_cmd.c:1783, :1790, :1851-1854 modify_qp: invalid port numbers and states
+        // beyond ERR are EINVAL.
         if mask & qp_attr::PORT != 0 && req.port_num != 1 {
             return Err(EINVAL);
         }
@@ -1050,8 +1078,9 @@ impl Model {
         if mask & !(STANDARD | (1 << 25)) != 0 {
             return Err(EOPNOTSUPP);
         }
-        // Driver data: `if (udata->inlen < offsetofend(ucmd, ece_options)) return -EINVAL;`
-        // beyond the struct must be zero (EOPNOTSUPP); comp_mask and burst reserved too.
+        // hw/mlx5/qp.c:4640, :4643, :4652 mlx5_ib_modify_qp, driver data: `if (udata->inlen <
+        // offsetofend(ucmd, ece_options)) return -EINVAL;` beyond the struct must be zero
+        // (EOPNOTSUPP); comp_mask and burst reserved too.
         let inlen = call.udata_in.len();
         if inlen > 0 {
             if inlen < 16 {
@@ -1072,14 +1101,14 @@ impl Model {
             qp.state
         };
         let new = if mask & qp_attr::STATE != 0 { req.qp_state } else { cur };
-        // verbs.c ib_modify_qp_is_ok (called from mlx5_ib_modify_qp): the transition and the
+        // core/verbs.c:1692 ib_modify_qp_is_ok (hw/mlx5/qp.c:4680): the transition and the
         // attributes it requires and allows.
         let reset_to_reset = cur == qps::RESET && new == qps::RESET;
         if !reset_to_reset && !modify_is_ok(cur, new, qp.qp_type, mask) {
             return Err(EINVAL);
         }
-        // mlx5_ib_modify_qp: pkey index beyond the table, and RDMA read depths beyond the
-        // device's, are EINVAL.
+        // hw/mlx5/qp.c:4701 mlx5_ib_modify_qp, qp.c:4603, :4610 validate_rd_atomic: pkey index
+        // beyond the table, and RDMA read depths beyond the device's, are EINVAL.
         if mask & qp_attr::PKEY_INDEX != 0 && req.pkey_index >= caps::PKEY_TABLE_LEN {
             return Err(EINVAL);
         }
@@ -1088,7 +1117,8 @@ impl Model {
         {
             return Err(EINVAL);
         }
-        // mlx5_set_path: a GRH whose sgid index is beyond the GID table is EINVAL.
+        // hw/mlx5/qp.c:3498 mlx5_set_path: a GRH whose sgid index is beyond the GID table is
+        // EINVAL.
         if mask & qp_attr::AV != 0 && req.dest.is_global != 0 && req.dest.sgid_index >= 1 {
             return Err(EINVAL);
         }
@@ -1250,8 +1280,8 @@ impl Model {
         }
         let type_at = find(abi::uar_obj::ATTR_TYPE).ok_or(EINVAL)?;
         let alloc_type = attrs[type_at].data;
-        // main.c UAR_OBJ_ALLOC: unknown types, and BlueFlame without write combining, are
-        // EOPNOTSUPP.
+        // hw/mlx5/main.c:3526, :3530 UAR_OBJ_ALLOC: unknown types, and BlueFlame without write
+        // combining, are EOPNOTSUPP.
         if alloc_type != abi::uar_obj::TYPE_BF && alloc_type != abi::uar_obj::TYPE_NC {
             return Err(EOPNOTSUPP);
         }
@@ -1318,7 +1348,8 @@ impl Model {
         let command = (pgoff >> 8) & 0xff;
         let index = (pgoff & 0xff) | ((pgoff >> 16) << 8);
         match command {
-            // uar_mmap: `if (bfregi->lib_uar_dyn) return -EINVAL;`, exactly one page, an
+            // hw/mlx5/main.c:2162, :2165, :2173 uar_mmap: `if (bfregi->lib_uar_dyn) return
+            // -EINVAL;`, exactly one page, an
             // index within the static pages.
             abi::mmap_cmd::REGULAR_PAGE | abi::mmap_cmd::NC_PAGE => {
                 if c.lib_uar_dyn || len != PAGE_SIZE || index >= c.static_uar_pages {
@@ -1326,8 +1357,9 @@ impl Model {
                 }
                 Ok(())
             }
-            // WC pages need write combining: EPERM without it.
+            // hw/mlx5/main.c:2318 mlx5_ib_mmap: WC pages need write combining: EPERM without it.
             abi::mmap_cmd::WC_PAGE | abi::mmap_cmd::ALLOC_WC => Err(libc::EPERM),
+            // hw/mlx5/main.c:2325 mlx5_ib_mmap.
             abi::mmap_cmd::GET_CONTIGUOUS_PAGES => Err(libc::ENOSYS),
             _ => Err(EINVAL),
         }
@@ -1356,7 +1388,8 @@ impl Model {
     }
 }
 
-/// qp.c `alloc_bfreg` (legacy UARs): a free low-latency ("high class") bfreg, else the
+/// hw/mlx5/qp.c:726 `alloc_bfreg` (with qp.c:691 `alloc_high_class_bfreg`, qp.c:706
+/// `alloc_med_class_bfreg`; legacy UARs): a free low-latency ("high class") bfreg, else the
 /// least used medium one, else bfreg 0 (shared, no BlueFlame); v0 contexts always get 0.
 /// Bfreg numbers count only the non-fast-path bfregs: 0 is the first UAR's, the last
 /// `num_low_latency_bfregs` are low latency, the ones between medium.
