@@ -616,9 +616,10 @@ impl Model {
         if a & 0x40 != 0 {
             return Err(EINVAL);
         }
-        // uobj_get_obj_read(pd): an unknown PD is EINVAL.
+        // core/uverbs_cmd.c:721-723 uobj_get_obj_read(pd): an unknown PD is the lookup's
+        // ENOENT (core/rdma_core.c:327; EINVAL before Debian's 6.1.147).
         if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
-            return Err(EINVAL);
+            return Err(ENOENT);
         }
         // umem.c ib_umem_get: a range that wraps is EINVAL; memory that cannot be pinned
         // (not mapped) is EFAULT.
@@ -754,9 +755,9 @@ impl Model {
         if ucmd.flags & abi::CQ_FLAG_UAR_PAGE_INDEX == 0 && ctx.lib_uar_dyn {
             return Err(EINVAL);
         }
-        // CQE compression, 128-byte padding and real-time timestamps need capabilities this
-        // device lacks: EOPNOTSUPP.
-        if ucmd.cqe_comp_en == 1 || ucmd.flags & (abi::CQ_FLAG_CQE_128B_PAD | abi::CQ_FLAG_REAL_TIME_TS) != 0 {
+        // CQE compression and 128-byte padding need capabilities this device lacks:
+        // EOPNOTSUPP. Real-time timestamps are only recorded (hw/mlx5/cq.c:838): accepted.
+        if ucmd.cqe_comp_en == 1 || ucmd.flags & abi::CQ_FLAG_CQE_128B_PAD != 0 {
             return Err(EOPNOTSUPP);
         }
         let cqn = self.next_cqn;
@@ -845,7 +846,8 @@ impl Model {
         if !mem.probe(ucmd.buf_addr, u64::from(new_n) * u64::from(ucmd.cqe_size)) {
             return Err(EFAULT);
         }
-        let cq = self.cqs.get_mut(req.cq_handle).ok_or(EINVAL)?;
+        // core/uverbs_cmd.c:1135: an unknown CQ is the lookup's ENOENT.
+        let cq = self.cqs.get_mut(req.cq_handle).ok_or(ENOENT)?;
         Device::resize_cq(cq, ucmd.buf_addr, new_n, u32::from(ucmd.cqe_size), mem);
         call.respond_core(mem, &resize_resp(new_n - 1))
     }
@@ -870,15 +872,17 @@ impl Model {
     fn create_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::CreateQp = decode(call.req);
         let owned_cq = |h: u32| self.cqs.get(h).is_some_and(|c| c.ctx == call.ctx);
-        // uverbs_cmd.c create_qp: an SRQ, CQ or PD handle that names nothing is EINVAL.
+        // core/uverbs_cmd.c:1367-1405 create_qp: an SRQ, CQ or PD handle that names nothing
+        // is the lookup's ENOENT (core/rdma_core.c:327). The model has no SRQs, so every SRQ
+        // handle names nothing.
         if req.is_srq != 0 {
-            return Err(EINVAL);
+            return Err(ENOENT);
         }
         if !owned_cq(req.send_cq_handle) || !owned_cq(req.recv_cq_handle) {
-            return Err(EINVAL);
+            return Err(ENOENT);
         }
         if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
-            return Err(EINVAL);
+            return Err(ENOENT);
         }
         // qp.c check_qp_type: the model runs RC and UC only.
         if req.qp_type != abi::qpt::RC && req.qp_type != abi::qpt::UC {
@@ -1054,12 +1058,19 @@ impl Model {
 
     fn modify_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::ModifyQp = decode(call.req);
+        let mask = req.attr_mask;
+        // core/uverbs_cmd.c:1940 ib_uverbs_modify_qp: bits beyond the standard attributes
+        // (IB_QP_ATTR_STANDARD_BITS, 0..=20; RATE_LIMIT too) are EOPNOTSUPP, before the lookup.
+        const STANDARD: u32 = (1 << 21) - 1;
+        if mask & !STANDARD != 0 {
+            return Err(EOPNOTSUPP);
+        }
+        // core/uverbs_cmd.c:1776: an unknown QP is the lookup's ENOENT.
         let qp = self
             .qps
             .get(req.qp_handle)
             .filter(|q| q.ctx == call.ctx)
-            .ok_or(EINVAL)?;
-        let mask = req.attr_mask;
+            .ok_or(ENOENT)?;
         // core/uverbs_cmd.c:1783, :1790, :1851-1854 modify_qp: invalid port numbers and states
         // beyond ERR are EINVAL.
         if mask & qp_attr::PORT != 0 && req.port_num != 1 {
@@ -1072,11 +1083,6 @@ impl Model {
             || (mask & qp_attr::STATE != 0 && req.qp_state > qps::ERR)
         {
             return Err(EINVAL);
-        }
-        // qp.c mlx5_ib_modify_qp: bits beyond the standard attributes are EOPNOTSUPP.
-        const STANDARD: u32 = (1 << 21) - 1;
-        if mask & !(STANDARD | (1 << 25)) != 0 {
-            return Err(EOPNOTSUPP);
         }
         // hw/mlx5/qp.c:4640, :4643, :4652 mlx5_ib_modify_qp, driver data: `if (udata->inlen <
         // offsetofend(ucmd, ece_options)) return -EINVAL;` beyond the struct must be zero
@@ -1103,8 +1109,7 @@ impl Model {
         let new = if mask & qp_attr::STATE != 0 { req.qp_state } else { cur };
         // core/verbs.c:1692 ib_modify_qp_is_ok (hw/mlx5/qp.c:4680): the transition and the
         // attributes it requires and allows.
-        let reset_to_reset = cur == qps::RESET && new == qps::RESET;
-        if !reset_to_reset && !modify_is_ok(cur, new, qp.qp_type, mask) {
+        if !modify_is_ok(cur, new, qp.qp_type, mask) {
             return Err(EINVAL);
         }
         // hw/mlx5/qp.c:4701 mlx5_ib_modify_qp, qp.c:4603, :4610 validate_rd_atomic: pkey index
@@ -1187,7 +1192,7 @@ impl Model {
             .qps
             .get(req.qp_handle)
             .filter(|q| q.ctx == call.ctx)
-            .ok_or(EINVAL)?;
+            .ok_or(ENOENT)?;
         let a = &qp.attrs;
         // qp.c mlx5_ib_query_qp: user QPs report no send capabilities (user space adds its
         // own); the receive queue as sized.

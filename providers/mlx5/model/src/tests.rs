@@ -180,8 +180,8 @@ fn reg_mr_rules() {
     assert_eq!(env.reg_mr(pd, DATA, 64, abi::access::REMOTE_WRITE), Err(EINVAL));
     assert_eq!(env.reg_mr(pd, DATA, 64, 1 << 12), Err(EINVAL));
     assert_eq!(env.reg_mr(pd, DATA, 64, 0x40), Err(EINVAL));
-    // unknown PD; memory that is not mapped
-    assert_eq!(env.reg_mr(pd + 5, DATA, 64, 1), Err(EINVAL));
+    // unknown PD (the lookup's ENOENT on 6.1.147 and later); memory that is not mapped
+    assert_eq!(env.reg_mr(pd + 5, DATA, 64, 1), Err(ENOENT));
     assert_eq!(env.reg_mr(pd, 0x7000_0000, 64, 1), Err(EFAULT));
     assert!(env.reg_mr(pd, DATA, 64, 1).is_ok());
 }
@@ -221,6 +221,10 @@ fn create_cq_driver_data_rules() {
     assert_eq!(cq_err(&env, core, good.as_bytes(), 2), Err(EFAULT));
     assert_eq!(cq_err(&env, core, good.as_bytes(), 4), Ok(()));
     assert_eq!(env.resp::<abi::CreateCqResp>().cqe, 15);
+    // real-time timestamps are only recorded (hw/mlx5/cq.c:838)
+    let mut rt = good;
+    rt.flags |= abi::CQ_FLAG_REAL_TIME_TS;
+    assert_eq!(cq_err(&env, core, rt.as_bytes(), 4), Ok(()));
 }
 
 #[test]
@@ -368,13 +372,14 @@ fn create_qp_types_handles_and_dynamic_uars() {
         env.create_qp_with(Env::qp_cmd(pd, cq, 4), u.as_bytes()),
         Err(EOPNOTSUPP)
     );
+    // Unknown CQ or PD: the lookup's ENOENT.
     assert_eq!(
         env.create_qp_with(Env::qp_cmd(pd, cq + 3, abi::qpt::RC), u.as_bytes()),
-        Err(EINVAL)
+        Err(ENOENT)
     );
     assert_eq!(
         env.create_qp_with(Env::qp_cmd(pd + 3, cq, abi::qpt::RC), u.as_bytes()),
-        Err(EINVAL)
+        Err(ENOENT)
     );
     let env = Env::new(true);
     let pd = env.alloc_pd();
@@ -435,10 +440,28 @@ fn modify_qp_rules() {
         env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) = (init, qps::INIT, 1)),
         Ok(())
     );
-    // Attribute bits beyond the standard ones are EOPNOTSUPP.
+    // Attribute bits beyond the standard ones, RATE_LIMIT (25) too, are EOPNOTSUPP, even
+    // on a handle that names nothing (checked before the lookup).
     assert_eq!(env.modify(qp, |m| m.attr_mask = 1 << 24), Err(EOPNOTSUPP));
-    // Unknown QP handle.
-    assert_eq!(env.modify(qp + 4, |m| m.attr_mask = qp_attr::STATE), Err(EINVAL));
+    assert_eq!(env.modify(qp, |m| m.attr_mask = 1 << 25), Err(EOPNOTSUPP));
+    assert_eq!(env.modify(qp + 4, |m| m.attr_mask = 1 << 25), Err(EOPNOTSUPP));
+    // Unknown QP handle: the lookup's ENOENT.
+    assert_eq!(env.modify(qp + 4, |m| m.attr_mask = qp_attr::STATE), Err(ENOENT));
+    // RESET -> RESET goes through ib_modify_qp_is_ok too: a state alone is fine, an
+    // attribute RESET does not take is EINVAL.
+    let reset = |m: &mut abi::ModifyQp| {
+        m.attr_mask = qp_attr::STATE;
+        m.qp_state = qps::RESET;
+    };
+    assert_eq!(env.modify(qp, reset), Ok(()));
+    assert_eq!(env.modify(qp, reset), Ok(()));
+    assert_eq!(
+        env.modify(qp, |m| {
+            reset(m);
+            m.attr_mask |= qp_attr::QKEY;
+        }),
+        Err(EINVAL)
+    );
 }
 
 // ---- mmap and ioctl ------------------------------------------------------------------------
