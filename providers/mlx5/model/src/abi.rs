@@ -167,7 +167,9 @@ pub mod mmap_cmd {
     pub const GET_CONTIGUOUS_PAGES: u64 = 1;
     pub const WC_PAGE: u64 = 2;
     pub const NC_PAGE: u64 = 3;
+    pub const CORE_CLOCK: u64 = 5;
     pub const ALLOC_WC: u64 = 6;
+    pub const CLOCK_INFO: u64 = 7;
     /// `MLX5_IB_MMAP_OFFSET_START`: the first command of the dynamic mmap entries.
     pub const OFFSET_START: u64 = 9;
 }

@@ -1302,8 +1302,9 @@ impl Model {
         let [off_at, len_at, page_at] = [outs[0]?, outs[1]?, outs[2]?];
         let page_id = self.next_uar_page;
         let n = u64::try_from(self.uars.iter().count()).unwrap_or(0);
-        // Dynamic mmap entries live at page offsets from MLX5_IB_MMAP_OFFSET_START << 16
-        // (main.c mlx5_rdma_user_mmap_entry_insert).
+        // Dynamic mmap entries live at internal page offsets from MLX5_IB_MMAP_OFFSET_START <<
+        // 16 (hw/mlx5/main.c:3340-3343); the client is told the offset
+        // `mlx5_entry_to_mmap_offset` makes of one (main.c:2297-2304, :3538).
         let mut pgoff = (abi::mmap_cmd::OFFSET_START << 16) + n;
         while self.uars.iter().any(|(_, u)| u.ctx == ctx && u.pgoff == pgoff) {
             pgoff += 1;
@@ -1320,13 +1321,16 @@ impl Model {
         let result = mem
             .write(arg + 24 + 16 * handle_at as u64 + 8, &u64::from(handle).to_ne_bytes())
             .map_err(|_| EFAULT)
-            .and_then(|()| write_out(off_at, &(pgoff * PAGE_SIZE).to_ne_bytes()))
+            .and_then(|()| write_out(off_at, &(entry_mmap_pgoff(pgoff) * PAGE_SIZE).to_ne_bytes()))
             .and_then(|()| write_out(page_at, &page_id.to_ne_bytes()))
             .and_then(|()| write_out(len_at, &(PAGE_SIZE as u32).to_ne_bytes()));
         match result {
             Ok(()) => {
                 self.next_uar_page += 1;
-                crate::log!("uar alloc page {page_id} offset {:#x}", pgoff * PAGE_SIZE);
+                crate::log!(
+                    "uar alloc page {page_id} offset {:#x}",
+                    entry_mmap_pgoff(pgoff) * PAGE_SIZE
+                );
                 Ok(())
             }
             Err(e) => {
@@ -1341,17 +1345,9 @@ impl Model {
     /// [`Model::mapped`].
     pub fn check_mmap(&self, ctx: i32, pgoff: u64, len: u64) -> Result<(), Errno> {
         let c = self.contexts.get(&ctx).filter(|c| c.alive).ok_or(EINVAL)?;
-        if pgoff >= abi::mmap_cmd::OFFSET_START << 16 {
-            // mlx5_ib_mmap_offset -> rdma_user_mmap_entry_get: an unknown offset or a length
-            // other than the entry's is EINVAL.
-            self.uars
-                .iter()
-                .find(|(_, u)| u.ctx == ctx && u.pgoff == pgoff)
-                .ok_or(EINVAL)?;
-            return if len == PAGE_SIZE { Ok(()) } else { Err(EINVAL) };
-        }
+        // hw/mlx5/main.c:2054 get_command, :2070 get_extended_index.
         let command = (pgoff >> 8) & 0xff;
-        let index = (pgoff & 0xff) | ((pgoff >> 16) << 8);
+        let index = (pgoff & 0xff) | (((pgoff >> 16) & 0xff) << 8);
         match command {
             // hw/mlx5/main.c:2162, :2165, :2173 uar_mmap: `if (bfregi->lib_uar_dyn) return
             // -EINVAL;`, exactly one page, an
@@ -1366,7 +1362,24 @@ impl Model {
             abi::mmap_cmd::WC_PAGE | abi::mmap_cmd::ALLOC_WC => Err(libc::EPERM),
             // hw/mlx5/main.c:2325 mlx5_ib_mmap.
             abi::mmap_cmd::GET_CONTIGUOUS_PAGES => Err(libc::ENOSYS),
-            _ => Err(EINVAL),
+            // The core clock pages (5, 7) are not modelled.
+            abi::mmap_cmd::CORE_CLOCK | abi::mmap_cmd::CLOCK_INFO => Err(EINVAL),
+            // hw/mlx5/main.c:2350 mlx5_ib_mmap -> :2266 mlx5_ib_mmap_offset: every other
+            // command names a dynamic entry at internal offset `command << 16 | index`
+            // (main.c:2255 mlx5_vma_to_pgoff); none there, or another length, is EINVAL
+            // (main.c:2279).
+            _ => {
+                let entry = (command << 16) | index;
+                self.uars
+                    .iter()
+                    .find(|(_, u)| u.ctx == ctx && u.pgoff == entry)
+                    .ok_or(EINVAL)?;
+                if len == PAGE_SIZE {
+                    Ok(())
+                } else {
+                    Err(EINVAL)
+                }
+            }
         }
     }
 
@@ -1391,6 +1404,15 @@ impl Model {
             c.uar_maps.retain(|&p| !(p >= addr && p < addr.saturating_add(len)));
         }
     }
+}
+
+/// The page offset a client maps the dynamic entry at internal page offset `entry` with
+/// (hw/mlx5/main.c:2297 `mlx5_entry_to_mmap_offset`): the command in bits 8-15, the index's low
+/// byte in bits 0-7 and its high byte in bits 16-23.
+fn entry_mmap_pgoff(entry: u64) -> u64 {
+    let command = (entry >> 16) & 0xffff;
+    let index = entry & 0xffff;
+    ((index >> 8) << 16) | (command << 8) | (index & 0xff)
 }
 
 /// hw/mlx5/qp.c:726 `alloc_bfreg` (with qp.c:691 `alloc_high_class_bfreg`, qp.c:706

@@ -548,7 +548,11 @@ fn ioctl_rules() {
     assert_eq!(uar_ioctl(&env, more), Err(EPROTONOSUPPORT));
     assert_eq!(uar_ioctl(&env, |_, _| {}), Ok(()));
     let offset = u64::from_ne_bytes(env.resp::<[u8; 8]>());
+    // The first dynamic entry: command 9 in bits 8-15 of the page offset (main.c:2297).
+    assert_eq!(offset, 0x900 * 4096);
     assert_eq!(env.model.lock().unwrap().check_mmap(CTX, offset / 4096, 4096), Ok(()));
+    // The entry's internal offset (9 << 16) is a legacy command 0 offset: EINVAL here.
+    assert_eq!(env.model.lock().unwrap().check_mmap(CTX, 9 << 16, 4096), Err(EINVAL));
     assert_eq!(
         env.model.lock().unwrap().check_mmap(CTX, offset / 4096, 8192),
         Err(EINVAL)
