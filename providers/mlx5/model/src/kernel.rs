@@ -283,6 +283,13 @@ impl Model {
         if usize::from(hdr.in_words) * 4 != count {
             return Err(EINVAL);
         }
+        // core/uverbs_main.c:546 verify_hdr: rdma-core v18 and v19 wrote DESTROY_CQ as 16
+        // bytes; the kernel reads it as 24 (the 8 bytes after the write, from the same buffer).
+        let count = if command == cmd::DESTROY_CQ && count == 16 {
+            24
+        } else {
+            count
+        };
         if count < req_size + 8 {
             return Err(ENOSPC);
         }
@@ -803,11 +810,12 @@ impl Model {
 
     fn resize_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::ResizeCq = decode(call.req);
+        // core/uverbs_cmd.c:1135: an unknown CQ is the lookup's ENOENT.
         let cq = self
             .cqs
             .get(req.cq_handle)
             .filter(|c| c.ctx == call.ctx)
-            .ok_or(EINVAL)?;
+            .ok_or(ENOENT)?;
         // hw/mlx5/cq.c:1283, :1292 mlx5_ib_resize_cq: `if (entries < 1 || entries > (1 <<
         // log_max_cq_sz)) return -EINVAL;`, then roundup_pow_of_two(entries + 1) against
         // the same plus one.
@@ -838,15 +846,16 @@ impl Model {
         if ucmd.reserved0 != 0 || ucmd.reserved1 != 0 {
             return Err(EINVAL);
         }
-        // The new CQE size must be one the device writes (mlx5_ib_resize_cq checks the
-        // size against 64/128 through the CQ context: EINVAL otherwise).
+        // The new CQE size must be one the device writes. 6.1's driver does not check it
+        // (hw/mlx5/cq.c:1153 resize_user); it passes it to the firmware through the CQ
+        // context (cq.c:1356 cqe_sz_to_mlx_sz), which refuses other sizes: the model answers
+        // for the firmware with EINVAL.
         if ucmd.cqe_size != 64 && ucmd.cqe_size != 128 {
             return Err(EINVAL);
         }
         if !mem.probe(ucmd.buf_addr, u64::from(new_n) * u64::from(ucmd.cqe_size)) {
             return Err(EFAULT);
         }
-        // core/uverbs_cmd.c:1135: an unknown CQ is the lookup's ENOENT.
         let cq = self.cqs.get_mut(req.cq_handle).ok_or(ENOENT)?;
         Device::resize_cq(cq, ucmd.buf_addr, new_n, u32::from(ucmd.cqe_size), mem);
         call.respond_core(mem, &resize_resp(new_n - 1))

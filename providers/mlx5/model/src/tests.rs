@@ -250,6 +250,50 @@ fn with_dynamic_uars_a_cq_must_name_its_uar_page() {
 }
 
 #[test]
+fn resize_cq_rules() {
+    let env = Env::new(false);
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    let resize = |handle: u32, cqe: u32, ucmd: Option<abi::Mlx5ResizeCq>| {
+        let req = abi::ResizeCq {
+            response: RESP,
+            cq_handle: handle,
+            cqe,
+        };
+        let udata = ucmd.map(|u| u.as_bytes().to_vec()).unwrap_or_default();
+        env.write(cmd::RESIZE_CQ, req.as_bytes(), &udata, 2)
+    };
+    let good = abi::Mlx5ResizeCq {
+        buf_addr: CQ_BUF + 0x2000,
+        cqe_size: 64,
+        ..Default::default()
+    };
+    // an unknown CQ: the lookup's ENOENT (core/uverbs_cmd.c:1135)
+    assert_eq!(resize(cq + 7, 31, Some(good)), Err(ENOENT));
+    // entries below 1 or beyond the device (hw/mlx5/cq.c:1283)
+    assert_eq!(resize(cq, 0, Some(good)), Err(EINVAL));
+    assert_eq!(resize(cq, 1 << 30, Some(good)), Err(EINVAL));
+    // no driver data: ib_copy_from_udata from NULL is EFAULT (cq.c:1161)
+    assert_eq!(resize(cq, 31, None), Err(EFAULT));
+    // reserved fields (cq.c:1165); a CQE size the device does not write
+    assert_eq!(
+        resize(cq, 31, Some(abi::Mlx5ResizeCq { reserved1: 1, ..good })),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        resize(cq, 31, Some(abi::Mlx5ResizeCq { cqe_size: 96, ..good })),
+        Err(EINVAL)
+    );
+    // a buffer that is not mapped (ib_umem_get)
+    let unmapped = abi::Mlx5ResizeCq {
+        buf_addr: 0x7000_0000,
+        ..good
+    };
+    assert_eq!(resize(cq, 31, Some(unmapped)), Err(EFAULT));
+    assert_eq!(resize(cq, 31, Some(good)), Ok(()));
+    assert_eq!(env.resp::<[u32; 2]>()[0], 31, "32 slots, the kernel reports cqe 31");
+}
+
+#[test]
 fn destroy_cq_in_use_is_ebusy_and_unknown_enoent() {
     let env = Env::new(false);
     let pd = env.alloc_pd();
@@ -271,6 +315,12 @@ fn destroy_cq_in_use_is_ebusy_and_unknown_enoent() {
         reserved: 0,
     };
     assert_eq!(env.write(cmd::DESTROY_CQ, d.as_bytes(), &[], 2), Err(ENOENT));
+    // A 16-byte DESTROY_CQ (rdma-core v18/19) is read as 24: the handle comes from the 8
+    // bytes after the write. Here they name the unknown CQ, so the lookup, not the size,
+    // answers.
+    assert_eq!(env.write(cmd::DESTROY_CQ, &d.as_bytes()[..8], &[], 2), Err(ENOENT));
+    // Any other short request is ENOSPC.
+    assert_eq!(env.write(cmd::DESTROY_QP, &d.as_bytes()[..8], &[], 2), Err(ENOSPC));
 }
 
 // ---- QP --------------------------------------------------------------------------------
