@@ -987,6 +987,35 @@ static int check_cq_overrun_event(void)
 	}
 }
 
+/* The device's raw clock (ibv_query_rt_values_ex, IBV_VALUES_MASK_RAW_CLOCK): on mlx5 it is
+ * read from the core clock page the provider maps at context creation, and must advance
+ * between two reads 20 ms apart. A provider without a device clock (rdma_rxe) answers
+ * EOPNOTSUPP; the line says so. */
+static int check_raw_clock(void)
+{
+	uint64_t t[2];
+	for (int i = 0; i < 2; i++) {
+		struct ibv_values_ex v = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+		int r = ibv_query_rt_values_ex(A.ctx, &v);
+		if (r == EOPNOTSUPP && i == 0) {
+			info("the provider has no device clock: ibv_query_rt_values_ex is EOPNOTSUPP");
+			return 1;
+		}
+		if (r)
+			return fail("ibv_query_rt_values_ex: %s", strerror(r));
+		if (!(v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK))
+			return fail("ibv_query_rt_values_ex returned no raw clock");
+		t[i] = (uint64_t)v.raw_clock.tv_sec * 1000000000ull + (uint64_t)v.raw_clock.tv_nsec;
+		if (i == 0)
+			usleep(20000);
+	}
+	if (t[1] <= t[0])
+		return fail("the raw clock did not advance in 20 ms: %llu then %llu", (unsigned long long)t[0],
+			    (unsigned long long)t[1]);
+	info("raw clock %llu then %llu, 20 ms apart", (unsigned long long)t[0], (unsigned long long)t[1]);
+	return 1;
+}
+
 static const struct check {
 	const char *name;
 	int (*run)(void);
@@ -1003,6 +1032,7 @@ static const struct check {
 	{ "rnr_retry_exc_err", check_rnr_retry_exc_err },
 	{ "wr_flush_err", check_wr_flush_err },
 	{ "cq_overrun_event", check_cq_overrun_event },
+	{ "raw_clock", check_raw_clock },
 };
 
 static int selected(const char *name)

@@ -161,6 +161,19 @@ pub const CQ_ARM_DB: u64 = 4;
 /// Offset of the CQ doorbell in a UAR page (`MLX5_CQ_DOORBELL`).
 pub const UAR_CQ_DOORBELL: u64 = 0x20;
 
+/// `MLX5_IB_ALLOC_UCONTEXT_RESP_MASK_*`: what a GET_CONTEXT response's `comp_mask` reports.
+pub mod ucontext_resp_mask {
+    pub const CORE_CLOCK_OFFSET: u32 = 1 << 0;
+    pub const MKEY_UPDATE_TAG: u32 = 1 << 5;
+}
+
+/// `offsetof(struct mlx5_init_seg, internal_timer_h)`: the device's free-running timer, a
+/// big-endian high word then low word, in the init segment the core clock page maps.
+pub const INTERNAL_TIMER_OFFSET: u64 = 0x1000;
+
+/// `MLX5_IB_CLOCK_INFO_V1`: the clock info page's version, its mmap index.
+pub const CLOCK_INFO_V1: u64 = 1;
+
 /// mmap commands (`enum mlx5_ib_mmap_cmd`, main.c `get_command`).
 pub mod mmap_cmd {
     pub const REGULAR_PAGE: u64 = 0;

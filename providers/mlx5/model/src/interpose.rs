@@ -11,10 +11,12 @@
 //! `EIO`. The model's lock is only taken for descriptors the model made, so the model's own
 //! libc calls (made while it holds the lock) pass straight through.
 
+use crate::kernel::{MapAccess, Mapping};
 use crate::mem::ProcessMemory;
 use crate::runtime::{model_dir, runtime, ProcessHost};
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, off_t, size_t, ssize_t};
 use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
@@ -28,8 +30,9 @@ const FD_DEVICE: u8 = 1;
 const FD_EVENT: u8 = 2;
 const FD_TABLE: usize = 1 << 16;
 static FD_KIND: [AtomicU8; FD_TABLE] = [const { AtomicU8::new(FD_OTHER) }; FD_TABLE];
-/// UAR pages currently mapped (munmap only takes the lock when there are some).
-static UAR_PAGES: AtomicUsize = AtomicUsize::new(0);
+/// UAR and core clock pages currently mapped (munmap only takes the lock when there are
+/// some).
+static MAPPED_PAGES: AtomicUsize = AtomicUsize::new(0);
 
 fn fd_kind(fd: c_int) -> u8 {
     usize::try_from(fd)
@@ -417,33 +420,97 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
     unsafe { real(fd, request, arg) }
 }
 
-fn mmap_device(addr: *mut c_void, len: size_t, flags: c_int, fd: c_int, offset: i64) -> *mut c_void {
+fn mmap_device(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: i64) -> *mut c_void {
     guarded(libc::MAP_FAILED, || {
         let rt = runtime().ok_or(libc::EBADF)?;
         let page = crate::abi::PAGE_SIZE as i64;
         if offset < 0 || offset % page != 0 {
             return Err(libc::EINVAL);
         }
+        let access = MapAccess {
+            write: prot & libc::PROT_WRITE != 0,
+            exec: prot & libc::PROT_EXEC != 0,
+            shared: flags & libc::MAP_SHARED != 0,
+        };
         let mut model = rt.lock();
-        model.check_mmap(fd, (offset / page) as u64, len as u64)?;
+        let mapping = model.check_mmap(fd, (offset / page) as u64, len as u64, access)?;
         let real = real!(
             "mmap",
             fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void
         )
         .ok_or(libc::ENOSYS)?;
         let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE);
-        let prot = libc::PROT_READ | libc::PROT_WRITE;
-        // SAFETY: an anonymous shared page stands for the UAR; MAP_FIXED is honoured only
-        // when the caller asked for it at its own address.
-        let p = unsafe { real(addr, len, prot, libc::MAP_SHARED | libc::MAP_ANONYMOUS | fixed, -1, 0) };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
-        }
-        model.mapped(fd, p as u64);
-        UAR_PAGES.fetch_add(1, Ordering::AcqRel);
+        let p = match mapping {
+            Mapping::Uar => {
+                let prot = libc::PROT_READ | libc::PROT_WRITE;
+                // SAFETY: an anonymous shared page stands for the UAR; MAP_FIXED is honoured
+                // only when the caller asked for it at its own address.
+                let p = unsafe { real(addr, len, prot, libc::MAP_SHARED | libc::MAP_ANONYMOUS | fixed, -1, 0) };
+                if p == libc::MAP_FAILED {
+                    return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+                }
+                model.mapped(fd, p as u64);
+                p
+            }
+            Mapping::CoreClock => {
+                let (client, view) = map_clock_page(real, addr, len, prot, fixed)?;
+                crate::runtime::write_device_time(view as u64);
+                model.mapped_clock(client as u64, view as u64);
+                client
+            }
+        };
+        MAPPED_PAGES.fetch_add(1, Ordering::AcqRel);
         crate::log!("mmap offset {offset:#x} -> {p:?}");
         Ok(p)
     })
+}
+
+/// The core clock page: a memfd page mapped for the client as it asked (read-only: the
+/// kernel refused write access) and once more writable for the model, which keeps the
+/// device's timer in it. Returns `(client mapping, model view)`.
+fn map_clock_page(
+    real: unsafe extern "C" fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void,
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    fixed: c_int,
+) -> Result<(*mut c_void, *mut c_void), c_int> {
+    let last_errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM);
+    // SAFETY: a NUL-terminated name and valid flags.
+    let raw = unsafe { libc::memfd_create(c"mlx5-model-core-clock".as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: `raw` is a new descriptor this function alone owns; closing it goes to libc
+    // (the interposed `close` passes descriptors the model did not mark straight through).
+    let memfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ftruncate on the memfd just made.
+    if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as off_t) } != 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: a new shared mapping of the memfd at an address the kernel picks.
+    let view = unsafe {
+        real(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            memfd.as_raw_fd(),
+            0,
+        )
+    };
+    if view == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    // SAFETY: the client's mapping of the same page with the client's protection; MAP_FIXED
+    // only where the caller asked for it at its own address.
+    let client = unsafe { real(addr, len, prot, libc::MAP_SHARED | fixed, memfd.as_raw_fd(), 0) };
+    if client == libc::MAP_FAILED {
+        let e = last_errno();
+        real_munmap(view, len);
+        return Err(e);
+    }
+    Ok((client, view))
 }
 
 /// Interposed: UAR pages of the device file.
@@ -457,7 +524,7 @@ pub unsafe extern "C" fn mmap(
     offset: off_t,
 ) -> *mut c_void {
     if fd_kind(fd) == FD_DEVICE {
-        return mmap_device(addr, len, flags, fd, offset);
+        return mmap_device(addr, len, prot, flags, fd, offset);
     }
     let Some(real) = real!(
         "mmap",
@@ -484,16 +551,28 @@ pub unsafe extern "C" fn mmap64(
     unsafe { mmap(addr, len, prot, flags, fd, offset) }
 }
 
+/// Unmaps a page the interposer mapped for itself, through libc's `munmap` (a call to
+/// `libc::munmap` from here would land in the interposed one below).
+fn real_munmap(addr: *mut c_void, len: size_t) {
+    if let Some(real) = real!("munmap", fn(*mut c_void, size_t) -> c_int) {
+        // SAFETY: callers pass a mapping the interposer made and no longer uses.
+        unsafe { real(addr, len) };
+    }
+}
+
 /// Interposed: a UAR page unmapped is forgotten by the device first.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
-    if UAR_PAGES.load(Ordering::Acquire) > 0 {
+    if MAPPED_PAGES.load(Ordering::Acquire) > 0 {
         if let Some(rt) = runtime() {
             let mut m = rt.lock();
-            let before = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
-            m.unmapped(addr as u64, len as u64);
-            let after = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
-            UAR_PAGES.fetch_sub(before - after, Ordering::AcqRel);
+            let before = m.mapped_pages();
+            for view in m.unmapped(addr as u64, len as u64) {
+                // A clock page view, forgotten by the model just now under its lock: nothing
+                // writes it any more.
+                real_munmap(view as *mut c_void, crate::abi::PAGE_SIZE as size_t);
+            }
+            MAPPED_PAGES.fetch_sub(before - m.mapped_pages(), Ordering::AcqRel);
         }
     }
     let Some(real) = real!("munmap", fn(*mut c_void, size_t) -> c_int) else {
@@ -513,10 +592,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         if let Some(rt) = runtime() {
             let mut m = rt.lock();
             if kind == FD_DEVICE {
-                let before = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
+                let before = m.mapped_pages();
                 m.close(fd);
-                let after = m.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>();
-                UAR_PAGES.fetch_sub(before - after, Ordering::AcqRel);
+                MAPPED_PAGES.fetch_sub(before - m.mapped_pages(), Ordering::AcqRel);
                 crate::log!("close uverbs0 fd {fd}");
             } else {
                 m.fd_closed(fd);

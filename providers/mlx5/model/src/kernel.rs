@@ -40,6 +40,31 @@ pub mod caps {
     pub const VENDOR_ID: u32 = 0x02c9;
     pub const VENDOR_PART_ID: u32 = 4119;
     pub const FW_VER: u64 = (16 << 32) | (35 << 16) | 1012;
+    /// The device reports no clock frequency, so the kernel makes no clock info page
+    /// (net/ethernet/mellanox/mlx5/core/lib/clock.c:977 `mlx5_init_clock` stops; the model
+    /// does not model QUERY_DEVICE_EX, where the frequency would show). The internal timer
+    /// page is still mapped (hw/mlx5/main.c:2327).
+    pub const DEVICE_FREQUENCY_KHZ: u32 = 0;
+    pub const HAS_CLOCK_INFO: bool = DEVICE_FREQUENCY_KHZ != 0;
+}
+
+/// How a client maps a page of the device file: the `PROT_*` and `MAP_*` bits the kernel
+/// checks (`VM_WRITE`, `VM_EXEC`, `VM_SHARED`).
+#[derive(Clone, Copy, Debug)]
+pub struct MapAccess {
+    pub write: bool,
+    pub exec: bool,
+    pub shared: bool,
+}
+
+/// What an accepted `mmap` of the device file maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mapping {
+    /// A UAR page (doorbells; the device watches it).
+    Uar,
+    /// The read-only page holding the device's internal timer at
+    /// `abi::INTERNAL_TIMER_OFFSET % PAGE_SIZE`.
+    CoreClock,
 }
 
 /// One opened device file and its ucontext.
@@ -78,6 +103,9 @@ pub struct Model {
     pub qps: Table<Qp>,
     pub uars: Table<Uar>,
     pub channels: HashMap<i32, (i32, Arc<dyn EventSink>)>,
+    /// Core clock pages mapped: `(client address, the model's writable view of the page)`.
+    /// They outlive the device file, as mappings do.
+    pub clock_pages: Vec<(u64, u64)>,
     next_qpn: u32,
     next_cqn: u32,
     next_key: u32,
@@ -157,6 +185,7 @@ impl Model {
             qps: Table::default(),
             uars: Table::default(),
             channels: HashMap::new(),
+            clock_pages: Vec::new(),
             next_qpn: u32::from(lid) << 8,
             next_cqn: 1,
             next_key: 0,
@@ -439,8 +468,10 @@ impl Model {
             static_pages = u64::from(req.total_num_bfregs / 2);
         }
         let cqe_version = if inlen >= 17 { req.max_cqe_version.min(1) } else { 0 };
-        let outlen = call.udata_outlen;
-        let mut resp = abi::AllocUcontextResp {
+        // hw/mlx5/main.c:1771 set_ucontext_resp fills every field; :1953 copies
+        // `min(outlen, sizeof(resp))` bytes and reports that as `response_length`.
+        let len = call.udata_outlen.min(std::mem::size_of::<abi::AllocUcontextResp>());
+        let resp = abi::AllocUcontextResp {
             qp_tab_size: 1 << 18,
             bf_reg_size: 0,
             tot_bfregs: if lib_uar_dyn { 0 } else { req.total_num_bfregs },
@@ -451,45 +482,24 @@ impl Model {
             max_recv_wr: 1 << caps::LOG_MAX_QP_SZ,
             max_srq_recv_wr: 1 << caps::LOG_MAX_QP_SZ,
             num_ports: 1,
+            // main.c:1826 (4 KiB pages: the core clock page is mapped) and main.c:1848 (always).
+            comp_mask: abi::ucontext_resp_mask::CORE_CLOCK_OFFSET | abi::ucontext_resp_mask::MKEY_UPDATE_TAG,
+            response_length: len as u32,
+            cqe_version,
+            // main.c:1809: QUERY_DEVICE and CREATE_AH take driver data.
+            cmds_supp_uhw: 3,
+            // main.c:1816: a clock info page only where the device has a clock frequency.
+            clock_info_versions: if caps::HAS_CLOCK_INFO {
+                1 << abi::CLOCK_INFO_V1
+            } else {
+                0
+            },
+            // main.c:1828: `internal_timer_h` (init segment offset 0x1000) within its page.
+            hca_core_clock_offset: abi::INTERNAL_TIMER_OFFSET % PAGE_SIZE,
+            log_uar_size: 12,
+            num_uars_per_page: 1,
             ..Default::default()
         };
-        // set_ucontext_resp: `response_length` counts the fields that fit in `outlen`.
-        let mut len = outlen.min(44);
-        let fits = |end: usize| end <= outlen;
-        if fits(45) {
-            resp.cqe_version = cqe_version;
-            len += 1;
-        }
-        if fits(46) {
-            resp.cmds_supp_uhw = 3;
-            len += 1;
-        }
-        if fits(47) {
-            len += 1;
-        }
-        if fits(48) {
-            len += 1;
-        }
-        // hca_core_clock_offset (its comp_mask bit stays clear: no core clock page).
-        if fits(56) {
-            len += 8;
-        }
-        if fits(60) {
-            resp.log_uar_size = 12;
-            len += 4;
-        }
-        if fits(64) {
-            resp.num_uars_per_page = 1;
-            len += 4;
-        }
-        // num_dyn_bfregs, dump_fill_mkey (no DUMP_FILL_MKEY capability).
-        if fits(68) {
-            len += 4;
-        }
-        if fits(72) {
-            len += 4;
-        }
-        resp.response_length = len as u32;
         let out = if len == 0 { &[][..] } else { &resp.as_bytes()[..len] };
         Self::respond(mem, call.udata_out, out)?;
         Ok(Context {
@@ -1349,34 +1359,56 @@ impl Model {
         }
     }
 
-    /// Checks an `mmap` of `len` bytes at page offset `pgoff` on the device file (main.c
-    /// `mlx5_ib_mmap`, `uar_mmap`); the caller then maps a page and reports it with
+    /// Checks an `mmap` of `len` bytes at page offset `pgoff` on the device file (main.c:2306
+    /// `mlx5_ib_mmap`); the caller then maps the page and reports a UAR with
     /// [`Model::mapped`].
-    pub fn check_mmap(&self, ctx: i32, pgoff: u64, len: u64) -> Result<(), Errno> {
+    pub fn check_mmap(&self, ctx: i32, pgoff: u64, len: u64, access: MapAccess) -> Result<Mapping, Errno> {
         let c = self.contexts.get(&ctx).filter(|c| c.alive).ok_or(EINVAL)?;
         // hw/mlx5/main.c:2054 get_command, :2070 get_extended_index.
         let command = (pgoff >> 8) & 0xff;
         let index = (pgoff & 0xff) | (((pgoff >> 16) & 0xff) << 8);
         match command {
-            // hw/mlx5/main.c:2162, :2165, :2173 uar_mmap: `if (bfregi->lib_uar_dyn) return
-            // -EINVAL;`, exactly one page, an
-            // index within the static pages.
+            // main.c:2162 uar_mmap: `if (bfregi->lib_uar_dyn) return -EINVAL;`, :2165 exactly
+            // one page, :2173 an index within the static pages.
             abi::mmap_cmd::REGULAR_PAGE | abi::mmap_cmd::NC_PAGE => {
                 if c.lib_uar_dyn || len != PAGE_SIZE || index >= c.static_uar_pages {
                     return Err(EINVAL);
                 }
-                Ok(())
+                Ok(Mapping::Uar)
             }
-            // hw/mlx5/main.c:2318 mlx5_ib_mmap: WC pages need write combining: EPERM without it.
+            // main.c:2318: WC pages need write combining: EPERM without it.
             abi::mmap_cmd::WC_PAGE | abi::mmap_cmd::ALLOC_WC => Err(libc::EPERM),
-            // hw/mlx5/main.c:2325 mlx5_ib_mmap.
+            // main.c:2325.
             abi::mmap_cmd::GET_CONTIGUOUS_PAGES => Err(libc::ENOSYS),
-            // The core clock pages (5, 7) are not modelled.
-            abi::mmap_cmd::CORE_CLOCK | abi::mmap_cmd::CLOCK_INFO => Err(EINVAL),
-            // hw/mlx5/main.c:2350 mlx5_ib_mmap -> :2266 mlx5_ib_mmap_offset: every other
-            // command names a dynamic entry at internal offset `command << 16 | index`
-            // (main.c:2255 mlx5_vma_to_pgoff); none there, or another length, is EINVAL
-            // (main.c:2279).
+            // main.c:2327: one page (:2328), never writable (:2331); 4 KiB pages (:2336).
+            abi::mmap_cmd::CORE_CLOCK => {
+                if len != PAGE_SIZE {
+                    return Err(EINVAL);
+                }
+                if access.write {
+                    return Err(libc::EPERM);
+                }
+                Ok(Mapping::CoreClock)
+            }
+            // main.c:2096 mlx5_ib_mmap_clock_info_page: one shared page (:2100), index V1
+            // (:2104), neither writable nor executable (:2107), and only where the device has
+            // a clock info page (:2111).
+            abi::mmap_cmd::CLOCK_INFO => {
+                if len != PAGE_SIZE || !access.shared {
+                    return Err(EINVAL);
+                }
+                if index != abi::CLOCK_INFO_V1 {
+                    return Err(EOPNOTSUPP);
+                }
+                if access.write || access.exec {
+                    return Err(libc::EPERM);
+                }
+                // No clock info page on the model (`caps::HAS_CLOCK_INFO`).
+                Err(EOPNOTSUPP)
+            }
+            // main.c:2350 -> :2266 mlx5_ib_mmap_offset: every other command names a dynamic
+            // entry at internal offset `command << 16 | index` (main.c:2255
+            // mlx5_vma_to_pgoff); none there, or another length, is EINVAL (main.c:2279).
             _ => {
                 let entry = (command << 16) | index;
                 self.uars
@@ -1384,7 +1416,7 @@ impl Model {
                     .find(|(_, u)| u.ctx == ctx && u.pgoff == entry)
                     .ok_or(EINVAL)?;
                 if len == PAGE_SIZE {
-                    Ok(())
+                    Ok(Mapping::Uar)
                 } else {
                     Err(EINVAL)
                 }
@@ -1407,11 +1439,26 @@ impl Model {
         }
     }
 
-    /// The client unmapped `[addr, addr + len)`: forget UAR pages inside it.
-    pub fn unmapped(&mut self, addr: u64, len: u64) {
+    /// A core clock page is now mapped at `client`, and at `view` for the model to write.
+    pub fn mapped_clock(&mut self, client: u64, view: u64) {
+        self.clock_pages.push((client, view));
+    }
+
+    /// UAR and core clock pages currently mapped.
+    pub fn mapped_pages(&self) -> usize {
+        self.contexts.values().map(|c| c.uar_maps.len()).sum::<usize>() + self.clock_pages.len()
+    }
+
+    /// The client unmapped `[addr, addr + len)`: forget the pages inside it; returns the
+    /// views of the clock pages among them, for the caller to unmap.
+    pub fn unmapped(&mut self, addr: u64, len: u64) -> Vec<u64> {
+        let inside = |p: u64| p >= addr && p < addr.saturating_add(len);
         for c in self.contexts.values_mut() {
-            c.uar_maps.retain(|&p| !(p >= addr && p < addr.saturating_add(len)));
+            c.uar_maps.retain(|&p| !inside(p));
         }
+        let (gone, kept) = self.clock_pages.iter().partition(|&&(client, _)| inside(client));
+        self.clock_pages = kept;
+        gone.into_iter().map(|(_, view)| view).collect()
     }
 }
 

@@ -89,6 +89,12 @@ impl ProcessMemory {
         }
     }
 
+    /// Stores `value` in the aligned, mapped word at `addr` with one atomic store.
+    pub fn store(&self, addr: u64, value: u64) -> Result<(), Fault> {
+        self.atomic_at(addr)?.store(value, Ordering::Release);
+        Ok(())
+    }
+
     /// The word at `addr` as an atomic, after checking it is aligned and mapped.
     fn atomic_at(&self, addr: u64) -> Result<&AtomicU64, Fault> {
         if addr % 8 != 0 || addr == 0 || !self.probe(addr, 8) {

@@ -114,6 +114,9 @@ fn device_loop() {
         let mut active = false;
         let work = {
             let mut m = rt.lock();
+            for &(_, view) in &m.clock_pages {
+                write_device_time(view);
+            }
             Device::poll_arms(&mut m, &ProcessMemory);
             Device::next_work(&mut m, &ProcessMemory, Instant::now(), &mut active)
         };
@@ -137,6 +140,19 @@ fn device_loop() {
             _ => std::thread::sleep(Duration::from_micros(500)),
         }
     }
+}
+
+/// Writes the device's internal timer into a core clock page view: nanoseconds since the
+/// model started in this process, big-endian high word then low word (`internal_timer_h`,
+/// `internal_timer_l`), in one 8-byte store so a reader never sees half of an update. The
+/// device thread refreshes it on every pass (every few microseconds, up to 500 µs when idle).
+pub fn write_device_time(view: u64) {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let ns = START.get_or_init(Instant::now).elapsed().as_nanos() as u64;
+    let _ = ProcessMemory.store(
+        view + crate::abi::INTERNAL_TIMER_OFFSET % crate::abi::PAGE_SIZE,
+        ns.to_be(),
+    );
 }
 
 /// Sends `req` to the process with `dlid` and waits for its answer; `None` when it cannot

@@ -3,7 +3,7 @@
 
 use crate::abi::{self, cmd, qp_attr, qps};
 use crate::harness::*;
-use crate::kernel::Errno;
+use crate::kernel::{Errno, MapAccess, Mapping};
 use crate::mem::Memory;
 use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, ENOMEM, ENOSPC, EOPNOTSUPP, EPERM, EPROTONOSUPPORT};
 use zerocopy::{FromBytes, IntoBytes};
@@ -516,18 +516,83 @@ fn modify_qp_rules() {
 
 // ---- mmap and ioctl ------------------------------------------------------------------------
 
+/// `PROT_READ | PROT_WRITE`, `MAP_SHARED`: how libraries map UAR pages.
+const RW_SHARED: MapAccess = MapAccess {
+    write: true,
+    exec: false,
+    shared: true,
+};
+/// `PROT_READ`, `MAP_SHARED`: how libmlx5 maps the clock pages.
+const RO_SHARED: MapAccess = MapAccess {
+    write: false,
+    exec: false,
+    shared: true,
+};
+
 #[test]
 fn mmap_rules() {
     let env = Env::new(false);
     let m = env.model.lock().unwrap();
-    assert_eq!(m.check_mmap(CTX, 0, 4096), Ok(()));
-    assert_eq!(m.check_mmap(CTX, 0, 8192), Err(EINVAL));
-    assert_eq!(m.check_mmap(CTX, 8, 4096), Err(EINVAL));
-    assert_eq!(m.check_mmap(CTX, 2 << 8, 4096), Err(EPERM));
-    assert_eq!(m.check_mmap(CTX, 1 << 8, 4096), Err(libc::ENOSYS));
+    assert_eq!(m.check_mmap(CTX, 0, 4096, RW_SHARED), Ok(Mapping::Uar));
+    assert_eq!(m.check_mmap(CTX, 0, 8192, RW_SHARED), Err(EINVAL));
+    assert_eq!(m.check_mmap(CTX, 8, 4096, RW_SHARED), Err(EINVAL));
+    assert_eq!(m.check_mmap(CTX, 2 << 8, 4096, RW_SHARED), Err(EPERM));
+    assert_eq!(m.check_mmap(CTX, 1 << 8, 4096, RW_SHARED), Err(libc::ENOSYS));
     drop(m);
     let env = Env::new(true);
-    assert_eq!(env.model.lock().unwrap().check_mmap(CTX, 0, 4096), Err(EINVAL));
+    assert_eq!(
+        env.model.lock().unwrap().check_mmap(CTX, 0, 4096, RW_SHARED),
+        Err(EINVAL)
+    );
+}
+
+/// The core clock page (command 5): one page, read-only (main.c:2327-2331); the clock info
+/// page (command 7): one shared page, index 1, read-only, and on the model (no clock
+/// frequency) EOPNOTSUPP after those checks (main.c:2096-2111).
+#[test]
+fn clock_page_mmap_rules() {
+    let env = Env::new(false);
+    let m = env.model.lock().unwrap();
+    let private = MapAccess {
+        shared: false,
+        ..RO_SHARED
+    };
+    let exec = MapAccess {
+        exec: true,
+        ..RO_SHARED
+    };
+    assert_eq!(m.check_mmap(CTX, 5 << 8, 4096, RO_SHARED), Ok(Mapping::CoreClock));
+    assert_eq!(m.check_mmap(CTX, 5 << 8, 4096, private), Ok(Mapping::CoreClock));
+    assert_eq!(m.check_mmap(CTX, 5 << 8, 8192, RO_SHARED), Err(EINVAL));
+    assert_eq!(m.check_mmap(CTX, 5 << 8, 4096, RW_SHARED), Err(EPERM));
+    assert_eq!(m.check_mmap(CTX, 7 << 8 | 1, 4096, RO_SHARED), Err(libc::EOPNOTSUPP));
+    assert_eq!(m.check_mmap(CTX, 7 << 8 | 1, 8192, RO_SHARED), Err(EINVAL));
+    assert_eq!(m.check_mmap(CTX, 7 << 8 | 1, 4096, private), Err(EINVAL));
+    assert_eq!(m.check_mmap(CTX, 7 << 8 | 2, 4096, RO_SHARED), Err(libc::EOPNOTSUPP));
+    assert_eq!(m.check_mmap(CTX, 7 << 8 | 1, 4096, RW_SHARED), Err(EPERM));
+    assert_eq!(m.check_mmap(CTX, 7 << 8 | 1, 4096, exec), Err(EPERM));
+}
+
+/// GET_CONTEXT reports the core clock page's offset (main.c:1826) and MKEY_UPDATE_TAG
+/// (main.c:1848), no clock info page, and `min(outlen, 72)` as its length (main.c:1953),
+/// cut mid-field where the buffer ends.
+#[test]
+fn ucontext_resp_reports_the_core_clock_and_its_length() {
+    let env = Env::bare();
+    env.get_context(ucontext(|_| {}).as_bytes()).unwrap();
+    let resp: [u8; 80] = env.resp();
+    let drv = abi::AllocUcontextResp::read_from_bytes(&resp[8..]).unwrap();
+    assert_eq!(drv.comp_mask, 1 | 1 << 5);
+    assert_eq!((drv.hca_core_clock_offset, drv.clock_info_versions), (0, 0));
+    assert_eq!(drv.response_length, 72);
+    // 60 bytes of response: the core's 8 and 52 of the driver's, which ends inside
+    // hca_core_clock_offset (bytes 48..56).
+    let env = Env::bare();
+    env.write(cmd::GET_CONTEXT, &RESP.to_ne_bytes(), ucontext(|_| {}).as_bytes(), 15)
+        .unwrap();
+    let resp: [u8; 80] = env.resp();
+    let drv = abi::AllocUcontextResp::read_from_bytes(&resp[8..]).unwrap();
+    assert_eq!(drv.response_length, 52);
 }
 
 fn uar_ioctl(env: &Env, f: impl FnOnce(&mut abi::IoctlHdr, &mut Vec<abi::IoctlAttr>)) -> Result<(), Errno> {
@@ -600,11 +665,23 @@ fn ioctl_rules() {
     let offset = u64::from_ne_bytes(env.resp::<[u8; 8]>());
     // The first dynamic entry: command 9 in bits 8-15 of the page offset (main.c:2297).
     assert_eq!(offset, 0x900 * 4096);
-    assert_eq!(env.model.lock().unwrap().check_mmap(CTX, offset / 4096, 4096), Ok(()));
-    // The entry's internal offset (9 << 16) is a legacy command 0 offset: EINVAL here.
-    assert_eq!(env.model.lock().unwrap().check_mmap(CTX, 9 << 16, 4096), Err(EINVAL));
     assert_eq!(
-        env.model.lock().unwrap().check_mmap(CTX, offset / 4096, 8192),
+        env.model
+            .lock()
+            .unwrap()
+            .check_mmap(CTX, offset / 4096, 4096, RW_SHARED),
+        Ok(Mapping::Uar)
+    );
+    // The entry's internal offset (9 << 16) is a legacy command 0 offset: EINVAL here.
+    assert_eq!(
+        env.model.lock().unwrap().check_mmap(CTX, 9 << 16, 4096, RW_SHARED),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.model
+            .lock()
+            .unwrap()
+            .check_mmap(CTX, offset / 4096, 8192, RW_SHARED),
         Err(EINVAL)
     );
     assert_eq!(
@@ -874,7 +951,10 @@ fn ioctl_get_context_reports_vectors_and_core_support_and_legacy_uars() {
         assert_eq!(a.flags & abi::ATTR_F_VALID_OUTPUT, abi::ATTR_F_VALID_OUTPUT);
     }
     // Legacy UAR pages can be mapped; a second GET_CONTEXT is EINVAL.
-    assert_eq!(env.model.lock().unwrap().check_mmap(CTX, 7, 4096), Ok(()));
+    assert_eq!(
+        env.model.lock().unwrap().check_mmap(CTX, 7, 4096, RW_SHARED),
+        Ok(Mapping::Uar)
+    );
     assert_eq!(env.ioctl(0, 3, &attrs).map(drop), Err(EINVAL));
     // The driver rules are the write form's: too many bfregs is ENOMEM.
     let env = Env::bare();
