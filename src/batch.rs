@@ -111,7 +111,7 @@ impl Drop for Batch<'_> {
 mod tests {
     use super::*;
     use crate::error::Result;
-    use crate::provider::KernelCall;
+    use crate::provider::ResizeCqCall;
     use std::any::Any;
 
     /// A ring of `SLOTS` completions in memory, filled by the test, read through `Batch`.
@@ -148,7 +148,7 @@ mod tests {
             self.ready -= n;
         }
 
-        fn resize(&mut self, _: KernelCall<'_, u32>) -> Result<()> {
+        fn resize(&mut self, _: u32, _: ResizeCqCall<'_>) -> Result<u32> {
             unreachable!("not used by Batch")
         }
 

@@ -5,7 +5,7 @@ use crate::context::{Context, ContextInner};
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
 use crate::parked::Parked;
-use crate::provider::{create_object, CqCreated, CqRing, KernelCall, ReadyRun};
+use crate::provider::{create_object, CqCreated, CqRing, ReadyRun, ResizeCqCall};
 use crate::sys::abi::{self, DestroyCqResp, ReqNotifyCq, ResizeCq, ResizeCqResp};
 use crate::sys::cmd;
 use crate::sys::fork::Owner;
@@ -259,8 +259,7 @@ impl Cq {
         self.owner.check("RESIZE_CQ")?;
         let ctx = self.inner.ctx.clone();
         let handle = self.inner.handle;
-        let mut granted = 0;
-        self.ring.resize(&mut |drv_in, drv_out| {
+        self.cqe = self.ring.resize(cqe, &mut |cqe, drv_in, drv_out| {
             let req = ResizeCq {
                 response: 0,
                 cq_handle: handle,
@@ -268,10 +267,8 @@ impl Cq {
             };
             let resp: ResizeCqResp =
                 cmd::execute_plain(ctx.fd(), "RESIZE_CQ", abi::cmd::RESIZE_CQ, &req, drv_in, drv_out)?;
-            granted = resp.cqe;
             Ok(resp.cqe)
         })?;
-        self.cqe = granted;
         Ok(())
     }
 
@@ -336,7 +333,7 @@ unsafe impl CqRing for NoRing {
 
     fn consume(&mut self, _: usize) {}
 
-    fn resize(&mut self, _: KernelCall<'_, u32>) -> Result<()> {
+    fn resize(&mut self, _: u32, _: ResizeCqCall<'_>) -> Result<u32> {
         Err(Error::invalid("RESIZE_CQ", "the CQ is being dropped"))
     }
 

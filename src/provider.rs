@@ -40,6 +40,10 @@ pub type KernelCall<'a, T> = &'a mut dyn FnMut(&[u8], &mut [u8]) -> Result<T>;
 /// chooses: mlx5 asks for its ring size less one), with driver request and response bytes.
 pub type CreateCqCall<'a> = &'a mut dyn FnMut(u32, &[u8], &mut [u8]) -> Result<CqCreated>;
 
+/// Runs RESIZE_CQ asking for `cqe` entries (chosen by the provider, as for CREATE_CQ), with
+/// driver request and response bytes; returns the size the kernel granted.
+pub type ResizeCqCall<'a> = &'a mut dyn FnMut(u32, &[u8], &mut [u8]) -> Result<u32>;
+
 /// Runs CREATE_QP asking for these capabilities (the core command's values, which the
 /// provider chooses), with driver request and response bytes.
 pub type CreateQpCall<'a> = &'a mut dyn FnMut(QpCap, &[u8], &mut [u8]) -> Result<QpCreated>;
@@ -191,9 +195,9 @@ pub unsafe trait CqRing: Send + Any {
     /// Hands the first `n` ready completions back to the device.
     fn consume(&mut self, n: usize);
 
-    /// Resizes: runs RESIZE_CQ through `kernel` (which returns the granted size) and moves to
-    /// the new ring, keeping queued completions.
-    fn resize(&mut self, kernel: KernelCall<'_, u32>) -> Result<()>;
+    /// Resizes to at least `cqe` entries: runs RESIZE_CQ through `kernel` and moves to the new
+    /// ring, keeping queued completions; returns the granted size.
+    fn resize(&mut self, cqe: u32, kernel: ResizeCqCall<'_>) -> Result<u32>;
 
     /// Asks for one completion event at the next completion (or the next solicited one).
     /// `events` is how many completion events have been delivered for this CQ so far (mlx5

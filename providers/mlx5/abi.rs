@@ -100,7 +100,6 @@ pub struct CreateCqResp {
 assert_layout!(CreateCqResp, size 8, cqn @ 0);
 
 /// `struct mlx5_ib_resize_cq`.
-#[cfg_attr(not(test), allow(dead_code))] // CQ resize is not built yet (`Mlx5Cq::resize`)
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
 pub struct ResizeCq {

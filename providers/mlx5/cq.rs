@@ -13,7 +13,7 @@ use super::mem::{Buffer, Doorbell};
 use super::qp::QpShared;
 use super::{abi, Ctx};
 use crate::error::{Error, Result};
-use crate::provider::{CqRing, CreateCqCall, KernelCall, ReadyRun};
+use crate::provider::{CqRing, CreateCqCall, ReadyRun, ResizeCqCall};
 use crate::wc::WorkCompletion;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -34,13 +34,17 @@ const MAX_CQES: u32 = 1 << 24;
 /// Completions translated per `ready_run`.
 const SCRATCH: usize = 64;
 
-pub(super) fn create(ctx: &Arc<Ctx>, cqe: u32, kernel: CreateCqCall<'_>) -> Result<Box<dyn CqRing>> {
-    let ncqe = cqe
-        .checked_add(1)
+/// The ring for at least `cqe` completions: a power of two above it, as the kernel computes.
+fn ring_size(verb: &'static str, cqe: u32) -> Result<u32> {
+    cqe.checked_add(1)
         .and_then(u32::checked_next_power_of_two)
         .filter(|&n| n <= MAX_CQES)
-        .ok_or_else(|| Error::invalid("CREATE_CQ", format!("{cqe} entries: at most {} on mlx5", MAX_CQES - 1)))?;
-    let ring = Ring::new(ncqe)?;
+        .ok_or_else(|| Error::invalid(verb, format!("{cqe} entries: at most {} on mlx5", MAX_CQES - 1)))
+}
+
+pub(super) fn create(ctx: &Arc<Ctx>, cqe: u32, kernel: CreateCqCall<'_>) -> Result<Box<dyn CqRing>> {
+    let ncqe = ring_size("CREATE_CQ", cqe)?;
+    let ring = Ring::new(ncqe, "CREATE_CQ")?;
     let db = ctx.db_pages.alloc("CREATE_CQ")?;
     let req = abi::CreateCq {
         buf_addr: ring.buf.addr(),
@@ -78,8 +82,8 @@ pub(super) struct Ring {
 
 impl Ring {
     /// A ring of `ncqe` (a power of two) entries, each marked not yet written.
-    pub(super) fn new(ncqe: u32) -> Result<Self> {
-        let buf = Buffer::new(ncqe as usize * CQE_SIZE, "CREATE_CQ")?;
+    pub(super) fn new(ncqe: u32, verb: &'static str) -> Result<Self> {
+        let buf = Buffer::new(ncqe as usize * CQE_SIZE, verb)?;
         let ring = Self { buf, ncqe, ci: 0 };
         for i in 0..ncqe {
             ring.op_own(i).store(INVALID_OP_OWN, Ordering::Relaxed);
@@ -110,6 +114,47 @@ impl Ring {
         }
         // SAFETY: a whole entry inside the buffer; the device no longer writes it.
         Some(unsafe { self.entry(index).cast::<[u8; CQE_SIZE]>().as_ptr().read_volatile() })
+    }
+
+    /// How many CQEs the device has handed over past the consumer index.
+    fn handed_over(&self) -> u32 {
+        let mut end = self.ci;
+        while end.wrapping_sub(self.ci) < self.ncqe && self.ready(end).is_some() {
+            end = end.wrapping_add(1);
+        }
+        end.wrapping_sub(self.ci)
+    }
+
+    /// After RESIZE_CQ: moves the CQEs `old` holds in front of the device's RESIZE CQE into
+    /// this ring, each one index later (the RESIZE CQE took an index), with this ring's owner
+    /// bits, as libmlx5's `mlx5_cq_resize_copy_cqes` does: the consumer index moves one on,
+    /// and the device goes on writing after the RESIZE CQE's index.
+    fn take_from(&mut self, old: &Ring) -> Result<()> {
+        let mut i = old.ci;
+        loop {
+            let bytes = (i.wrapping_sub(old.ci) < old.ncqe)
+                .then(|| old.ready(i))
+                .flatten()
+                .ok_or_else(|| Error::Malformed {
+                    verb: "RESIZE_CQ",
+                    detail: format!(
+                        "no RESIZE CQE from the device in the old ring after index {i:#x}: the completions \
+                         queued before the resize are lost"
+                    ),
+                })?;
+            if cqe::cqe_opcode(bytes[OP_OWN]) == cqe::opcode::RESIZE_CQ {
+                break;
+            }
+            let to = i.wrapping_add(1);
+            let mut moved = bytes;
+            moved[OP_OWN] = (bytes[OP_OWN] & !1) | u8::from(to & self.ncqe != 0);
+            // SAFETY: a whole entry inside this ring's buffer; the device writes only after
+            // the RESIZE CQE's index, which this never reaches.
+            unsafe { self.entry(to).cast::<[u8; CQE_SIZE]>().as_ptr().write_volatile(moved) };
+            i = to;
+        }
+        self.ci = old.ci.wrapping_add(1);
+        Ok(())
     }
 
     /// Removes the CQEs of user index `uidx` among those handed over, as libmlx5's
@@ -310,11 +355,34 @@ unsafe impl CqRing for Mlx5Cq {
         self.pending.start += n.min(self.pending.len());
     }
 
-    fn resize(&mut self, _kernel: KernelCall<'_, u32>) -> Result<()> {
-        Err(Error::Unsupported {
-            verb: "RESIZE_CQ",
-            what: "CQ resize on mlx5 (not built yet)",
-        })
+    /// A new ring for the device, the queued completions copied over once the kernel has
+    /// switched the CQ to it (polls find the CQ taken meanwhile and return nothing).
+    fn resize(&mut self, cqe: u32, kernel: ResizeCqCall<'_>) -> Result<u32> {
+        let ncqe = ring_size("RESIZE_CQ", cqe)?;
+        let mut guard = self.shared.lock();
+        let state = guard.state();
+        let queued = state.ring.handed_over() + self.pending.len() as u32;
+        if ncqe - 1 < queued {
+            return Err(Error::invalid(
+                "RESIZE_CQ",
+                format!("{cqe} entries cannot hold the {queued} completions queued"),
+            ));
+        }
+        if ncqe == state.ring.ncqe {
+            // The kernel changes nothing for the same size (hw/mlx5/cq.c mlx5_ib_resize_cq).
+            return Ok(ncqe - 1);
+        }
+        let new = Ring::new(ncqe, "RESIZE_CQ")?;
+        let req = abi::ResizeCq {
+            buf_addr: new.buf.addr(),
+            cqe_size: CQE_SIZE as u16,
+            ..Default::default()
+        };
+        let granted = kernel(ncqe - 1, req.as_bytes(), &mut [])?;
+        let old = std::mem::replace(&mut state.ring, new);
+        let moved = state.ring.take_from(&old);
+        self.shared.db.set(SET_CI, state.ring.ci & 0xff_ffff);
+        moved.map(|()| granted)
     }
 
     /// Arms in user space: the doorbell record, then the UAR's CQ doorbell.
@@ -353,7 +421,7 @@ pub(super) mod tests {
         Arc::new(CqShared {
             locked: AtomicBool::new(false),
             state: UnsafeCell::new(CqState {
-                ring: Ring::new(ncqe).unwrap(),
+                ring: Ring::new(ncqe, "test").unwrap(),
                 qps: HashMap::new(),
             }),
             db: Arc::new(DbPages::new(4096)).alloc("test").unwrap(),
@@ -361,9 +429,11 @@ pub(super) mod tests {
     }
 
     /// Plays the device: writes a CQE at producer index `pi`, `op_own` last.
-    pub(crate) fn produce(cq: &CqShared, pi: u32, mut bytes: [u8; CQE_SIZE]) {
-        let mut guard = cq.lock();
-        let ring = &guard.state().ring;
+    pub(crate) fn produce(cq: &CqShared, pi: u32, bytes: [u8; CQE_SIZE]) {
+        produce_in(&cq.lock().state().ring, pi, bytes);
+    }
+
+    fn produce_in(ring: &Ring, pi: u32, mut bytes: [u8; CQE_SIZE]) {
         let op_own = bytes[OP_OWN] & !1 | u8::from(pi & ring.ncqe != 0);
         bytes[OP_OWN] = INVALID_OP_OWN;
         // SAFETY: a whole entry of the test ring, not handed over yet.
@@ -423,6 +493,43 @@ pub(super) mod tests {
         produce(&cq, 12, recv_cqe(2, 112));
         assert_eq!(poll(&cq, &mut out), 1);
         assert_eq!(out[0].qp_num, 112);
+    }
+
+    /// After RESIZE_CQ the queued CQEs move to the new ring one index later, with its owner
+    /// bits; the device's next CQE (after the RESIZE CQE's index) follows them.
+    #[test]
+    fn resize_moves_the_cqes_before_the_resize_cqe() {
+        for (old_n, new_n, start) in [(4, 16, 2), (8, 4, 13), (4, 8, 6)] {
+            let mut old = Ring::new(old_n, "test").unwrap();
+            old.ci = start;
+            for k in 0..3 {
+                produce_in(&old, start + k, recv_cqe(7, 0x100 + k));
+            }
+            let mut resize = [0u8; CQE_SIZE];
+            resize[OP_OWN] = cqe::opcode::RESIZE_CQ << 4;
+            produce_in(&old, start + 3, resize);
+            let mut new = Ring::new(new_n, "test").unwrap();
+            new.take_from(&old).unwrap();
+            assert_eq!(new.ci, start + 1, "{old_n} -> {new_n}");
+            produce_in(&new, start + 4, recv_cqe(7, 0x200));
+            let qpns: Vec<u32> = (0..4)
+                .map(|k| Cqe64::parse(&new.ready(start + 1 + k).unwrap()).qpn())
+                .collect();
+            assert_eq!(qpns, [0x100, 0x101, 0x102, 0x200]);
+            assert!(new.ready(start + 5).is_none());
+        }
+    }
+
+    /// A device that writes no RESIZE CQE is a typed error, never a read past one pass.
+    #[test]
+    fn resize_without_a_resize_cqe_is_an_error() {
+        let old = Ring::new(4, "test").unwrap();
+        let mut new = Ring::new(8, "test").unwrap();
+        assert!(matches!(new.take_from(&old), Err(Error::Malformed { .. })));
+        for pi in 0..4 {
+            produce_in(&old, pi, recv_cqe(7, pi));
+        }
+        assert!(matches!(new.take_from(&old), Err(Error::Malformed { .. })));
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub mod opcode {
     pub const RESP_SEND: u8 = 2;
     pub const RESP_SEND_IMM: u8 = 3;
     pub const RESP_SEND_INV: u8 = 4;
+    /// Written by the device in the old ring after RESIZE_CQ, behind its last completion
+    /// there.
+    pub const RESIZE_CQ: u8 = 5;
     pub const REQ_ERR: u8 = 13;
     pub const RESP_ERR: u8 = 14;
     pub const INVALID: u8 = 15;

@@ -1,9 +1,9 @@
 //! ConnectX (`mlx5_ib`): user space allocates every ring and doorbell record, writes WQEs
 //! and reads CQEs in the device's own formats, and rings doorbells through mapped UAR pages.
 //!
-//! Built: contexts with legacy UARs, PDs, CQs (poll, arm), RC and UC QPs (every send
-//! operation, inline data, receives, RESET and destroy scrubbing). Not yet: BlueFlame, CQ
-//! resize, SRQs, UD and address handles (`Error::Unsupported`).
+//! Built: contexts with legacy UARs, PDs, CQs (poll, arm, resize), RC and UC QPs (every send
+//! operation, inline data, receives, RESET and destroy scrubbing). Not yet: BlueFlame, SRQs,
+//! UD and address handles (`Error::Unsupported`).
 
 mod abi;
 mod cq;

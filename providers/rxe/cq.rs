@@ -14,7 +14,7 @@ use super::abi::MmInfo;
 use super::queue::Consumer;
 use super::RxeContext;
 use crate::error::{Result, Verb};
-use crate::provider::{CqRing, CreateCqCall, KernelCall, ReadyRun};
+use crate::provider::{CqRing, CreateCqCall, ReadyRun, ResizeCqCall};
 use crate::wc::WorkCompletion;
 use std::marker::PhantomData;
 use zerocopy::IntoBytes;
@@ -86,13 +86,13 @@ unsafe impl<K: Copy48> CqRing for RxeCq<K> {
         self.ring.release(n as u32);
     }
 
-    fn resize(&mut self, kernel: KernelCall<'_, u32>) -> Result<()> {
+    fn resize(&mut self, cqe: u32, kernel: ResizeCqCall<'_>) -> Result<u32> {
         let mut mi = MmInfo::default();
-        kernel(&[], mi.as_mut_bytes())?;
+        let granted = kernel(cqe, &[], mi.as_mut_bytes())?;
         // The kernel copied the queued completions to the start of the new ring; the old
         // mapping goes when `ring` is replaced.
         (self.ring, self.stride) = map_ring(&self.ctx, &mi, "RESIZE_CQ")?;
-        Ok(())
+        Ok(granted)
     }
 
     /// rxe arms through the kernel, which counts nothing: `events` is not needed.

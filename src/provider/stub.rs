@@ -12,7 +12,7 @@ use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{
     CqRing, CreateCqCall, CreateQpCall, KernelCall, KernelInput, Provider, ProviderContext, ProviderQp, QpRequest,
-    ReadyRun, SrqCreated, SrqQueue,
+    ReadyRun, ResizeCqCall, SrqCreated, SrqQueue,
 };
 use crate::sys::abi::{cmd as command, ReqNotifyCq};
 use crate::sys::cmd;
@@ -423,7 +423,7 @@ unsafe impl CqRing for StubCq {
 
     fn consume(&mut self, _: usize) {}
 
-    fn resize(&mut self, _: KernelCall<'_, u32>) -> Result<()> {
+    fn resize(&mut self, _: u32, _: ResizeCqCall<'_>) -> Result<u32> {
         Err(Error::Unsupported {
             verb: "RESIZE_CQ",
             what: "resizing a stub CQ",

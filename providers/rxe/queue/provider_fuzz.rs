@@ -212,11 +212,11 @@ fn cq_case(f: &mut Fake, stats: &mut Stats) {
                 // Resize: the kernel answers with a new (possibly hostile) ring.
                 let (mi2, ring2) = f.ring(size_of::<WorkCompletion>());
                 stats.resizes += 1;
-                match cq.resize(&mut |_, out| {
+                match cq.resize(31, &mut |_, _, out| {
                     out.copy_from_slice(mi2.as_bytes());
                     Ok(32)
                 }) {
-                    Ok(()) => {
+                    Ok(_) => {
                         ring = ring2;
                         cons = f.get_u32(ring.at + off::CONSUMER_INDEX as u64) & ring.mask;
                     }
