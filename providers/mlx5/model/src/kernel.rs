@@ -466,7 +466,10 @@ impl Model {
             num_ports: 1,
             ..Default::default()
         };
-        // set_ucontext_resp: `response_length` counts the fields that fit in `outlen`.
+        // hw/mlx5/main.c:1771 set_ucontext_resp fills the response; the model counts in
+        // `response_length` the fields that fit in `outlen`, where 6.1 reports and copies
+        // `min(outlen, sizeof(resp))` (main.c:1953-1954): the two differ only for an `outlen`
+        // that ends inside a field (docs/kernel-facts.md).
         let mut len = outlen.min(44);
         let fits = |end: usize| end <= outlen;
         if fits(45) {
@@ -483,7 +486,9 @@ impl Model {
         if fits(48) {
             len += 1;
         }
-        // hca_core_clock_offset (its comp_mask bit stays clear: no core clock page).
+        // hca_core_clock_offset: its comp_mask bit stays clear (the model has no core clock
+        // page), where 6.1 on 4 KiB pages always sets CORE_CLOCK_OFFSET (main.c:1825-1831),
+        // and MKEY_UPDATE_TAG (:1847-1848) too.
         if fits(56) {
             len += 8;
         }
@@ -495,7 +500,7 @@ impl Model {
             resp.num_uars_per_page = 1;
             len += 4;
         }
-        // num_dyn_bfregs, dump_fill_mkey (no DUMP_FILL_MKEY capability).
+        // num_dyn_bfregs, dump_fill_mkey (no DUMP_FILL_MKEY capability, main.c:1780).
         if fits(68) {
             len += 4;
         }
@@ -1017,8 +1022,8 @@ impl Model {
             let c = self.contexts.get_mut(&call.ctx).ok_or(EINVAL)?;
             Some(alloc_bfreg(c))
         };
-        // adjust_bfregn: the index in the layout with the fast-path bfregs (4 per UAR, 2 of
-        // them not fast path).
+        // hw/mlx5/qp.c:896 adjust_bfregn: the index in the layout with the fast-path bfregs
+        // (4 per UAR, 2 of them not fast path).
         let bfreg_index = bfregn.map_or(abi::INVALID_BFREG, |n| n / 2 * 4 + n % 2);
         let qpn = self.next_qpn & 0xff_ffff;
         let handle = self.qps.insert(Qp {
