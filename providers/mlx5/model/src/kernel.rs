@@ -1,8 +1,9 @@
 //! The fake uverbs kernel with the mlx5 driver: framed `write()` commands and the
 //! `RDMA_VERBS_IOCTL` methods the model answers, validated as Linux 6.1 does.
 //!
-//! Citations name the Linux 6.1 function (`file.c:function`) whose check a rule models; line
-//! numbers, where given, are those of Debian's 6.1 source quoted in the shared mlx5 notes.
+//! Citations name the Linux 6.1 source line (`hw/mlx5/main.c:2054`, paths under
+//! `drivers/infiniband/` of Debian 12's `linux-source-6.1`, 6.1.192) and function whose check
+//! a rule models.
 //! Every handler decodes bytes it copied from the client with safe code; only [`Memory`]
 //! touches client memory.
 
@@ -121,7 +122,7 @@ pub(crate) struct Call<'a> {
     /// Driver request bytes (`udata.inbuf`), copied in.
     pub(crate) udata_in: Vec<u8>,
     /// Address the kernel writes driver response bytes to (0 when `outlen` is 0: the kernel
-    /// passes NULL then, `ib_uverbs_init_udata_buf_or_null`).
+    /// passes NULL then, core/uverbs.h:67 `ib_uverbs_init_udata_buf_or_null`).
     pub(crate) udata_out: u64,
     pub(crate) udata_outlen: usize,
     /// For an ioctl method: the write form's core response lands here, and the ioctl layer
@@ -150,8 +151,9 @@ pub(crate) fn decode<T: FromBytes>(bytes: &[u8]) -> T {
         .unwrap_or_else(|_| T::new_zeroed())
 }
 
-/// `(req_size, resp_size)` of the write methods the model has (uverbs_cmd.c method table);
-/// `None` for commands the mlx5 device does not enable or the model does not have.
+/// `(req_size, resp_size)` of the write methods the model has (core/uverbs_cmd.c:3744
+/// `uverbs_def_write_intf`); `None` for commands the mlx5 device does not enable or the model
+/// does not have.
 fn write_method(command: u32) -> Option<(usize, usize)> {
     Some(match command {
         cmd::GET_CONTEXT | cmd::ALLOC_PD | cmd::CREATE_COMP_CHANNEL => {
@@ -199,7 +201,7 @@ impl Model {
     }
 
     /// The device file `fd` was closed: everything its context owned goes
-    /// (`ib_uverbs_cleanup_ufile`).
+    /// (core/rdma_core.c:924 `uverbs_destroy_ufile_hw`).
     pub fn close(&mut self, fd: i32) {
         if self.contexts.remove(&fd).is_none() {
             return;
@@ -238,7 +240,7 @@ impl Model {
     }
 
     /// The client read `bytes` from event fd `fd`: count the events per object, as the
-    /// kernel does when an event is read (uverbs_main.c `ib_uverbs_event_read`), for the
+    /// kernel does when an event is read (core/uverbs_main.c:214 `ib_uverbs_event_read`), for the
     /// DESTROY_CQ/QP responses libibverbs waits on.
     pub fn events_read(&mut self, fd: i32, bytes: &[u8]) {
         if let Some(&(ctx, _)) = self.channels.get(&fd) {
@@ -280,7 +282,7 @@ impl Model {
         }
     }
 
-    /// `write(fd, buf, count)` on the device file (uverbs_main.c `ib_uverbs_write`).
+    /// `write(fd, buf, count)` on the device file (core/uverbs_main.c:559 `ib_uverbs_write`).
     pub fn write(&mut self, ctx: i32, buf: u64, count: usize, mem: &dyn Memory, host: &dyn Host) -> Result<(), Errno> {
         // core/uverbs_main.c:577 ib_uverbs_write: `if (count < sizeof(hdr)) return -EINVAL;`
         if count < 8 {
@@ -300,15 +302,19 @@ impl Model {
             return Err(EOPNOTSUPP);
         }
         let command = hdr.command;
-        // core/rdma_core.h:182 uapi_get_method: a method the device does not enable is
-        // EOPNOTSUPP (mlx5 does not
-        // enable POST_SEND, POLL_CQ, REQ_NOTIFY_CQ: device.c default uverbs_cmd_mask).
+        // core/rdma_core.h:182-183 uapi_get_method: a command beyond the table is
+        // EOPNOTSUPP. One in the table that the device does not enable (mlx5 keeps
+        // core/device.c:623-652's default uverbs_cmd_mask: no POST_SEND, POLL_CQ,
+        // REQ_NOTIFY_CQ) is the `notsupp` method (core/uverbs_uapi.c:11-14, :453-454), whose
+        // EOPNOTSUPP comes after verify_hdr's in_words check (core/uverbs_main.c:535); the
+        // model answers it first (docs/kernel-facts.md).
         let Some((req_size, resp_size)) = write_method(command) else {
             crate::log!("write cmd {command} not modelled");
             return Err(EOPNOTSUPP);
         };
-        // core/uverbs_main.c:535, :551, :554 verify_hdr: in_words covers the whole write
-        // (EINVAL), the request fits and out_words covers the core response (ENOSPC).
+        // core/uverbs_main.c:535-536, :538-551, :553-554 verify_hdr: in_words covers the
+        // whole write (EINVAL), the request fits and out_words covers the core response
+        // (ENOSPC).
         if usize::from(hdr.in_words) * 4 != count {
             return Err(EINVAL);
         }
@@ -349,7 +355,12 @@ impl Model {
         };
         crate::log!("write cmd {command} in {} out {}", hdr.in_words, hdr.out_words);
         if command != cmd::GET_CONTEXT && !self.contexts.get(&ctx).is_some_and(|c| c.alive) {
-            // core/uverbs_main.c:99 ib_uverbs_get_ucontext_file: no ucontext yet is EINVAL.
+            // core/uverbs_main.c:98-99 ib_uverbs_get_ucontext_file: no ucontext yet is EINVAL
+            // for the commands that create an object (core/rdma_core.c:265-270) or query the
+            // device. 6.1 asks for no ucontext where a command only looks a handle up
+            // (DEALLOC_PD, DEREG_MR, RESIZE_CQ, DESTROY_CQ, QUERY_QP, MODIFY_QP, DESTROY_QP):
+            // those are the lookup's ENOENT (core/rdma_core.c:325-327), which the model does
+            // not do yet (docs/kernel-facts.md).
             return Err(EINVAL);
         }
         let result = match command {
@@ -397,7 +408,9 @@ impl Model {
             async_fd: fd as u32,
             num_comp_vectors: caps::NUM_COMP_VECTORS,
         };
-        // The core response is written before the driver runs (ib_uverbs_get_context).
+        // The core response is written before the driver runs (core/uverbs_cmd.c:303, then
+        // :307 ib_init_ucontext -> :251 the driver). 6.1 writes it before the second-context
+        // check too (:241, above here in the model; docs/kernel-facts.md).
         let driver = call
             .respond_core(mem, resp.as_bytes())
             .and_then(|()| self.alloc_ucontext(call, mem));
@@ -556,8 +569,8 @@ impl Model {
 
     fn query_port(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::QueryPort = decode(call.req);
-        // ib_uverbs_query_port -> ib_query_port: `if (!rdma_is_port_valid(device, port_num))
-        // return -EINVAL;`
+        // core/uverbs_cmd.c:392 ib_uverbs_query_port -> core/device.c:2108-2109
+        // ib_query_port: `if (!rdma_is_port_valid(device, port_num)) return -EINVAL;`
         if req.port_num != 1 {
             return Err(EINVAL);
         }
@@ -589,9 +602,10 @@ impl Model {
             ctx: call.ctx,
             users: 0,
         });
-        // main.c mlx5_ib_alloc_pd: `ib_copy_to_udata(udata, &resp, sizeof(resp))` copies the
-        // 4-byte PD number without clamping to outlen: no driver response buffer (NULL) is
-        // EFAULT. Driver first, then the core response (uverbs_cmd.c ib_uverbs_alloc_pd).
+        // hw/mlx5/main.c:2379 mlx5_ib_alloc_pd: `ib_copy_to_udata(udata, &resp, sizeof(resp))`
+        // copies the 4-byte PD number without clamping to outlen: no driver response buffer
+        // (NULL) is EFAULT. Driver first (core/uverbs_cmd.c:450), then the core response
+        // (:459).
         let result = Self::respond(mem, call.udata_out, &(handle + 1).to_ne_bytes())
             .and_then(|()| call.respond_core(mem, &handle.to_ne_bytes()));
         if result.is_err() {
@@ -638,8 +652,8 @@ impl Model {
         if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
             return Err(ENOENT);
         }
-        // umem.c ib_umem_get: a range that wraps is EINVAL; memory that cannot be pinned
-        // (not mapped) is EFAULT.
+        // core/umem.c:182-184 ib_umem_get: a range that wraps is EINVAL; memory that cannot
+        // be pinned (not mapped) is pin_user_pages_fast's EFAULT (:235-241).
         if req
             .start
             .checked_add(req.length)
@@ -692,6 +706,8 @@ impl Model {
 
     fn dereg_mr(&mut self, call: &Call<'_>) -> Result<(), Errno> {
         let handle = decode::<abi::HandleOnly>(call.req).handle;
+        // core/uverbs_cmd.c:906 uobj_perform_destroy: an unknown MR is the lookup's ENOENT
+        // (core/rdma_core.c:325-327).
         self.mrs.get(handle).filter(|m| m.ctx == call.ctx).ok_or(ENOENT)?;
         self.drop_mr(handle);
         Ok(())
@@ -736,7 +752,7 @@ impl Model {
             return Err(EINVAL);
         }
         let ctx = self.ctx(call.ctx)?;
-        // cq.c create_cq_user.
+        // hw/mlx5/cq.c:980 mlx5_ib_create_cq -> :713 create_cq_user.
         let inlen = call.udata_in.len().min(32);
         // hw/mlx5/cq.c:729 create_cq_user: `if (ucmdlen < offsetof(struct mlx5_ib_create_cq,
         // flags)) return -EINVAL;`
@@ -772,8 +788,9 @@ impl Model {
         if ucmd.flags & abi::CQ_FLAG_UAR_PAGE_INDEX == 0 && ctx.lib_uar_dyn {
             return Err(EINVAL);
         }
-        // CQE compression and 128-byte padding need capabilities this device lacks:
-        // EOPNOTSUPP. Real-time timestamps are only recorded (hw/mlx5/cq.c:838): accepted.
+        // hw/mlx5/cq.c:798-805, :825-828 create_cq_user: CQE compression and 128-byte
+        // padding need capabilities this device lacks: EOPNOTSUPP. Real-time timestamps are
+        // only recorded (hw/mlx5/cq.c:838): accepted.
         if ucmd.cqe_comp_en == 1 || ucmd.flags & abi::CQ_FLAG_CQE_128B_PAD != 0 {
             return Err(EOPNOTSUPP);
         }
@@ -873,8 +890,12 @@ impl Model {
 
     fn destroy_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::DestroyObj = decode(call.req);
+        // core/uverbs_cmd.c:1270 uobj_get_destroy: an unknown CQ is the lookup's ENOENT
+        // (core/rdma_core.c:325-327).
         let cq = self.cqs.get(req.handle).filter(|c| c.ctx == call.ctx).ok_or(ENOENT)?;
-        // The core's use count: a CQ a QP still uses is EBUSY (docs/kernel-facts.md).
+        // core/uverbs_cmd.c:1270 uobj_get_destroy -> core/uverbs_std_types_cq.c:48 ->
+        // core/verbs.c:2119-2120 ib_destroy_cq_user: a CQ a QP still uses is EBUSY
+        // (docs/kernel-facts.md).
         if cq.users > 0 {
             return Err(EBUSY);
         }
@@ -903,7 +924,8 @@ impl Model {
         if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
             return Err(ENOENT);
         }
-        // qp.c check_qp_type: the model runs RC and UC only.
+        // hw/mlx5/qp.c:3213 -> :2728 check_qp_type takes UD, raw packet, XRC and driver QPs
+        // too; the model runs RC and UC only (EOPNOTSUPP, the errno :2759 gives others).
         if req.qp_type != abi::qpt::RC && req.qp_type != abi::qpt::UC {
             return Err(EOPNOTSUPP);
         }
@@ -924,7 +946,8 @@ impl Model {
         let mut bytes = [0u8; 56];
         bytes[..inlen.min(56)].copy_from_slice(&call.udata_in[..inlen.min(56)]);
         let ucmd: abi::Mlx5CreateQp = decode(&bytes);
-        // qp.c process_vendor_flags: flags the device does not take are EINVAL.
+        // hw/mlx5/qp.c:3247 -> :2834 process_vendor_flags: flags the device does not take
+        // are EINVAL (:2906-2909).
         let known = abi::QP_FLAG_SIGNATURE
             | abi::QP_FLAG_SCATTER_CQE
             | abi::QP_FLAG_ALLOW_SCATTER_CQE
@@ -933,8 +956,9 @@ impl Model {
         if ucmd.flags & !known != 0 {
             return Err(EINVAL);
         }
-        // qp.c get_qp_user_index / verify_assign_uidx: with CQE version 1 the user index must
-        // be given and fit 24 bits; with version 0 it must be MLX5_IB_DEFAULT_UIDX.
+        // hw/mlx5/qp.c:3251 -> mlx5_ib.h:1508 get_qp_user_index, :1493 verify_assign_uidx:
+        // with CQE version 1 the user index must be given and fit 24 bits (:1497-1499); with
+        // version 0 it must be MLX5_IB_DEFAULT_UIDX (:1515-1520).
         if ctx.cqe_version == 0 {
             if ucmd.uidx != abi::DEFAULT_UIDX {
                 return Err(EINVAL);
@@ -949,8 +973,10 @@ impl Model {
         }
         let has_rq = req.max_recv_wr != 0;
         let (rq_cnt, rq_shift) = if has_rq {
-            // `if (ucmd->rq_wqe_shift > BITS_PER_BYTE * sizeof(ucmd->rq_wqe_shift)) return
-            // -EINVAL;` and `(1 << wqe_shift) / sizeof(data_seg) < wq_sig` is EINVAL.
+            // hw/mlx5/qp.c:409-412 set_rq_size: `if (check_shl_overflow(1,
+            // qp->rq.wqe_shift, &wqe_size)) return -EINVAL;` (an int: shifts of 31 and more
+            // are EINVAL in 6.1, where the model refuses only shifts above 32;
+            // docs/kernel-facts.md) and `wqe_size / sizeof(data_seg) < wq_sig` is EINVAL.
             if ucmd.rq_wqe_shift > 32 {
                 return Err(EINVAL);
             }
@@ -974,21 +1000,21 @@ impl Model {
             return Err(EINVAL);
         }
         // hw/mlx5/qp.c:942 _create_user_qp -> qp.c:731 alloc_bfreg: with dynamic UARs the QP
-        // must name its UAR page (alloc_bfreg:
-        // `if (bfregi->lib_uar_dyn) return -EINVAL;`).
+        // must name its UAR page (`if (bfregi->lib_uar_dyn) return -EINVAL;`).
         let uar_named = ucmd.flags & (abi::QP_FLAG_UAR_PAGE_INDEX | abi::QP_FLAG_BFREG_INDEX) != 0;
         if !uar_named && ctx.lib_uar_dyn {
             return Err(EINVAL);
         }
-        // hw/mlx5/qp.c:602 set_user_buf_size: `if (ucmd->sq_wqe_count && !is_power_of_2(...))
-        // return
-        // -EINVAL;`
+        // hw/mlx5/qp.c:602 set_user_buf_size: `if (ucmd->sq_wqe_count &&
+        // !is_power_of_2(ucmd->sq_wqe_count)) return -EINVAL;`
         if ucmd.sq_wqe_count != 0 && !ucmd.sq_wqe_count.is_power_of_two() {
             return Err(EINVAL);
         }
         let rq_bytes = u64::from(rq_cnt).checked_shl(rq_shift).ok_or(EINVAL)?;
         let buf_size = rq_bytes + (u64::from(ucmd.sq_wqe_count) << 6);
-        // ib_umem_get(buf_addr, buf_size) when both are set; then the doorbell page.
+        // hw/mlx5/qp.c:967-972 _create_user_qp: ib_umem_get(buf_addr, buf_size) when both
+        // are set (EFAULT, core/umem.c:235-241); then :1013 mlx5_ib_db_map_user pins the
+        // doorbell page.
         if ucmd.buf_addr != 0 && buf_size != 0 && !mem.probe(ucmd.buf_addr, buf_size) {
             return Err(EFAULT);
         }
@@ -1001,8 +1027,8 @@ impl Model {
             let c = self.contexts.get_mut(&call.ctx).ok_or(EINVAL)?;
             Some(alloc_bfreg(c))
         };
-        // adjust_bfregn: the index in the layout with the fast-path bfregs (4 per UAR, 2 of
-        // them not fast path).
+        // hw/mlx5/qp.c:896 adjust_bfregn: the index in the layout with the fast-path bfregs
+        // (4 per UAR, 2 of them not fast path).
         let bfreg_index = bfregn.map_or(abi::INVALID_BFREG, |n| n / 2 * 4 + n % 2);
         let qpn = self.next_qpn & 0xff_ffff;
         let handle = self.qps.insert(Qp {
@@ -1207,14 +1233,15 @@ impl Model {
 
     fn query_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::QueryQp = decode(call.req);
+        // core/uverbs_cmd.c:1671: an unknown QP is the lookup's ENOENT.
         let qp = self
             .qps
             .get(req.qp_handle)
             .filter(|q| q.ctx == call.ctx)
             .ok_or(ENOENT)?;
         let a = &qp.attrs;
-        // qp.c mlx5_ib_query_qp: user QPs report no send capabilities (user space adds its
-        // own); the receive queue as sized.
+        // hw/mlx5/qp.c:5026 mlx5_ib_query_qp: user QPs report no send capabilities (user
+        // space adds its own); the receive queue as sized.
         let resp = abi::QueryQpResp {
             dest: a.dest,
             max_recv_wr: qp.rq_cnt,
@@ -1248,6 +1275,8 @@ impl Model {
 
     fn destroy_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         let req: abi::DestroyObj = decode(call.req);
+        // core/uverbs_cmd.c:1984 uobj_get_destroy: an unknown QP is the lookup's ENOENT
+        // (core/rdma_core.c:325-327).
         let qp = self.qps.get(req.handle).filter(|q| q.ctx == call.ctx).ok_or(ENOENT)?;
         let events = qp.async_events;
         if let Some(qp) = self.qps.remove(req.handle) {
@@ -1266,8 +1295,9 @@ impl Model {
 
     // ---- ioctl -------------------------------------------------------------------------
 
-    /// The mlx5 UAR object's methods (main.c `UAR_OBJ_ALLOC`/`DESTROY`), after
-    /// [`Model::ioctl`] checked the header.
+    /// The mlx5 UAR object's methods (hw/mlx5/main.c:3505 `UAR_OBJ_ALLOC`, :3577 `DESTROY`),
+    /// after [`Model::ioctl`] checked the header and processed the attributes as the core
+    /// does (kernel/ioctl.rs).
     fn uar_method(&mut self, ctx: i32, hdr: &abi::IoctlHdr, arg: u64, mem: &dyn Memory) -> Result<(), Errno> {
         let mut attrs = Vec::new();
         for i in 0..u64::from(hdr.num_attrs) {
@@ -1276,7 +1306,7 @@ impl Model {
             attrs.push(decode::<abi::IoctlAttr>(&ab));
         }
         let find = |id: u16| attrs.iter().position(|a| a.attr_id == id);
-        // Unknown mandatory attributes are EPROTONOSUPPORT (uverbs_ioctl.c uverbs_set_attr).
+        // Unknown mandatory attributes are EPROTONOSUPPORT (core/uverbs_ioctl.c:402-403).
         let known: &[u16] = if hdr.method_id == abi::uar_obj::METHOD_ALLOC {
             &[
                 abi::uar_obj::ATTR_HANDLE,
@@ -1424,7 +1454,7 @@ impl Model {
         }
     }
 
-    /// qp.c `free_bfreg`.
+    /// hw/mlx5/qp.c:751 `mlx5_ib_free_bfreg`.
     fn free_bfreg(&mut self, ctx: i32, bfregn: Option<u32>) {
         let count = bfregn.and_then(|n| self.contexts.get_mut(&ctx)?.bfreg_count.get_mut(n as usize));
         if let Some(count) = count {
@@ -1510,7 +1540,7 @@ fn resize_resp(cqe: u32) -> [u8; 8] {
     b
 }
 
-/// verbs.c `ib_modify_qp_is_ok` for RC and UC: whether `cur -> next` is a transition and
+/// core/verbs.c:1692 `ib_modify_qp_is_ok` for RC and UC: whether `cur -> next` is a transition and
 /// `mask` holds every attribute it requires and no attribute it does not allow.
 pub fn modify_is_ok(cur: u8, next: u8, qp_type: u8, mask: u32) -> bool {
     use qp_attr as m;

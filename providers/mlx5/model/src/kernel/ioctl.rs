@@ -1,17 +1,23 @@
-//! `RDMA_VERBS_IOCTL` (uverbs_ioctl.c `ib_uverbs_ioctl`): the header, the attribute array
-//! checked against each method's specification (`uverbs_process_attr`), and the core methods
-//! the Rust core calls (uverbs_std_types_{device,cq,qp,srq,...}.c, `async_event.c`). Each
-//! core method is turned into the write form's core request and runs the same handler as
-//! the write() command, so every driver-data rule applies to both; the write form's core
-//! response is then copied to the method's output attributes.
+//! `RDMA_VERBS_IOCTL` (core/uverbs_ioctl.c:613 `ib_uverbs_ioctl`): the header, the attribute
+//! array processed against the method's specification as `ib_uverbs_run_method` does
+//! (uverbs_ioctl.c:421), and the methods the Rust core and libibverbs call
+//! (core/uverbs_std_types_{device,cq,qp,srq,async_fd}.c, core/uverbs_std_types{,_mr}.c, and
+//! mlx5's UAR object, hw/mlx5/main.c:3505). Each core method is turned into the write form's
+//! core request and runs the same handler as the write() command, so every driver-data rule
+//! applies to both; the write form's core response is then copied to the method's output
+//! attributes.
 //!
-//! Simplified against the kernel: objects named by IDR/FD attributes are looked up when the
-//! method runs rather than while the attributes are processed (the errno is the same: an
-//! unknown handle is ENOENT, a wrong fd EBADF), and a new object's handle is written back
-//! once the method succeeded.
+//! Citations are lines of Debian 12's `linux-source-6.1` (6.1.192), paths under
+//! `drivers/infiniband/`, as in the rest of the model (docs/kernel-facts.md).
+//!
+//! Simplified against the kernel: a new object's handle is written back once the method
+//! succeeded (the kernel writes it while processing the attribute, uverbs_ioctl.c:334); and
+//! the model keeps one handle space per object type, so a handle that names an object of
+//! another type is ENOENT where 6.1's one handle space per file answers EINVAL
+//! (rdma_core.c:393-395).
 
 use super::{caps, decode, Call, Context, Errno, Host, Model};
-use crate::abi::{self, PAGE_SIZE};
+use crate::abi::{self, uar_obj, PAGE_SIZE};
 use crate::mem::Memory;
 use libc::{EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, EOPNOTSUPP, EPROTONOSUPPORT};
 use std::cell::RefCell;
@@ -49,16 +55,65 @@ pub const UHW_OUT: u16 = 0x1001;
 /// `IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS`, what GET_CONTEXT reports.
 const CORE_SUPPORT: u64 = 1;
 
-/// How an attribute is passed (`enum uverbs_attr_type` with its size limits).
+/// `IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION`, `IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN`.
+const CQ_FLAGS_TIMESTAMP_COMPLETION: u64 = 1 << 0;
+const CQ_FLAGS_IGNORE_OVERRUN: u64 = 1 << 1;
+
+/// `enum ib_uverbs_qp_create_flags`.
+mod qp_create {
+    pub const BLOCK_MULTICAST_LOOPBACK: u64 = 1 << 1;
+    pub const SCATTER_FCS: u64 = 1 << 8;
+    pub const CVLAN_STRIPPING: u64 = 1 << 9;
+    pub const PCI_WRITE_END_PADDING: u64 = 1 << 11;
+    pub const SQ_SIG_ALL: u64 = 1 << 12;
+}
+
+/// `enum ib_uverbs_qp_type` values the ioctl QP_CREATE tells apart.
+mod qpt {
+    pub const RC: u32 = 2;
+    pub const UC: u32 = 3;
+    pub const UD: u32 = 4;
+    pub const RAW_PACKET: u32 = 8;
+    pub const XRC_INI: u32 = 9;
+    pub const XRC_TGT: u32 = 10;
+    pub const DRIVER: u32 = 0xff;
+}
+
+/// What an IDR attribute of an existing object names.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Obj {
+    Pd,
+    Cq,
+    Qp,
+    Mr,
+    Uar,
+    /// SRQ, AH, XRCD, RWQ_IND_TBL: the model has none, so every handle names nothing.
+    Absent,
+}
+
+/// Which file an fd attribute of an existing file names.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum FdType {
+    CompChannel,
+    AsyncEvent,
+}
+
+/// How an attribute is passed (`enum uverbs_attr_type` with its size limits and access).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
-    /// A handle (IDR): `len` 0.
-    Idr,
-    /// A file descriptor: `len` 0.
-    Fd,
+    /// An IDR or FD attribute with `UVERBS_ACCESS_NEW`: `len` 0; the object is allocated
+    /// while the attribute is processed, which needs the ucontext.
+    New,
+    /// An IDR attribute naming an existing object (`UVERBS_ACCESS_READ` or `_DESTROY`).
+    Idr(Obj),
+    /// An FD attribute naming an existing file (`UVERBS_ACCESS_READ`).
+    Fd(FdType),
     /// PTR_IN, CONST_IN, FLAGS_IN: `min..=max` bytes, inline in `data` up to 8.
     In(u16, u16),
-    /// PTR_OUT of `min..=max` bytes.
+    /// PTR_IN of a `UVERBS_ATTR_STRUCT(type, last)`: at least `min` bytes; bytes beyond the
+    /// struct's `size` must be zero.
+    InStruct(u16, u16),
+    /// PTR_OUT of `min..=max` bytes (a `UVERBS_ATTR_STRUCT` output takes any larger size).
     Out(u16, u16),
 }
 
@@ -91,77 +146,98 @@ const U32_IN: Kind = Kind::In(4, 4);
 const U64_IN: Kind = Kind::In(8, 8);
 /// `UVERBS_ATTR_CONST_IN`: always a u64.
 const CONST_IN: Kind = Kind::In(8, 8);
-/// `UVERBS_ATTR_FLAGS_IN`: a u32 or a u64.
+/// `UVERBS_ATTR_FLAGS_IN`: 4 to 8 bytes here; `uverbs_get_flags64` takes only 4 or 8.
 const FLAGS_IN: Kind = Kind::In(4, 8);
 
+/// core/uverbs_std_types_device.c:433.
 const GET_CONTEXT: &[Spec] = &[o(0, Kind::Out(4, 4)), o(1, Kind::Out(8, 8)), UHW[0], UHW[1]];
-/// `UVERBS_ATTR_STRUCT(struct ib_uverbs_query_port_resp_ex, reserved)`: 48 bytes.
-const QUERY_PORT: &[Spec] = &[m(0, CONST_IN), m(1, Kind::Out(48, 48))];
+/// core/uverbs_std_types_device.c:458: the response is `UVERBS_ATTR_STRUCT(struct
+/// ib_uverbs_query_port_resp_ex, reserved)`: at least its 48 bytes, any more zeroed.
+const QUERY_PORT: &[Spec] = &[m(0, CONST_IN), m(1, Kind::Out(48, u16::MAX))];
+/// core/uverbs_std_types_device.c:467.
 const QUERY_GID_TABLE: &[Spec] = &[
     m(0, CONST_IN),
     o(1, FLAGS_IN),
     m(2, Kind::Out(0, u16::MAX)),
     m(3, Kind::Out(8, 8)),
 ];
-const ASYNC_EVENT_ALLOC: &[Spec] = &[m(0, Kind::Fd)];
+/// core/uverbs_std_types_async_fd.c:60.
+const ASYNC_EVENT_ALLOC: &[Spec] = &[m(0, Kind::New)];
+/// core/uverbs_std_types_cq.c:155.
 const CQ_CREATE: &[Spec] = &[
-    m(0, Kind::Idr),
+    m(0, Kind::New),
     m(1, U32_IN),
     m(2, U64_IN),
-    o(3, Kind::Fd),
+    o(3, Kind::Fd(FdType::CompChannel)),
     m(4, U32_IN),
     o(5, FLAGS_IN),
     m(6, Kind::Out(4, 4)),
-    o(7, Kind::Fd),
+    o(7, Kind::Fd(FdType::AsyncEvent)),
     UHW[0],
     UHW[1],
 ];
+/// core/uverbs_std_types_cq.c:201, uverbs_std_types_qp.c:360, uverbs_std_types_srq.c:212:
 /// `struct ib_uverbs_destroy_cq_resp` (8 bytes), `ib_uverbs_destroy_qp_resp` and
 /// `ib_uverbs_destroy_srq_resp` (4).
-const CQ_DESTROY: &[Spec] = &[m(0, Kind::Idr), m(1, Kind::Out(8, 8))];
-const QP_DESTROY: &[Spec] = &[m(0, Kind::Idr), m(1, Kind::Out(4, 4))];
-/// `struct ib_uverbs_qp_cap`, 20 bytes in and out.
+const CQ_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Cq)), m(1, Kind::Out(8, 8))];
+const QP_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Qp)), m(1, Kind::Out(4, 4))];
+const SRQ_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Absent)), m(1, Kind::Out(4, 4))];
+/// core/uverbs_std_types_qp.c:286: the capabilities are `UVERBS_ATTR_STRUCT(struct
+/// ib_uverbs_qp_cap, max_inline_data)`, 20 bytes or more, in and out.
 const QP_CREATE: &[Spec] = &[
-    m(0, Kind::Idr),
-    o(1, Kind::Idr),
-    o(2, Kind::Idr),
-    o(3, Kind::Idr),
-    o(4, Kind::Idr),
-    o(5, Kind::Idr),
-    o(6, Kind::Idr),
+    m(0, Kind::New),
+    o(1, Kind::Idr(Obj::Absent)),
+    o(2, Kind::Idr(Obj::Pd)),
+    o(3, Kind::Idr(Obj::Absent)),
+    o(4, Kind::Idr(Obj::Cq)),
+    o(5, Kind::Idr(Obj::Cq)),
+    o(6, Kind::Idr(Obj::Absent)),
     m(7, U64_IN),
-    m(8, Kind::In(20, 20)),
+    m(8, Kind::InStruct(20, 20)),
     m(9, CONST_IN),
     o(10, FLAGS_IN),
     o(11, U32_IN),
-    o(12, Kind::Fd),
-    m(13, Kind::Out(20, 20)),
+    o(12, Kind::Fd(FdType::AsyncEvent)),
+    m(13, Kind::Out(20, u16::MAX)),
     m(14, Kind::Out(4, 4)),
     UHW[0],
     UHW[1],
 ];
+/// core/uverbs_std_types_srq.c:146.
 const SRQ_CREATE: &[Spec] = &[
-    m(0, Kind::Idr),
-    m(1, Kind::Idr),
-    o(2, Kind::Idr),
-    o(3, Kind::Idr),
+    m(0, Kind::New),
+    m(1, Kind::Idr(Obj::Pd)),
+    o(2, Kind::Idr(Obj::Absent)),
+    o(3, Kind::Idr(Obj::Cq)),
     m(4, U64_IN),
     m(5, U32_IN),
     m(6, U32_IN),
     m(7, U32_IN),
     o(8, U32_IN),
     m(9, CONST_IN),
-    o(10, Kind::Fd),
+    o(10, Kind::Fd(FdType::AsyncEvent)),
     m(11, Kind::Out(4, 4)),
     m(12, Kind::Out(4, 4)),
     o(13, Kind::Out(4, 4)),
     UHW[0],
     UHW[1],
 ];
-const HANDLE_ONLY: &[Spec] = &[m(0, Kind::Idr)];
+/// core/uverbs_std_types.c:241 (PD), :193 (AH), core/uverbs_std_types_mr.c:365 (MR).
+const PD_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Pd))];
+const AH_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Absent))];
+const MR_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Mr))];
+/// hw/mlx5/main.c:3558 `MLX5_IB_METHOD_UAR_OBJ_ALLOC`, :3577 `_DESTROY`.
+const UAR_ALLOC: &[Spec] = &[
+    m(uar_obj::ATTR_HANDLE, Kind::New),
+    m(uar_obj::ATTR_TYPE, CONST_IN),
+    m(uar_obj::ATTR_PAGE_ID, Kind::Out(4, 4)),
+    m(uar_obj::ATTR_MMAP_LENGTH, Kind::Out(4, 4)),
+    m(uar_obj::ATTR_MMAP_OFFSET, Kind::Out(8, 8)),
+];
+const UAR_DESTROY: &[Spec] = &[m(uar_obj::ATTR_HANDLE, Kind::Idr(Obj::Uar))];
 
-/// The core methods modelled, by object and method id.
-fn core_method(object: u16, method_id: u16) -> Option<&'static [Spec]> {
+/// The methods modelled, by object and method id.
+fn method_spec(object: u16, method_id: u16) -> Option<&'static [Spec]> {
     use self::method as me;
     Some(match (object, method_id) {
         (object::DEVICE, me::GET_CONTEXT) => GET_CONTEXT,
@@ -173,13 +249,17 @@ fn core_method(object: u16, method_id: u16) -> Option<&'static [Spec]> {
         (object::QP, me::CREATE) => QP_CREATE,
         (object::QP, me::DESTROY) => QP_DESTROY,
         (object::SRQ, me::CREATE) => SRQ_CREATE,
-        (object::SRQ, me::DESTROY) => QP_DESTROY,
-        (object::PD, me::DESTROY_ONLY) | (object::AH, me::DESTROY_ONLY) | (object::MR, me::DESTROY) => HANDLE_ONLY,
+        (object::SRQ, me::DESTROY) => SRQ_DESTROY,
+        (object::PD, me::DESTROY_ONLY) => PD_DESTROY,
+        (object::AH, me::DESTROY_ONLY) => AH_DESTROY,
+        (object::MR, me::DESTROY) => MR_DESTROY,
+        (uar_obj::OBJECT, uar_obj::METHOD_ALLOC) => UAR_ALLOC,
+        (uar_obj::OBJECT, uar_obj::METHOD_DESTROY) => UAR_DESTROY,
         _ => return None,
     })
 }
 
-/// The attributes of one call, checked against the method's specification.
+/// The attributes of one call, processed against the method's specification.
 struct Bundle {
     /// Address of the attribute array in the client.
     at: u64,
@@ -188,48 +268,6 @@ struct Bundle {
 }
 
 impl Bundle {
-    /// uverbs_ioctl.c `uverbs_set_attr`/`uverbs_process_attr` and the mandatory check.
-    fn parse(mem: &dyn Memory, arg: u64, num: u16, specs: &[Spec]) -> Result<Self, Errno> {
-        let at = arg + 24;
-        let mut attrs: Vec<(usize, abi::IoctlAttr)> = Vec::new();
-        for i in 0..usize::from(num) {
-            let mut ab = [0u8; 16];
-            mem.read(at + 16 * i as u64, &mut ab).map_err(|_| EFAULT)?;
-            let a: abi::IoctlAttr = decode(&ab);
-            // An attribute the method does not have: an error only when marked mandatory.
-            let Some(spec) = specs.iter().find(|s| s.id == a.attr_id) else {
-                if a.flags & abi::ATTR_F_MANDATORY != 0 {
-                    return Err(EPROTONOSUPPORT);
-                }
-                continue;
-            };
-            // The same attribute twice is EINVAL.
-            if attrs.iter().any(|(_, b)| b.attr_id == a.attr_id) {
-                return Err(EINVAL);
-            }
-            // `attr_data.reserved` must be zero (no enum attributes here).
-            if a.attr_data != 0 {
-                return Err(EINVAL);
-            }
-            match spec.kind {
-                // IDR and FD attributes carry their value in `data`, with `len` 0.
-                Kind::Idr | Kind::Fd if a.len != 0 => return Err(EINVAL),
-                // `if (uattr->len < min_len || uattr->len > len) return -EINVAL;`
-                Kind::In(min, max) | Kind::Out(min, max) if a.len < min || a.len > max => return Err(EINVAL),
-                _ => {}
-            }
-            attrs.push((i, a));
-        }
-        // A mandatory attribute missing is EINVAL.
-        if specs
-            .iter()
-            .any(|s| s.mandatory && !attrs.iter().any(|(_, a)| a.attr_id == s.id))
-        {
-            return Err(EINVAL);
-        }
-        Ok(Self { at, attrs })
-    }
-
     fn get(&self, id: u16) -> Option<(usize, abi::IoctlAttr)> {
         self.attrs.iter().find(|(_, a)| a.attr_id == id).copied()
     }
@@ -238,7 +276,7 @@ impl Bundle {
         self.get(id).is_some()
     }
 
-    /// The bytes of an input attribute (inline up to 8 bytes, else copied in).
+    /// The bytes of an input attribute (inline up to 8 bytes, else copied in: EFAULT).
     fn input(&self, mem: &dyn Memory, id: u16) -> Result<Option<Vec<u8>>, Errno> {
         let Some((_, a)) = self.get(id) else {
             return Ok(None);
@@ -252,7 +290,7 @@ impl Bundle {
         Ok(Some(bytes))
     }
 
-    /// A u32 or u64 input (`uverbs_copy_from` of a fixed-size attribute).
+    /// A u32 or u64 input (`uverbs_copy_from` of a fixed-size attribute, `uverbs_get_const`).
     fn number(&self, mem: &dyn Memory, id: u16) -> Result<Option<u64>, Errno> {
         Ok(self.input(mem, id)?.map(|b| {
             let mut v = [0u8; 8];
@@ -261,8 +299,14 @@ impl Bundle {
         }))
     }
 
-    /// `uverbs_get_flags32`/`64`: absent is 0, bits outside `allowed` are EINVAL.
+    /// `uverbs_get_flags32`/`64` (core/uverbs_ioctl.c:642): absent is 0 (:650-652); a length
+    /// other than 4 or 8 (:660-665), or bits outside `allowed` (:667-668), is EINVAL.
     fn flags(&self, mem: &dyn Memory, id: u16, allowed: u64) -> Result<u64, Errno> {
+        match self.get(id) {
+            None => return Ok(0),
+            Some((_, a)) if a.len != 4 && a.len != 8 => return Err(EINVAL),
+            Some(_) => {}
+        }
         let v = self.number(mem, id)?.unwrap_or(0);
         if v & !allowed != 0 {
             return Err(EINVAL);
@@ -270,18 +314,18 @@ impl Bundle {
         Ok(v)
     }
 
-    /// A handle (IDR attribute): `None` when absent. Handles beyond 32 bits name nothing.
-    fn handle(&self, id: u16) -> Option<Result<u32, Errno>> {
-        self.get(id).map(|(_, a)| u32::try_from(a.data).map_err(|_| ENOENT))
+    /// The handle of an IDR attribute, looked up when the bundle was made: `None` when absent.
+    fn handle(&self, id: u16) -> Option<u32> {
+        self.get(id).and_then(|(_, a)| u32::try_from(a.data).ok())
     }
 
-    /// An fd attribute: `None` when absent.
+    /// An fd attribute, checked when the bundle was made: `None` when absent.
     fn fd(&self, id: u16) -> Option<i32> {
         self.get(id).map(|(_, a)| a.data as i64 as i32)
     }
 
-    /// `uverbs_copy_to`: `min(len, bytes)` bytes, then `UVERBS_ATTR_F_VALID_OUTPUT`. Absent
-    /// optional outputs are skipped.
+    /// `uverbs_copy_to` (core/uverbs_ioctl.c:731): `min(len, bytes)` bytes (EFAULT, :741-742),
+    /// then `UVERBS_ATTR_F_VALID_OUTPUT` (:744). Absent optional outputs are skipped.
     fn output(&self, mem: &dyn Memory, id: u16, bytes: &[u8]) -> Result<(), Errno> {
         let Some((i, a)) = self.get(id) else {
             return Ok(());
@@ -291,8 +335,8 @@ impl Bundle {
         self.set_valid(mem, i, a)
     }
 
-    /// `uverbs_copy_to_struct_or_zero`: as [`Bundle::output`], zeroing what the client's
-    /// buffer has beyond the struct.
+    /// `uverbs_copy_to_struct_or_zero` (core/uverbs_ioctl.c:810): as [`Bundle::output`],
+    /// first zeroing what the client's buffer has beyond the struct (:818-821).
     fn output_or_zero(&self, mem: &dyn Memory, id: u16, bytes: &[u8]) -> Result<(), Errno> {
         if let Some((_, a)) = self.get(id) {
             if usize::from(a.len) > bytes.len() {
@@ -303,13 +347,14 @@ impl Bundle {
         self.output(mem, id, bytes)
     }
 
+    /// `uverbs_set_output` (core/uverbs_ioctl.c:148): the flag written back (EFAULT, :157-159).
     fn set_valid(&self, mem: &dyn Memory, i: usize, a: abi::IoctlAttr) -> Result<(), Errno> {
         let flags = a.flags | abi::ATTR_F_VALID_OUTPUT;
         mem.write(self.at + 16 * i as u64 + 4, &flags.to_ne_bytes())
             .map_err(|_| EFAULT)
     }
 
-    /// Writes a new object's handle or fd into the attribute's `data`.
+    /// Writes a new object's handle or fd into the attribute's `data` (core/uverbs_ioctl.c:334).
     fn set_data(&self, mem: &dyn Memory, id: u16, value: u64) -> Result<(), Errno> {
         let Some((i, _)) = self.get(id) else {
             return Err(EINVAL);
@@ -319,7 +364,8 @@ impl Bundle {
     }
 
     /// The method's driver data as a [`Call`] around the write form's core request `req`
-    /// (`uverbs_fill_udata`: an absent UHW_OUT is a NULL buffer of length 0).
+    /// (`uverbs_fill_udata`, core/uverbs_ioctl.c:698: an absent UHW_OUT is a NULL buffer of
+    /// length 0, :725-727).
     fn call<'a>(&self, mem: &dyn Memory, ctx: i32, req: &'a [u8]) -> Result<Call<'a>, Errno> {
         let udata_in = self.input(mem, UHW_IN)?.unwrap_or_default();
         let (udata_out, udata_outlen) = self.get(UHW_OUT).map_or((0, 0), |(_, a)| (a.data, usize::from(a.len)));
@@ -335,7 +381,7 @@ impl Bundle {
     }
 
     /// After a method with driver data succeeded: UHW_OUT is marked written
-    /// (`ib_uverbs_run_method`).
+    /// (core/uverbs_ioctl.c:482-488).
     fn driver_written(&self, mem: &dyn Memory) -> Result<(), Errno> {
         match self.get(UHW_OUT) {
             Some((i, a)) => self.set_valid(mem, i, a),
@@ -349,83 +395,229 @@ fn core_resp<T: zerocopy::FromBytes>(call: &Call<'_>) -> T {
     decode(&call.core_out.as_ref().map(|c| c.borrow().clone()).unwrap_or_default())
 }
 
+/// `uverbs_is_attr_cleared` (core/uverbs_ioctl.c:137): whether the bytes of `a` beyond `size`
+/// are zero; bytes that cannot be read count as not cleared (`ib_is_buffer_cleared`).
+fn is_cleared(mem: &dyn Memory, a: &abi::IoctlAttr, size: u16) -> bool {
+    let (len, size) = (usize::from(a.len), usize::from(size));
+    if len <= 8 {
+        return a.data.to_ne_bytes()[size.min(8)..len].iter().all(|&b| b == 0);
+    }
+    let mut rest = vec![0u8; len - size];
+    mem.read(a.data + size as u64, &mut rest).is_ok() && rest.iter().all(|&b| b == 0)
+}
+
 impl Model {
-    /// `ioctl(fd, request, arg)` on the device file: `RDMA_VERBS_IOCTL` with the core
-    /// methods above and mlx5's UAR object; every other method is EPROTONOSUPPORT, as a
-    /// kernel without it answers (libibverbs then falls back to write()).
+    /// `ioctl(fd, request, arg)` on the device file: `RDMA_VERBS_IOCTL` with the methods
+    /// above; every other method is EPROTONOSUPPORT, as a kernel without it answers
+    /// (libibverbs then falls back to write()).
     pub fn ioctl(&mut self, ctx: i32, request: u64, arg: u64, mem: &dyn Memory, host: &dyn Host) -> Result<(), Errno> {
+        // core/uverbs_ioctl.c:622-623: another request is -ENOIOCTLCMD, which the VFS
+        // (fs/ioctl.c vfs_ioctl) returns as ENOTTY.
         if request != abi::RDMA_VERBS_IOCTL {
             return Err(ENOTTY);
         }
+        // core/uverbs_ioctl.c:625-627: the header is copied in (EFAULT).
         let mut hb = [0u8; 24];
         mem.read(arg, &mut hb).map_err(|_| EFAULT)?;
         let hdr: abi::IoctlHdr = decode(&hb);
-        // `if (hdr.length > PAGE_SIZE || hdr.length != struct_size(&hdr, attrs, num_attrs))
-        // return -EINVAL;`
+        // core/uverbs_ioctl.c:629-631: `if (hdr.length > PAGE_SIZE || hdr.length !=
+        // struct_size(&hdr, attrs, hdr.num_attrs)) return -EINVAL;`
         if u64::from(hdr.length) > PAGE_SIZE || usize::from(hdr.length) != 24 + 16 * usize::from(hdr.num_attrs) {
             return Err(EINVAL);
         }
-        // `if (hdr.reserved1 || hdr.reserved2) return -EPROTONOSUPPORT;`
+        // core/uverbs_ioctl.c:633-634: `if (hdr.reserved1 || hdr.reserved2) return
+        // -EPROTONOSUPPORT;`
         if hdr.reserved1 != 0 || hdr.reserved2 != 0 {
             return Err(EPROTONOSUPPORT);
         }
-        let is_uar = hdr.object_id == abi::uar_obj::OBJECT
-            && matches!(hdr.method_id, abi::uar_obj::METHOD_ALLOC | abi::uar_obj::METHOD_DESTROY);
-        let specs = core_method(hdr.object_id, hdr.method_id);
-        if !is_uar && specs.is_none() {
+        // core/uverbs_ioctl.c:562-563 ib_uverbs_cmd_verbs: the driver id must be the
+        // device's, checked before the method is looked up (docs/kernel-facts.md).
+        if hdr.driver_id != abi::RDMA_DRIVER_MLX5 {
+            return Err(EINVAL);
+        }
+        // core/uverbs_ioctl.c:565-570: a method the device does not have is EPROTONOSUPPORT
+        // (so is one the model lacks).
+        let Some(specs) = method_spec(hdr.object_id, hdr.method_id) else {
             crate::log!(
                 "ioctl object {:#x} method {:#x} not modelled",
                 hdr.object_id,
                 hdr.method_id
             );
             return Err(EPROTONOSUPPORT);
-        }
-        // The driver id must be the device's (docs/kernel-facts.md).
-        if hdr.driver_id != abi::RDMA_DRIVER_MLX5 {
-            return Err(EINVAL);
-        }
-        let getting_context = hdr.object_id == object::DEVICE && hdr.method_id == method::GET_CONTEXT;
-        // Every method but GET_CONTEXT needs the ucontext (`ib_uverbs_get_ucontext`: EINVAL,
-        // EIO once the device is gone).
-        if !getting_context && !self.contexts.get(&ctx).is_some_and(|c| c.alive) {
-            return Err(EINVAL);
-        }
-        let Some(specs) = specs else {
-            return self.uar_method(ctx, &hdr, arg, mem);
         };
-        let b = Bundle::parse(mem, arg, hdr.num_attrs, specs)?;
         crate::log!("ioctl object {} method {}", hdr.object_id, hdr.method_id);
-        let result = match (hdr.object_id, hdr.method_id) {
-            (object::DEVICE, method::GET_CONTEXT) => self.ioctl_get_context(ctx, &b, mem),
-            (object::DEVICE, method::QUERY_PORT) => self.ioctl_query_port(ctx, &b, mem),
-            (object::DEVICE, method::QUERY_GID_TABLE) => self.ioctl_query_gid_table(&b, mem),
-            (object::ASYNC_EVENT, _) => self.ioctl_async_event_alloc(ctx, &b, mem, host),
-            (object::CQ, method::CREATE) => self.ioctl_create_cq(ctx, &b, mem),
-            (object::QP, method::CREATE) => self.ioctl_create_qp(ctx, &b, mem),
-            (object::SRQ, method::CREATE) => {
-                // The model has no SRQs (docs/mlx5-model.md).
-                crate::log!("SRQ not modelled");
-                Err(EOPNOTSUPP)
+        let result = self.bundle(ctx, mem, arg, hdr.num_attrs, specs).and_then(|b| {
+            // Destroy methods destroy the object before their handler runs
+            // (core/uverbs_ioctl.c:462-472); the model's destroy handlers do both.
+            match (hdr.object_id, hdr.method_id) {
+                (object::DEVICE, method::GET_CONTEXT) => self.ioctl_get_context(ctx, &b, mem),
+                (object::DEVICE, method::QUERY_PORT) => self.ioctl_query_port(ctx, &b, mem),
+                (object::DEVICE, method::QUERY_GID_TABLE) => self.ioctl_query_gid_table(ctx, &b, mem),
+                (object::ASYNC_EVENT, _) => self.ioctl_async_event_alloc(ctx, &b, mem, host),
+                (object::CQ, method::CREATE) => self.ioctl_create_cq(ctx, &b, mem),
+                (object::QP, method::CREATE) => self.ioctl_create_qp(ctx, &b, mem),
+                (object::SRQ, method::CREATE) => {
+                    // The model has no SRQs (docs/mlx5-model.md).
+                    crate::log!("SRQ not modelled");
+                    Err(EOPNOTSUPP)
+                }
+                (uar_obj::OBJECT, uar_obj::METHOD_ALLOC) => {
+                    // hw/mlx5/main.c:3521-3524: the type is a `uverbs_get_const` into an
+                    // enum (an unsigned int): beyond it is EINVAL (core/uverbs_ioctl.c:803).
+                    if b.number(mem, uar_obj::ATTR_TYPE)?.unwrap_or(0) > u64::from(u32::MAX) {
+                        return Err(EINVAL);
+                    }
+                    self.uar_method(ctx, &hdr, arg, mem)
+                }
+                (uar_obj::OBJECT, _) => self.uar_method(ctx, &hdr, arg, mem),
+                (object::CQ | object::QP | object::SRQ, _) => self.ioctl_destroy(ctx, hdr.object_id, &b, mem),
+                _ => self.ioctl_destroy_plain(ctx, hdr.object_id, &b),
             }
-            (object::CQ | object::QP | object::SRQ, _) => self.ioctl_destroy(ctx, hdr.object_id, &b, mem),
-            _ => self.ioctl_destroy_plain(ctx, hdr.object_id, &b),
-        };
+        });
         if let Err(e) = result {
             crate::log!("ioctl object {} method {} -> errno {e}", hdr.object_id, hdr.method_id);
         }
         result
     }
 
-    /// uverbs_std_types_device.c `UVERBS_METHOD_GET_CONTEXT`: the two optional outputs,
-    /// then the driver's `alloc_ucontext`. Unlike the write form it makes no async event fd
-    /// (ASYNC_EVENT_ALLOC does).
+    /// core/uverbs_ioctl.c:421 `ib_uverbs_run_method` up to the handler: the attribute array
+    /// copied in, each attribute processed in array order (`uverbs_set_attr`,
+    /// `uverbs_process_attr`: sizes checked, objects looked up or allocated), then the
+    /// mandatory ones required.
+    fn bundle(&self, ctx: i32, mem: &dyn Memory, arg: u64, num: u16, specs: &[Spec]) -> Result<Bundle, Errno> {
+        let at = arg + 24;
+        // core/uverbs_ioctl.c:440-441: the whole array is copied in first (EFAULT).
+        let mut raw = vec![0u8; 16 * usize::from(num)];
+        mem.read(at, &mut raw).map_err(|_| EFAULT)?;
+        let mut attrs: Vec<(usize, abi::IoctlAttr)> = Vec::new();
+        for (i, ab) in raw.chunks_exact(16).enumerate() {
+            let a: abi::IoctlAttr = decode(ab);
+            // core/uverbs_ioctl.c:397-404: an attribute the method does not have is an
+            // error (EPROTONOSUPPORT) only when flagged mandatory.
+            let Some(spec) = specs.iter().find(|s| s.id == a.attr_id) else {
+                if a.flags & abi::ATTR_F_MANDATORY != 0 {
+                    return Err(EPROTONOSUPPORT);
+                }
+                continue;
+            };
+            // core/uverbs_ioctl.c:409-410: the same attribute twice is EINVAL.
+            if attrs.iter().any(|(_, b)| b.attr_id == a.attr_id) {
+                return Err(EINVAL);
+            }
+            self.process_attr(ctx, mem, spec.kind, &a)?;
+            attrs.push((i, a));
+        }
+        // core/uverbs_ioctl.c:450-453: a mandatory attribute missing is EINVAL.
+        if specs
+            .iter()
+            .any(|s| s.mandatory && !attrs.iter().any(|(_, a)| a.attr_id == s.id))
+        {
+            return Err(EINVAL);
+        }
+        Ok(Bundle { at, attrs })
+    }
+
+    /// core/uverbs_ioctl.c:238 `uverbs_process_attr` for one attribute of kind `kind`.
+    fn process_attr(&self, ctx: i32, mem: &dyn Memory, kind: Kind, a: &abi::IoctlAttr) -> Result<(), Errno> {
+        match kind {
+            Kind::In(min, max) | Kind::Out(min, max) | Kind::InStruct(min, max) => {
+                // :269-272: a struct input longer than the struct must be zero beyond it
+                // (EOPNOTSUPP).
+                let zero_trailing = matches!(kind, Kind::InStruct(..));
+                if zero_trailing && a.len > max && !is_cleared(mem, a, max) {
+                    return Err(EOPNOTSUPP);
+                }
+                // :276-279: `if (uattr->len < min_len || (!zero_trailing && uattr->len >
+                // len)) return -EINVAL;`
+                if a.len < min || (!zero_trailing && a.len > max) {
+                    return Err(EINVAL);
+                }
+                // :281-283: `attr_data.reserved` must be zero (no enum attributes here).
+                if a.attr_data != 0 {
+                    return Err(EINVAL);
+                }
+                Ok(())
+            }
+            Kind::New | Kind::Idr(_) | Kind::Fd(_) => {
+                // :307-311: IDR and FD attributes carry their value in `data`: reserved
+                // bits and a length are EINVAL.
+                if a.attr_data != 0 || a.len != 0 {
+                    return Err(EINVAL);
+                }
+                // :322-326: the object is looked up or allocated now.
+                match kind {
+                    Kind::Idr(obj) => self.lookup_idr(ctx, obj, a.data),
+                    Kind::Fd(ty) => self.lookup_fd(ctx, ty, a.data),
+                    // core/rdma_core.c:265-270 alloc_uobj: a new object needs the ucontext
+                    // (core/uverbs_main.c:98-99 ib_uverbs_get_ucontext_file: EINVAL).
+                    _ => self.ucontext(ctx),
+                }
+            }
+        }
+    }
+
+    /// core/uverbs_main.c:85 `ib_uverbs_get_ucontext_file`: no ucontext is EINVAL (:98-99).
+    fn ucontext(&self, ctx: i32) -> Result<(), Errno> {
+        if self.contexts.get(&ctx).is_some_and(|c| c.alive) {
+            Ok(())
+        } else {
+            Err(EINVAL)
+        }
+    }
+
+    /// core/rdma_core.c:309 `lookup_get_idr_uobject`: a negative id is EINVAL (:315-316), one
+    /// that names no object of the file ENOENT (:325-327), whether or not it has a ucontext.
+    fn lookup_idr(&self, ctx: i32, obj: Obj, id: u64) -> Result<(), Errno> {
+        if (id as i64) < 0 {
+            return Err(EINVAL);
+        }
+        let Ok(h) = u32::try_from(id) else {
+            return Err(ENOENT);
+        };
+        let found = match obj {
+            Obj::Pd => self.pds.get(h).is_some_and(|o| o.ctx == ctx),
+            Obj::Cq => self.cqs.get(h).is_some_and(|o| o.ctx == ctx),
+            Obj::Qp => self.qps.get(h).is_some_and(|o| o.ctx == ctx),
+            Obj::Mr => self.mrs.get(h).is_some_and(|o| o.ctx == ctx),
+            Obj::Uar => self.uars.get(h).is_some_and(|o| o.ctx == ctx),
+            Obj::Absent => false,
+        };
+        if found {
+            Ok(())
+        } else {
+            Err(ENOENT)
+        }
+    }
+
+    /// core/rdma_core.c:333 `lookup_get_fd_uobject`: an fd beyond an int is EINVAL
+    /// (:342-343); one that is not open, not a file of the type, or of another device file
+    /// is EBADF (:353-366).
+    fn lookup_fd(&self, ctx: i32, ty: FdType, id: u64) -> Result<(), Errno> {
+        let fd = i32::try_from(id as i64).map_err(|_| EINVAL)?;
+        let found = match ty {
+            FdType::CompChannel => self.channels.get(&fd).is_some_and(|(owner, _)| *owner == ctx),
+            FdType::AsyncEvent => self.contexts.get(&ctx).is_some_and(|c| c.async_fds.contains(&fd)),
+        };
+        if found {
+            Ok(())
+        } else {
+            Err(EBADF)
+        }
+    }
+
+    /// core/uverbs_std_types_device.c:211 `UVERBS_METHOD_GET_CONTEXT`: the two optional
+    /// outputs, then `ib_alloc_ucontext` and `ib_init_ucontext` with the driver's
+    /// `alloc_ucontext`. Unlike the write form it makes no async event fd (ASYNC_EVENT_ALLOC
+    /// does).
     fn ioctl_get_context(&mut self, ctx: i32, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
-        // ib_alloc_ucontext: a file that has a ucontext already is EINVAL.
+        // core/uverbs_std_types_device.c:218-226: the outputs are written first (EFAULT).
+        b.output(mem, 0, &caps::NUM_COMP_VECTORS.to_ne_bytes())?;
+        b.output(mem, 1, &CORE_SUPPORT.to_ne_bytes())?;
+        // :231 -> core/uverbs_cmd.c:241-244 ib_init_ucontext: a file that has a ucontext
+        // already is EINVAL, before the driver runs (:251).
         if self.contexts.get(&ctx).is_some_and(|c| c.alive) {
             return Err(EINVAL);
         }
-        b.output(mem, 0, &caps::NUM_COMP_VECTORS.to_ne_bytes())?;
-        b.output(mem, 1, &CORE_SUPPORT.to_ne_bytes())?;
         let call = b.call(mem, ctx, &[])?;
         let fresh = self.alloc_ucontext(&call, mem)?;
         b.driver_written(mem)?;
@@ -440,10 +632,13 @@ impl Model {
         Ok(())
     }
 
-    /// `UVERBS_METHOD_QUERY_PORT`: the write form's port attributes as
-    /// `ib_uverbs_query_port_resp_ex` (`port_cap_flags2` 0).
+    /// core/uverbs_std_types_device.c:176 `UVERBS_METHOD_QUERY_PORT`: the write form's port
+    /// attributes as `ib_uverbs_query_port_resp_ex` (`port_cap_flags2` 0).
     fn ioctl_query_port(&mut self, ctx: i32, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
-        // uverbs_get_const into a u8: a value beyond it is EINVAL.
+        // :186-188: the ucontext (EINVAL without, after the attributes were processed).
+        self.ucontext(ctx)?;
+        // :195-198: `uverbs_get_const` into a u8: a value beyond it is EINVAL
+        // (core/uverbs_ioctl.c:803-804).
         let port = b.number(mem, 0)?.unwrap_or(0);
         let port = u8::try_from(port).map_err(|_| EINVAL)?;
         let req = abi::QueryPort {
@@ -451,11 +646,13 @@ impl Model {
             port_num: port,
             reserved: [0; 7],
         };
+        // :200 ib_query_port (core/device.c:2108-2109: an invalid port is EINVAL).
         let call = b.call(mem, ctx, req.as_bytes())?;
         self.query_port(&call, mem)?;
         let legacy: abi::QueryPortResp = core_resp(&call);
         let mut resp = legacy.as_bytes().to_vec();
         resp.resize(48, 0);
+        // :207-208: copied with the client's buffer beyond the struct zeroed.
         b.output_or_zero(mem, 1, &resp)
     }
 
@@ -474,19 +671,26 @@ impl Model {
         }]
     }
 
-    /// `UVERBS_METHOD_QUERY_GID_TABLE`: flags must be 0; the entries buffer a whole number of
-    /// entries of the caller's size, at least one; fewer slots than valid GIDs is EINVAL
-    /// (`rdma_query_gid_table`); each entry copied at the caller's size, zero-padded.
-    fn ioctl_query_gid_table(&mut self, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
+    /// core/uverbs_std_types_device.c:312 `UVERBS_METHOD_QUERY_GID_TABLE`; each entry is
+    /// copied at the caller's size, zero-padded (`copy_gid_entries_to_user`, :271).
+    fn ioctl_query_gid_table(&mut self, ctx: i32, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
+        // :324-327: flags must be 0.
         b.flags(mem, 1, 0)?;
+        // :329-335: a zero entry size is EINVAL.
         let entry_size = b.number(mem, 0)?.unwrap_or(0);
         if entry_size == 0 {
             return Err(EINVAL);
         }
+        // :337-341 (include/rdma/uverbs_ioctl.h:733 uverbs_attr_ptr_get_array_size): the
+        // buffer must hold a whole, nonzero number of entries.
         let len = b.get(2).map_or(0, |(_, a)| u64::from(a.len));
         if len % entry_size != 0 || len / entry_size == 0 {
             return Err(EINVAL);
         }
+        // :343-345: only now the ucontext.
+        self.ucontext(ctx)?;
+        // :352-354 (core/cache.c:1273-1275 rdma_query_gid_table): fewer slots than valid
+        // GIDs is EINVAL.
         let table = self.gid_table();
         if (table.len() as u64) > len / entry_size {
             return Err(EINVAL);
@@ -501,8 +705,9 @@ impl Model {
         b.output(mem, 3, &(table.len() as u64).to_ne_bytes())
     }
 
-    /// async_event.c `UVERBS_METHOD_ASYNC_EVENT_ALLOC`: a new event fd; the first becomes the
-    /// context's default, where events go.
+    /// core/uverbs_std_types_async_fd.c:11 `UVERBS_METHOD_ASYNC_EVENT_ALLOC`: a new event fd
+    /// (core/rdma_core.c:453 alloc_begin_fd_uobject); the first becomes the context's default,
+    /// where events go.
     fn ioctl_async_event_alloc(
         &mut self,
         ctx: i32,
@@ -524,26 +729,31 @@ impl Model {
         Ok(())
     }
 
-    /// An EVENT_FD attribute must name one of the context's async event fds: EBADF
-    /// otherwise (the fd's file is not an async event file).
-    fn check_event_fd(&self, ctx: i32, b: &Bundle, id: u16) -> Result<(), Errno> {
-        match b.fd(id) {
-            Some(fd) if !self.contexts.get(&ctx).is_some_and(|c| c.async_fds.contains(&fd)) => Err(EBADF),
-            _ => Ok(()),
-        }
-    }
-
-    /// uverbs_std_types_cq.c `UVERBS_METHOD_CQ_CREATE`, through the write form's handler.
+    /// core/uverbs_std_types_cq.c:61 `UVERBS_METHOD_CQ_CREATE`, through the write form's
+    /// handler. The fds were checked with the attributes.
     fn ioctl_create_cq(&mut self, ctx: i32, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
         let comp_vector = b.number(mem, 4)?.unwrap_or(0) as u32;
         let cqe = b.number(mem, 1)?.unwrap_or(0) as u32;
         let user_handle = b.number(mem, 2)?.unwrap_or(0);
-        // IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION | IGNORE_OVERRUN; mlx5 needs capabilities
-        // for both that this device lacks (EOPNOTSUPP from mlx5_ib_create_cq).
-        if b.flags(mem, 5, 0b11)? != 0 {
+        // :89-94: flags beyond TIMESTAMP_COMPLETION | IGNORE_OVERRUN are EINVAL.
+        let flags = b.flags(mem, 5, CQ_FLAGS_TIMESTAMP_COMPLETION | CQ_FLAGS_IGNORE_OVERRUN)?;
+        // :107-110: `if (attr.comp_vector >= num_comp_vectors) return -EINVAL;`
+        if comp_vector >= caps::NUM_COMP_VECTORS {
+            return Err(EINVAL);
+        }
+        // hw/mlx5/cq.c:959-961 mlx5_ib_create_cq: `if (entries < 0 || entries > (1 <<
+        // log_max_cq_sz)) return -EINVAL;` before its flag check (:963).
+        if i32::try_from(cqe).is_err() || cqe > 1 << caps::LOG_MAX_CQ_SZ {
+            return Err(EINVAL);
+        }
+        // hw/mlx5/cq.c:963-964 (mlx5_ib.h:1483 check_cq_create_flags) accepts both flags;
+        // TIMESTAMP_COMPLETION changes nothing in 6.1's mlx5, IGNORE_OVERRUN sets the CQ
+        // context's `oi` bit (cq.c:1009), which the model's device does not have: EOPNOTSUPP
+        // (docs/kernel-facts.md).
+        if flags & CQ_FLAGS_IGNORE_OVERRUN != 0 {
+            crate::log!("CQ IGNORE_OVERRUN not modelled");
             return Err(EOPNOTSUPP);
         }
-        self.check_event_fd(ctx, b, 7)?;
         let req = abi::CreateCq {
             response: 0,
             user_handle,
@@ -555,6 +765,7 @@ impl Model {
         let call = b.call(mem, ctx, req.as_bytes())?;
         self.create_cq(&call, mem)?;
         let resp: abi::CreateCqResp = core_resp(&call);
+        // :140-142: the CQE count; then UHW_OUT flagged (core/uverbs_ioctl.c:482-488).
         let out = b
             .set_data(mem, 0, u64::from(resp.cq_handle))
             .and_then(|()| b.output(mem, 6, &resp.cqe.to_ne_bytes()))
@@ -565,65 +776,73 @@ impl Model {
         out
     }
 
-    /// uverbs_std_types_qp.c `UVERBS_METHOD_QP_CREATE`: the attribute rules of the ioctl
-    /// form, then the write form's handler.
+    /// core/uverbs_std_types_qp.c:82 `UVERBS_METHOD_QP_CREATE`: the attribute rules of the
+    /// ioctl form, then the write form's handler. The handles and the event fd were looked up
+    /// with the attributes (the model has no XRCDs, SRQs or indirection tables: naming one
+    /// was ENOENT there).
     fn ioctl_create_qp(&mut self, ctx: i32, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
+        // :102-111: the capabilities (copied in: EFAULT), the user handle, the type (a
+        // `uverbs_get_const` into an enum: beyond 32 bits EINVAL).
         let cap_bytes = b.input(mem, 8)?.unwrap_or_default();
         let cap = |i: usize| u32::from_ne_bytes(cap_bytes[4 * i..4 * i + 4].try_into().unwrap_or_default());
         let user_handle = b.number(mem, 7)?.unwrap_or(0);
         let qp_type = u32::try_from(b.number(mem, 9)?.unwrap_or(0)).map_err(|_| EINVAL)?;
-        const XRC_TGT: u32 = 10;
         match qp_type {
-            // XRC targets take an XRCD and no CQs or PD; the model has no XRCDs.
-            XRC_TGT => {
+            qpt::XRC_TGT => {
+                // :115-123: no CQs, PD or indirection table with an XRC target (EINVAL);
+                // :125-128: its XRCD is absent (ENOENT): the model has none.
                 return Err(if [5, 4, 2, 6].iter().any(|&id| b.has(id)) {
                     EINVAL
                 } else {
                     ENOENT
-                })
+                });
             }
-            // RC, UC, UD, RAW_PACKET, XRC_INI, DRIVER.
-            2 | 3 | 4 | 8 | 9 | 0xff => {}
+            // :135-137: a raw packet QP needs CAP_NET_RAW (EPERM); the model does not ask
+            // and lets it through to the write form's handler, which refuses the type.
+            qpt::RC | qpt::UC | qpt::UD | qpt::RAW_PACKET | qpt::XRC_INI | qpt::DRIVER => {}
+            // :190-191.
             _ => return Err(EINVAL),
         }
-        if b.has(1) || (b.has(3) && qp_type == 9) {
+        // :144-149: no XRCD, and no SRQ with XRC_INI.
+        if b.has(1) || (b.has(3) && qp_type == qpt::XRC_INI) {
             return Err(EINVAL);
         }
-        // `uverbs_attr_get_obj`: an absent or unknown PD/CQ is ENOENT; the model has no
-        // indirection tables or SRQs, so naming one is ENOENT too.
-        let owned_pd = |h: u32| self.pds.get(h).is_some_and(|p| p.ctx == ctx);
-        let owned_cq = |h: u32| self.cqs.get(h).is_some_and(|c| c.ctx == ctx);
-        let pd = b.handle(2).ok_or(ENOENT)??;
-        if !owned_pd(pd) || b.has(6) {
-            return Err(ENOENT);
-        }
-        let send_cq = b.handle(4).ok_or(ENOENT)??;
-        if !owned_cq(send_cq) {
-            return Err(ENOENT);
-        }
+        // :151-154: `uverbs_attr_get_obj` of an absent PD is ENOENT; :175-185 the same for
+        // the send CQ, and for the receive CQ unless XRC_INI.
+        let pd = b.handle(2).ok_or(ENOENT)?;
+        let send_cq = b.handle(4).ok_or(ENOENT)?;
         let recv_cq = match b.handle(5) {
-            Some(h) => h?,
-            None if qp_type == 9 => send_cq,
+            Some(h) => h,
+            None if qp_type == qpt::XRC_INI => send_cq,
             None => return Err(ENOENT),
         };
-        if !owned_cq(recv_cq) {
-            return Err(ENOENT);
+        // :194-202: flags outside these are EINVAL.
+        use qp_create as f;
+        let allowed = f::BLOCK_MULTICAST_LOOPBACK
+            | f::SCATTER_FCS
+            | f::CVLAN_STRIPPING
+            | f::PCI_WRITE_END_PADDING
+            | f::SQ_SIG_ALL;
+        let flags = b.flags(mem, 10, allowed)?;
+        // :204-206 -> :45 check_creation_flags: beyond SQ_SIG_ALL, flags only for UD, raw
+        // packet and driver QPs (:50-54); SCATTER_FCS and CVLAN_STRIPPING only for raw packet
+        // ones (:56-59).
+        let creation = flags & !f::SQ_SIG_ALL;
+        if creation != 0 && qp_type != qpt::DRIVER {
+            if qp_type != qpt::RAW_PACKET && qp_type != qpt::UD {
+                return Err(EINVAL);
+            }
+            if creation & (f::SCATTER_FCS | f::CVLAN_STRIPPING) != 0 && qp_type != qpt::RAW_PACKET {
+                return Err(EINVAL);
+            }
         }
-        const SQ_SIG_ALL: u64 = 1 << 12;
-        let flags = b.flags(mem, 10, (1 << 1) | (1 << 8) | (1 << 9) | (1 << 11) | SQ_SIG_ALL)?;
-        // check_creation_flags: creation flags beyond SQ_SIG_ALL only for UD and raw
-        // packet QPs.
-        if flags & !SQ_SIG_ALL != 0 && !matches!(qp_type, 4 | 8 | 0xff) {
-            return Err(EINVAL);
-        }
+        // :208-215: a source QPN becomes IB_QP_CREATE_SOURCE_QPN, which mlx5 takes on UD QPs
+        // only (hw/mlx5/qp.c:2966-2974, else EOPNOTSUPP at :2997-3000). The model has no UD
+        // QPs; it answers here, before the driver's udata checks (qp.c:3227-3253), which 6.1
+        // runs first.
         if b.has(11) {
-            // A source QPN (IB_QP_CREATE_SOURCE_QPN) is for UD QPs, which the model lacks.
             return Err(EOPNOTSUPP);
         }
-        if b.has(3) {
-            return Err(ENOENT);
-        }
-        self.check_event_fd(ctx, b, 12)?;
         let req = abi::CreateQp {
             response: 0,
             user_handle,
@@ -636,13 +855,15 @@ impl Model {
             max_send_sge: cap(2),
             max_recv_sge: cap(3),
             max_inline_data: cap(4),
-            sq_sig_all: u8::from(flags & SQ_SIG_ALL != 0),
+            // :237-246.
+            sq_sig_all: u8::from(flags & f::SQ_SIG_ALL != 0),
             // Only the types checked above reach here; the write handler refuses all but RC
             // and UC (EOPNOTSUPP).
             qp_type: qp_type as u8,
             is_srq: 0,
             reserved: 0,
         };
+        // :251-256 ib_create_qp_user -> core/verbs.c:1242 the driver.
         let call = b.call(mem, ctx, req.as_bytes())?;
         self.create_qp(&call, mem)?;
         let r: abi::CreateQpResp = core_resp(&call);
@@ -653,6 +874,7 @@ impl Model {
             r.max_recv_sge,
             r.max_inline_data,
         ];
+        // :268-277: the capabilities (the client's buffer beyond them zeroed), the QPN.
         let out = b
             .set_data(mem, 0, u64::from(r.qp_handle))
             .and_then(|()| b.output_or_zero(mem, 13, caps.as_bytes()))
@@ -671,10 +893,12 @@ impl Model {
         out
     }
 
-    /// CQ_DESTROY, QP_DESTROY, SRQ_DESTROY: the write form's handler, its response to
-    /// attribute 1.
+    /// CQ_DESTROY, QP_DESTROY, SRQ_DESTROY (core/uverbs_std_types_cq.c:185,
+    /// uverbs_std_types_qp.c:345, uverbs_std_types_srq.c:197): the object destroyed
+    /// (core/uverbs_ioctl.c:466; a CQ in use is EBUSY, core/verbs.c:2119-2120), then the
+    /// write form's response copied to attribute 1.
     fn ioctl_destroy(&mut self, ctx: i32, object: u16, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
-        let handle = b.handle(0).ok_or(EINVAL)??;
+        let handle = b.handle(0).ok_or(ENOENT)?;
         let req = abi::DestroyObj {
             response: 0,
             handle,
@@ -684,16 +908,17 @@ impl Model {
         match object {
             object::CQ => self.destroy_cq(&call, mem)?,
             object::QP => self.destroy_qp(&call, mem)?,
-            // No SRQ exists in the model: the handle names nothing.
+            // No SRQ exists in the model: its lookup already failed.
             _ => return Err(ENOENT),
         }
         let resp = call.core_out.as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
         b.output(mem, 1, &resp)
     }
 
-    /// PD_DESTROY, MR_DESTROY, AH_DESTROY (no response).
+    /// PD_DESTROY, MR_DESTROY, AH_DESTROY (no response; core/uverbs_ioctl.c:466; a PD in use
+    /// is EBUSY, core/uverbs_std_types.c:127-128).
     fn ioctl_destroy_plain(&mut self, ctx: i32, object: u16, b: &Bundle) -> Result<(), Errno> {
-        let handle = b.handle(0).ok_or(EINVAL)??;
+        let handle = b.handle(0).ok_or(ENOENT)?;
         let req = abi::HandleOnly { handle };
         let call = Call {
             ctx,
@@ -707,7 +932,7 @@ impl Model {
         match object {
             object::PD => self.dealloc_pd(&call),
             object::MR => self.dereg_mr(&call),
-            // No AH exists in the model.
+            // No AH exists in the model: its lookup already failed.
             _ => Err(ENOENT),
         }
     }
