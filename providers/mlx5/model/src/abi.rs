@@ -25,6 +25,8 @@ pub mod cmd {
     pub const QUERY_QP: u32 = 25;
     pub const MODIFY_QP: u32 = 26;
     pub const DESTROY_QP: u32 = 27;
+    /// The last write command 6.1 declares (`IB_USER_VERBS_CMD_OPEN_QP`): the table ends here.
+    pub const OPEN_QP: u32 = 40;
     /// `IB_USER_VERBS_CMD_FLAG_EXTENDED`.
     pub const FLAG_EXTENDED: u32 = 0x8000_0000;
     /// `IB_USER_VERBS_CMD_COMMAND_MASK`.

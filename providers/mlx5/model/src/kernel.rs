@@ -302,14 +302,18 @@ impl Model {
             return Err(EOPNOTSUPP);
         }
         let command = hdr.command;
-        // core/rdma_core.h:182-183 uapi_get_method: a command beyond the table is
-        // EOPNOTSUPP. One in the table that the device does not enable (mlx5 keeps
-        // core/device.c:623-652's default uverbs_cmd_mask: no POST_SEND, POLL_CQ,
-        // REQ_NOTIFY_CQ) is the `notsupp` method (core/uverbs_uapi.c:11-14, :453-454), whose
-        // EOPNOTSUPP comes after verify_hdr's in_words check (core/uverbs_main.c:535); the
-        // model answers it first (docs/kernel-facts.md).
+        // core/rdma_core.h:182-183 uapi_get_method: a command beyond the table (the last
+        // declared write method, OPEN_QP) is EOPNOTSUPP. One in the table that the device does
+        // not enable (mlx5 keeps core/device.c:623-652's default uverbs_cmd_mask: no
+        // POST_SEND, POST_RECV, POLL_CQ, REQ_NOTIFY_CQ) is the `notsupp` method
+        // (core/uverbs_uapi.c:11-14, :453-454), sizes 0, so verify_hdr's in_words check comes
+        // first (core/uverbs_main.c:535, EINVAL). Commands the model does not model answer the
+        // same way.
         let Some((req_size, resp_size)) = write_method(command) else {
             crate::log!("write cmd {command} not modelled");
+            if command <= cmd::OPEN_QP && usize::from(hdr.in_words) * 4 != count {
+                return Err(EINVAL);
+            }
             return Err(EOPNOTSUPP);
         };
         // core/uverbs_main.c:535-536, :538-551, :553-554 verify_hdr: in_words covers the
@@ -354,13 +358,23 @@ impl Model {
             core_out: None,
         };
         crate::log!("write cmd {command} in {} out {}", hdr.in_words, hdr.out_words);
-        if command != cmd::GET_CONTEXT && !self.contexts.get(&ctx).is_some_and(|c| c.alive) {
-            // core/uverbs_main.c:98-99 ib_uverbs_get_ucontext_file: no ucontext yet is EINVAL
-            // for the commands that create an object (core/rdma_core.c:265-270) or query the
-            // device. 6.1 asks for no ucontext where a command only looks a handle up
-            // (DEALLOC_PD, DEREG_MR, RESIZE_CQ, DESTROY_CQ, QUERY_QP, MODIFY_QP, DESTROY_QP):
-            // those are the lookup's ENOENT (core/rdma_core.c:325-327), which the model does
-            // not do yet (docs/kernel-facts.md).
+        // core/uverbs_main.c:98-99 ib_uverbs_get_ucontext_file: no ucontext yet is EINVAL
+        // for the commands that create an object (core/rdma_core.c:265-270) or query the
+        // device. Those that only look a handle up ask for none: their lookup finds nothing,
+        // ENOENT (core/rdma_core.c:325-327; DEALLOC_PD core/uverbs_cmd.c:478, DEREG_MR :906,
+        // RESIZE_CQ :1135, DESTROY_CQ :1270, QUERY_QP :1671, MODIFY_QP after its attr_mask
+        // check :1940, DESTROY_QP :1984).
+        let looks_up_only = matches!(
+            command,
+            cmd::DEALLOC_PD
+                | cmd::DEREG_MR
+                | cmd::RESIZE_CQ
+                | cmd::DESTROY_CQ
+                | cmd::QUERY_QP
+                | cmd::MODIFY_QP
+                | cmd::DESTROY_QP
+        );
+        if command != cmd::GET_CONTEXT && !looks_up_only && !self.contexts.get(&ctx).is_some_and(|c| c.alive) {
             return Err(EINVAL);
         }
         let result = match command {
@@ -974,10 +988,9 @@ impl Model {
         let has_rq = req.max_recv_wr != 0;
         let (rq_cnt, rq_shift) = if has_rq {
             // hw/mlx5/qp.c:409-412 set_rq_size: `if (check_shl_overflow(1,
-            // qp->rq.wqe_shift, &wqe_size)) return -EINVAL;` (an int: shifts of 31 and more
-            // are EINVAL in 6.1, where the model refuses only shifts above 32;
-            // docs/kernel-facts.md) and `wqe_size / sizeof(data_seg) < wq_sig` is EINVAL.
-            if ucmd.rq_wqe_shift > 32 {
+            // qp->rq.wqe_shift, &wqe_size)) return -EINVAL;` (an int: shifts of 31 and more)
+            // and `wqe_size / sizeof(data_seg) < wq_sig` is EINVAL.
+            if ucmd.rq_wqe_shift >= 31 {
                 return Err(EINVAL);
             }
             let sig = u32::from(ucmd.flags & abi::QP_FLAG_SIGNATURE != 0);
