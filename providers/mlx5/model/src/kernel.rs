@@ -390,6 +390,7 @@ impl Model {
 
     /// hw/mlx5/main.c:1853 `mlx5_ib_alloc_ucontext`.
     fn alloc_ucontext(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<Context, Errno> {
+        crate::trace::command("GET_CONTEXT", &call.udata_in, call.udata_outlen);
         let inlen = call.udata_in.len();
         // hw/mlx5/main.c:1872-1877 mlx5_ib_alloc_ucontext: `if (udata->inlen == sizeof(req))
         // ver = 0; else if (inlen >= min_req_v2) ver = 2; else return -EINVAL;`
@@ -510,6 +511,7 @@ impl Model {
     // ---- queries ---------------------------------------------------------------------------
 
     fn query_device(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("QUERY_DEVICE", &call.udata_in, call.udata_outlen);
         let resp = abi::QueryDeviceResp {
             fw_ver: caps::FW_VER,
             node_guid: self.node_guid.to_be(),
@@ -545,6 +547,7 @@ impl Model {
     }
 
     fn query_port(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("QUERY_PORT", &call.udata_in, call.udata_outlen);
         let req: abi::QueryPort = decode(call.req);
         // ib_uverbs_query_port -> ib_query_port: `if (!rdma_is_port_valid(device, port_num))
         // return -EINVAL;`
@@ -575,6 +578,7 @@ impl Model {
     // ---- PD and MR ---------------------------------------------------------------------
 
     fn alloc_pd(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("ALLOC_PD", &call.udata_in, call.udata_outlen);
         let handle = self.pds.insert(Pd {
             ctx: call.ctx,
             users: 0,
@@ -591,6 +595,7 @@ impl Model {
     }
 
     fn dealloc_pd(&mut self, call: &Call<'_>) -> Result<(), Errno> {
+        crate::trace::command("DEALLOC_PD", &call.udata_in, call.udata_outlen);
         let handle = decode::<abi::HandleOnly>(call.req).handle;
         // core/rdma_core.c:327 lookup_get_idr_uobject: an unknown handle is ENOENT.
         let pd = self.pds.get(handle).filter(|p| p.ctx == call.ctx).ok_or(ENOENT)?;
@@ -603,6 +608,7 @@ impl Model {
     }
 
     fn reg_mr(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("REG_MR", &call.udata_in, call.udata_outlen);
         let req: abi::RegMr = decode(call.req);
         // core/uverbs_cmd.c:710 ib_uverbs_reg_mr: start and hca_va must share their page
         // offset.
@@ -681,6 +687,7 @@ impl Model {
     }
 
     fn dereg_mr(&mut self, call: &Call<'_>) -> Result<(), Errno> {
+        crate::trace::command("DEREG_MR", &call.udata_in, call.udata_outlen);
         let handle = decode::<abi::HandleOnly>(call.req).handle;
         self.mrs.get(handle).filter(|m| m.ctx == call.ctx).ok_or(ENOENT)?;
         self.drop_mr(handle);
@@ -700,6 +707,7 @@ impl Model {
     }
 
     fn create_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("CREATE_CQ", &call.udata_in, call.udata_outlen);
         let req: abi::CreateCq = decode(call.req);
         // core/uverbs_cmd.c:1021 create_cq: `if (cmd->comp_vector >= num_comp_vectors) return
         // -EINVAL;`
@@ -809,6 +817,7 @@ impl Model {
     }
 
     fn resize_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("RESIZE_CQ", &call.udata_in, call.udata_outlen);
         let req: abi::ResizeCq = decode(call.req);
         // core/uverbs_cmd.c:1135: an unknown CQ is the lookup's ENOENT.
         let cq = self
@@ -862,6 +871,7 @@ impl Model {
     }
 
     fn destroy_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("DESTROY_CQ", &call.udata_in, call.udata_outlen);
         let req: abi::DestroyObj = decode(call.req);
         let cq = self.cqs.get(req.handle).filter(|c| c.ctx == call.ctx).ok_or(ENOENT)?;
         // The core's use count: a CQ a QP still uses is EBUSY (docs/kernel-facts.md).
@@ -879,6 +889,7 @@ impl Model {
     // ---- QPs ---------------------------------------------------------------------------
 
     fn create_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("CREATE_QP", &call.udata_in, call.udata_outlen);
         let req: abi::CreateQp = decode(call.req);
         let owned_cq = |h: u32| self.cqs.get(h).is_some_and(|c| c.ctx == call.ctx);
         // core/uverbs_cmd.c:1367-1405 create_qp: an SRQ, CQ or PD handle that names nothing
@@ -1066,6 +1077,7 @@ impl Model {
     }
 
     fn modify_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("MODIFY_QP", &call.udata_in, call.udata_outlen);
         let req: abi::ModifyQp = decode(call.req);
         let mask = req.attr_mask;
         // core/uverbs_cmd.c:1940 ib_uverbs_modify_qp: bits beyond the standard attributes
@@ -1196,6 +1208,7 @@ impl Model {
     }
 
     fn query_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("QUERY_QP", &call.udata_in, call.udata_outlen);
         let req: abi::QueryQp = decode(call.req);
         let qp = self
             .qps
@@ -1237,6 +1250,7 @@ impl Model {
     }
 
     fn destroy_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("DESTROY_QP", &call.udata_in, call.udata_outlen);
         let req: abi::DestroyObj = decode(call.req);
         let qp = self.qps.get(req.handle).filter(|q| q.ctx == call.ctx).ok_or(ENOENT)?;
         let events = qp.async_events;

@@ -31,6 +31,7 @@ pub mod objects;
 pub mod runtime;
 #[cfg(not(feature = "harness"))]
 mod sysfs;
+pub mod trace;
 pub mod wire;
 
 #[cfg(test)]

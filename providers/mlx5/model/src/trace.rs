@@ -1,0 +1,303 @@
+//! The differential trace (issue #16, acceptance 3-5): with `UVERBS_MLX5_MODEL_TRACE=<file>`
+//! the model appends to that file what a provider gave it, in a form two providers' runs
+//! can be compared line by line:
+//!
+//! - `cmd <NAME> outlen=<n> <hex>`: the driver data (`udata.inbuf`) of each command, and how
+//!   many driver response bytes the caller offered.
+//! - at each [`step`] (a test program calls `uverbs_mlx5_model_step` after each post), per
+//!   QP: the doorbell records, the send WQEs and receive WQEs posted since the last step
+//!   (decoded from the rings in posting order, whatever the ring size), and the 8-byte words
+//!   written to the context's UAR pages (taken, so each write is reported once); per CQ the
+//!   consumer index record.
+//!
+//! In WQE bytes the QP number is shown as `qqqqqq` (it differs between runs, and is checked
+//! against the QP's own); the padding after inline data and a fetch-and-add's compare field
+//! as `..` (libmlx5 never writes either: they hold whatever an earlier WQE left). While tracing, the device executes no WQE ([`Device::next_work`]): instead the
+//! step **retires** what it traced, a CQE for every signaled send WQE and every receive WQE,
+//! drawn from a seeded generator (successes and errors, every responder opcode, random
+//! values in every field a provider reads and in those it must ignore). So the rings wrap
+//! without a peer or valid keys, and both runs see the same CQEs in the same CQ state.
+
+use crate::abi;
+use crate::device::Device;
+use crate::kernel::Model;
+use crate::mem::Memory;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::Mutex;
+
+/// What the tracer keeps between steps.
+struct Tracer {
+    file: std::fs::File,
+    /// By QP handle: the send and receive doorbell records at the last step.
+    seen: HashMap<u32, (u16, u16)>,
+    rng: u64,
+}
+
+/// Whether `UVERBS_MLX5_MODEL_TRACE` names a trace file this process could open.
+pub fn enabled() -> bool {
+    tracer().is_some()
+}
+
+fn tracer() -> Option<&'static Mutex<Tracer>> {
+    static T: std::sync::OnceLock<Option<Mutex<Tracer>>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let path = std::env::var_os("UVERBS_MLX5_MODEL_TRACE").filter(|p| !p.is_empty())?;
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).ok()?;
+        Some(Mutex::new(Tracer {
+            file,
+            seen: HashMap::new(),
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }))
+    })
+    .as_ref()
+}
+
+fn emit(t: &mut Tracer, text: &str) {
+    let _ = t.file.write_all(text.as_bytes());
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Records a command's driver data (no-op unless tracing).
+pub fn command(name: &str, udata_in: &[u8], outlen: usize) {
+    if let Some(t) = tracer() {
+        let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+        emit(&mut t, &format!("cmd {name} outlen={outlen} {}\n", hex(udata_in)));
+    }
+}
+
+impl Tracer {
+    /// splitmix64.
+    fn next(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// 64 random bytes.
+    fn noise(&mut self) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        for c in b.chunks_mut(8) {
+            c.copy_from_slice(&self.next().to_ne_bytes());
+        }
+        b
+    }
+}
+
+/// A send WQE as traced: its first block index, blocks, opcode and whether it is signaled.
+struct SendWqe {
+    index: u16,
+    opcode: u8,
+    signaled: bool,
+}
+
+/// Logical bytes `[at, at + len)` of the send queue starting at block `index`, wrapping.
+fn sq_bytes(qp: &crate::objects::Qp, index: u16, len: usize, mem: &dyn Memory) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    for (k, chunk) in out.chunks_mut(64).enumerate() {
+        let block = u64::from(index.wrapping_add(k as u16)) & u64::from(qp.sq_cnt - 1);
+        mem.read(qp.sq_base() + block * abi::SEND_WQE_BB, chunk).ok()?;
+    }
+    Some(out)
+}
+
+/// One send WQE as text, the QPN and inline padding masked; `None` if unreadable.
+fn send_wqe_text(qp: &crate::objects::Qp, index: u16, mem: &dyn Memory) -> Option<(String, SendWqe, u16)> {
+    let ctrl = sq_bytes(qp, index, 64, mem)?;
+    let ds = usize::from(ctrl[7] & 0x3f);
+    let nbb = ds.div_ceil(4).max(1) as u16;
+    let bytes = sq_bytes(qp, index, usize::from(nbb) * 64, mem)?;
+    let mut text: Vec<String> = bytes[..ds * 16].iter().map(|b| format!("{b:02x}")).collect();
+    let qpn = u32::from_be_bytes([0, bytes[4], bytes[5], bytes[6]]);
+    let q = if qpn == qp.qpn { "qq" } else { "QP" };
+    for t in &mut text[4..7] {
+        *t = q.into();
+    }
+    let opcode = bytes[3];
+    let data_at = match opcode {
+        abi::opcode::RDMA_WRITE | abi::opcode::RDMA_WRITE_IMM | abi::opcode::RDMA_READ => 32,
+        abi::opcode::ATOMIC_CS | abi::opcode::ATOMIC_FA => 48,
+        _ => 16,
+    };
+    if data_at + 4 <= ds * 16 {
+        let count = u32::from_be_bytes(bytes[data_at..data_at + 4].try_into().ok()?);
+        if count & abi::INLINE_SEG != 0 {
+            let end = data_at + 4 + (count & !abi::INLINE_SEG) as usize;
+            for t in text.iter_mut().take(ds * 16).skip(end) {
+                *t = "..".into();
+            }
+        }
+    }
+    // libmlx5 never writes a fetch-and-add's compare field (the device ignores it).
+    if opcode == abi::opcode::ATOMIC_FA && ds * 16 >= 48 {
+        for t in &mut text[40..48] {
+            *t = "..".into();
+        }
+    }
+    let line = text.chunks(16).map(|c| c.concat()).collect::<Vec<_>>().join(" ");
+    let wqe = SendWqe {
+        index,
+        opcode,
+        signaled: bytes[11] & abi::WQE_CTRL_CQ_UPDATE != 0,
+    };
+    Some((line, wqe, nbb))
+}
+
+/// The traced step `label` for every QP and CQ of the process (see the module doc).
+pub fn step(model: &mut Model, label: &str, mem: &dyn Memory) {
+    let Some(t) = tracer() else { return };
+    let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = format!("step {label}\n");
+    for h in model.qps.handles() {
+        let Some(qp) = model.qps.get(h) else { continue };
+        let snd = mem.read_be32(qp.db + abi::SND_DBR).unwrap_or(u32::MAX);
+        let rcv = mem.read_be32(qp.db + abi::RCV_DBR).unwrap_or(u32::MAX);
+        let _ = writeln!(out, "qp dbrec rcv={rcv:#x} snd={snd:#x}");
+        let (mut sq, mut rq) = t.seen.get(&h).copied().unwrap_or((0, 0));
+        let mut sends = Vec::new();
+        while qp.sq_cnt > 0 && sq != snd as u16 {
+            let Some((line, wqe, nbb)) = send_wqe_text(qp, sq, mem) else {
+                let _ = writeln!(out, "sq unreadable at {sq}");
+                break;
+            };
+            let _ = writeln!(out, "sq {line}");
+            sq = sq.wrapping_add(nbb);
+            sends.push(wqe);
+        }
+        let mut recvs = 0u32;
+        while qp.rq_cnt > 0 && rq != rcv as u16 {
+            let slot = u64::from(rq) & u64::from(qp.rq_cnt - 1);
+            let mut wqe = vec![0u8; 1 << qp.rq_shift];
+            let _ = mem.read(qp.buf + (slot << qp.rq_shift), &mut wqe);
+            let segs: Vec<String> = wqe
+                .chunks(16)
+                .scan(false, |done, seg| {
+                    let show = !*done;
+                    *done |= seg[4..8] == 0x100u32.to_be_bytes();
+                    Some(show.then(|| hex(seg)))
+                })
+                .flatten()
+                .collect();
+            let _ = writeln!(out, "rq {}", segs.join(" "));
+            rq = rq.wrapping_add(1);
+            recvs += 1;
+        }
+        t.seen.insert(h, (sq, rq));
+        {
+            let (qpn, uidx, send_cq, recv_cq) = (qp.qpn, qp.uidx & 0xff_ffff, qp.send_cq, qp.recv_cq);
+            for w in sends.iter().filter(|w| w.signaled) {
+                let cqe = send_cqe(&mut t, qpn, uidx, w);
+                if let Some(cq) = model.cqs.get_mut(send_cq) {
+                    Device::post_raw(cq, cqe, mem);
+                }
+            }
+            for _ in 0..recvs {
+                let cqe = recv_cqe(&mut t, qpn, uidx);
+                if let Some(cq) = model.cqs.get_mut(recv_cq) {
+                    Device::post_raw(cq, cqe, mem);
+                }
+            }
+        }
+    }
+    for h in model.cqs.handles() {
+        if let Some(cq) = model.cqs.get(h) {
+            let ci = mem.read_be32(cq.db + abi::CQ_SET_CI).unwrap_or(u32::MAX);
+            let _ = writeln!(out, "cq set_ci={ci:#x}");
+        }
+    }
+    for c in model.contexts.values() {
+        for &page in &c.uar_maps {
+            for off in (0x800..0x1000u64).step_by(8) {
+                let Ok(word) = mem.take(page + off) else { continue };
+                if word != 0 {
+                    let mut b = word.to_ne_bytes();
+                    let qpn = u32::from_be_bytes([0, b[4], b[5], b[6]]);
+                    let masked = model.qps.iter().any(|(_, q)| q.qpn == qpn);
+                    if masked {
+                        b[4..7].fill(0xee);
+                    }
+                    let _ = writeln!(out, "uar +{off:#x} {}", hex(&b));
+                }
+            }
+        }
+    }
+    emit(&mut t, &out);
+}
+
+/// Error syndromes the generator draws from: every one libmlx5 names, and two it does not.
+const SYNDROMES: [u8; 15] = [
+    0x01, 0x02, 0x04, 0x05, 0x06, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x22, 0x07, 0xff,
+];
+
+/// Fills the fields every CQE carries; the rest (the high byte of `srqn_uidx` too) stays
+/// random.
+fn frame(b: &mut [u8; 64], op: u8, qpn_field: u32, uidx: u32, wqe_counter: u16, se: bool) {
+    b[33..36].copy_from_slice(&uidx.to_be_bytes()[1..]);
+    b[56..60].copy_from_slice(&qpn_field.to_be_bytes());
+    b[60..62].copy_from_slice(&wqe_counter.to_be_bytes());
+    b[63] = op << 4 | if se { 2 } else { 0 };
+}
+
+/// A requester CQE for `w`: success with the WQE's opcode, or an error with a random
+/// syndrome.
+fn send_cqe(t: &mut Tracer, qpn: u32, uidx: u32, w: &SendWqe) -> [u8; 64] {
+    let mut b = t.noise();
+    let r = t.next();
+    if r % 5 == 0 {
+        let synd = SYNDROMES[(r >> 8) as usize % SYNDROMES.len()];
+        frame(
+            &mut b,
+            abi::cqe_op::REQ_ERR,
+            u32::from(w.opcode) << 24 | qpn,
+            uidx,
+            w.index,
+            false,
+        );
+        b[55] = synd;
+    } else {
+        frame(
+            &mut b,
+            abi::cqe_op::REQ,
+            u32::from(w.opcode) << 24 | qpn,
+            uidx,
+            w.index,
+            r & 0x100 != 0,
+        );
+    }
+    b
+}
+
+/// A responder CQE: each receive opcode, or an error.
+fn recv_cqe(t: &mut Tracer, qpn: u32, uidx: u32) -> [u8; 64] {
+    let mut b = t.noise();
+    let r = t.next();
+    let op = [
+        abi::cqe_op::RESP_SEND,
+        abi::cqe_op::RESP_SEND_IMM,
+        abi::cqe_op::RESP_WR_IMM,
+        4, // RESP_SEND_INV
+        abi::cqe_op::RESP_ERR,
+    ][r as usize % 5];
+    let counter = (r >> 16) as u16;
+    frame(
+        &mut b,
+        op,
+        (r >> 32) as u32 & 0xff00_0000 | qpn,
+        uidx,
+        counter,
+        r & 0x100 != 0,
+    );
+    if op == abi::cqe_op::RESP_ERR {
+        b[55] = SYNDROMES[(r >> 40) as usize % SYNDROMES.len()];
+    }
+    b
+}
