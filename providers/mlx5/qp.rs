@@ -430,14 +430,17 @@ impl SendQueue {
             }
         };
         if wr.flags.contains(SendFlags::INLINE) {
+            // No bytes, no inline segment at all (libmlx5 `set_data_inl_seg`: size 0).
             let len = wr.total_len() as u32;
-            w.put(&wqe::inline_header(len));
-            for sge in wr.sg_list {
-                // SAFETY: inline SGEs name readable memory (our contract); the length was
-                // checked against the WQE's room.
-                unsafe { w.copy(sge.addr as *const u8, sge.length as usize) };
+            if len > 0 {
+                w.put(&wqe::inline_header(len));
+                for sge in wr.sg_list {
+                    // SAFETY: inline SGEs name readable memory (our contract); the length
+                    // was checked against the WQE's room.
+                    unsafe { w.copy(sge.addr as *const u8, sge.length as usize) };
+                }
+                w.pos = w.pos.next_multiple_of(SEG);
             }
-            w.pos = w.pos.next_multiple_of(SEG);
         } else if wr.op.is_atomic() {
             // The device writes exactly the 8-byte old value.
             let sge = wr.sg_list[0];
@@ -686,6 +689,26 @@ mod tests {
         assert_eq!(&wqe[16..32], &wqe::raddr_seg(0x1000, 7));
         assert_eq!(&wqe[32..36], &wqe::inline_header(90));
         assert_eq!(&wqe[36..126], &data[..]);
+    }
+
+    /// An inline request carrying no bytes (no SGE, or only empty ones) has no inline
+    /// segment, as libmlx5 writes it: the control segment alone (ds 1).
+    #[test]
+    fn empty_inline_requests_have_no_inline_segment() {
+        let buf = Buffer::new(4096, "test").unwrap();
+        let mut sq = send_queue(&buf, 4);
+        let empty = [Sge {
+            addr: 0x10,
+            length: 0,
+            lkey: 1,
+        }];
+        for sges in [&[][..], &empty[..]] {
+            let wr = SendWr::new(1, SendOp::Send, sges).set_flags(SendFlags::INLINE);
+            // SAFETY: no inline byte is read.
+            assert_eq!(unsafe { sq.write(&wr) }, 1);
+            assert_eq!(sq.last_ctrl[7], 1, "ds");
+            sq.cur_post += 1;
+        }
     }
 
     /// The poller completes up to the signaled request the CQE names and moves the tail past
