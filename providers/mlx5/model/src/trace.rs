@@ -238,6 +238,10 @@ const SYNDROMES: [u8; 15] = [
     0x01, 0x02, 0x04, 0x05, 0x06, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x22, 0x07, 0xff,
 ];
 
+/// The send opcodes a requester CQE names (`MLX5_OPCODE_*`): SEND_INVAL, RDMA_WRITE(_IMM),
+/// SEND(_IMM), RDMA_READ, ATOMIC_CS, ATOMIC_FA.
+const REQ_OPCODES: [u8; 8] = [0x01, 0x08, 0x09, 0x0a, 0x0b, 0x10, 0x11, 0x12];
+
 /// Fills the fields every CQE carries; the rest (the high byte of `srqn_uidx` too) stays
 /// random.
 fn frame(b: &mut [u8; 64], op: u8, qpn_field: u32, uidx: u32, wqe_counter: u16, se: bool) {
@@ -264,10 +268,16 @@ fn send_cqe(t: &mut Tracer, qpn: u32, uidx: u32, w: &SendWqe) -> [u8; 64] {
         );
         b[55] = synd;
     } else {
+        // Mostly the WQE's opcode; now and then another requester opcode (SEND_INVAL too):
+        // a provider reads the CQE's, never its own record of the WQE.
+        let opcode = match r & 0x3000 {
+            0 => REQ_OPCODES[(r >> 16) as usize % REQ_OPCODES.len()],
+            _ => w.opcode,
+        };
         frame(
             &mut b,
             abi::cqe_op::REQ,
-            u32::from(w.opcode) << 24 | qpn,
+            u32::from(opcode) << 24 | qpn,
             uidx,
             w.index,
             r & 0x100 != 0,
