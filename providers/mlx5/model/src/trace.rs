@@ -311,3 +311,88 @@ fn recv_cqe(t: &mut Tracer, qpn: u32, uidx: u32) -> [u8; 64] {
     }
     b
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::Arena;
+    use crate::objects::{Qp, QpAttrs};
+
+    /// A QP of 4 send blocks at 0x10000 (no receive queue), QPN 0x1c0.
+    fn qp() -> Qp {
+        Qp {
+            ctx: 3,
+            bfregn: None,
+            qpn: 0x1c0,
+            qp_type: abi::qpt::RC,
+            pd: 0,
+            send_cq: 0,
+            recv_cq: 0,
+            user_handle: 0,
+            uidx: 0,
+            buf: 0x10000,
+            rq_cnt: 0,
+            rq_shift: 0,
+            sq_cnt: 4,
+            db: 0x20000,
+            state: abi::qps::RTS,
+            attrs: QpAttrs::default(),
+            sq_sig_all: false,
+            max_send_wr: 4,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 0,
+            max_inline: 60,
+            sq_ci: 0,
+            rq_ci: 0,
+            stall: None,
+            async_events: 0,
+        }
+    }
+
+    /// A two-block inline WRITE posted at the last block reads on at the ring's start; its
+    /// QPN and the padding after its 5 inline bytes are masked.
+    #[test]
+    fn send_wqes_are_read_across_the_ring_end_and_masked() {
+        let mem = Arena::default();
+        mem.add(0x10000, 4 * 64);
+        let mut wqe = [0u8; 128];
+        wqe[..8].copy_from_slice(&[0, 0, 3, 0x08, 0, 1, 0xc0, 5]);
+        wqe[11] = abi::WQE_CTRL_CQ_UPDATE;
+        wqe[16..24].copy_from_slice(&0x1122u64.to_be_bytes());
+        wqe[32..36].copy_from_slice(&(5 | abi::INLINE_SEG).to_be_bytes());
+        wqe[36..41].copy_from_slice(b"hello");
+        wqe[41..80].fill(0x77);
+        mem.write(0x10000 + 3 * 64, &wqe[..64]).unwrap();
+        mem.write(0x10000, &wqe[64..]).unwrap();
+        let (text, w, nbb) = send_wqe_text(&qp(), 3, &mem).unwrap();
+        assert_eq!((w.index, w.opcode, w.signaled, nbb), (3, 0x08, true, 2));
+        let segs: Vec<&str> = text.split(' ').collect();
+        assert_eq!(segs.len(), 5);
+        assert_eq!(segs[0], "00000308qqqqqq050000000800000000");
+        assert_eq!(segs[2], format!("{}{}{}", "80000005", hex(b"hello"), "..".repeat(7)));
+        assert_eq!(segs[4], "..".repeat(16));
+        // A control segment naming another QP is shown, not masked away.
+        mem.write(0x10000 + 3 * 64 + 6, &[0xc1]).unwrap();
+        assert!(send_wqe_text(&qp(), 3, &mem).unwrap().0.starts_with("00000308QPQPQP05"));
+        assert_eq!(mem.stray(), 0);
+    }
+
+    /// A fetch-and-add's compare field is masked (libmlx5 never writes it); a CAS's is not.
+    #[test]
+    fn fetch_and_add_compare_is_masked() {
+        let mem = Arena::default();
+        mem.add(0x10000, 4 * 64);
+        let mut wqe = [0xabu8; 64];
+        wqe[..8].copy_from_slice(&[0, 0, 0, abi::opcode::ATOMIC_FA, 0, 1, 0xc0, 4]);
+        mem.write(0x10000, &wqe).unwrap();
+        let (text, ..) = send_wqe_text(&qp(), 0, &mem).unwrap();
+        assert_eq!(
+            text.split(' ').nth(2),
+            Some(format!("{}{}", "ab".repeat(8), "..".repeat(8)).as_str())
+        );
+        mem.write(0x10000 + 3, &[abi::opcode::ATOMIC_CS]).unwrap();
+        let (text, ..) = send_wqe_text(&qp(), 0, &mem).unwrap();
+        assert_eq!(text.split(' ').nth(2), Some("ab".repeat(16).as_str()));
+    }
+}
