@@ -443,7 +443,7 @@ impl Model {
         let outlen = call.udata_outlen;
         let mut resp = abi::AllocUcontextResp {
             qp_tab_size: 1 << 18,
-            bf_reg_size: 0,
+            bf_reg_size: crate::bf_reg_size(),
             tot_bfregs: if lib_uar_dyn { 0 } else { req.total_num_bfregs },
             cache_line_size: 64,
             max_sq_desc_sz: 512,
@@ -1313,7 +1313,7 @@ impl Model {
         if alloc_type != abi::uar_obj::TYPE_BF && alloc_type != abi::uar_obj::TYPE_NC {
             return Err(EOPNOTSUPP);
         }
-        if alloc_type == abi::uar_obj::TYPE_BF {
+        if alloc_type == abi::uar_obj::TYPE_BF && !crate::wc_support() {
             return Err(EOPNOTSUPP);
         }
         let outs = [
@@ -1375,13 +1375,15 @@ impl Model {
             // hw/mlx5/main.c:2162, :2165, :2173 uar_mmap: `if (bfregi->lib_uar_dyn) return
             // -EINVAL;`, exactly one page, an
             // index within the static pages.
+            abi::mmap_cmd::WC_PAGE if crate::wc_support() => self.check_mmap(ctx, pgoff & !0xff00, len),
             abi::mmap_cmd::REGULAR_PAGE | abi::mmap_cmd::NC_PAGE => {
                 if c.lib_uar_dyn || len != PAGE_SIZE || index >= c.static_uar_pages {
                     return Err(EINVAL);
                 }
                 Ok(())
             }
-            // hw/mlx5/main.c:2318 mlx5_ib_mmap: WC pages need write combining: EPERM without it.
+            // hw/mlx5/main.c:2318 mlx5_ib_mmap: WC pages need write combining: EPERM without it
+            // (with it, a WC page is a static UAR page as above).
             abi::mmap_cmd::WC_PAGE | abi::mmap_cmd::ALLOC_WC => Err(libc::EPERM),
             // hw/mlx5/main.c:2325 mlx5_ib_mmap.
             abi::mmap_cmd::GET_CONTIGUOUS_PAGES => Err(libc::ENOSYS),

@@ -110,8 +110,24 @@ fn sq_bytes(qp: &crate::objects::Qp, index: u16, len: usize, mem: &dyn Memory) -
     Some(out)
 }
 
-/// One send WQE as text, the QPN and inline padding masked; `None` if unreadable.
-fn send_wqe_text(qp: &crate::objects::Qp, index: u16, mem: &dyn Memory) -> Option<(String, SendWqe, u16)> {
+/// A traced send WQE: its bytes (`ds * 16`), one token per byte (hex, or `qq` for its own
+/// QPN, `QP` for another, `..` for bytes libmlx5 leaves unwritten), what retiring it needs,
+/// and its basic blocks.
+struct Traced {
+    bytes: Vec<u8>,
+    tokens: Vec<String>,
+    wqe: SendWqe,
+    nbb: u16,
+}
+
+/// Tokens as text: 16 a group.
+fn line(tokens: &[String]) -> String {
+    tokens.chunks(16).map(|c| c.concat()).collect::<Vec<_>>().join(" ")
+}
+
+/// One send WQE, the QPN, inline padding and a fetch-and-add's compare masked; `None` if
+/// unreadable.
+fn send_wqe(qp: &crate::objects::Qp, index: u16, mem: &dyn Memory) -> Option<Traced> {
     let ctrl = sq_bytes(qp, index, 64, mem)?;
     let ds = usize::from(ctrl[7] & 0x3f);
     let nbb = ds.div_ceil(4).max(1) as u16;
@@ -143,13 +159,61 @@ fn send_wqe_text(qp: &crate::objects::Qp, index: u16, mem: &dyn Memory) -> Optio
             *t = "..".into();
         }
     }
-    let line = text.chunks(16).map(|c| c.concat()).collect::<Vec<_>>().join(" ");
     let wqe = SendWqe {
         index,
         opcode,
         signaled: bytes[11] & abi::WQE_CTRL_CQ_UPDATE != 0,
     };
-    Some((line, wqe, nbb))
+    let mut bytes = bytes;
+    bytes.truncate(ds * 16);
+    Some(Traced {
+        bytes,
+        tokens: text,
+        wqe,
+        nbb,
+    })
+}
+
+/// The bytes written to one BlueFlame buffer (a bfreg half; with no BlueFlame, the
+/// doorbell's 8 bytes), up to the last nonzero one, read against the last WQE of the QP they
+/// name: an 8-byte doorbell is its first 8 bytes, a BlueFlame copy its `ds * 16` bytes and
+/// the rest of their last basic block (`..`: whatever the ring held). Masked where the WQE
+/// is; ` differs from the WQE` is added when an unmasked byte does not match the ring.
+fn uar_text(bytes: &[u8], last: &HashMap<u32, Traced>) -> String {
+    let qpn = match bytes.get(4..7) {
+        Some(b) => u32::from_be_bytes([0, b[0], b[1], b[2]]),
+        None => 0,
+    };
+    let wqe = last.get(&qpn);
+    let len = match (bytes.len() <= 8, wqe) {
+        (true, _) => 8,
+        (false, Some(w)) => bytes.len().max(w.bytes.len()).next_multiple_of(64),
+        (false, None) => bytes.len().next_multiple_of(64),
+    };
+    let mut same = true;
+    let tokens: Vec<String> = (0..len)
+        .map(|i| {
+            let b = bytes.get(i).copied().unwrap_or(0);
+            match wqe {
+                Some(w) if i < w.bytes.len() => {
+                    if w.tokens[i].bytes().all(|c| c.is_ascii_hexdigit()) {
+                        same &= w.bytes[i] == b;
+                        format!("{b:02x}")
+                    } else {
+                        w.tokens[i].clone()
+                    }
+                }
+                Some(w) if len > 8 && i < w.bytes.len().next_multiple_of(64) => "..".into(),
+                _ => format!("{b:02x}"),
+            }
+        })
+        .collect();
+    let note = match (wqe, same) {
+        (Some(_), true) => "",
+        (Some(_), false) => " differs from the WQE",
+        (None, _) => " names no traced QP",
+    };
+    format!("{}{note}", line(&tokens))
 }
 
 /// The traced step `label` for every QP and CQ of the process (see the module doc).
@@ -157,6 +221,8 @@ pub fn step(model: &mut Model, label: &str, mem: &dyn Memory) {
     let Some(t) = tracer() else { return };
     let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
     let mut out = format!("step {label}\n");
+    // By QPN: the last send WQE traced in this step, which a doorbell must carry.
+    let mut last: HashMap<u32, Traced> = HashMap::new();
     for h in model.qps.handles() {
         let Some(qp) = model.qps.get(h) else { continue };
         let snd = mem.read_be32(qp.db + abi::SND_DBR).unwrap_or(u32::MAX);
@@ -165,13 +231,13 @@ pub fn step(model: &mut Model, label: &str, mem: &dyn Memory) {
         let (mut sq, mut rq) = t.seen.get(&h).copied().unwrap_or((0, 0));
         let mut sends = Vec::new();
         while qp.sq_cnt > 0 && sq != snd as u16 {
-            let Some((line, wqe, nbb)) = send_wqe_text(qp, sq, mem) else {
+            let Some(traced) = send_wqe(qp, sq, mem) else {
                 let _ = writeln!(out, "sq unreadable at {sq}");
                 break;
             };
-            let _ = writeln!(out, "sq {line}");
-            sq = sq.wrapping_add(nbb);
-            sends.push(wqe);
+            let _ = writeln!(out, "sq {}", line(&traced.tokens));
+            sq = sq.wrapping_add(traced.nbb);
+            sends.push(traced);
         }
         let mut recvs = 0u32;
         while qp.rq_cnt > 0 && rq != rcv as u16 {
@@ -192,20 +258,21 @@ pub fn step(model: &mut Model, label: &str, mem: &dyn Memory) {
             recvs += 1;
         }
         t.seen.insert(h, (sq, rq));
-        {
-            let (qpn, uidx, send_cq, recv_cq) = (qp.qpn, qp.uidx & 0xff_ffff, qp.send_cq, qp.recv_cq);
-            for w in sends.iter().filter(|w| w.signaled) {
-                let cqe = send_cqe(&mut t, qpn, uidx, w);
-                if let Some(cq) = model.cqs.get_mut(send_cq) {
-                    Device::post_raw(cq, cqe, mem);
-                }
+        let (qpn, uidx, send_cq, recv_cq) = (qp.qpn, qp.uidx & 0xff_ffff, qp.send_cq, qp.recv_cq);
+        for w in sends.iter().map(|t| &t.wqe).filter(|w| w.signaled) {
+            let cqe = send_cqe(&mut t, qpn, uidx, w);
+            if let Some(cq) = model.cqs.get_mut(send_cq) {
+                Device::post_raw(cq, cqe, mem);
             }
-            for _ in 0..recvs {
-                let cqe = recv_cqe(&mut t, qpn, uidx);
-                if let Some(cq) = model.cqs.get_mut(recv_cq) {
-                    Device::post_raw(cq, cqe, mem);
-                }
+        }
+        for _ in 0..recvs {
+            let cqe = recv_cqe(&mut t, qpn, uidx);
+            if let Some(cq) = model.cqs.get_mut(recv_cq) {
+                Device::post_raw(cq, cqe, mem);
             }
+        }
+        if let Some(w) = sends.pop() {
+            last.insert(qpn, w);
         }
     }
     for h in model.cqs.handles() {
@@ -214,18 +281,20 @@ pub fn step(model: &mut Model, label: &str, mem: &dyn Memory) {
             let _ = writeln!(out, "cq set_ci={ci:#x}");
         }
     }
+    // The bfregs (from 0x800 of each UAR page) in BlueFlame buffers, each taken whole; named
+    // by their offset in the bfreg, since the two providers get different bfregs.
+    let bf_reg = u64::from(crate::bf_reg_size());
+    let half = (bf_reg / 2).max(64);
     for c in model.contexts.values() {
         for &page in &c.uar_maps {
-            for off in (0x800..0x1000u64).step_by(8) {
-                let Ok(word) = mem.take(page + off) else { continue };
-                if word != 0 {
-                    let mut b = word.to_ne_bytes();
-                    let qpn = u32::from_be_bytes([0, b[4], b[5], b[6]]);
-                    let masked = model.qps.iter().any(|(_, q)| q.qpn == qpn);
-                    if masked {
-                        b[4..7].fill(0xee);
-                    }
-                    let _ = writeln!(out, "uar +{off:#x} {}", hex(&b));
+            for at in (0x800..0x1000u64).step_by(half as usize) {
+                let bytes: Vec<u8> = (at..at + half)
+                    .step_by(8)
+                    .flat_map(|off| mem.take(page + off).unwrap_or(0).to_ne_bytes())
+                    .collect();
+                if let Some(end) = bytes.iter().rposition(|&b| b != 0) {
+                    let rel = (at - 0x800) % bf_reg.max(half);
+                    let _ = writeln!(out, "uar bf+{rel:#x} {}", uar_text(&bytes[..=end], &last));
                 }
             }
         }
@@ -365,7 +434,8 @@ mod tests {
         wqe[41..80].fill(0x77);
         mem.write(0x10000 + 3 * 64, &wqe[..64]).unwrap();
         mem.write(0x10000, &wqe[64..]).unwrap();
-        let (text, w, nbb) = send_wqe_text(&qp(), 3, &mem).unwrap();
+        let t = send_wqe(&qp(), 3, &mem).unwrap();
+        let (text, w, nbb) = (line(&t.tokens), t.wqe, t.nbb);
         assert_eq!((w.index, w.opcode, w.signaled, nbb), (3, 0x08, true, 2));
         let segs: Vec<&str> = text.split(' ').collect();
         assert_eq!(segs.len(), 5);
@@ -374,7 +444,7 @@ mod tests {
         assert_eq!(segs[4], "..".repeat(16));
         // A control segment naming another QP is shown, not masked away.
         mem.write(0x10000 + 3 * 64 + 6, &[0xc1]).unwrap();
-        assert!(send_wqe_text(&qp(), 3, &mem).unwrap().0.starts_with("00000308QPQPQP05"));
+        assert!(line(&send_wqe(&qp(), 3, &mem).unwrap().tokens).starts_with("00000308QPQPQP05"));
         assert_eq!(mem.stray(), 0);
     }
 
@@ -386,13 +456,13 @@ mod tests {
         let mut wqe = [0xabu8; 64];
         wqe[..8].copy_from_slice(&[0, 0, 0, abi::opcode::ATOMIC_FA, 0, 1, 0xc0, 4]);
         mem.write(0x10000, &wqe).unwrap();
-        let (text, ..) = send_wqe_text(&qp(), 0, &mem).unwrap();
+        let text = line(&send_wqe(&qp(), 0, &mem).unwrap().tokens);
         assert_eq!(
             text.split(' ').nth(2),
             Some(format!("{}{}", "ab".repeat(8), "..".repeat(8)).as_str())
         );
         mem.write(0x10000 + 3, &[abi::opcode::ATOMIC_CS]).unwrap();
-        let (text, ..) = send_wqe_text(&qp(), 0, &mem).unwrap();
+        let text = line(&send_wqe(&qp(), 0, &mem).unwrap().tokens);
         assert_eq!(text.split(' ').nth(2), Some("ab".repeat(16).as_str()));
     }
 }
