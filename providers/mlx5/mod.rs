@@ -2,7 +2,7 @@
 //! and reads CQEs in the device's own formats, and rings doorbells through mapped UAR pages.
 //!
 //! Built: contexts with legacy UARs, PDs, CQs (poll, arm), RC and UC QPs (every send
-//! operation, inline data, BlueFlame for a lone inline request as libmlx5 does, receives,
+//! operation, inline data, BlueFlame for a lone request as libmlx5 does, receives,
 //! RESET and destroy scrubbing). Not yet: CQ resize, SRQs, UD and address handles
 //! (`Error::Unsupported`).
 
