@@ -465,4 +465,33 @@ mod tests {
         let text = line(&send_wqe(&qp(), 0, &mem).unwrap().tokens);
         assert_eq!(text.split(' ').nth(2), Some("ab".repeat(16).as_str()));
     }
+
+    /// A doorbell is the last WQE's first 8 bytes; a BlueFlame copy its bytes and the rest of
+    /// its last block (`..`); a byte that is not the ring's is flagged.
+    #[test]
+    fn uar_writes_read_against_the_last_wqe() {
+        let mem = Arena::default();
+        mem.add(0x10000, 4 * 64);
+        let mut wqe = [0x5au8; 64];
+        wqe[..8].copy_from_slice(&[0, 0, 0, 0x0a, 0, 1, 0xc0, 2]);
+        mem.write(0x10000, &wqe).unwrap();
+        let last = HashMap::from([(0x1c0, send_wqe(&qp(), 0, &mem).unwrap())]);
+        assert_eq!(uar_text(&wqe[..8], &last), "0000000aqqqqqq02");
+        let mut copy = wqe.to_vec();
+        copy[40..].fill(0x33); // after the WQE's 32 bytes: stale ring bytes
+        let text = uar_text(&copy, &last);
+        assert_eq!(
+            text,
+            format!(
+                "0000000aqqqqqq02{} {} {} {}",
+                "5a".repeat(8),
+                "5a".repeat(16),
+                "..".repeat(16),
+                "..".repeat(16)
+            )
+        );
+        copy[20] = 0;
+        assert!(uar_text(&copy, &last).ends_with(" differs from the WQE"));
+        assert!(uar_text(&[1, 0, 0, 0, 0, 0, 9], &last).ends_with(" names no traced QP"));
+    }
 }
