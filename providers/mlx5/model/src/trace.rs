@@ -6,14 +6,17 @@
 //!   many driver response bytes the caller offered.
 //! - at each [`step`] (a test program calls `uverbs_mlx5_model_step` after each post), per
 //!   QP: the doorbell records, the send WQEs and receive WQEs posted since the last step
-//!   (decoded from the rings in posting order, whatever the ring size), and the 8-byte words
-//!   written to the context's UAR pages (taken, so each write is reported once); per CQ the
-//!   consumer index record.
+//!   (decoded from the rings in posting order, whatever the ring size); per CQ the consumer
+//!   index record; and what was written to each BlueFlame buffer of the context's bfregs
+//!   (taken, so each write is reported once), an 8-byte doorbell or a BlueFlame copy, read
+//!   against the last WQE of the QP it names.
 //!
 //! In WQE bytes the QP number is shown as `qqqqqq` (it differs between runs, and is checked
 //! against the QP's own); the padding after inline data and a fetch-and-add's compare field
-//! as `..` (libmlx5 never writes either: they hold whatever an earlier WQE left). While tracing, the device executes no WQE ([`Device::next_work`]): instead the
-//! step **retires** what it traced, a CQE for every signaled send WQE and every receive WQE,
+//! as `..` (libmlx5 never writes either: they hold whatever an earlier WQE left).
+//!
+//! While tracing, the device executes no WQE ([`Device::next_work`]): instead the step
+//! **retires** what it traced, a CQE for every signaled send WQE and every receive WQE,
 //! drawn from a seeded generator (successes and errors, every responder opcode, random
 //! values in every field a provider reads and in those it must ignore). So the rings wrap
 //! without a peer or valid keys, and both runs see the same CQEs in the same CQ state.
@@ -30,7 +33,7 @@ use std::sync::Mutex;
 /// What the tracer keeps between steps.
 struct Tracer {
     file: std::fs::File,
-    /// By QP handle: the send and receive doorbell records at the last step.
+    /// By QPN: the send and receive doorbell records at the last step.
     seen: HashMap<u32, (u16, u16)>,
     rng: u64,
 }
@@ -228,7 +231,7 @@ pub fn step(model: &mut Model, label: &str, mem: &dyn Memory) {
         let snd = mem.read_be32(qp.db + abi::SND_DBR).unwrap_or(u32::MAX);
         let rcv = mem.read_be32(qp.db + abi::RCV_DBR).unwrap_or(u32::MAX);
         let _ = writeln!(out, "qp dbrec rcv={rcv:#x} snd={snd:#x}");
-        let (mut sq, mut rq) = t.seen.get(&h).copied().unwrap_or((0, 0));
+        let (mut sq, mut rq) = t.seen.get(&qp.qpn).copied().unwrap_or((0, 0));
         let mut sends = Vec::new();
         while qp.sq_cnt > 0 && sq != snd as u16 {
             let Some(traced) = send_wqe(qp, sq, mem) else {
@@ -257,7 +260,7 @@ pub fn step(model: &mut Model, label: &str, mem: &dyn Memory) {
             rq = rq.wrapping_add(1);
             recvs += 1;
         }
-        t.seen.insert(h, (sq, rq));
+        t.seen.insert(qp.qpn, (sq, rq));
         let (qpn, uidx, send_cq, recv_cq) = (qp.qpn, qp.uidx & 0xff_ffff, qp.send_cq, qp.recv_cq);
         for w in sends.iter().map(|t| &t.wqe).filter(|w| w.signaled) {
             let cqe = send_cqe(&mut t, qpn, uidx, w);
