@@ -253,6 +253,8 @@ pub fn script(seed: u64, steps: u32) -> String {
         }
         let _ = writeln!(s, "T {step}");
     }
+    // One more trace: the consumer index record after the last polls.
+    s.push_str("T end\n");
     s
 }
 
