@@ -2,8 +2,9 @@
 //! and reads CQEs in the device's own formats, and rings doorbells through mapped UAR pages.
 //!
 //! Built: contexts with legacy UARs, PDs, CQs (poll, arm, resize), RC and UC QPs (every send
-//! operation, inline data, receives, RESET and destroy scrubbing). Not yet: BlueFlame, SRQs,
-//! UD and address handles (`Error::Unsupported`).
+//! operation, inline data, BlueFlame for a lone request as libmlx5 does, receives,
+//! RESET and destroy scrubbing). Not yet: SRQs, UD and address handles
+//! (`Error::Unsupported`).
 
 mod abi;
 mod cq;
@@ -82,6 +83,12 @@ pub(super) struct Ctx {
     /// The legacy UAR pages, in index order.
     uars: Vec<UarPage>,
     bf_reg_size: u32,
+    /// Bytes of one BlueFlame buffer (half a bfreg); 0 when BlueFlame is off: no write
+    /// combining (`bf_reg_size` 0) or `MLX5_SHUT_UP_BF` set.
+    bf_buf_size: usize,
+    /// BlueFlame for any lone request, not only inline ones: libmlx5's default, off with
+    /// `MLX5_POST_SEND_PREFER_BF=0`.
+    prefer_bf: bool,
     num_uars_per_page: u32,
     db_pages: Arc<DbPages>,
     uidx: UserIndices,
@@ -138,6 +145,8 @@ impl Ctx {
         Ok(Self {
             uars,
             bf_reg_size: resp.bf_reg_size,
+            bf_buf_size: if uncached { 0 } else { resp.bf_reg_size as usize / 2 },
+            prefer_bf: std::env::var_os("MLX5_POST_SEND_PREFER_BF").map_or(true, |v| v != "0"),
             num_uars_per_page: per_page,
             db_pages: Arc::new(DbPages::new(page_size)),
             uidx: UserIndices::default(),
@@ -149,7 +158,7 @@ impl Ctx {
     }
 
     /// Where bfreg `index`'s doorbell is (libmlx5 `mlx5.c`'s bfreg layout), if inside the
-    /// mapped UARs.
+    /// mapped UARs. Bfreg 0 is shared by QPs, so it never takes BlueFlame copies.
     fn bfreg(&self, index: u32) -> Option<qp::SendDoorbell> {
         let per_page = BFREGS_PER_UAR * self.num_uars_per_page;
         let page = (index / per_page) as usize;
@@ -158,7 +167,14 @@ impl Ctx {
         let offset = ADAPTER_PAGE * uar_in_page + BF_OFFSET + reg * self.bf_reg_size as usize;
         let toggle = (self.bf_reg_size / 2) as usize;
         let uar = self.uars.get(page)?;
-        (uar.fits(offset) && uar.fits(offset ^ toggle)).then_some(qp::SendDoorbell { page, offset, toggle })
+        let bf_size = if index == 0 { 0 } else { self.bf_buf_size };
+        let fits = |at: usize| uar.fits(at) && (bf_size == 0 || uar.fits(at + bf_size - 8));
+        (fits(offset) && fits(offset ^ toggle)).then_some(qp::SendDoorbell {
+            page,
+            offset,
+            toggle,
+            bf_size,
+        })
     }
 
     /// The UAR page CQ doorbells go to.

@@ -241,6 +241,9 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             max_inline: geo.cap.max_inline_data,
             qpn: created.qpn,
             last_ctrl: [0; 8],
+            last_start: 0,
+            last_ds: 0,
+            last_inline: false,
         },
         rq: RecvQueue {
             base: buf.base(),
@@ -282,6 +285,8 @@ pub(super) struct SendDoorbell {
     pub(super) offset: usize,
     /// The two halves of the bfreg alternate (libmlx5 toggles them on every ring).
     pub(super) toggle: usize,
+    /// Bytes of a BlueFlame buffer; 0: no BlueFlame.
+    pub(super) bf_size: usize,
 }
 
 /// The poster's view of the send queue.
@@ -299,6 +304,11 @@ struct SendQueue {
     qpn: u32,
     /// The first 8 bytes of the last WQE's control segment: what the UAR doorbell carries.
     last_ctrl: [u8; 8],
+    /// The last WQE's byte position in the ring, its size in 16-byte units, and whether it
+    /// was an inline request with SGEs (libmlx5's condition for a BlueFlame copy).
+    last_start: usize,
+    last_ds: usize,
+    last_inline: bool,
 }
 
 /// Writes a WQE's segments, wrapping at the ring's end.
@@ -430,14 +440,17 @@ impl SendQueue {
             }
         };
         if wr.flags.contains(SendFlags::INLINE) {
+            // No bytes, no inline segment at all (libmlx5 `set_data_inl_seg`: size 0).
             let len = wr.total_len() as u32;
-            w.put(&wqe::inline_header(len));
-            for sge in wr.sg_list {
-                // SAFETY: inline SGEs name readable memory (our contract); the length was
-                // checked against the WQE's room.
-                unsafe { w.copy(sge.addr as *const u8, sge.length as usize) };
+            if len > 0 {
+                w.put(&wqe::inline_header(len));
+                for sge in wr.sg_list {
+                    // SAFETY: inline SGEs name readable memory (our contract); the length
+                    // was checked against the WQE's room.
+                    unsafe { w.copy(sge.addr as *const u8, sge.length as usize) };
+                }
+                w.pos = w.pos.next_multiple_of(SEG);
             }
-            w.pos = w.pos.next_multiple_of(SEG);
         } else if wr.op.is_atomic() {
             // The device writes exactly the 8-byte old value.
             let sge = wr.sg_list[0];
@@ -471,7 +484,22 @@ impl SendQueue {
         let mut at_start = WqeWriter { sq: self, pos: start };
         at_start.put(&ctrl);
         self.last_ctrl.copy_from_slice(&ctrl[..8]);
+        (self.last_start, self.last_ds) = (start, ds);
+        self.last_inline = wr.flags.contains(SendFlags::INLINE) && !wr.sg_list.is_empty();
         (ds * SEG).div_ceil(SEND_WQE_BB) as u32
+    }
+}
+
+impl SendQueue {
+    /// `len` bytes of the ring from byte `start` (a multiple of 8), as 8-byte words,
+    /// wrapping at the ring's end.
+    fn words(&self, start: usize, len: usize) -> impl ExactSizeIterator<Item = [u8; 8]> + '_ {
+        (0..len / 8).map(move |i| {
+            let at = (start + 8 * i) & self.mask;
+            // SAFETY: `at` is inside the ring and 8-aligned (the ring's size is a multiple
+            // of 64); the poster, which alone writes the ring, is the caller.
+            unsafe { self.base.as_ptr().add(at).cast::<[u8; 8]>().read() }
+        })
     }
 }
 
@@ -532,7 +560,17 @@ unsafe impl QpQueues for Mlx5Qp {
             std::sync::atomic::fence(Ordering::SeqCst);
             let d = &mut self.doorbell;
             if let Some(uar) = self.ctx.uars.get(d.page) {
-                uar.write64(d.offset, self.sq.last_ctrl);
+                // BlueFlame (the WQE itself through the UAR, sparing the device its fetch)
+                // on libmlx5's terms: a lone request (inline, or any with `prefer_bf`) of
+                // more than the control segment that fits the buffer (qp.c post_send_db).
+                let sq = &self.sq;
+                let bytes = sq.last_ds * SEG;
+                let wanted = sq.last_inline || self.ctx.prefer_bf;
+                if posted == 1 && d.bf_size > 0 && wanted && sq.last_ds > 1 && bytes <= d.bf_size {
+                    uar.copy64(d.offset, sq.words(sq.last_start, bytes.next_multiple_of(SEND_WQE_BB)));
+                } else {
+                    uar.write64(d.offset, sq.last_ctrl);
+                }
             }
             d.offset ^= d.toggle;
         }
@@ -625,6 +663,9 @@ mod tests {
             max_inline: 100,
             qpn: 0x1c0,
             last_ctrl: [0; 8],
+            last_start: 0,
+            last_ds: 0,
+            last_inline: false,
         }
     }
 
@@ -686,6 +727,30 @@ mod tests {
         assert_eq!(&wqe[16..32], &wqe::raddr_seg(0x1000, 7));
         assert_eq!(&wqe[32..36], &wqe::inline_header(90));
         assert_eq!(&wqe[36..126], &data[..]);
+        // What a BlueFlame copy of it carries: its two blocks, in order across the end.
+        assert_eq!((sq.last_start, sq.last_ds, sq.last_inline), (3 * SEND_WQE_BB, 8, true));
+        let copied: Vec<u8> = sq.words(sq.last_start, 2 * SEND_WQE_BB).flatten().collect();
+        assert_eq!(copied, wqe);
+    }
+
+    /// An inline request carrying no bytes (no SGE, or only empty ones) has no inline
+    /// segment, as libmlx5 writes it: the control segment alone (ds 1).
+    #[test]
+    fn empty_inline_requests_have_no_inline_segment() {
+        let buf = Buffer::new(4096, "test").unwrap();
+        let mut sq = send_queue(&buf, 4);
+        let empty = [Sge {
+            addr: 0x10,
+            length: 0,
+            lkey: 1,
+        }];
+        for sges in [&[][..], &empty[..]] {
+            let wr = SendWr::new(1, SendOp::Send, sges).set_flags(SendFlags::INLINE);
+            // SAFETY: no inline byte is read.
+            assert_eq!(unsafe { sq.write(&wr) }, 1);
+            assert_eq!(sq.last_ctrl[7], 1, "ds");
+            sq.cur_post += 1;
+        }
     }
 
     /// The poller completes up to the signaled request the CQE names and moves the tail past

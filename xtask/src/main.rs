@@ -82,6 +82,7 @@ mod initramfs;
 mod json;
 mod kernel;
 mod mlx5;
+mod mlx5_diff;
 mod models;
 mod packages;
 mod proc;

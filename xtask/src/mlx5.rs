@@ -282,6 +282,33 @@ pub fn test_step() -> Vec<Checked> {
             Ok(())
         });
     }
+    // The differential against libmlx5 (acceptance 3, 4, 5 of issue #16; mlx5_diff.rs).
+    let mut runs = Vec::new();
+    check(
+        "differential: same WQE bytes, doorbells and completions as libmlx5 (Rust mlx5 provider)".into(),
+        &mut |dir| {
+            for setting in 0..crate::mlx5_diff::SETTINGS.len() {
+                let r = crate::mlx5_diff::run_both(dir, &|c| on_model(c, &step.lib, dir), step.limit, setting)?;
+                note!("xtask: {}", crate::mlx5_diff::check_rings(&r, setting)?);
+                runs.push(r);
+            }
+            Ok(())
+        },
+    );
+    check(
+        "differential: driver requests equal libmlx5's but for the listed differences".into(),
+        &mut |_| {
+            if runs.is_empty() {
+                return Err("no runs: the item before failed".into());
+            }
+            for r in &runs {
+                for line in crate::mlx5_diff::compare_commands(&r.c.trace, &r.rust.trace)? {
+                    note!("xtask:   {line}");
+                }
+            }
+            Ok(())
+        },
+    );
     out
 }
 

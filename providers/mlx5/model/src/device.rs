@@ -174,6 +174,11 @@ impl Device {
         }
     }
 
+    /// Writes a CQE given whole (the trace's retirement, `trace.rs`), as [`Self::post`] does.
+    pub fn post_raw(cq: &mut Cq, bytes: [u8; 64], mem: &dyn Memory) {
+        Self::post(cq, Cqe(bytes), mem, None);
+    }
+
     fn fire(cq: &mut Cq, arm: Arm) {
         cq.arm = None;
         cq.fired = Some(arm.value);
@@ -436,7 +441,11 @@ impl Device {
     /// Takes the next send WQE of some QP: returns the work to send across the fabric, or
     /// `None` when no QP has anything to do now. Local errors, flushes and NOPs complete
     /// here. Sets `*active` when anything happened.
+    /// Under the differential trace the device executes nothing (`trace.rs` retires WQEs).
     pub fn next_work(model: &mut Model, mem: &dyn Memory, now: Instant, active: &mut bool) -> Option<Work> {
+        if crate::trace::enabled() {
+            return None;
+        }
         for h in model.qps.handles() {
             let Some(qp) = model.qps.get(h) else { continue };
             match qp.state {

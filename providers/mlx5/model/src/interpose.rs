@@ -629,3 +629,24 @@ extern "C" fn init() {
 #[used]
 #[link_section = ".init_array"]
 static CONSTRUCTOR: extern "C" fn() = init;
+
+/// Not interposed: the differential trace's step (`trace.rs`), called by the test programs
+/// of `tests/mlx5/` (found with `dlsym`) after each post. Returns 0, or -1 when the model
+/// is not running.
+///
+/// # Safety
+/// `label` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn uverbs_mlx5_model_step(label: *const c_char) -> c_int {
+    let label = if label.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated string (our contract).
+        unsafe { CStr::from_ptr(label) }.to_string_lossy().into_owned()
+    };
+    guarded(-1, || {
+        let rt = runtime().ok_or(libc::ENODEV)?;
+        crate::trace::step(&mut rt.lock(), &label, &ProcessMemory);
+        Ok(0)
+    })
+}

@@ -446,6 +446,7 @@ impl Model {
 
     /// hw/mlx5/main.c:1853 `mlx5_ib_alloc_ucontext`.
     fn alloc_ucontext(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<Context, Errno> {
+        crate::trace::command("GET_CONTEXT", &call.udata_in, call.udata_outlen);
         let inlen = call.udata_in.len();
         // hw/mlx5/main.c:1872-1877 mlx5_ib_alloc_ucontext: `if (udata->inlen == sizeof(req))
         // ver = 0; else if (inlen >= min_req_v2) ver = 2; else return -EINVAL;`
@@ -500,7 +501,7 @@ impl Model {
         let len = call.udata_outlen.min(std::mem::size_of::<abi::AllocUcontextResp>());
         let resp = abi::AllocUcontextResp {
             qp_tab_size: 1 << 18,
-            bf_reg_size: 0,
+            bf_reg_size: crate::bf_reg_size(),
             tot_bfregs: if lib_uar_dyn { 0 } else { req.total_num_bfregs },
             cache_line_size: 64,
             max_sq_desc_sz: 512,
@@ -547,6 +548,7 @@ impl Model {
     // ---- queries ---------------------------------------------------------------------------
 
     fn query_device(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("QUERY_DEVICE", &call.udata_in, call.udata_outlen);
         let resp = abi::QueryDeviceResp {
             fw_ver: caps::FW_VER,
             node_guid: self.node_guid.to_be(),
@@ -582,6 +584,7 @@ impl Model {
     }
 
     fn query_port(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("QUERY_PORT", &call.udata_in, call.udata_outlen);
         let req: abi::QueryPort = decode(call.req);
         // core/uverbs_cmd.c:392 ib_uverbs_query_port -> core/device.c:2108-2109
         // ib_query_port: `if (!rdma_is_port_valid(device, port_num)) return -EINVAL;`
@@ -612,6 +615,7 @@ impl Model {
     // ---- PD and MR ---------------------------------------------------------------------
 
     fn alloc_pd(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("ALLOC_PD", &call.udata_in, call.udata_outlen);
         let handle = self.pds.insert(Pd {
             ctx: call.ctx,
             users: 0,
@@ -629,6 +633,7 @@ impl Model {
     }
 
     fn dealloc_pd(&mut self, call: &Call<'_>) -> Result<(), Errno> {
+        crate::trace::command("DEALLOC_PD", &call.udata_in, call.udata_outlen);
         let handle = decode::<abi::HandleOnly>(call.req).handle;
         // core/rdma_core.c:327 lookup_get_idr_uobject: an unknown handle is ENOENT.
         let pd = self.pds.get(handle).filter(|p| p.ctx == call.ctx).ok_or(ENOENT)?;
@@ -641,6 +646,7 @@ impl Model {
     }
 
     fn reg_mr(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("REG_MR", &call.udata_in, call.udata_outlen);
         let req: abi::RegMr = decode(call.req);
         // core/uverbs_cmd.c:710 ib_uverbs_reg_mr: start and hca_va must share their page
         // offset.
@@ -719,6 +725,7 @@ impl Model {
     }
 
     fn dereg_mr(&mut self, call: &Call<'_>) -> Result<(), Errno> {
+        crate::trace::command("DEREG_MR", &call.udata_in, call.udata_outlen);
         let handle = decode::<abi::HandleOnly>(call.req).handle;
         // core/uverbs_cmd.c:906 uobj_perform_destroy: an unknown MR is the lookup's ENOENT
         // (core/rdma_core.c:325-327).
@@ -740,6 +747,7 @@ impl Model {
     }
 
     fn create_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("CREATE_CQ", &call.udata_in, call.udata_outlen);
         let req: abi::CreateCq = decode(call.req);
         // core/uverbs_cmd.c:1021 create_cq: `if (cmd->comp_vector >= num_comp_vectors) return
         // -EINVAL;`
@@ -850,6 +858,7 @@ impl Model {
     }
 
     fn resize_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("RESIZE_CQ", &call.udata_in, call.udata_outlen);
         let req: abi::ResizeCq = decode(call.req);
         // core/uverbs_cmd.c:1135: an unknown CQ is the lookup's ENOENT.
         let cq = self
@@ -903,6 +912,7 @@ impl Model {
     }
 
     fn destroy_cq(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("DESTROY_CQ", &call.udata_in, call.udata_outlen);
         let req: abi::DestroyObj = decode(call.req);
         // core/uverbs_cmd.c:1270 uobj_get_destroy: an unknown CQ is the lookup's ENOENT
         // (core/rdma_core.c:325-327).
@@ -924,6 +934,7 @@ impl Model {
     // ---- QPs ---------------------------------------------------------------------------
 
     fn create_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("CREATE_QP", &call.udata_in, call.udata_outlen);
         let req: abi::CreateQp = decode(call.req);
         let owned_cq = |h: u32| self.cqs.get(h).is_some_and(|c| c.ctx == call.ctx);
         // core/uverbs_cmd.c:1367-1405 create_qp: an SRQ, CQ or PD handle that names nothing
@@ -1115,6 +1126,7 @@ impl Model {
     }
 
     fn modify_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("MODIFY_QP", &call.udata_in, call.udata_outlen);
         let req: abi::ModifyQp = decode(call.req);
         let mask = req.attr_mask;
         // core/uverbs_cmd.c:1940 ib_uverbs_modify_qp: bits beyond the standard attributes
@@ -1245,6 +1257,7 @@ impl Model {
     }
 
     fn query_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("QUERY_QP", &call.udata_in, call.udata_outlen);
         let req: abi::QueryQp = decode(call.req);
         // core/uverbs_cmd.c:1671: an unknown QP is the lookup's ENOENT.
         let qp = self
@@ -1287,6 +1300,7 @@ impl Model {
     }
 
     fn destroy_qp(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("DESTROY_QP", &call.udata_in, call.udata_outlen);
         let req: abi::DestroyObj = decode(call.req);
         // core/uverbs_cmd.c:1984 uobj_get_destroy: an unknown QP is the lookup's ENOENT
         // (core/rdma_core.c:325-327).
@@ -1352,7 +1366,7 @@ impl Model {
         if alloc_type != abi::uar_obj::TYPE_BF && alloc_type != abi::uar_obj::TYPE_NC {
             return Err(EOPNOTSUPP);
         }
-        if alloc_type == abi::uar_obj::TYPE_BF {
+        if alloc_type == abi::uar_obj::TYPE_BF && !crate::wc_support() {
             return Err(EOPNOTSUPP);
         }
         let outs = [
@@ -1413,13 +1427,15 @@ impl Model {
         match command {
             // main.c:2162 uar_mmap: `if (bfregi->lib_uar_dyn) return -EINVAL;`, :2165 exactly
             // one page, :2173 an index within the static pages.
+            abi::mmap_cmd::WC_PAGE if crate::wc_support() => self.check_mmap(ctx, pgoff & !0xff00, len, access),
             abi::mmap_cmd::REGULAR_PAGE | abi::mmap_cmd::NC_PAGE => {
                 if c.lib_uar_dyn || len != PAGE_SIZE || index >= c.static_uar_pages {
                     return Err(EINVAL);
                 }
                 Ok(Mapping::Uar)
             }
-            // main.c:2318: WC pages need write combining: EPERM without it.
+            // main.c:2318: WC pages need write combining: EPERM without it (with it, a WC
+            // page is a static UAR page as above).
             abi::mmap_cmd::WC_PAGE | abi::mmap_cmd::ALLOC_WC => Err(libc::EPERM),
             // main.c:2325.
             abi::mmap_cmd::GET_CONTIGUOUS_PAGES => Err(libc::ENOSYS),

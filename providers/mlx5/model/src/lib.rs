@@ -31,6 +31,7 @@ pub mod objects;
 pub mod runtime;
 #[cfg(not(feature = "harness"))]
 mod sysfs;
+pub mod trace;
 pub mod wire;
 
 #[cfg(test)]
@@ -40,6 +41,25 @@ mod tests;
 pub fn log_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("UVERBS_MLX5_MODEL_LOG").is_some_and(|v| v == "1"))
+}
+
+/// Whether `UVERBS_MLX5_MODEL_WC=1`: the device has write combining (`dev->wc_support`), so
+/// GET_CONTEXT reports BlueFlame registers of 512 bytes, BlueFlame UARs can be allocated and
+/// WC pages mapped. Off by default: the model then stands for a device without write
+/// combining (`bf_reg_size` 0, no BlueFlame).
+pub fn wc_support() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("UVERBS_MLX5_MODEL_WC").is_some_and(|v| v == "1"))
+}
+
+/// `bf_reg_size` as GET_CONTEXT reports it (hw/mlx5/main.c:1790: `1 << log_bf_reg_size`
+/// with write combining, 0 without).
+pub fn bf_reg_size() -> u32 {
+    if wc_support() {
+        512
+    } else {
+        0
+    }
 }
 
 /// Writes one `mlx5-model:` line to stderr when logging is on.

@@ -1,0 +1,221 @@
+//! The Rust side of the mlx5 differential (issue #16, acceptance 3 and 4): the script of
+//! `tests/mlx5/wqe_diff.c` (whose header describes it) run through this crate's public API
+//! on the Rust mlx5 provider, printing exactly what the C program prints. Built as the
+//! example `mlx5_wqe_diff` (`--features mlx5`); run on the mlx5 model by
+//! `cargo xtask mlx5 --step`.
+
+use std::ffi::{c_char, c_int, CString};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use uverbs::{
+    AccessFlags, AhAttr, Cq, Mtu, QpCap, QpInit, QpType, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
+};
+
+/// One parsed send request: its fields, SGEs kept apart so the list can borrow them.
+struct Send {
+    wr_id: u64,
+    op: SendOp,
+    flags: SendFlags,
+    sges: Vec<Sge>,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wqe_diff: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Step = unsafe extern "C" fn(*const c_char) -> c_int;
+
+/// The model's trace step, if this process runs on the model.
+fn model_step() -> Option<Step> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks a symbol up.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uverbs_mlx5_model_step".as_ptr()) };
+    // SAFETY: the model exports the symbol with this signature (providers/mlx5/model).
+    (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Step>(f) })
+}
+
+fn num(words: &mut std::str::SplitWhitespace<'_>) -> Result<u64, String> {
+    let w = words.next().ok_or("script: number expected")?;
+    match w.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => w.parse(),
+    }
+    .map_err(|e| format!("script: {w}: {e}"))
+}
+
+fn print_wc(wc: &WorkCompletion, qpn: u32) {
+    println!(
+        "wc id={:x} status={} opcode={} vendor_err={:x} byte_len={} imm={:08x} qp={} src_qp={:x} flags={:x} \
+         pkey={} slid={} sl={} dlid_path_bits={}",
+        wc.wr_id,
+        wc.status.0,
+        wc.opcode.0,
+        wc.vendor_err,
+        wc.byte_len,
+        wc.imm_data,
+        if wc.qp_num == qpn { "self" } else { "other" },
+        wc.src_qp,
+        wc.wc_flags.bits(),
+        wc.pkey_index,
+        wc.slid,
+        wc.sl,
+        wc.dlid_path_bits
+    );
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, device, script] = &args[..] else {
+        return Err("usage: mlx5_wqe_diff <device> <script>".into());
+    };
+    let step = model_step().ok_or("not on the mlx5 model (no uverbs_mlx5_model_step)")?;
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    let text = std::fs::read_to_string(script)?;
+    let ctx = uverbs::open(Some(device))?;
+    let pd = ctx.alloc_pd()?;
+    let mut lines = text.lines();
+    let header = lines.next().ok_or("script: no qp line")?;
+    let mut w = header
+        .strip_prefix("qp ")
+        .ok_or("script: qp line first")?
+        .split_whitespace();
+    let cap = QpCap {
+        max_send_wr: num(&mut w)? as u32,
+        max_recv_wr: num(&mut w)? as u32,
+        max_send_sge: num(&mut w)? as u32,
+        max_recv_sge: num(&mut w)? as u32,
+        max_inline_data: num(&mut w)? as u32,
+    };
+    let mut cq: Cq = ctx.create_cq(num(&mut w)? as u32)?;
+    let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+    init.cap = cap;
+    let mut qp = pd.create_qp(&init)?;
+    qp.to_init(
+        1,
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+    )?;
+    let qpn = qp.qpn();
+    // Connected to itself: the model executes nothing while it traces.
+    let ah = AhAttr {
+        port_num: 1,
+        dlid: ctx.query_port(1)?.lid,
+        ..Default::default()
+    };
+    qp.to_rtr(ah, qpn, 0, Mtu::Mtu1024)?;
+    qp.to_rts(0)?;
+    let (mut sends, mut recvs): (Vec<Send>, Vec<(u64, Vec<Sge>)>) = (Vec::new(), Vec::new());
+    let mut expected = 0usize;
+    for line in lines {
+        let mut w = line.split_whitespace();
+        match w.next() {
+            Some("S") => {
+                let wr_id = num(&mut w)?;
+                let (op, flags, imm) = (num(&mut w)?, num(&mut w)? as u32, num(&mut w)? as u32);
+                let remote = Remote {
+                    addr: num(&mut w)?,
+                    rkey: num(&mut w)? as u32,
+                };
+                let (compare, swap_add) = (num(&mut w)?, num(&mut w)?);
+                let flags = SendFlags::from_bits_retain(flags);
+                let mut sges = Vec::new();
+                for _ in 0..num(&mut w)? {
+                    let (addr, length, lkey) = (num(&mut w)?, num(&mut w)? as u32, num(&mut w)? as u32);
+                    let addr = match flags.contains(SendFlags::INLINE) {
+                        true => pattern.as_ptr() as u64 + addr,
+                        false => addr,
+                    };
+                    sges.push(Sge { addr, length, lkey });
+                }
+                let op = match op {
+                    0 => SendOp::RdmaWrite(remote),
+                    1 => SendOp::RdmaWriteWithImm(remote, imm),
+                    2 => SendOp::Send,
+                    3 => SendOp::SendWithImm { imm },
+                    4 => SendOp::RdmaRead(remote),
+                    5 => SendOp::CompareSwap {
+                        remote,
+                        compare,
+                        swap: swap_add,
+                    },
+                    6 => SendOp::FetchAdd { remote, add: swap_add },
+                    _ => return Err(format!("script: opcode {op}").into()),
+                };
+                sends.push(Send { wr_id, op, flags, sges });
+            }
+            Some("P") if !sends.is_empty() => {
+                let wrs: Vec<SendWr<'_>> = sends
+                    .iter()
+                    .map(|s| SendWr::new(s.wr_id, s.op, &s.sges).set_flags(s.flags))
+                    .collect();
+                // SAFETY: inline SGEs name `pattern`, alive here; the others are never
+                // touched: while it traces, the model executes nothing.
+                let posted = match unsafe { qp.post_send(&wrs) } {
+                    Ok(()) => wrs.len(),
+                    Err(uverbs::Error::WorkRequest { index, .. }) => index,
+                    Err(e) => return Err(e.into()),
+                };
+                let then = if posted < wrs.len() { ", then an error" } else { "" };
+                println!("post_send {}: {posted} posted{then}", wrs.len());
+                expected += wrs[..posted]
+                    .iter()
+                    .filter(|w| w.flags.contains(SendFlags::SIGNALED))
+                    .count();
+                sends.clear();
+            }
+            Some("R") => {
+                let wr_id = num(&mut w)?;
+                let mut sges = Vec::new();
+                for _ in 0..num(&mut w)? {
+                    let (addr, length, lkey) = (num(&mut w)?, num(&mut w)? as u32, num(&mut w)? as u32);
+                    sges.push(Sge { addr, length, lkey });
+                }
+                recvs.push((wr_id, sges));
+            }
+            Some("Q") if !recvs.is_empty() => {
+                let wrs: Vec<RecvWr<'_>> = recvs.iter().map(|(id, s)| RecvWr::new(*id, s)).collect();
+                // SAFETY: the buffers are never touched: while it traces, the model executes
+                // nothing.
+                let posted = match unsafe { qp.post_recv(&wrs) } {
+                    Ok(()) => wrs.len(),
+                    Err(uverbs::Error::WorkRequest { index, .. }) => index,
+                    Err(e) => return Err(e.into()),
+                };
+                let then = if posted < wrs.len() { ", then an error" } else { "" };
+                println!("post_recv {}: {posted} posted{then}", wrs.len());
+                expected += posted;
+                recvs.clear();
+            }
+            Some("T") => {
+                let label = line[1..].trim().to_string();
+                let c = CString::new(label.clone())?;
+                // SAFETY: a NUL-terminated string; the step reads it only during the call.
+                if unsafe { step(c.as_ptr()) } != 0 {
+                    return Err("the model's trace step failed".into());
+                }
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut wc = [WorkCompletion::default(); 16];
+                let mut got = 0;
+                while got < expected && Instant::now() < deadline {
+                    let n = cq.poll(&mut wc);
+                    for c in &wc[..n] {
+                        print_wc(c, qpn);
+                    }
+                    got += n;
+                }
+                let more = cq.poll(&mut wc);
+                println!("step {label}: {got} completions of {expected}, {more} more after");
+                expected = 0;
+            }
+            _ => {}
+        }
+    }
+    drop(qp);
+    drop(cq);
+    println!("wqe_diff: done");
+    Ok(())
+}
