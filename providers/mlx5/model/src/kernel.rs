@@ -1149,6 +1149,12 @@ impl Model {
         if !modify_is_ok(cur, new, qp.qp_type, mask) {
             return Err(EINVAL);
         }
+        // hw/mlx5/qp.c:4289 __mlx5_ib_modify_qp: a transition with no firmware command in
+        // `optab` is EINVAL. Of those ib_modify_qp_is_ok allows, that is RTS -> SQD: mlx5 has
+        // no RTS2SQD (only SQD -> RTS, for a QP already in SQD).
+        if (cur, new) == (qps::RTS, qps::SQD) {
+            return Err(EINVAL);
+        }
         // hw/mlx5/qp.c:4701 mlx5_ib_modify_qp, qp.c:4603, :4610 validate_rd_atomic: pkey index
         // beyond the table, and RDMA read depths beyond the device's, are EINVAL.
         if mask & qp_attr::PKEY_INDEX != 0 && req.pkey_index >= caps::PKEY_TABLE_LEN {

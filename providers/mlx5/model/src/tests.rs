@@ -1108,3 +1108,24 @@ fn ioctl_plain_destroys_and_srq() {
     ];
     assert_eq!(env.ioctl(5, 0, &srq).map(drop), Err(EOPNOTSUPP));
 }
+
+#[test]
+fn rts_to_sqd_is_einval_as_mlx5_has_no_rts2sqd_command() {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    let (qp, qpn) = env
+        .create_qp_with(
+            Env::qp_cmd(pd, cq, abi::qpt::RC),
+            Env::mlx5_qp(QP_BUF, DB + 64, 0).as_bytes(),
+        )
+        .unwrap();
+    env.connect(qp, qpn, 7);
+    let to_sqd = |env: &Env| {
+        env.modify(qp, |m| {
+            m.attr_mask = qp_attr::STATE;
+            m.qp_state = qps::SQD;
+        })
+    };
+    assert_eq!(to_sqd(&env), Err(EINVAL));
+}
