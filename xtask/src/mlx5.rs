@@ -1,6 +1,7 @@
 //! The mlx5 device model (issue #15): `cargo xtask mlx5` runs a program on it, and
 //! [`test_step`] is the host step of `cargo xtask test` that runs Debian's unmodified C
-//! libmlx5 (through libibverbs) on it: no guest, no root, no ConnectX anywhere.
+//! libmlx5 (through libibverbs) on it, then the Rust provider's examples and integration tests:
+//! no guest, no root, no ConnectX anywhere.
 //!
 //! The model is the crate `providers/mlx5/model` (package `uverbs-mlx5-model`), an
 //! `LD_PRELOAD` interposer. A program runs on it with `UVERBS_MLX5_MODEL_DIR=<dir>` and
