@@ -126,6 +126,9 @@ impl Context {
 impl Cq {
     fn new(ctx: &Context, init: &CqInit<'_>) -> Result<Self> {
         let inner = &ctx.inner;
+        // Before the provider's step: its memory (mlx5's doorbell pages) is not mapped in a
+        // forked child.
+        inner.check_owner("CREATE_CQ")?;
         let user_handle = init.user_handle.unwrap_or_else(|| inner.new_user_handle());
         let events = Arc::new(AtomicU32::new(0));
         if let Some(channel) = init.channel {

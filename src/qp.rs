@@ -311,6 +311,8 @@ impl Pd {
 impl Qp {
     fn new(pd: &Pd, init: &QpInit<'_>) -> Result<Self> {
         let ctx = &pd.inner.ctx;
+        // Before the provider's step, as for CQs.
+        ctx.check_owner("CREATE_QP")?;
         let same_ctx = |cq: &Cq| Arc::ptr_eq(&cq.inner.ctx, ctx);
         let srq_ctx = init.srq.map_or(true, |s| Arc::ptr_eq(&s.inner.pd.ctx, ctx));
         if !same_ctx(init.send_cq) || !same_ctx(init.recv_cq) || !srq_ctx {

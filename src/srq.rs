@@ -123,6 +123,8 @@ impl Pd {
     /// Creates an SRQ in this PD.
     pub fn create_srq(&self, init: &SrqInit) -> Result<Srq> {
         let ctx = &self.inner.ctx;
+        // Before the provider's step, as for CQs.
+        ctx.check_owner("CREATE_SRQ")?;
         let user_handle = init.user_handle.unwrap_or_else(|| ctx.new_user_handle());
         let (created, queue) = create_object(
             "CREATE_SRQ",

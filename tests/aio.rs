@@ -44,11 +44,11 @@ fn async_pair() -> AsyncPair {
     let mut b = pd.create_qp(&QpInit::new(QpType::Rc, &bcq, &bcq)).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let mr = pd.alloc_mr(4096, access).unwrap();
-    let gid = loopback_gid(&ctx);
+    let path = loopback_path(&ctx);
     let (an, bn) = (a.qpn(), b.qpn());
     for (qp, peer) in [(&mut a, bn), (&mut b, an)] {
         qp.to_init(1, access).unwrap();
-        qp.to_rtr(path_to(&gid), peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
         qp.to_rts(0).unwrap();
     }
     let remote = Remote {
@@ -186,12 +186,17 @@ fn async_events_arrive_as_a_stream() {
     rt.block_on(async {
         let mut p = async_pair();
         let mut events = AsyncEvents::new(&p.ctx).unwrap();
-        p.a.modify(&QpAttr {
+        let sqd = p.a.modify(&QpAttr {
             state: Some(QpState::Sqd),
             en_sqd_async_notify: Some(true),
             ..Default::default()
-        })
-        .unwrap();
+        });
+        // mlx5 (Linux 6.1 hw/mlx5/qp.c:4289) has no RTS -> SQD command: EINVAL, no event.
+        if driver(&p.ctx) == Driver::Mlx5 {
+            assert_eq!(sqd.unwrap_err().errno(), Some(nix::errno::Errno::EINVAL));
+            return;
+        }
+        sqd.unwrap();
         let next = std::future::poll_fn(|cx| Pin::new(&mut events).poll_next(cx));
         let event = tokio::time::timeout(TIMEOUT, next)
             .await

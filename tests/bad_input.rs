@@ -115,7 +115,12 @@ fn bad_lkey_and_bad_rkey_complete_in_error_and_the_qp_recovers() {
         addr: p.b.mr.addr(),
         rkey: p.b.mr.rkey(),
     };
-    // An lkey naming no MR: rxe (Linux 6.1, `copy_data` → -EINVAL) reports LOC_QP_OP_ERR.
+    // An lkey naming no MR: rxe (Linux 6.1, `copy_data` → -EINVAL) reports LOC_QP_OP_ERR;
+    // mlx5 reports the local protection syndrome (0x04), LOC_PROT_ERR, as the verbs spec says.
+    let unknown_lkey = match driver(&p.ctx) {
+        Driver::Rxe => WcStatus::LOC_QP_OP_ERR,
+        Driver::Mlx5 => WcStatus::LOC_PROT_ERR,
+    };
     let unknown = [Sge {
         lkey: p.a.mr.lkey() ^ 0x5a5a00,
         ..p.a.mr.sge(0, 64).unwrap()
@@ -125,10 +130,7 @@ fn bad_lkey_and_bad_rkey_complete_in_error_and_the_qp_recovers() {
         addr: p.a.mr.addr() + p.a.mr.len() as u64,
         ..p.a.mr.sge(0, 64).unwrap()
     }];
-    for (wr_id, sges, want) in [
-        (1, unknown, WcStatus::LOC_QP_OP_ERR),
-        (2, outside, WcStatus::LOC_PROT_ERR),
-    ] {
+    for (wr_id, sges, want) in [(1, unknown, unknown_lkey), (2, outside, WcStatus::LOC_PROT_ERR)] {
         unsafe {
             p.a.qp
                 .post_send(&[SendWr::new(wr_id, SendOp::RdmaWrite(remote), &sges)])
@@ -153,7 +155,7 @@ fn bad_lkey_and_bad_rkey_complete_in_error_and_the_qp_recovers() {
 
 /// Takes both QPs of `p` (the failed one is in the error state) through RESET back to RTS.
 fn reconnect(p: &mut Pair) {
-    let gid = loopback_gid(&p.ctx);
+    let path = loopback_path(&p.ctx);
     let (a, b) = (p.a.qp.qpn(), p.b.qp.qpn());
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     for (qp, peer) in [(&mut p.a.qp, b), (&mut p.b.qp, a)] {
@@ -163,7 +165,7 @@ fn reconnect(p: &mut Pair) {
         })
         .unwrap();
         qp.to_init(1, access).unwrap();
-        qp.to_rtr(path_to(&gid), peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
         qp.to_rts(0).unwrap();
     }
     // Anything the reset flushed is gone with the reset; start clean.

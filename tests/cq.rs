@@ -31,14 +31,14 @@ fn completion_channel_wakes_a_waiter_once_per_request() {
             ..CqInit::new(64)
         })
         .unwrap();
-    let gid = loopback_gid(&ctx);
+    let path = loopback_path(&ctx);
     let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
     let mr = pd
         .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     let qpn = qp.qpn();
     qp.to_init(1, AccessFlags::REMOTE_WRITE).unwrap();
-    qp.to_rtr(path_to(&gid), qpn, 0, Mtu::Mtu1024).unwrap(); // connected to itself
+    qp.to_rtr(path, qpn, 0, Mtu::Mtu1024).unwrap(); // connected to itself
     qp.to_rts(0).unwrap();
     let sge = [mr.sge(0, 8).unwrap()];
     let remote = Remote {
@@ -71,7 +71,7 @@ fn completion_channel_wakes_a_waiter_once_per_request() {
 fn solicited_only_waits_for_a_solicited_receive() {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
-    let gid = loopback_gid(&ctx);
+    let path = loopback_path(&ctx);
     let channel = ctx.create_comp_channel().unwrap();
     let mut scq = ctx.create_cq(64).unwrap();
     let mut rcq = ctx
@@ -85,7 +85,7 @@ fn solicited_only_waits_for_a_solicited_receive() {
     let (txn, rxn) = (tx.qpn(), rx.qpn());
     for (qp, peer) in [(&mut tx, rxn), (&mut rx, txn)] {
         qp.to_init(1, AccessFlags::LOCAL_WRITE).unwrap();
-        qp.to_rtr(path_to(&gid), peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
         qp.to_rts(0).unwrap();
     }
     let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();

@@ -22,9 +22,9 @@ fn stub_context() -> (Context, HookLog) {
 }
 
 fn connect(qp: &mut Qp, ctx: &Context) {
-    let gid = loopback_gid(ctx);
+    let path = loopback_path(ctx);
     qp.to_init(1, AccessFlags::empty()).unwrap();
-    qp.to_rtr(path_to(&gid), qp.qpn(), 0, Mtu::Mtu1024).unwrap();
+    qp.to_rtr(path, qp.qpn(), 0, Mtu::Mtu1024).unwrap();
     qp.to_rts(0).unwrap();
 }
 
@@ -115,7 +115,7 @@ fn every_hook_runs_at_its_moment() {
     );
 
     // The AH's provider half is released once the kernel AH is gone.
-    let ah = pd.create_ah(&path_to(&loopback_gid(&ctx))).unwrap();
+    let ah = pd.create_ah(&loopback_path(&ctx)).unwrap();
     drop(ah);
     assert_eq!(log.take(), [Hook::CreateAh { data: 1 }, Hook::DestroyAh { data: 1 }]);
 

@@ -511,7 +511,7 @@ fn mixed_work_requests_complete_exactly_once_with_verified_payloads() {
         .unwrap_or(0x50a4);
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
-    let gid = loopback_gid(&ctx);
+    let path = loopback_path(&ctx);
     let mtu = ctx.query_port(1).unwrap().active_mtu.unwrap_or(Mtu::Mtu1024);
     let mut send_cq = ctx.create_cq(1024).unwrap();
     let mut recv_cq = ctx.create_cq(1024).unwrap();
@@ -551,7 +551,7 @@ fn mixed_work_requests_complete_exactly_once_with_verified_payloads() {
     let qpns: Vec<u32> = qps.iter().map(|s| s.qp.qpn()).collect();
     for (q, s) in qps.iter_mut().enumerate() {
         s.qp.to_init(1, access).unwrap();
-        s.qp.to_rtr(path_to(&gid), qpns[q ^ 1], 0, mtu).unwrap();
+        s.qp.to_rtr(path, qpns[q ^ 1], 0, mtu).unwrap();
         s.qp.to_rts(0).unwrap();
         // SAFETY: nothing is in flight yet.
         unsafe { s.mem.bytes(INBOX, RECV_DEPTH * SLOT) }.fill(POISON);

@@ -72,7 +72,7 @@ const DEPTH: u64 = 64;
 fn one_qp_and_cq_per_thread_on_8_threads() {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
-    let gid = loopback_gid(&ctx);
+    let path = loopback_path(&ctx);
     let barrier = Barrier::new(THREADS);
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<u32>()).unzip();
     let mut rxs: Vec<Option<mpsc::Receiver<u32>>> = rxs.into_iter().map(Some).collect();
@@ -93,7 +93,7 @@ fn one_qp_and_cq_per_thread_on_8_threads() {
                     to_peer.send(qp.qpn()).unwrap();
                     let peer_qpn = from_peer.recv().unwrap();
                     qp.to_init(1, AccessFlags::empty()).unwrap();
-                    qp.to_rtr(path_to(&gid), peer_qpn, 0, Mtu::Mtu1024).unwrap();
+                    qp.to_rtr(path, peer_qpn, 0, Mtu::Mtu1024).unwrap();
                     qp.to_rts(0).unwrap();
                     let recv_base = DEPTH as usize * MSG;
                     for i in 0..DEPTH {
@@ -176,7 +176,7 @@ fn cq_shared_behind_a_lock() {
     const EACH: u64 = 3_000;
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
-    let gid = loopback_gid(&ctx);
+    let path = loopback_path(&ctx);
     let cq = Arc::new(Mutex::new(ctx.create_cq(1024).unwrap()));
     let mr = pd
         .alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
@@ -189,7 +189,7 @@ fn cq_shared_behind_a_lock() {
             let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &guard, &guard)).unwrap();
             let qpn = qp.qpn();
             qp.to_init(1, AccessFlags::REMOTE_WRITE).unwrap();
-            qp.to_rtr(path_to(&gid), qpn, 0, Mtu::Mtu1024).unwrap();
+            qp.to_rtr(path, qpn, 0, Mtu::Mtu1024).unwrap();
             qp.to_rts(0).unwrap();
             qp
         })

@@ -31,6 +31,8 @@ impl EventSink for Sink {
 #[derive(Default)]
 pub(crate) struct TestHost {
     pub(crate) sinks: Mutex<Vec<Arc<Sink>>>,
+    /// RLIMIT_MEMLOCK in pages; `None`: no limit (as for root).
+    pub(crate) memlock_pages: Mutex<Option<u64>>,
 }
 impl Host for TestHost {
     fn event_fd(&self) -> Result<(i32, Arc<dyn EventSink>), Errno> {
@@ -40,6 +42,9 @@ impl Host for TestHost {
         Ok((100 + s.len() as i32, sink))
     }
     fn close_fd(&self, _fd: i32) {}
+    fn memlock_pages(&self) -> Option<u64> {
+        *self.memlock_pages.lock().unwrap()
+    }
 }
 
 pub(crate) struct Env {

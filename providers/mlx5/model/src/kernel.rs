@@ -11,7 +11,7 @@ use crate::abi::{self, cmd, qp_attr, qps, PAGE_SIZE};
 use crate::device::Device;
 use crate::mem::Memory;
 use crate::objects::{Cq, EventSink, Mr, Pd, Qp, QpAttrs, Table, Uar};
-use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, ENOMEM, ENOSPC, EOPNOTSUPP, EPROTONOSUPPORT};
+use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, ENOMEM, ENOSPC, EOPNOTSUPP, EPERM, EPROTONOSUPPORT};
 use std::collections::HashMap;
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
@@ -27,6 +27,9 @@ pub trait Host {
     fn event_fd(&self) -> Result<(i32, Arc<dyn EventSink>), Errno>;
     /// Closes an event fd the command created before it failed.
     fn close_fd(&self, fd: i32);
+    /// The caller's RLIMIT_MEMLOCK in pages as `ib_umem_get` applies it, or `None` when the
+    /// caller may pin without limit (`capable(CAP_IPC_LOCK)`, or RLIM_INFINITY).
+    fn memlock_pages(&self) -> Option<u64>;
 }
 
 /// The model's device limits (a ConnectX-5 without write combining, DEVX or CQE compression).
@@ -111,6 +114,9 @@ pub struct Model {
     next_cqn: u32,
     next_key: u32,
     next_uar_page: u32,
+    /// Pages pinned by registered MRs (the process's `mm->pinned_vm`; the CQ and QP buffers
+    /// and doorbell pages 6.1 also pins are not counted).
+    pinned_pages: u64,
 }
 
 /// The parts of a decoded command: a write() command, or an ioctl method turned into the
@@ -142,6 +148,13 @@ impl Call<'_> {
             None => mem.write(self.response, bytes).map_err(|_| EFAULT),
         }
     }
+}
+
+/// Pages `[addr, addr + len)` touches (`ib_umem_num_pages`).
+fn pages_spanned(addr: u64, len: u64) -> u64 {
+    let first = addr & !(PAGE_SIZE - 1);
+    let end = addr.saturating_add(len).saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    (end - first) / PAGE_SIZE
 }
 
 pub(crate) fn decode<T: FromBytes>(bytes: &[u8]) -> T {
@@ -192,6 +205,7 @@ impl Model {
             next_cqn: 1,
             next_key: 0,
             next_uar_page: 16,
+            pinned_pages: 0,
         }
     }
 
@@ -218,7 +232,7 @@ impl Model {
         }
         for h in self.mrs.handles() {
             if self.mrs.get(h).is_some_and(|m| m.ctx == fd) {
-                self.mrs.remove(h);
+                self.drop_mr(h);
             }
         }
         for h in self.pds.handles() {
@@ -383,7 +397,7 @@ impl Model {
             cmd::QUERY_PORT => self.query_port(&call, mem),
             cmd::ALLOC_PD => self.alloc_pd(&call, mem),
             cmd::DEALLOC_PD => self.dealloc_pd(&call),
-            cmd::REG_MR => self.reg_mr(&call, mem),
+            cmd::REG_MR => self.reg_mr(&call, mem, host),
             cmd::DEREG_MR => self.dereg_mr(&call),
             cmd::CREATE_COMP_CHANNEL => self.create_comp_channel(&call, mem, host),
             cmd::CREATE_CQ => self.create_cq(&call, mem),
@@ -645,7 +659,7 @@ impl Model {
         Ok(())
     }
 
-    fn reg_mr(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+    fn reg_mr(&mut self, call: &Call<'_>, mem: &dyn Memory, host: &dyn Host) -> Result<(), Errno> {
         crate::trace::command("REG_MR", &call.udata_in, call.udata_outlen);
         let req: abi::RegMr = decode(call.req);
         // core/uverbs_cmd.c:710 ib_uverbs_reg_mr: start and hca_va must share their page
@@ -682,9 +696,22 @@ impl Model {
         {
             return Err(EINVAL);
         }
+        // umem.c ib_umem_get: with no RLIMIT_MEMLOCK and no CAP_IPC_LOCK `can_do_mlock` is
+        // EPERM; pages pinned past the limit (`mm->pinned_vm`) are ENOMEM; then pinning
+        // memory that is not mapped is EFAULT.
+        let npages = pages_spanned(req.start, req.length);
+        if let Some(limit) = host.memlock_pages() {
+            if limit == 0 {
+                return Err(EPERM);
+            }
+            if self.pinned_pages + npages > limit {
+                return Err(ENOMEM);
+            }
+        }
         if !mem.probe(req.start, req.length) {
             return Err(EFAULT);
         }
+        self.pinned_pages += npages;
         self.next_key = self.next_key.wrapping_add(1);
         let mr = Mr {
             ctx: call.ctx,
@@ -718,6 +745,7 @@ impl Model {
 
     fn drop_mr(&mut self, handle: u32) {
         if let Some(mr) = self.mrs.remove(handle) {
+            self.pinned_pages -= pages_spanned(mr.addr, mr.length);
             if let Some(pd) = self.pds.get_mut(mr.pd) {
                 pd.users -= 1;
             }
@@ -1180,6 +1208,12 @@ impl Model {
         // core/verbs.c:1692 ib_modify_qp_is_ok (hw/mlx5/qp.c:4680): the transition and the
         // attributes it requires and allows.
         if !modify_is_ok(cur, new, qp.qp_type, mask) {
+            return Err(EINVAL);
+        }
+        // hw/mlx5/qp.c:4289 __mlx5_ib_modify_qp: a transition with no firmware command in
+        // `optab` is EINVAL. Of those ib_modify_qp_is_ok allows, that is RTS -> SQD: mlx5 has
+        // no RTS2SQD (only SQD -> RTS, for a QP already in SQD).
+        if (cur, new) == (qps::RTS, qps::SQD) {
             return Err(EINVAL);
         }
         // hw/mlx5/qp.c:4701 mlx5_ib_modify_qp, qp.c:4603, :4610 validate_rd_atomic: pkey index

@@ -227,4 +227,27 @@ impl Host for ProcessHost {
         // client never saw it.
         unsafe { libc::close(fd) };
     }
+
+    fn memlock_pages(&self) -> Option<u64> {
+        // CAP_IPC_LOCK (capability 14, linux/capability.h) in the effective set: no limit.
+        const CAP_IPC_LOCK: u32 = 14;
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0);
+        if eff & (1 << CAP_IPC_LOCK) != 0 {
+            return None;
+        }
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one `rlimit` into `lim`.
+        if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+            return None;
+        }
+        Some(lim.rlim_cur / crate::abi::PAGE_SIZE)
+    }
 }

@@ -218,6 +218,29 @@ fn reg_mr_rules() {
     assert!(env.reg_mr(pd, DATA, 64, 1).is_ok());
 }
 
+#[test]
+fn reg_mr_beyond_rlimit_memlock_is_enomem_and_zero_is_eperm() {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    // ib_umem_get: 4 pages allowed; one MR of 1 byte already pins a page.
+    *env.host.memlock_pages.lock().unwrap() = Some(4);
+    let (one, _) = env.reg_mr(pd, DATA, 1, 1).unwrap();
+    // 0x3800 bytes from 0x800 into a page span 4 pages: 5 in all
+    assert_eq!(env.reg_mr(pd, DATA + 0x800, 0x3800, 1), Err(ENOMEM));
+    let (two, _) = env.reg_mr(pd, DATA + 0x800, 0x1000, 1).unwrap();
+    assert_eq!(env.reg_mr(pd, DATA, 0x2000, 1), Err(ENOMEM), "3 pinned, 2 more");
+    // the limit is checked before the pages are: past it, unmapped memory is ENOMEM too
+    assert_eq!(env.reg_mr(pd, 0x7000_0000, 0x10000, 1), Err(ENOMEM));
+    // deregistering unpins
+    for mr in [one, two] {
+        env.write(cmd::DEREG_MR, &mr.to_ne_bytes(), &[], 0).unwrap();
+    }
+    assert!(env.reg_mr(pd, DATA, 0x4000, 1).is_ok());
+    // no RLIMIT_MEMLOCK at all and no CAP_IPC_LOCK: can_do_mlock is EPERM
+    *env.host.memlock_pages.lock().unwrap() = Some(0);
+    assert_eq!(env.reg_mr(pd, DATA, 1, 1), Err(EPERM));
+}
+
 // ---- CQ --------------------------------------------------------------------------------
 
 fn cq_err(env: &Env, core: abi::CreateCq, drv: &[u8], out_words: u16) -> Result<(), Errno> {
@@ -1458,4 +1481,25 @@ fn ioctl_uar_object_attributes_as_the_core_processes_them() {
     assert_eq!(destroy(1 << 63), Err(EINVAL));
     assert_eq!(destroy(handle), Ok(()));
     assert_eq!(destroy(handle), Err(ENOENT));
+}
+
+#[test]
+fn rts_to_sqd_is_einval_as_mlx5_has_no_rts2sqd_command() {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    let (qp, qpn) = env
+        .create_qp_with(
+            Env::qp_cmd(pd, cq, abi::qpt::RC),
+            Env::mlx5_qp(QP_BUF, DB + 64, 0).as_bytes(),
+        )
+        .unwrap();
+    env.connect(qp, qpn, 7);
+    let to_sqd = |env: &Env| {
+        env.modify(qp, |m| {
+            m.attr_mask = qp_attr::STATE;
+            m.qp_state = qps::SQD;
+        })
+    };
+    assert_eq!(to_sqd(&env), Err(EINVAL));
 }
