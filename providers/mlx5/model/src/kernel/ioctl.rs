@@ -17,6 +17,8 @@ use libc::{EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, EOPNOTSUPP, EPROTONOSUPPORT};
 use std::cell::RefCell;
 use zerocopy::IntoBytes;
 
+mod srq;
+
 /// `enum uverbs_default_objects`.
 pub mod object {
     pub const DEVICE: u16 = 0;
@@ -402,11 +404,7 @@ impl Model {
             (object::ASYNC_EVENT, _) => self.ioctl_async_event_alloc(ctx, &b, mem, host),
             (object::CQ, method::CREATE) => self.ioctl_create_cq(ctx, &b, mem),
             (object::QP, method::CREATE) => self.ioctl_create_qp(ctx, &b, mem),
-            (object::SRQ, method::CREATE) => {
-                // The model has no SRQs (docs/mlx5-model.md).
-                crate::log!("SRQ not modelled");
-                Err(EOPNOTSUPP)
-            }
+            (object::SRQ, method::CREATE) => self.ioctl_create_srq(ctx, &b, mem),
             (object::CQ | object::QP | object::SRQ, _) => self.ioctl_destroy(ctx, hdr.object_id, &b, mem),
             _ => self.ioctl_destroy_plain(ctx, hdr.object_id, &b),
         };
@@ -620,9 +618,7 @@ impl Model {
             // A source QPN (IB_QP_CREATE_SOURCE_QPN) is for UD QPs, which the model lacks.
             return Err(EOPNOTSUPP);
         }
-        if b.has(3) {
-            return Err(ENOENT);
-        }
+        let srq = b.handle(3).transpose()?;
         self.check_event_fd(ctx, b, 12)?;
         let req = abi::CreateQp {
             response: 0,
@@ -630,7 +626,7 @@ impl Model {
             pd_handle: pd,
             send_cq_handle: send_cq,
             recv_cq_handle: recv_cq,
-            srq_handle: 0,
+            srq_handle: srq.unwrap_or(0),
             max_send_wr: cap(0),
             max_recv_wr: cap(1),
             max_send_sge: cap(2),
@@ -640,7 +636,7 @@ impl Model {
             // Only the types checked above reach here; the write handler refuses all but RC
             // and UC (EOPNOTSUPP).
             qp_type: qp_type as u8,
-            is_srq: 0,
+            is_srq: u8::from(srq.is_some()),
             reserved: 0,
         };
         let call = b.call(mem, ctx, req.as_bytes())?;
@@ -684,8 +680,7 @@ impl Model {
         match object {
             object::CQ => self.destroy_cq(&call, mem)?,
             object::QP => self.destroy_qp(&call, mem)?,
-            // No SRQ exists in the model: the handle names nothing.
-            _ => return Err(ENOENT),
+            _ => self.destroy_srq(&call, mem)?,
         }
         let resp = call.core_out.as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
         b.output(mem, 1, &resp)
