@@ -138,7 +138,8 @@ pub struct Checked {
 
 /// The host step of `cargo xtask test` (when [`enabled`]): builds the model, then runs
 /// `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong pairs (`-s 1`, `-s 60`, `-s 4096`, `-e`),
-/// an ibv_uc_pingpong pair, an ibv_srq_pingpong pair and verbs_check (one process, and two processes) on it; then the
+/// an ibv_uc_pingpong pair, an ibv_srq_pingpong pair and verbs_check (one process, and two processes) on it; then
+/// tests/mlx5_srq.rs, the
 /// Rust demo and the Rust rc_pingpong against ibv_rc_pingpong both ways (the Rust core and
 /// mlx5 provider, `--features mlx5`); each bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
 /// (never a skip).
@@ -240,6 +241,9 @@ pub fn test_step() -> Vec<Checked> {
         verbs_check_passed(&c)
     });
     // The Rust core with the Rust mlx5 provider on the model.
+    check("tests/mlx5_srq.rs (Rust mlx5 provider: SRQs)".into(), &mut |dir| {
+        rust_srq_tests(&step, dir)
+    });
     let rust = build_rust_examples();
     check(
         "Rust demo (Rust mlx5 provider): RC send/recv, RDMA write and read".into(),
@@ -306,6 +310,29 @@ fn srq_pingpong(step: &Step, dir: &Path, gid: &[&str]) -> std::result::Result<()
     match silent {
         Some((side, _)) => Err(format!("the {side} exited 0 without reporting {done}")),
         None => Ok(()),
+    }
+}
+
+/// `tests/mlx5_srq.rs` built with the mlx5 provider and run on the model: every test passes.
+fn rust_srq_tests(step: &Step, dir: &Path) -> std::result::Result<(), String> {
+    let mut c = crate::testrun::cargo();
+    c.args([
+        "test",
+        "-p",
+        "uverbs",
+        "--features",
+        "mlx5",
+        "--test",
+        "mlx5_srq",
+        "--no-run",
+    ]);
+    c.arg("--message-format=json");
+    let built = crate::json::cargo_executables(&mut c).map_err(|e| format!("{e:#}"))?;
+    let exe = built.into_iter().find(|e| e.is("test")).ok_or("no test binary built")?;
+    let text = step.output(dir, "mlx5_srq", &[exe.path.as_str()])?;
+    match text.contains("test result: ok") {
+        true => Ok(()),
+        false => Err(format!("no `test result: ok`:\n{}", tail(&text, 20))),
     }
 }
 
