@@ -2,8 +2,9 @@
 //! and reads CQEs in the device's own formats, and rings doorbells through mapped UAR pages.
 //!
 //! Built: contexts with legacy UARs, PDs, CQs (poll, arm, resize), RC and UC QPs (every send
-//! operation, inline data, receives, RESET and destroy scrubbing). Not yet: BlueFlame, SRQs,
-//! UD and address handles (`Error::Unsupported`).
+//! operation, inline data, receives, RESET and destroy scrubbing), SRQs (post, limit arming,
+//! QPs on an SRQ; no resize: the kernel driver has none). Not yet: BlueFlame, UD and address
+//! handles (`Error::Unsupported`).
 
 mod abi;
 mod cq;
