@@ -1752,3 +1752,36 @@ fn an_srq_doorbell_beyond_the_ring_raises_srq_err() {
     assert!(r.receives().is_empty());
     assert_eq!(r.env.mem.stray(), 0);
 }
+
+#[test]
+fn hostile_srq_wqes_links_and_doorbells_never_panic_or_stray() {
+    let mut rng = uverbs::testing::Rng::new(0x5a5a);
+    for round in 0..100 {
+        let mut r = SrqRig::new(1);
+        for _ in 0..6 {
+            // A WQE of noise (its link and segments included), sometimes a plausible one.
+            let index = rng.below(8) as u16;
+            let mut junk = [0u8; 32];
+            for b in junk.chunks_mut(8) {
+                b.copy_from_slice(&rng.next_u64().to_ne_bytes());
+            }
+            if rng.below(2) == 0 {
+                junk[16..32].copy_from_slice(&data_seg(rng.below(64) as u32, r.key, DATA + 0x1000));
+            }
+            r.env.mem.write(SRQ_BUF + u64::from(index) * 32, &junk).unwrap();
+            let count = match rng.below(4) {
+                0 => rng.next_u64() as u32,
+                _ => u32::from(r.posted.wrapping_add(rng.below(3) as u16)),
+            };
+            r.env.mem.write(SRQ_DB, &count.to_be_bytes()).unwrap();
+            if rng.below(3) == 0 {
+                r.env
+                    .modify_srq(r.srq, abi::SRQ_ATTR_LIMIT, rng.below(8) as u32)
+                    .unwrap();
+            }
+            r.send(rng.below(2) as usize, DATA, rng.below(48) as u32);
+            r.env.drive();
+        }
+        assert_eq!(r.env.mem.stray(), 0, "round {round}");
+    }
+}
