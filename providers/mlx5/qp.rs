@@ -220,7 +220,16 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
     }
     let srq = req.srq.map(srq_half).transpose()?;
     let (send_cq, recv_cq) = (cq_half(req.send_cq)?, cq_half(req.recv_cq)?);
-    let mut geo = Geometry::new(req.cap, ctx)?;
+    // On an SRQ the receive capabilities asked for are not the QP's to size.
+    let asked = match srq {
+        Some(_) => QpCap {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..req.cap
+        },
+        None => req.cap,
+    };
+    let mut geo = Geometry::new(asked, ctx)?;
     if srq.is_some() {
         // No receive queue of its own (the driver's `qp_has_rq` is false: both sizes 0).
         (geo.rq_slots, geo.rq_shift, geo.cap.max_recv_wr, geo.cap.max_recv_sge) = (0, 0, 0, 0);
