@@ -356,6 +356,58 @@ mod tests {
         assert_eq!((list.head, list.tail), (0, 0));
     }
 
+    /// Debian's libmlx5 44 on the model, `ibv_create_srq(max_wr 3, max_sge 3)` then one
+    /// `ibv_post_srq_recv` of three requests (one SGE; three with a zero-length one in the
+    /// middle; none), its ring read with `mlx5dv_init_obj` (64-byte stride), doorbell record
+    /// 3: the first four WQEs, which the same posts here must equal byte for byte (libmlx5's
+    /// ring is twice as long, for its wait queue, from WQE 4 on).
+    #[test]
+    fn srq_wqes_equal_the_libmlx5_capture() {
+        const CAPTURE: [&str; 4] = [
+            "00000001000000000000000000000000000000640000abcd0000000000001000\
+             0000000000000100000000000000000000000000000000000000000000000000",
+            "0000000200000000000000000000000000000008000000110000000000002000\
+             0000000000000022000000000000300000000010000000330000000000004000",
+            "0000000300000000000000000000000000000000000001000000000000000000\
+             0000000000000000000000000000000000000000000000000000000000000000",
+            "0000000000000000000000000000000000000000000000000000000000000000\
+             0000000000000000000000000000000000000000000000000000000000000000",
+        ];
+        let geo = Geometry::new(3, 3, 1 << 15, 512).unwrap();
+        assert_eq!((geo.wqes, 1u32 << geo.shift), (4, 64));
+        let s = SrqShared::new(geo, "test").unwrap();
+        let one = [Sge {
+            addr: 0x1000,
+            length: 100,
+            lkey: 0xabcd,
+        }];
+        let three = [
+            Sge {
+                addr: 0x2000,
+                length: 8,
+                lkey: 0x11,
+            },
+            Sge {
+                addr: 0x3000,
+                length: 0,
+                lkey: 0x22,
+            },
+            Sge {
+                addr: 0x4000,
+                length: 16,
+                lkey: 0x33,
+            },
+        ];
+        let wrs = [RecvWr::new(0, &one), RecvWr::new(1, &three), RecvWr::new(2, &[])];
+        let (n, result) = s.post(&wrs);
+        assert_eq!(n, 3);
+        result.unwrap();
+        for (i, want) in CAPTURE.iter().enumerate() {
+            let got: String = wqe_bytes(&s, i as u16).iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(&got, want, "WQE {i}");
+        }
+    }
+
     #[test]
     fn too_many_entries_are_refused_and_zero_length_ones_kept() {
         let s = shared(4, 5);
