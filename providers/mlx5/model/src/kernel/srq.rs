@@ -6,7 +6,7 @@ use super::{caps, decode, Call, Errno, Model};
 use crate::abi::{self, srqt, PAGE_SIZE};
 use crate::mem::Memory;
 use crate::objects::Srq;
-use libc::{EBUSY, EFAULT, EINVAL, ENOENT, EOPNOTSUPP};
+use libc::{EBUSY, EFAULT, EINVAL, ENOENT};
 use zerocopy::IntoBytes;
 
 /// The core's view of a CREATE_SRQ request (the write form's `ib_uverbs_create_srq`, or the
@@ -63,10 +63,6 @@ impl Model {
         // ENOENT (core/rdma_core.c:327).
         if !self.pds.get(req.pd).is_some_and(|p| p.ctx == call.ctx) {
             return Err(ENOENT);
-        }
-        // hw/mlx5/srq.c:205-208: types other than basic, XRC and tag matching are EOPNOTSUPP.
-        if !matches!(req.srq_type, srqt::BASIC | srqt::XRC | srqt::TM) {
-            return Err(EOPNOTSUPP);
         }
         // hw/mlx5/srq.c:211-212: `max_wr >= max_srq_wqes || max_sge > max_sge_sz` is EINVAL
         // (1 << log_max_srq_sz WQEs; max_wqe_sz_rq / 16 scatter entries).
