@@ -161,8 +161,10 @@ pub unsafe trait ProviderContext: Send + Sync {
     /// Creates the vendor half of a QP.
     fn create_qp(&self, request: &QpRequest<'_>, kernel: CreateQpCall<'_>) -> Result<ProviderQp>;
 
-    /// Creates the vendor half of an SRQ.
-    fn create_srq(&self, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>>;
+    /// Creates the vendor half of an SRQ of at least `max_wr` receives of `max_sge` entries
+    /// each: the values the core command carries (mlx5 sizes its ring from them as its
+    /// kernel driver does).
+    fn create_srq(&self, max_wr: u32, max_sge: u32, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>>;
 
     /// Creates the vendor half of an address handle; the kernel call returns the AH's
     /// handle. Returns a value the provider reads back from the AH when posting UD sends

@@ -130,7 +130,9 @@ impl Pd {
             "CREATE_SRQ",
             |kernel| {
                 ctx.provider
-                    .create_srq(&mut |drv_in, drv_out| kernel((), drv_in, drv_out))
+                    .create_srq(init.max_wr, init.max_sge, &mut |drv_in, drv_out| {
+                        kernel((), drv_in, drv_out)
+                    })
             },
             |(), drv_in: &[u8], drv_out: &mut [u8]| {
                 let (mut max_wr, mut max_sge) = (0u32, 0u32);

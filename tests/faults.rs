@@ -244,14 +244,15 @@ fn mixing_contexts_is_a_typed_error() {
         let cq1 = c1.create_cq(16).unwrap();
         let cq2 = c2.create_cq(16).unwrap();
         let pd2 = c2.alloc_pd().unwrap();
-        let srq2 = unless_mlx5_lacks(&c2, "SRQ", pd2.create_srq(&SrqInit::new(16, 1)));
-        let mut inits = vec![QpInit::new(QpType::Rc, &cq2, &cq1), QpInit::new(QpType::Rc, &cq1, &cq2)];
-        if let Some(srq2) = &srq2 {
-            inits.push(QpInit {
-                srq: Some(srq2),
+        let srq2 = pd2.create_srq(&SrqInit::new(16, 1)).unwrap();
+        let inits = [
+            QpInit::new(QpType::Rc, &cq2, &cq1),
+            QpInit::new(QpType::Rc, &cq1, &cq2),
+            QpInit {
+                srq: Some(&srq2),
                 ..QpInit::new(QpType::Rc, &cq1, &cq1)
-            });
-        }
+            },
+        ];
         for init in inits {
             match pd1.create_qp(&init) {
                 Err(Error::InvalidArgument { verb: "CREATE_QP", .. }) => {}

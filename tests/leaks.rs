@@ -55,16 +55,15 @@ fn zoo(ctx: &Context) -> Vec<Box<dyn std::any::Any>> {
     let mut user_mem = vec![0u8; 8192].into_boxed_slice();
     // SAFETY: `user_mem` is returned with the MR and dropped after it (drop order of the Vec).
     let user_mr = unsafe { pd.reg_mr(user_mem.as_mut_ptr(), user_mem.len(), access) }.unwrap();
-    // SRQs, UD QPs and address handles: not on mlx5 yet (`Error::Unsupported`, asserted).
-    let srq = unless_mlx5_lacks(ctx, "SRQ", pd.create_srq(&SrqInit::new(16, 1)));
+    let srq = pd.create_srq(&SrqInit::new(16, 1)).unwrap();
     let mut rc = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
-    let on_srq = srq.as_ref().map(|srq| {
-        pd.create_qp(&QpInit {
-            srq: Some(srq),
+    let on_srq = pd
+        .create_qp(&QpInit {
+            srq: Some(&srq),
             ..QpInit::new(QpType::Rc, &cq, &cq)
         })
-        .unwrap()
-    });
+        .unwrap();
+    // UD QPs and address handles: not on mlx5 yet (`Error::Unsupported`, asserted).
     let uc = pd.create_qp(&QpInit::new(QpType::Uc, &cq, &cq)).unwrap();
     let ud = unless_mlx5_lacks(ctx, "UD QP", pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)));
     let ah = unless_mlx5_lacks(ctx, "address handle", pd.create_ah(&path));
@@ -127,10 +126,7 @@ fn everything_dropped_leaves_no_fd_mapping_or_kernel_object() {
         .filter(|(k, v)| before.2.get(*k) != Some(v))
         .map(|(k, v)| format!("{k} {}→{v}", before.2.get(k).copied().unwrap_or(0)))
         .collect();
-    let mut kinds = vec!["pd", "cq", "qp", "mr", "ctx"];
-    if driver(&open_test_device()) == Driver::Rxe {
-        kinds.push("srq");
-    }
+    let kinds = ["pd", "cq", "qp", "mr", "ctx", "srq"];
     for kind in kinds.into_iter().filter(|_| footprint_visible()) {
         assert!(
             grew.iter().any(|g| g.starts_with(&format!("{kind} "))),

@@ -111,7 +111,6 @@ pub struct ResizeCq {
 assert_layout!(ResizeCq, size 16, buf_addr @ 0, cqe_size @ 8, reserved0 @ 10, reserved1 @ 12);
 
 /// `struct mlx5_ib_create_srq`.
-#[cfg_attr(not(test), allow(dead_code))] // SRQs are not built yet (`create_srq`)
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
 pub struct CreateSrq {
@@ -126,7 +125,6 @@ assert_layout!(CreateSrq, size 32, buf_addr @ 0, db_addr @ 8, flags @ 16, reserv
     uidx @ 24, reserved1 @ 28);
 
 /// `struct mlx5_ib_create_srq_resp`.
-#[cfg_attr(not(test), allow(dead_code))] // SRQs are not built yet (`create_srq`)
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
 pub struct CreateSrqResp {

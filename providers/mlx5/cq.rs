@@ -11,6 +11,7 @@
 use super::cqe::{self, BadCqe, Cqe64, Decoded, WorkQueue, CQE_SIZE, INVALID_OP_OWN, OP_OWN};
 use super::mem::{Buffer, Doorbell};
 use super::qp::QpShared;
+use super::srq::SrqShared;
 use super::{abi, Ctx};
 use crate::error::{Error, Result};
 use crate::provider::{CqRing, CreateCqCall, ReadyRun, ResizeCqCall};
@@ -159,8 +160,9 @@ impl Ring {
 
     /// Removes the CQEs of user index `uidx` among those handed over, as libmlx5's
     /// `__mlx5_cq_clean` does: later entries move up over them, keeping each destination's
-    /// owner bit. Returns how many were removed.
-    fn scrub(&mut self, uidx: u32) -> u32 {
+    /// owner bit; the WQEs of removed receive CQEs go back to `srq`. Returns how many were
+    /// removed.
+    fn scrub(&mut self, uidx: u32, srq: Option<&SrqShared>) -> u32 {
         let mut end = self.ci;
         while end.wrapping_sub(self.ci) < self.ncqe && self.ready(end).is_some() {
             end = end.wrapping_add(1);
@@ -170,7 +172,12 @@ impl Ring {
         while i != self.ci {
             i = i.wrapping_sub(1);
             let Some(bytes) = self.ready(i) else { break };
-            if Cqe64::parse(&bytes).user_index() == uidx {
+            let cqe = Cqe64::parse(&bytes);
+            if cqe.user_index() == uidx {
+                if let Some(srq) = srq.filter(|_| cqe::is_responder(cqe::cqe_opcode(cqe.op_own))) {
+                    // A WQE not posted (a hostile CQE) is left alone.
+                    let _ = srq.complete(cqe.wqe_counter);
+                }
                 removed += 1;
             } else if removed > 0 {
                 let to = i.wrapping_add(removed);
@@ -233,14 +240,15 @@ impl CqShared {
     }
 
     /// Removes the QP's CQEs, and with `unlink` the QP itself, publishing the new consumer
-    /// index.
+    /// index. The SRQ WQEs of the receive CQEs removed go back to the QP's SRQ.
     pub(super) fn scrub(&self, uidx: u32, unlink: bool) {
         let mut guard = self.lock();
         let state = guard.state();
+        let srq = state.qps.get(&uidx).and_then(|qp| qp.srq().cloned());
         if unlink {
             state.qps.remove(&uidx);
         }
-        if state.ring.scrub(uidx) > 0 {
+        if state.ring.scrub(uidx, srq.as_deref()) > 0 {
             self.db.set(SET_CI, state.ring.ci & 0xff_ffff);
         }
     }
@@ -287,7 +295,7 @@ fn complete(qps: &HashMap<u32, Arc<QpShared>>, cqe: &Cqe64) -> WorkCompletion {
             let qp = qps.get(&user_index).ok_or(BadCqe::UnknownUserIndex)?;
             wc.wr_id = match queue {
                 WorkQueue::Send { wqe_counter } => qp.complete_send(wqe_counter)?,
-                WorkQueue::Recv => qp.complete_recv()?,
+                WorkQueue::Recv => qp.complete_recv(cqe.wqe_counter)?,
             };
             Ok(wc)
         },

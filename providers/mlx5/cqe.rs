@@ -28,6 +28,14 @@ pub mod opcode {
     pub const INVALID: u8 = 15;
 }
 
+/// Whether a CQE of this opcode completes a receive (libmlx5 `cq.c`'s `is_responder`).
+pub fn is_responder(op: u8) -> bool {
+    matches!(
+        op,
+        opcode::RESP_WR_IMM | opcode::RESP_SEND | opcode::RESP_SEND_IMM | opcode::RESP_SEND_INV | opcode::RESP_ERR
+    )
+}
+
 /// `mlx5dv_get_cqe_owner`.
 pub fn owner(op_own: u8) -> u8 {
     op_own & 1

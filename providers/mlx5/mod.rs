@@ -3,8 +3,8 @@
 //!
 //! Built: contexts with legacy UARs, PDs, CQs (poll, arm, resize), RC and UC QPs (every send
 //! operation, inline data, BlueFlame for a lone request as libmlx5 does, receives,
-//! RESET and destroy scrubbing). Not yet: SRQs, UD and address handles
-//! (`Error::Unsupported`).
+//! RESET and destroy scrubbing), SRQs (post, limit arming, QPs on an SRQ; no resize: the
+//! kernel driver has none). Not yet: UD and address handles (`Error::Unsupported`).
 
 mod abi;
 mod cq;
@@ -13,6 +13,7 @@ mod cqe;
 mod dv_check;
 mod mem;
 mod qp;
+mod srq;
 mod wqe;
 
 use crate::device::{DeviceFile, DeviceInfo};
@@ -96,6 +97,7 @@ pub(super) struct Ctx {
     max_rq_desc_sz: u16,
     max_send_wqebb: u32,
     max_recv_wr: u32,
+    max_srq_recv_wr: u32,
 }
 
 impl Ctx {
@@ -154,6 +156,7 @@ impl Ctx {
             max_rq_desc_sz: resp.max_rq_desc_sz,
             max_send_wqebb: resp.max_send_wqebb,
             max_recv_wr: resp.max_recv_wr,
+            max_srq_recv_wr: resp.max_srq_recv_wr,
         })
     }
 
@@ -241,11 +244,8 @@ unsafe impl ProviderContext for Mlx5Context {
         qp::create(&self.0, request, kernel)
     }
 
-    fn create_srq(&self, _kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
-        Err(Error::Unsupported {
-            verb: "create_srq",
-            what: "SRQs on mlx5 (not built yet)",
-        })
+    fn create_srq(&self, max_wr: u32, max_sge: u32, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
+        srq::create(&self.0, max_wr, max_sge, kernel)
     }
 
     fn create_ah(&self, _kernel: KernelCall<'_, u32>) -> Result<u64> {

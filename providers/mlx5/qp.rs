@@ -8,6 +8,7 @@
 
 use super::cq::{CqShared, Mlx5Cq};
 use super::mem::{Buffer, Doorbell};
+use super::srq::{Mlx5Srq, SrqShared};
 use super::wqe::{self, ctrl_flags, opcode, Ctrl, SEG, SEND_WQE_BB};
 use super::{abi, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
@@ -55,17 +56,25 @@ pub(super) struct QpShared {
     sq_wqe_head: Box<[AtomicU32]>,
     /// By receive slot.
     rq_wrid: Box<[AtomicU64]>,
+    /// The SRQ receives come from instead (then there are no receive slots).
+    srq: Option<Arc<SrqShared>>,
 }
 
 impl QpShared {
-    fn new(sq_blocks: usize, rq_slots: usize) -> Self {
+    fn new(sq_blocks: usize, rq_slots: usize, srq: Option<Arc<SrqShared>>) -> Self {
         Self {
             poster: CachePadded::default(),
             poller: CachePadded::default(),
             sq_wrid: (0..sq_blocks).map(|_| AtomicU64::new(0)).collect(),
             sq_wqe_head: (0..sq_blocks).map(|_| AtomicU32::new(0)).collect(),
             rq_wrid: (0..rq_slots).map(|_| AtomicU64::new(0)).collect(),
+            srq,
         }
+    }
+
+    /// The SRQ the QP receives from.
+    pub(super) fn srq(&self) -> Option<&Arc<SrqShared>> {
+        self.srq.as_ref()
     }
 
     /// The `wr_id` of the send WQE at `wqe_counter`; every request up to it is completed.
@@ -86,8 +95,12 @@ impl QpShared {
         Ok(wr_id)
     }
 
-    /// The `wr_id` of the oldest outstanding receive.
-    pub(super) fn complete_recv(&self) -> Result<u64, BadCqe> {
+    /// The `wr_id` of the oldest outstanding receive; on an SRQ, of the SRQ WQE at
+    /// `wqe_counter`.
+    pub(super) fn complete_recv(&self, wqe_counter: u16) -> Result<u64, BadCqe> {
+        if let Some(srq) = &self.srq {
+            return srq.complete(wqe_counter);
+        }
         let head = self.poster.rq_head.load(Ordering::Acquire);
         let tail = self.poller.rq_tail.load(Ordering::Relaxed);
         if head == tail || self.rq_wrid.is_empty() {
@@ -182,6 +195,14 @@ impl Geometry {
     }
 }
 
+/// The shared half of an SRQ from its provider half.
+fn srq_half(srq: &dyn crate::provider::SrqQueue) -> Result<Arc<SrqShared>> {
+    srq.as_any()
+        .downcast_ref::<Mlx5Srq>()
+        .map(|srq| srq.shared().clone())
+        .ok_or_else(|| Error::invalid("create_qp", "the SRQ is not an mlx5 SRQ"))
+}
+
 /// The shared half of a CQ from its provider half.
 fn cq_half(cq: &dyn crate::provider::CqRing) -> Result<Arc<CqShared>> {
     cq.as_any()
@@ -197,14 +218,22 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             what: "UD QPs on mlx5 (not built yet)",
         });
     }
-    if req.srq.is_some() {
-        return Err(Error::Unsupported {
-            verb: "create_qp",
-            what: "SRQs on mlx5 (not built yet)",
-        });
-    }
+    let srq = req.srq.map(srq_half).transpose()?;
     let (send_cq, recv_cq) = (cq_half(req.send_cq)?, cq_half(req.recv_cq)?);
-    let geo = Geometry::new(req.cap, ctx)?;
+    // On an SRQ the receive capabilities asked for are not the QP's to size.
+    let asked = match srq {
+        Some(_) => QpCap {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..req.cap
+        },
+        None => req.cap,
+    };
+    let mut geo = Geometry::new(asked, ctx)?;
+    if srq.is_some() {
+        // No receive queue of its own (the driver's `qp_has_rq` is false: both sizes 0).
+        (geo.rq_slots, geo.rq_shift, geo.cap.max_recv_wr, geo.cap.max_recv_sge) = (0, 0, 0, 0);
+    }
     let buf = Buffer::new(geo.rq_bytes() + geo.sq_bytes(), "CREATE_QP")?;
     let db = ctx.db_pages.alloc("CREATE_QP")?;
     let uidx = UserIndex::new(ctx)?;
@@ -225,7 +254,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             format!("bfreg index {} outside the UARs", resp.bfreg_index),
         )
     })?;
-    let shared = Arc::new(QpShared::new(geo.sq_blocks as usize, geo.rq_slots as usize));
+    let shared = Arc::new(QpShared::new(geo.sq_blocks as usize, geo.rq_slots as usize, srq));
     send_cq.link(uidx.0, shared.clone());
     recv_cq.link(uidx.0, shared.clone());
     let queues = Box::new(Mlx5Qp {
@@ -585,6 +614,9 @@ unsafe impl QpQueues for Mlx5Qp {
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.shared.srq.is_some() {
+            return Err(Error::invalid("post_recv", "the QP receives from its SRQ: post there"));
+        }
         let mut result = Ok(());
         let tail = self.shared.poller.rq_tail.load(Ordering::Acquire);
         for (index, wr) in wrs.iter().enumerate() {
@@ -757,7 +789,7 @@ mod tests {
     /// it; a counter naming nothing outstanding, or a receive with none posted, is an error.
     #[test]
     fn completions_follow_the_posted_tables() {
-        let shared = QpShared::new(8, 4);
+        let shared = QpShared::new(8, 4, None);
         for (request, block) in [(0u32, 0usize), (1, 2), (2, 3)] {
             shared.sq_wrid[block].store(100 + u64::from(request), Ordering::Relaxed);
             shared.sq_wqe_head[block].store(request, Ordering::Relaxed);
@@ -767,10 +799,10 @@ mod tests {
         assert_eq!(shared.poller.sq_tail.load(Ordering::Relaxed), 2);
         assert_eq!(shared.complete_send(2), Err(BadCqe::WqeCounter), "already completed");
         assert_eq!(shared.complete_send(0x0b), Ok(102), "masked to block 3");
-        assert_eq!(shared.complete_recv(), Err(BadCqe::NoReceive));
+        assert_eq!(shared.complete_recv(0), Err(BadCqe::NoReceive));
         shared.rq_wrid[0].store(55, Ordering::Relaxed);
         shared.poster.rq_head.store(1, Ordering::Release);
-        assert_eq!(shared.complete_recv(), Ok(55));
-        assert_eq!(shared.complete_recv(), Err(BadCqe::NoReceive));
+        assert_eq!(shared.complete_recv(0), Ok(55));
+        assert_eq!(shared.complete_recv(0), Err(BadCqe::NoReceive));
     }
 }

@@ -100,7 +100,9 @@ unsafe impl ProviderContext for RxeContext {
         qp::create(self, request, kernel)
     }
 
-    fn create_srq(&self, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
+    /// rxe sizes the ring itself (the kernel allocates it): the sizes asked for are the core
+    /// command's alone.
+    fn create_srq(&self, _: u32, _: u32, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
         srq::create(self, kernel)
     }
 

@@ -313,7 +313,7 @@ unsafe impl ProviderContext for StubContext {
         })
     }
 
-    fn create_srq(&self, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
+    fn create_srq(&self, _: u32, _: u32, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>> {
         kernel(&[], &mut [0; DRIVER_OUT])?;
         Ok(Box::new(StubSrq { log: self.log.clone() }))
     }

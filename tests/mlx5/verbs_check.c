@@ -288,8 +288,9 @@ static int side_setup(struct side *s, const struct opts *o, struct ep_info *out)
 	return 1;
 }
 
-/* INIT -> RTR -> RTS towards `peer`: LIDs on InfiniBand, GIDs (index -g) on RoCE. */
-static int side_connect(struct side *s, const struct opts *o, const struct ep_info *peer)
+/* QP `qp` of side `s` from INIT to RTR to RTS towards `peer`: LIDs on InfiniBand, GIDs (index
+ * -g) on RoCE. */
+static int qp_connect(struct side *s, struct ibv_qp *qp, const struct opts *o, const struct ep_info *peer)
 {
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = peer->qpn,
@@ -302,7 +303,7 @@ static int side_connect(struct side *s, const struct opts *o, const struct ep_in
 		a.ah_attr.grh.sgid_index = gid_index;
 		a.ah_attr.grh.hop_limit = 1;
 	}
-	int e = ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+	int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 			      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	if (e)
 		return fail("modify to RTR: %s", strerror(e));
@@ -312,11 +313,16 @@ static int side_connect(struct side *s, const struct opts *o, const struct ep_in
 	a.rnr_retry = o->rnr_retry;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 1;
-	e = ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+	e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 			  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (e)
 		return fail("modify to RTS: %s", strerror(e));
 	return 1;
+}
+
+static int side_connect(struct side *s, const struct opts *o, const struct ep_info *peer)
+{
+	return qp_connect(s, s->qp, o, peer);
 }
 
 static int to_err(struct ibv_qp *qp)
@@ -987,6 +993,119 @@ static int check_cq_overrun_event(void)
 	}
 }
 
+/* A's objects for check_srq_limit_event, destroyed whatever the outcome. */
+static struct {
+	struct ibv_cq *cq;
+	struct ibv_srq *srq;
+	struct ibv_qp *tx, *rx;
+} S;
+
+static void srq_objects_drop(void)
+{
+	if (S.rx)
+		ibv_destroy_qp(S.rx);
+	if (S.tx)
+		ibv_destroy_qp(S.tx);
+	if (S.srq)
+		ibv_destroy_srq(S.srq);
+	if (S.cq)
+		ibv_destroy_cq(S.cq);
+	memset(&S, 0, sizeof(S));
+}
+
+static int srq_limit_event(void)
+{
+	struct opts o = DEFAULT_OPTS;
+	S.cq = ibv_create_cq(A.ctx, 64, NULL, NULL, 0);
+	if (!S.cq)
+		return fail("ibv_create_cq: %s", strerror(errno));
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1 } };
+	S.srq = ibv_create_srq(A.pd, &si);
+	if (!S.srq)
+		return fail("ibv_create_srq: %s", strerror(errno));
+	struct ibv_qp_init_attr ia = {
+		.send_cq = S.cq, .recv_cq = S.cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	S.tx = ibv_create_qp(A.pd, &ia);
+	ia.srq = S.srq;
+	ia.cap.max_recv_wr = 0;
+	S.rx = S.tx ? ibv_create_qp(A.pd, &ia) : NULL;
+	if (!S.rx)
+		return fail("ibv_create_qp%s: %s", S.tx ? " on the SRQ" : "", strerror(errno));
+	struct ibv_qp *qps[2] = { S.tx, S.rx };
+	for (int i = 0; i < 2; i++) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = ib_port };
+		int e = ibv_modify_qp(qps[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+		if (e)
+			return fail("modify to INIT: %s", strerror(e));
+		struct ep_info peer = { .qpn = qps[1 - i]->qp_num, .lid = A.port.lid };
+		memcpy(peer.gid, A.gid.raw, 16);
+		if (!qp_connect(&A, qps[i], &o, &peer))
+			return 0;
+	}
+	for (uint64_t i = 0; i < 8; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)A.buf + 4096 + i * 64, .length = 64, .lkey = A.mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = 100 + i, .sg_list = &sge, .num_sge = 1 }, *bad;
+		int e = ibv_post_srq_recv(S.srq, &wr, &bad);
+		if (e)
+			return fail("ibv_post_srq_recv: %s", strerror(e));
+	}
+	struct ibv_srq_attr sa = { .srq_limit = 4 };
+	int e = ibv_modify_srq(S.srq, &sa, IBV_SRQ_LIMIT);
+	if (e)
+		return fail("ibv_modify_srq(IBV_SRQ_LIMIT 4): %s", strerror(e));
+	/* 8 posted, 4 sends: 4 left, not below the limit; the fifth leaves 3. */
+	struct ibv_wc wc[MAX_WC];
+	for (int i = 0; i < 5; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)A.buf, .length = 32, .lkey = A.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED }, *bad;
+		e = ibv_post_send(S.tx, &wr, &bad);
+		if (e)
+			return fail("ibv_post_send: %s", strerror(e));
+		if (poll_for(S.cq, wc, 2, timeout_ms) != 2)
+			return fail("send %d: no send and receive completion", i);
+		for (int k = 0; k < 2; k++)
+			if (wc[k].status != IBV_WC_SUCCESS)
+				return fail("send %d: %s", i, fmt_wc(&wc[k]));
+		struct ibv_wc *r = wc[0].opcode == IBV_WC_RECV ? &wc[0] : &wc[1];
+		if (r->opcode != IBV_WC_RECV || r->wr_id != 100 + (uint64_t)i || r->qp_num != S.rx->qp_num)
+			return fail("send %d: receive completion %s (the SRQ's receives are taken in order)", i, fmt_wc(r));
+		struct pollfd p = { .fd = A.ctx->async_fd, .events = POLLIN };
+		int ready = poll(&p, 1, i < 4 ? 0 : timeout_ms);
+		if (i < 4 && ready == 1)
+			return fail("an async event with %d receives left, above the limit of 4", 7 - i);
+		if (i == 4 && ready != 1)
+			return fail("no async event within %d ms with 3 receives left, below the limit of 4", timeout_ms);
+	}
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(A.ctx, &ev))
+		return fail("ibv_get_async_event: %s", strerror(errno));
+	int hit = ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == S.srq;
+	enum ibv_event_type got = ev.event_type;
+	ibv_ack_async_event(&ev);
+	if (!hit)
+		return fail("expected IBV_EVENT_SRQ_LIMIT_REACHED on the SRQ, got %s", ibv_event_type_str(got));
+	if ((e = ibv_query_srq(S.srq, &sa)))
+		return fail("ibv_query_srq: %s", strerror(e));
+	if (sa.srq_limit != 0)
+		return fail("ibv_query_srq after the event: limit %u, not 0 (disarmed)", sa.srq_limit);
+	return 1;
+}
+
+/* An SRQ with 8 receives posted and its limit armed at 4, a QP on it and a sender, both on A's
+ * context: 5 sends, each taking the SRQ's receives in the order posted; no async event while
+ * 4 or more are left; IBV_EVENT_SRQ_LIMIT_REACHED naming the SRQ once 3 are; the limit reads 0
+ * afterwards. Destroying the SRQ then returns (libibverbs waits for the events it reported). */
+static int check_srq_limit_event(void)
+{
+	drain_async_events();
+	int ok = srq_limit_event();
+	srq_objects_drop();
+	return ok;
+}
+
 /* The device's raw clock (ibv_query_rt_values_ex, IBV_VALUES_MASK_RAW_CLOCK): on mlx5 it is
  * read from the core clock page the provider maps at context creation, and must advance
  * between two reads 20 ms apart. A provider without a device clock (rdma_rxe) answers
@@ -1033,6 +1152,7 @@ static const struct check {
 	{ "wr_flush_err", check_wr_flush_err },
 	{ "cq_overrun_event", check_cq_overrun_event },
 	{ "raw_clock", check_raw_clock },
+	{ "srq_limit_event", check_srq_limit_event },
 };
 
 static int selected(const char *name)

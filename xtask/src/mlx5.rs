@@ -139,7 +139,8 @@ pub struct Checked {
 
 /// The host step of `cargo xtask test` (when [`enabled`]): builds the model, then runs
 /// `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong pairs (`-s 1`, `-s 60`, `-s 4096`, `-e`),
-/// an ibv_uc_pingpong pair and verbs_check (one process, and two processes) on it; then the
+/// an ibv_uc_pingpong pair, an ibv_srq_pingpong pair and verbs_check (one process, and two
+/// processes) on it; then the
 /// Rust demo and the Rust rc_pingpong against ibv_rc_pingpong both ways (the Rust core and
 /// mlx5 provider, `--features mlx5`), then the integration tests of [`SUITE`] on that
 /// provider; each bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
@@ -223,6 +224,9 @@ pub fn test_step() -> Vec<Checked> {
             Ok(())
         });
     }
+    check(format!("ibv_srq_pingpong -d {DEVICE} -n {ITERS} pair"), &mut |dir| {
+        srq_pingpong(&step, dir, gid)
+    });
     let exe = compile_verbs_check();
     check("verbs_check (one process, two contexts)".into(), &mut |dir| {
         let exe = exe.clone()?;
@@ -333,6 +337,8 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
     ("no_alloc", &[], &[]),
     ("qp_attr", &[], &[]),
     ("srq", &[], &[]),
+    // SRQs as only mlx5 has them (the kernel driver refuses resize): built with the feature.
+    ("mlx5_srq", &[], &[]),
     ("ud", &[], &[]),
     // 100,000 sends one at a time, each awaited: it passes, in 512 s on the model (run by
     // hand), past the item limit.
@@ -379,6 +385,27 @@ fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut 
                 false => Err(format!("no `test result: ok.` line:\n{}", tail(&text, 20))),
             }
         });
+    }
+}
+
+/// Debian's ibv_srq_pingpong pair (16 RC QPs receiving from one SRQ): both must report
+/// [`ITERS`] iterations.
+fn srq_pingpong(step: &Step, dir: &Path, gid: &[&str]) -> std::result::Result<(), String> {
+    let port = free_port()?.to_string();
+    let server: Vec<String> = ["ibv_srq_pingpong", "-d", DEVICE, "-n", ITERS, "-p", &port]
+        .iter()
+        .chain(gid)
+        .map(|s| s.to_string())
+        .collect();
+    let client: Vec<String> = server.iter().cloned().chain(["127.0.0.1".into()]).collect();
+    let (s, c) = step.pair(dir, port.parse().map_err(|_| "port".to_string())?, &server, &client)?;
+    let done = format!("{ITERS} iters");
+    let silent = [("server", &s), ("client", &c)]
+        .into_iter()
+        .find(|(_, t)| !t.contains(&done));
+    match silent {
+        Some((side, _)) => Err(format!("the {side} exited 0 without reporting {done}")),
+        None => Ok(()),
     }
 }
 

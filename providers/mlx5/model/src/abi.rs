@@ -25,6 +25,10 @@ pub mod cmd {
     pub const QUERY_QP: u32 = 25;
     pub const MODIFY_QP: u32 = 26;
     pub const DESTROY_QP: u32 = 27;
+    pub const CREATE_SRQ: u32 = 32;
+    pub const MODIFY_SRQ: u32 = 33;
+    pub const QUERY_SRQ: u32 = 34;
+    pub const DESTROY_SRQ: u32 = 35;
     /// The last write command 6.1 declares (`IB_USER_VERBS_CMD_OPEN_QP`): the table ends here.
     pub const OPEN_QP: u32 = 40;
     /// `IB_USER_VERBS_CMD_FLAG_EXTENDED`.
@@ -60,6 +64,8 @@ pub mod uar_obj {
 pub mod event {
     pub const CQ_ERR: u32 = 0;
     pub const QP_FATAL: u32 = 1;
+    pub const SRQ_ERR: u32 = 14;
+    pub const SRQ_LIMIT_REACHED: u32 = 15;
 }
 
 /// `enum ib_qp_state`.
@@ -343,6 +349,24 @@ Mlx5CreateQpResp, 40, {
     sqn: u32, reserved1: u32, tir_icm_addr: u64,
 });
 abi_struct!(
+    /// `struct ib_uverbs_create_srq`.
+    CreateSrq, 32, { response: u64, user_handle: u64, pd_handle: u32, max_wr: u32, max_sge: u32, srq_limit: u32 });
+abi_struct!(
+    /// `struct ib_uverbs_create_srq_resp`.
+    CreateSrqResp, 16, { srq_handle: u32, max_wr: u32, max_sge: u32, srqn: u32 });
+abi_struct!(
+    /// `struct ib_uverbs_modify_srq`.
+    ModifySrq, 16, { srq_handle: u32, attr_mask: u32, max_wr: u32, srq_limit: u32 });
+abi_struct!(
+    /// `struct ib_uverbs_query_srq_resp`.
+    QuerySrqResp, 16, { max_wr: u32, max_sge: u32, srq_limit: u32, reserved: u32 });
+abi_struct!(
+    /// `struct mlx5_ib_create_srq`.
+    Mlx5CreateSrq, 32, { buf_addr: u64, db_addr: u64, flags: u32, reserved0: u32, uidx: u32, reserved1: u32 });
+abi_struct!(
+    /// `struct mlx5_ib_create_srq_resp`.
+    Mlx5CreateSrqResp, 8, { srqn: u32, reserved: u32 });
+abi_struct!(
     /// `struct ib_uverbs_ioctl_hdr`.
     IoctlHdr, 24, { length: u16, object_id: u16, method_id: u16, num_attrs: u16, reserved1: u64, driver_id: u32, reserved2: u32 });
 abi_struct!(
@@ -382,5 +406,14 @@ pub const QP_FLAG_ALLOW_SCATTER_CQE: u32 = 1 << 8;
 pub const QP_FLAG_UAR_PAGE_INDEX: u32 = 1 << 10;
 /// `MLX5_IB_INVALID_BFREG`.
 pub const INVALID_BFREG: u32 = 1 << 31;
+/// `enum ib_srq_attr_mask`: `IB_SRQ_MAX_WR`, `IB_SRQ_LIMIT`.
+pub const SRQ_ATTR_MAX_WR: u32 = 1 << 0;
+pub const SRQ_ATTR_LIMIT: u32 = 1 << 1;
+/// `enum ib_srq_type` (and `ib_uverbs_srq_type`).
+pub mod srqt {
+    pub const BASIC: u32 = 0;
+    pub const XRC: u32 = 1;
+    pub const TM: u32 = 2;
+}
 /// `MLX5_IB_DEFAULT_UIDX`.
 pub const DEFAULT_UIDX: u32 = 0xffffff;

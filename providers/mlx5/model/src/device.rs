@@ -17,6 +17,8 @@ use crate::wire::{Op, Request, Response};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod srq;
+
 /// The device's operations on the model.
 pub struct Device;
 
@@ -53,6 +55,18 @@ struct Wqe {
     swap_add: u64,
     compare: u64,
     segments: Vec<Segment>,
+}
+
+/// The receive WQE a message lands in.
+struct RecvWqe {
+    /// Address of its first data segment.
+    segs: u64,
+    /// Data segments it has room for.
+    max_segs: u64,
+    /// The receive queue's counter, or the SRQ WQE's index: the CQE's `wqe_counter`.
+    index: u16,
+    /// The SRQ it belongs to.
+    srq: Option<u32>,
 }
 
 /// A CQE under construction (64 bytes, big-endian fields).
@@ -775,13 +789,52 @@ impl Device {
         }
     }
 
-    fn has_recv(model: &Model, h: u32, mem: &dyn Memory) -> bool {
-        let Some(qp) = model.qps.get(h) else { return false };
-        if qp.rq_cnt == 0 {
-            return false;
+    fn has_recv(model: &mut Model, h: u32, mem: &dyn Memory) -> bool {
+        matches!(Self::next_recv(model, h, mem), Ok(Some(_)))
+    }
+
+    /// The receive WQE the next message to QP `h` lands in: from its receive queue or its
+    /// SRQ; `Ok(None)` when none is posted, `Err(())` when the doorbell record claims more
+    /// than the ring holds (the QP, or the SRQ, is in error: the message is dropped).
+    fn next_recv(model: &mut Model, h: u32, mem: &dyn Memory) -> Result<Option<RecvWqe>, ()> {
+        let Some(qp) = model.qps.get(h) else { return Err(()) };
+        if let Some(srq) = qp.srq {
+            return Self::srq_next(model, srq, mem);
         }
-        mem.read_be32(qp.db + abi::RCV_DBR)
-            .is_ok_and(|rcv| (rcv as u16) != qp.rq_ci)
+        if qp.rq_cnt == 0 {
+            return Ok(None);
+        }
+        let Ok(rcv) = mem.read_be32(qp.db + abi::RCV_DBR) else {
+            Self::raise_qp_fatal(model, h);
+            return Err(());
+        };
+        let rcv = rcv as u16;
+        if rcv == qp.rq_ci {
+            return Ok(None);
+        }
+        if u32::from(rcv.wrapping_sub(qp.rq_ci)) > qp.rq_cnt {
+            Self::raise_qp_fatal(model, h);
+            return Err(());
+        }
+        let stride = 1u64 << qp.rq_shift.min(31);
+        Ok(Some(RecvWqe {
+            segs: qp.buf + (u64::from(qp.rq_ci) & u64::from(qp.rq_cnt - 1)) * stride,
+            max_segs: (stride / 16).min(64),
+            index: qp.rq_ci,
+            srq: None,
+        }))
+    }
+
+    /// Hands `wqe` from QP `h`'s receive queue, or its SRQ, to the message.
+    fn take_recv(model: &mut Model, h: u32, wqe: &RecvWqe, mem: &dyn Memory) {
+        match wqe.srq {
+            Some(srq) => Self::srq_take(model, srq, wqe.index, mem),
+            None => {
+                if let Some(qp) = model.qps.get_mut(h) {
+                    qp.rq_ci = qp.rq_ci.wrapping_add(1);
+                }
+            }
+        }
     }
 
     /// Consumes the next receive WQE of QP `h` for an incoming message: scatters `data`
@@ -800,26 +853,19 @@ impl Device {
         };
         let min_rnr = qp.attrs.min_rnr_timer;
         let rc = qp.qp_type == abi::qpt::RC;
-        if !Self::has_recv(model, h, mem) {
+        let (qpn, pd) = (qp.qpn, qp.pd);
+        let u = Self::recv_uidx(model, qp);
+        let wqe = match Self::next_recv(model, h, mem) {
+            Ok(Some(wqe)) => wqe,
             // UC drops what it cannot receive.
-            return if rc {
-                Err(Response::Rnr(min_rnr))
-            } else {
-                Ok(Response::Ack)
-            };
-        }
-        let rcv = mem.read_be32(qp.db + abi::RCV_DBR).unwrap_or(0) as u16;
-        if u32::from(rcv.wrapping_sub(qp.rq_ci)) > qp.rq_cnt {
-            Self::raise_qp_fatal(model, h);
-            return Err(Response::Dropped);
-        }
-        let index = qp.rq_ci;
-        let stride = 1u64 << qp.rq_shift.min(31);
-        let wqe_addr = qp.buf + (u64::from(index) & u64::from(qp.rq_cnt - 1)) * stride;
-        let (qpn, u, pd) = (qp.qpn, uidx(qp), qp.pd);
+            Ok(None) if rc => return Err(Response::Rnr(min_rnr)),
+            Ok(None) => return Ok(Response::Ack),
+            Err(()) => return Err(Response::Dropped),
+        };
+        let index = wqe.index;
         let local_error = |model: &mut Model, synd: u8, nak: u8| {
+            Self::take_recv(model, h, &wqe, mem);
             if let Some(qp) = model.qps.get_mut(h) {
-                qp.rq_ci = qp.rq_ci.wrapping_add(1);
                 qp.state = qps::ERR;
             }
             let cqe = Cqe::new(cqe_op::RESP_ERR, qpn, u, index).syndrome(synd);
@@ -829,13 +875,12 @@ impl Device {
         let len = data.map_or(0, |d| d.len());
         if let Some(data) = data {
             let mut at = 0usize;
-            let segs = (stride / 16).min(64);
-            for s in 0..segs {
+            for s in 0..wqe.max_segs {
                 if at >= len {
                     break;
                 }
                 let mut seg = [0u8; 16];
-                if mem.read(wqe_addr + s * 16, &mut seg).is_err() {
+                if mem.read(wqe.segs + s * 16, &mut seg).is_err() {
                     return local_error(model, syndrome::LOCAL_PROT, syndrome::REMOTE_OP);
                 }
                 let count = u32::from_be_bytes(seg[0..4].try_into().unwrap_or_default());
@@ -860,9 +905,7 @@ impl Device {
                 return local_error(model, syndrome::LOCAL_LENGTH, syndrome::REMOTE_INVAL_REQ);
             }
         }
-        if let Some(qp) = model.qps.get_mut(h) {
-            qp.rq_ci = qp.rq_ci.wrapping_add(1);
-        }
+        Self::take_recv(model, h, &wqe, mem);
         let op = match (data.is_some(), imm.is_some()) {
             (true, false) => cqe_op::RESP_SEND,
             (true, true) => cqe_op::RESP_SEND_IMM,

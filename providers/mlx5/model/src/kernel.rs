@@ -10,13 +10,14 @@
 use crate::abi::{self, cmd, qp_attr, qps, PAGE_SIZE};
 use crate::device::Device;
 use crate::mem::Memory;
-use crate::objects::{Cq, EventSink, Mr, Pd, Qp, QpAttrs, Table, Uar};
+use crate::objects::{Cq, EventSink, Mr, Pd, Qp, QpAttrs, Srq, Table, Uar};
 use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, ENOMEM, ENOSPC, EOPNOTSUPP, EPERM, EPROTONOSUPPORT};
 use std::collections::HashMap;
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
 
 mod ioctl;
+mod srq;
 
 /// A positive errno value.
 pub type Errno = i32;
@@ -35,6 +36,9 @@ pub trait Host {
 /// The model's device limits (a ConnectX-5 without write combining, DEVX or CQE compression).
 pub mod caps {
     pub const LOG_MAX_QP_SZ: u32 = 15;
+    pub const LOG_MAX_SRQ_SZ: u32 = 15;
+    /// `max_wqe_sz_rq`: the largest receive WQE, in bytes.
+    pub const MAX_WQE_SZ_RQ: u32 = 512;
     pub const LOG_MAX_CQ_SZ: u32 = 22;
     pub const MAX_BFREGS: u32 = 512 * 2;
     pub const NUM_COMP_VECTORS: u32 = 4;
@@ -105,6 +109,7 @@ pub struct Model {
     pub mrs: Table<Mr>,
     pub cqs: Table<Cq>,
     pub qps: Table<Qp>,
+    pub srqs: Table<Srq>,
     pub uars: Table<Uar>,
     pub channels: HashMap<i32, (i32, Arc<dyn EventSink>)>,
     /// Core clock pages mapped: `(client address, the model's writable view of the page)`.
@@ -112,6 +117,7 @@ pub struct Model {
     pub clock_pages: Vec<(u64, u64)>,
     next_qpn: u32,
     next_cqn: u32,
+    next_srqn: u32,
     next_key: u32,
     next_uar_page: u32,
     /// Pages pinned by registered MRs (the process's `mm->pinned_vm`; the CQ and QP buffers
@@ -183,6 +189,10 @@ fn write_method(command: u32) -> Option<(usize, usize)> {
         cmd::QUERY_QP => (16, 128),
         cmd::MODIFY_QP => (112, 0),
         cmd::DESTROY_QP => (16, 4),
+        cmd::CREATE_SRQ => (32, 16),
+        cmd::MODIFY_SRQ => (16, 0),
+        cmd::QUERY_SRQ => (16, 16),
+        cmd::DESTROY_SRQ => (16, 4),
         _ => return None,
     })
 }
@@ -198,11 +208,13 @@ impl Model {
             mrs: Table::default(),
             cqs: Table::default(),
             qps: Table::default(),
+            srqs: Table::default(),
             uars: Table::default(),
             channels: HashMap::new(),
             clock_pages: Vec::new(),
             next_qpn: u32::from(lid) << 8,
             next_cqn: 1,
+            next_srqn: 1,
             next_key: 0,
             next_uar_page: 16,
             pinned_pages: 0,
@@ -223,6 +235,11 @@ impl Model {
         for h in self.qps.handles() {
             if self.qps.get(h).is_some_and(|q| q.ctx == fd) {
                 self.qps.remove(h);
+            }
+        }
+        for h in self.srqs.handles() {
+            if self.srqs.get(h).is_some_and(|s| s.ctx == fd) {
+                self.srqs.remove(h);
             }
         }
         for h in self.cqs.handles() {
@@ -282,6 +299,15 @@ impl Model {
                     .map(|(h, _)| h);
                 if let Some(cq) = cq.and_then(|h| self.cqs.get_mut(h)) {
                     cq.async_events += 1;
+                }
+            } else if matches!(ev.event_type, abi::event::SRQ_ERR | abi::event::SRQ_LIMIT_REACHED) {
+                let srq = self
+                    .srqs
+                    .iter()
+                    .find(|(_, s)| s.ctx == ctx && s.user_handle == ev.element)
+                    .map(|(h, _)| h);
+                if let Some(srq) = srq.and_then(|h| self.srqs.get_mut(h)) {
+                    srq.async_events += 1;
                 }
             } else {
                 let qp = self
@@ -407,6 +433,10 @@ impl Model {
             cmd::QUERY_QP => self.query_qp(&call, mem),
             cmd::MODIFY_QP => self.modify_qp(&call, mem),
             cmd::DESTROY_QP => self.destroy_qp(&call, mem),
+            cmd::CREATE_SRQ => self.create_srq_cmd(&call, mem),
+            cmd::MODIFY_SRQ => self.modify_srq(&call),
+            cmd::QUERY_SRQ => self.query_srq(&call, mem),
+            cmd::DESTROY_SRQ => self.destroy_srq(&call, mem),
             _ => Err(EOPNOTSUPP),
         };
         if let Err(e) = result {
@@ -966,9 +996,9 @@ impl Model {
         let req: abi::CreateQp = decode(call.req);
         let owned_cq = |h: u32| self.cqs.get(h).is_some_and(|c| c.ctx == call.ctx);
         // core/uverbs_cmd.c:1367-1405 create_qp: an SRQ, CQ or PD handle that names nothing
-        // is the lookup's ENOENT (core/rdma_core.c:327). The model has no SRQs, so every SRQ
-        // handle names nothing.
-        if req.is_srq != 0 {
+        // is the lookup's ENOENT (core/rdma_core.c:327).
+        let srq = (req.is_srq != 0).then_some(req.srq_handle);
+        if srq.is_some_and(|h| !self.srqs.get(h).is_some_and(|s| s.ctx == call.ctx)) {
             return Err(ENOENT);
         }
         if !owned_cq(req.send_cq_handle) || !owned_cq(req.recv_cq_handle) {
@@ -1024,7 +1054,8 @@ impl Model {
         if req.max_recv_wr > 1 << caps::LOG_MAX_QP_SZ {
             return Err(EINVAL);
         }
-        let has_rq = req.max_recv_wr != 0;
+        // hw/mlx5/qp.c:639 qp_has_rq: a QP on an SRQ has no receive queue of its own.
+        let has_rq = req.max_recv_wr != 0 && srq.is_none();
         let (rq_cnt, rq_shift) = if has_rq {
             // hw/mlx5/qp.c:409-412 set_rq_size: `if (check_shl_overflow(1,
             // qp->rq.wqe_shift, &wqe_size)) return -EINVAL;` (an int: shifts of 31 and more)
@@ -1091,6 +1122,7 @@ impl Model {
             pd: req.pd_handle,
             send_cq: req.send_cq_handle,
             recv_cq: req.recv_cq_handle,
+            srq,
             user_handle: req.user_handle,
             uidx: ucmd.uidx,
             buf: ucmd.buf_addr,
@@ -1149,6 +1181,9 @@ impl Model {
         }
         if let Some(pd) = self.pds.get_mut(req.pd_handle) {
             pd.users += 1;
+        }
+        if let Some(s) = srq.and_then(|h| self.srqs.get_mut(h)) {
+            s.users += 1;
         }
         Ok(())
     }
@@ -1349,6 +1384,9 @@ impl Model {
             }
             if let Some(pd) = self.pds.get_mut(qp.pd) {
                 pd.users -= 1;
+            }
+            if let Some(s) = qp.srq.and_then(|h| self.srqs.get_mut(h)) {
+                s.users -= 1;
             }
         }
         call.respond_core(mem, &events.to_ne_bytes())

@@ -100,6 +100,8 @@ pub struct Qp {
     pub pd: u32,
     pub send_cq: u32,
     pub recv_cq: u32,
+    /// The SRQ its receives come from (then it has no receive queue of its own).
+    pub srq: Option<u32>,
     pub user_handle: u64,
     pub uidx: u32,
     pub buf: u64,
@@ -128,6 +130,36 @@ impl Qp {
     pub fn sq_base(&self) -> u64 {
         self.buf.wrapping_add(u64::from(self.rq_cnt) << self.rq_shift)
     }
+}
+
+/// A shared receive queue in user memory: WQEs linked through `next_wqe_index`, a doorbell
+/// record counting the WQEs posted.
+#[derive(Debug)]
+pub struct Srq {
+    pub ctx: i32,
+    pub srqn: u32,
+    pub pd: u32,
+    pub user_handle: u64,
+    pub buf: u64,
+    /// WQEs in the ring, a power of two.
+    pub max: u32,
+    /// log2 of the WQE stride.
+    pub wqe_shift: u32,
+    /// Scatter entries the user asked for (QUERY_SRQ's `max_sge`).
+    pub max_gs: u32,
+    pub db: u64,
+    /// The WQE the device takes next (it follows each taken WQE's `next_wqe_index`).
+    pub head: u16,
+    /// WQEs taken (16-bit, as the doorbell record's counter).
+    pub taken: u16,
+    /// The armed limit (`lwm`); 0 when not armed.
+    pub limit: u32,
+    /// The doorbell record claimed more WQEs than the ring holds: SRQ_ERR was raised and
+    /// nothing more is taken.
+    pub error: bool,
+    /// QPs attached.
+    pub users: u32,
+    pub async_events: u32,
 }
 
 /// A dynamically allocated UAR page (`MLX5_IB_OBJECT_UAR`).

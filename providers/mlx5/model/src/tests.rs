@@ -1199,7 +1199,7 @@ fn ioctl_plain_destroys_and_srq() {
     let env = Env::ioctl_context();
     let pd = env.alloc_pd();
     let (mr, _) = env.reg_mr(pd, DATA, 4096, 1).unwrap();
-    // PD in use: EBUSY; MR: gone once; AH and SRQ: the model has none (ENOENT).
+    // PD in use: EBUSY; MR: gone once; AH (the model has none) and SRQ 0: ENOENT.
     assert_eq!(env.ioctl(1, 0, &[obj(0, u64::from(pd))]).map(drop), Err(EBUSY));
     env.ioctl(7, 1, &[obj(0, u64::from(mr))]).unwrap();
     assert_eq!(env.ioctl(7, 1, &[obj(0, u64::from(mr))]).map(drop), Err(ENOENT));
@@ -1208,7 +1208,8 @@ fn ioctl_plain_destroys_and_srq() {
     assert_eq!(env.ioctl(5, 1, &[obj(0, 0), out(1, 0, 4)]).map(drop), Err(ENOENT));
     // A handle attribute with a length is EINVAL.
     assert_eq!(env.ioctl(1, 0, &[inline(0, 4, 0)]).map(drop), Err(EINVAL));
-    // SRQ creation is not modelled (its PD is looked up first: it must exist).
+    // SRQ creation without driver data: a zeroed request names no ring (hw/mlx5/srq.c
+    // create_srq_user copies `min(inlen, sizeof)` bytes, then the umem of address 0 faults).
     let pd = env.alloc_pd();
     let srq = [
         obj(0, 0),
@@ -1221,7 +1222,7 @@ fn ioctl_plain_destroys_and_srq() {
         out(11, 0, 4),
         out(12, 4, 4),
     ];
-    assert_eq!(env.ioctl(5, 0, &srq).map(drop), Err(EOPNOTSUPP));
+    assert_eq!(env.ioctl(5, 0, &srq).map(drop), Err(EFAULT));
 }
 
 // ---- ioctl: check order and errnos as Linux 6.1 (core/uverbs_ioctl.c, ------------------------
@@ -1502,4 +1503,624 @@ fn rts_to_sqd_is_einval_as_mlx5_has_no_rts2sqd_command() {
         })
     };
     assert_eq!(to_sqd(&env), Err(EINVAL));
+}
+
+// ---- shared receive queues (hw/mlx5/srq.c) -------------------------------------------------
+
+const SRQ_BUF: u64 = QP_BUF + 0x8000;
+const SRQ_DB: u64 = DB + 0x400;
+
+fn srq_cmd(pd: u32, max_wr: u32, max_sge: u32) -> abi::CreateSrq {
+    abi::CreateSrq {
+        response: RESP,
+        user_handle: 0x5,
+        pd_handle: pd,
+        max_wr,
+        max_sge,
+        srq_limit: 0,
+    }
+}
+
+fn mlx5_srq() -> abi::Mlx5CreateSrq {
+    abi::Mlx5CreateSrq {
+        buf_addr: SRQ_BUF,
+        db_addr: SRQ_DB,
+        ..Default::default()
+    }
+}
+
+impl Env {
+    /// CREATE_SRQ with a 16-byte core and 8-byte driver response; the handle.
+    fn create_srq(&self, core: abi::CreateSrq, drv: &[u8]) -> Result<u32, Errno> {
+        self.write(cmd::CREATE_SRQ, core.as_bytes(), drv, 6)?;
+        Ok(self.resp::<abi::CreateSrqResp>().srq_handle)
+    }
+
+    fn modify_srq(&self, srq: u32, mask: u32, limit: u32) -> Result<(), Errno> {
+        let m = abi::ModifySrq {
+            srq_handle: srq,
+            attr_mask: mask,
+            max_wr: 0,
+            srq_limit: limit,
+        };
+        self.write(cmd::MODIFY_SRQ, m.as_bytes(), &[], 0)
+    }
+
+    fn query_srq(&self, srq: u32) -> Result<abi::QuerySrqResp, Errno> {
+        let q = abi::DestroyObj {
+            response: RESP,
+            handle: srq,
+            reserved: 0,
+        };
+        self.write(cmd::QUERY_SRQ, q.as_bytes(), &[], 4)?;
+        Ok(self.resp())
+    }
+
+    fn destroy_srq(&self, srq: u32) -> Result<u32, Errno> {
+        let d = abi::DestroyObj {
+            response: RESP,
+            handle: srq,
+            reserved: 0,
+        };
+        self.write(cmd::DESTROY_SRQ, d.as_bytes(), &[], 1)?;
+        Ok(self.resp())
+    }
+
+    /// A QP on SRQ `srq` (no receive queue) with its buffer at `buf`, doorbell at `db`.
+    fn create_srq_qp(&self, pd: u32, cq: u32, srq: u32, buf: u64, db: u64, uidx: u32) -> Result<(u32, u32), Errno> {
+        let mut core = Env::qp_cmd(pd, cq, abi::qpt::RC);
+        (core.is_srq, core.srq_handle) = (1, srq);
+        let mut u = Env::mlx5_qp(buf, db, uidx);
+        (u.rq_wqe_count, u.rq_wqe_shift) = (0, 0);
+        self.create_qp_with(core, u.as_bytes())
+    }
+
+    /// The async events raised so far: (element, type).
+    fn async_events(&self) -> Vec<(u64, u32)> {
+        let sinks = self.host.sinks.lock().unwrap();
+        let records = sinks[0].0.lock().unwrap();
+        records
+            .iter()
+            .map(|r| {
+                let ev = abi::AsyncEventDesc::read_from_bytes(r).unwrap();
+                (ev.element, ev.event_type)
+            })
+            .collect()
+    }
+}
+
+fn srq_env() -> (Env, u32) {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    (env, pd)
+}
+
+#[test]
+fn create_srq_reports_max_minus_one_wqes_the_sges_asked_for_and_the_srqn() {
+    let (env, pd) = srq_env();
+    // max = roundup_pow_of_two(max_wr + 1): 10 -> 16 WQEs, 15 reported; max_sge as asked.
+    let h = env.create_srq(srq_cmd(pd, 10, 3), mlx5_srq().as_bytes()).unwrap();
+    let core: abi::CreateSrqResp = env.resp();
+    assert_eq!((core.srq_handle, core.max_wr, core.max_sge, core.srqn), (h, 15, 3, 0));
+    let drv: abi::Mlx5CreateSrqResp = env.at(16);
+    let m = env.model.lock().unwrap();
+    let srq = m.srqs.get(h).unwrap();
+    assert_eq!(drv.srqn, srq.srqn);
+    assert_ne!(srq.srqn, 0, "libmlx5 with CQE version 0 reads srqn 0 as no SRQ");
+    // WQE: 16-byte next segment + 3 data segments = 64 bytes.
+    assert_eq!((srq.max, srq.wqe_shift), (16, 6));
+    drop(m);
+    // One scatter entry still takes a 32-byte WQE.
+    let h = env.create_srq(srq_cmd(pd, 1, 1), mlx5_srq().as_bytes()).unwrap();
+    assert_eq!(env.model.lock().unwrap().srqs.get(h).unwrap().wqe_shift, 5);
+}
+
+#[test]
+fn create_srq_too_many_wqes_or_sges_is_einval() {
+    let (env, pd) = srq_env();
+    let u = mlx5_srq();
+    // srq.c:211: max_wr >= 1 << log_max_srq_sz (2^15), max_sge > max_wqe_sz_rq / 16 (32).
+    assert_eq!(env.create_srq(srq_cmd(pd, 1 << 15, 1), u.as_bytes()), Err(EINVAL));
+    assert_eq!(env.create_srq(srq_cmd(pd, 1, 33), u.as_bytes()), Err(EINVAL));
+    env.mem.add(0x100_0000, 1 << 20);
+    let mut big = u;
+    big.buf_addr = 0x100_0000;
+    assert!(env.create_srq(srq_cmd(pd, (1 << 15) - 1, 1), big.as_bytes()).is_ok());
+    assert!(env.create_srq(srq_cmd(pd, 1, 32), u.as_bytes()).is_ok());
+}
+
+#[test]
+fn create_srq_reserved_fields_are_einval() {
+    let (env, pd) = srq_env();
+    let mut u = mlx5_srq();
+    u.reserved0 = 1;
+    assert_eq!(env.create_srq(srq_cmd(pd, 7, 1), u.as_bytes()), Err(EINVAL));
+    let mut u = mlx5_srq();
+    u.reserved1 = 1;
+    assert_eq!(env.create_srq(srq_cmd(pd, 7, 1), u.as_bytes()), Err(EINVAL));
+}
+
+#[test]
+fn create_srq_driver_data_beyond_the_struct_must_be_zero() {
+    let (env, pd) = srq_env();
+    let mut b = mlx5_srq().as_bytes().to_vec();
+    b.extend_from_slice(&[0, 0, 0, 1]);
+    assert_eq!(env.create_srq(srq_cmd(pd, 7, 1), &b), Err(EINVAL));
+    b[35] = 0;
+    assert!(env.create_srq(srq_cmd(pd, 7, 1), &b).is_ok());
+}
+
+#[test]
+fn create_srq_basic_ignores_the_user_index_and_unknown_flags() {
+    // srq.c:70: a basic SRQ's uidx is not read (libmlx5 44 sends 0); 6.1 checks no flags.
+    let (env, pd) = srq_env();
+    for (uidx, flags) in [(0, 0), (abi::DEFAULT_UIDX, 0), (0xffff_ffff, 0x80)] {
+        let mut u = mlx5_srq();
+        (u.uidx, u.flags) = (uidx, flags);
+        assert!(env.create_srq(srq_cmd(pd, 7, 1), u.as_bytes()).is_ok(), "{uidx:#x}");
+    }
+    // Driver data shorter than the uidx field is accepted too (read as zeros).
+    assert!(env.create_srq(srq_cmd(pd, 7, 1), &mlx5_srq().as_bytes()[..16]).is_ok());
+}
+
+#[test]
+fn create_srq_unmapped_ring_or_doorbell_is_efault_and_unknown_pd_enoent() {
+    let (env, pd) = srq_env();
+    let mut u = mlx5_srq();
+    u.buf_addr = 0x7000_0000;
+    assert_eq!(env.create_srq(srq_cmd(pd, 7, 1), u.as_bytes()), Err(EFAULT));
+    // No driver data: a NULL ring.
+    assert_eq!(env.create_srq(srq_cmd(pd, 7, 1), &[]), Err(EFAULT));
+    let mut u = mlx5_srq();
+    u.db_addr = 0x7000_0000;
+    assert_eq!(env.create_srq(srq_cmd(pd, 7, 1), u.as_bytes()), Err(EFAULT));
+    assert_eq!(
+        env.create_srq(srq_cmd(pd + 5, 7, 1), mlx5_srq().as_bytes()),
+        Err(ENOENT)
+    );
+    // A failed create leaves the PD free.
+    let dealloc = abi::HandleOnly { handle: pd };
+    env.write(cmd::DEALLOC_PD, dealloc.as_bytes(), &[], 0).unwrap();
+}
+
+#[test]
+fn create_srq_driver_response_is_clamped_to_outlen() {
+    let (env, pd) = srq_env();
+    env.mem.write(RESP + 16, &[0xee; 8]).unwrap();
+    // out_words 5: the core response and 4 driver bytes: srqn only.
+    env.write(cmd::CREATE_SRQ, srq_cmd(pd, 7, 1).as_bytes(), mlx5_srq().as_bytes(), 5)
+        .unwrap();
+    let drv: [u8; 8] = env.at(16);
+    assert_ne!(drv[..4], [0xee; 4]);
+    assert_eq!(drv[4..], [0xee; 4]);
+    // No driver response at all is fine (min(outlen, 8) = 0).
+    env.write(cmd::CREATE_SRQ, srq_cmd(pd, 7, 1).as_bytes(), mlx5_srq().as_bytes(), 4)
+        .unwrap();
+    // Core response short of 16 bytes: ENOSPC.
+    assert_eq!(
+        env.write(cmd::CREATE_SRQ, srq_cmd(pd, 7, 1).as_bytes(), mlx5_srq().as_bytes(), 3),
+        Err(ENOSPC)
+    );
+}
+
+#[test]
+fn modify_srq_rules_and_query_srq() {
+    let (env, pd) = srq_env();
+    let h = env.create_srq(srq_cmd(pd, 7, 2), mlx5_srq().as_bytes()).unwrap();
+    assert_eq!(env.modify_srq(h + 3, abi::SRQ_ATTR_LIMIT, 1), Err(ENOENT));
+    // srq.c:332: no resize.
+    assert_eq!(env.modify_srq(h, abi::SRQ_ATTR_MAX_WR, 0), Err(EINVAL));
+    // srq.c:336: a limit of max (8) WQEs or more.
+    assert_eq!(env.modify_srq(h, abi::SRQ_ATTR_LIMIT, 8), Err(EINVAL));
+    env.modify_srq(h, abi::SRQ_ATTR_LIMIT, 7).unwrap();
+    let q = env.query_srq(h).unwrap();
+    assert_eq!((q.max_wr, q.max_sge, q.srq_limit), (7, 2, 7));
+    // An empty mask changes nothing.
+    env.modify_srq(h, 0, 3).unwrap();
+    assert_eq!(env.query_srq(h).unwrap().srq_limit, 7);
+    assert_eq!(env.query_srq(h + 3).map(drop), Err(ENOENT));
+}
+
+#[test]
+fn destroy_srq_unknown_is_enoent_and_in_use_ebusy() {
+    let (env, pd) = srq_env();
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    let srq = env.create_srq(srq_cmd(pd, 7, 1), mlx5_srq().as_bytes()).unwrap();
+    assert_eq!(env.destroy_srq(srq + 1), Err(ENOENT));
+    let (qp, _) = env.create_srq_qp(pd, cq, srq, QP_BUF, DB + 64, 1).unwrap();
+    assert_eq!(env.destroy_srq(srq), Err(EBUSY));
+    let d = abi::DestroyObj {
+        response: RESP,
+        handle: qp,
+        reserved: 0,
+    };
+    env.write(cmd::DESTROY_QP, d.as_bytes(), &[], 1).unwrap();
+    assert_eq!(env.destroy_srq(srq), Ok(0));
+    assert_eq!(env.destroy_srq(srq), Err(ENOENT));
+}
+
+#[test]
+fn create_qp_on_an_srq_has_no_receive_queue() {
+    let (env, pd) = srq_env();
+    let cq = env.create_cq(15, CQ_BUF, DB).unwrap();
+    let srq = env.create_srq(srq_cmd(pd, 7, 1), mlx5_srq().as_bytes()).unwrap();
+    // An SRQ handle that names nothing: ENOENT.
+    assert_eq!(env.create_srq_qp(pd, cq, srq + 1, QP_BUF, DB + 64, 1), Err(ENOENT));
+    // qp.c:639 qp_has_rq is false, so the driver data must describe no RQ (qp.c:2242).
+    let mut core = Env::qp_cmd(pd, cq, abi::qpt::RC);
+    (core.is_srq, core.srq_handle) = (1, srq);
+    let u = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    assert_eq!(env.create_qp_with(core, u.as_bytes()), Err(EINVAL));
+    env.create_srq_qp(pd, cq, srq, QP_BUF, DB + 64, 1).unwrap();
+    let r: abi::CreateQpResp = env.resp();
+    assert_eq!((r.max_recv_wr, r.max_recv_sge), (0, 0));
+}
+
+#[test]
+fn ioctl_srq_create_and_destroy() {
+    let env = Env::ioctl_context();
+    let pd = env.alloc_pd();
+    let attrs = |ty: u64| {
+        vec![
+            obj(0, 0),
+            obj(1, u64::from(pd)),
+            inline(4, 8, 0x77),
+            inline(5, 4, 10),
+            inline(6, 4, 2),
+            inline(7, 4, 0),
+            inline(9, 8, ty),
+            out(11, 0, 4),
+            out(12, 4, 4),
+            env.uhw_in(mlx5_srq().as_bytes()),
+            out(UHW_OUT, 0x40, 8),
+        ]
+    };
+    let back = env.ioctl(5, 0, &attrs(0)).unwrap();
+    let h = back[0].data as u32;
+    assert_eq!((env.at::<u32>(0), env.at::<u32>(4)), (15, 2));
+    let srqn = env.model.lock().unwrap().srqs.get(h).unwrap().srqn;
+    assert_eq!(env.at::<u32>(0x40), srqn);
+    // Type 3 is no SRQ type: EINVAL; XRC and tag matching need a CQ (absent: ENOENT); XRC
+    // an XRC domain (the model has none: ENOENT); tag matching its tag count (absent:
+    // ENOENT), then the device has no tag matching (srq.c:267): EINVAL.
+    let cq = env.ioctl(3, 0, &env.cq_attrs(15)).unwrap()[0].data;
+    assert_eq!(env.ioctl(5, 0, &attrs(3)).map(drop), Err(EINVAL));
+    assert_eq!(env.ioctl(5, 0, &attrs(1)).map(drop), Err(ENOENT));
+    let mut a = attrs(1);
+    a.push(obj(3, cq));
+    assert_eq!(env.ioctl(5, 0, &a).map(drop), Err(ENOENT));
+    let mut a = attrs(2);
+    a.push(obj(3, cq));
+    assert_eq!(env.ioctl(5, 0, &a).map(drop), Err(ENOENT));
+    a.push(inline(8, 4, 16));
+    assert_eq!(env.ioctl(5, 0, &a).map(drop), Err(EINVAL));
+    // The driver rules hold in this form too.
+    let mut a = attrs(0);
+    let mut u = mlx5_srq();
+    u.reserved1 = 1;
+    a[9] = env.uhw_in(u.as_bytes());
+    assert_eq!(env.ioctl(5, 0, &a).map(drop), Err(EINVAL));
+    // A QP names the SRQ by attribute 3; the SRQ is busy until the QP goes.
+    let mut a = env.qp_attrs(pd, cq as u32, 1);
+    a.push(obj(3, u64::from(h)));
+    a[9] = env.uhw_in(Env::mlx5_qp(QP_BUF, DB + 64, 1).as_bytes());
+    assert_eq!(env.ioctl(4, 0, &a).map(drop), Err(EINVAL), "an RQ described");
+    let mut u = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    (u.rq_wqe_count, u.rq_wqe_shift) = (0, 0);
+    a[9] = env.uhw_in(u.as_bytes());
+    let qp = env.ioctl(4, 0, &a).unwrap()[0].data;
+    assert_eq!(
+        env.ioctl(5, 1, &[obj(0, u64::from(h)), out(1, 0, 4)]).map(drop),
+        Err(EBUSY)
+    );
+    env.ioctl(4, 1, &[obj(0, qp), out(1, 0, 4)]).unwrap();
+    env.ioctl(5, 1, &[obj(0, u64::from(h)), out(1, 0, 4)]).unwrap();
+    assert_eq!(
+        env.ioctl(5, 1, &[obj(0, u64::from(h)), out(1, 0, 4)]).map(drop),
+        Err(ENOENT)
+    );
+}
+
+/// Two senders with their own RQs, each connected to a receiver on one SRQ of 8 WQEs of one
+/// data segment (32-byte WQEs at `SRQ_BUF`).
+struct SrqRig {
+    env: Env,
+    key: u32,
+    srq: u32,
+    senders: [(u32, u32); 2],
+    receivers: [(u32, u32); 2],
+    sent: [u16; 2],
+    posted: u16,
+}
+
+const RIG_BUF: [u64; 4] = [QP_BUF, QP_BUF + 0x1000, QP_BUF + 0x2000, QP_BUF + 0x3000];
+const RIG_DB: [u64; 4] = [DB + 64, DB + 128, DB + 192, DB + 256];
+
+impl SrqRig {
+    fn new(cqe_version: u8) -> Self {
+        let env = Env::bare();
+        let req = ucontext(|r| r.max_cqe_version = cqe_version);
+        env.get_context(req.as_bytes()).unwrap();
+        let pd = env.alloc_pd();
+        let (_, key) = env.reg_mr(pd, DATA, 0x8000, 0xf).unwrap();
+        let cq = env.create_cq(63, CQ_BUF, DB).unwrap();
+        let srq = env.create_srq(srq_cmd(pd, 7, 1), mlx5_srq().as_bytes()).unwrap();
+        let uidx = |i: u32| if cqe_version == 1 { 10 + i } else { abi::DEFAULT_UIDX };
+        let mut qps = Vec::new();
+        for i in 0..4u32 {
+            let qp = if i < 2 {
+                let mut u = Env::mlx5_qp(RIG_BUF[i as usize], RIG_DB[i as usize], uidx(i));
+                (u.rq_wqe_count, u.rq_wqe_shift) = (0, 0);
+                let mut core = Env::qp_cmd(pd, cq, abi::qpt::RC);
+                core.max_recv_wr = 0;
+                env.create_qp_with(core, u.as_bytes())
+            } else {
+                env.create_srq_qp(pd, cq, srq, RIG_BUF[i as usize], RIG_DB[i as usize], uidx(i))
+            };
+            qps.push(qp.unwrap());
+        }
+        for i in 0..2 {
+            env.connect(qps[i].0, qps[i + 2].1, 0);
+            env.connect(qps[i + 2].0, qps[i].1, 0);
+        }
+        // libmlx5's free list at creation: WQE i links to i + 1.
+        for i in 0..8u16 {
+            env.mem
+                .write(SRQ_BUF + u64::from(i) * 32 + 2, &((i + 1) % 8).to_be_bytes())
+                .unwrap();
+        }
+        Self {
+            env,
+            key,
+            srq,
+            senders: [qps[0], qps[1]],
+            receivers: [qps[2], qps[3]],
+            sent: [0; 2],
+            posted: 0,
+        }
+    }
+
+    /// Writes SRQ WQE `index` (a receive of `len` bytes at `addr`) and bumps the doorbell
+    /// record's count of posted WQEs.
+    fn post_srq(&mut self, index: u16, addr: u64, len: u32) {
+        let at = SRQ_BUF + u64::from(index) * 32;
+        self.env.mem.write(at + 16, &data_seg(len, self.key, addr)).unwrap();
+        self.posted = self.posted.wrapping_add(1);
+        self.env
+            .mem
+            .write(SRQ_DB, &u32::from(self.posted).to_be_bytes())
+            .unwrap();
+    }
+
+    /// Links SRQ WQE `from` to `to` (what libmlx5 does when a WQE returns to the free list).
+    fn link(&self, from: u16, to: u16) {
+        self.env
+            .mem
+            .write(SRQ_BUF + u64::from(from) * 32 + 2, &to.to_be_bytes())
+            .unwrap();
+    }
+
+    /// A signaled SEND of `len` bytes at `addr` from sender `i`.
+    fn send(&mut self, i: usize, addr: u64, len: u32) {
+        let idx = self.sent[i];
+        let mut wqe = [0u8; 64];
+        wqe[0..4].copy_from_slice(&((u32::from(idx) << 8) | u32::from(abi::opcode::SEND)).to_be_bytes());
+        wqe[4..8].copy_from_slice(&((self.senders[i].1 << 8) | 2).to_be_bytes());
+        wqe[11] = abi::WQE_CTRL_CQ_UPDATE;
+        wqe[16..32].copy_from_slice(&data_seg(len, self.key, addr));
+        let sq = RIG_BUF[i];
+        self.env.mem.write(sq + u64::from(idx % 16) * 64, &wqe).unwrap();
+        self.sent[i] += 1;
+        self.env
+            .mem
+            .write(RIG_DB[i] + abi::SND_DBR, &u32::from(self.sent[i]).to_be_bytes())
+            .unwrap();
+    }
+
+    /// The CQEs written: (opcode, syndrome, qpn, srqn_uidx, wqe_counter, byte_cnt).
+    fn cqes(&self) -> Vec<(u8, u8, u32, u32, u16, u32)> {
+        let mut out = Vec::new();
+        for slot in 0..64u64 {
+            let mut c = [0u8; 64];
+            self.env.mem.read(CQ_BUF + slot * 64, &mut c).unwrap();
+            if c[56..60] == [0; 4] {
+                break;
+            }
+            let be32 = |at: usize| u32::from_be_bytes(c[at..at + 4].try_into().unwrap());
+            out.push((
+                c[63] >> 4,
+                c[55],
+                be32(56) & 0xff_ffff,
+                be32(32) & 0xff_ffff,
+                u16::from_be_bytes([c[60], c[61]]),
+                be32(44),
+            ));
+        }
+        out
+    }
+
+    /// The receive CQEs: (qpn, srqn_uidx, wqe_counter, byte_cnt).
+    fn receives(&self) -> Vec<(u32, u32, u16, u32)> {
+        self.cqes()
+            .into_iter()
+            .filter(|c| c.0 == abi::cqe_op::RESP_SEND)
+            .map(|c| (c.2, c.3, c.4, c.5))
+            .collect()
+    }
+}
+
+#[test]
+fn sends_to_two_qps_take_the_srq_wqes_along_their_links() {
+    let mut r = SrqRig::new(1);
+    r.env.mem.write(DATA, b"abcdefgh").unwrap();
+    // Free list 0 -> 5 -> 2: the device takes WQE 0, then the one 0 links to, and so on.
+    r.link(0, 5);
+    r.link(5, 2);
+    r.post_srq(0, DATA + 0x1000, 16);
+    r.post_srq(5, DATA + 0x1100, 16);
+    r.post_srq(2, DATA + 0x1200, 16);
+    for (i, at, len) in [(0, 0, 3), (1, 3, 4), (0, 7, 1)] {
+        r.send(i, DATA + at, len);
+        r.env.drive();
+    }
+    let rx = [r.receivers[0].1, r.receivers[1].1];
+    // CQE version 1: srqn_uidx is the receiving QP's user index (12, 13).
+    assert_eq!(
+        r.receives(),
+        vec![(rx[0], 12, 0, 3), (rx[1], 13, 5, 4), (rx[0], 12, 2, 1)]
+    );
+    let mut got = [0u8; 4];
+    r.env.mem.read(DATA + 0x1000, &mut got[..3]).unwrap();
+    assert_eq!(&got[..3], b"abc");
+    r.env.mem.read(DATA + 0x1100, &mut got).unwrap();
+    assert_eq!(&got, b"defg");
+    r.env.mem.read(DATA + 0x1200, &mut got[..1]).unwrap();
+    assert_eq!(&got[..1], b"h");
+    assert_eq!(r.env.mem.stray(), 0);
+}
+
+#[test]
+fn with_cqe_version_0_a_receive_cqe_carries_the_srqn() {
+    let mut r = SrqRig::new(0);
+    r.post_srq(0, DATA + 0x1000, 16);
+    r.send(1, DATA, 8);
+    r.env.drive();
+    let srqn = r.env.model.lock().unwrap().srqs.get(r.srq).unwrap().srqn;
+    assert_eq!(r.receives(), vec![(r.receivers[1].1, srqn, 0, 8)]);
+}
+
+#[test]
+fn an_empty_srq_answers_rnr() {
+    let mut r = SrqRig::new(1);
+    r.send(0, DATA, 8);
+    r.env.drive();
+    // rnr_retry 0: the sender fails at once; nothing was received.
+    let c = r.cqes();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!((c[0].0, c[0].1), (abi::cqe_op::REQ_ERR, abi::syndrome::RNR_RETRY_EXC));
+}
+
+#[test]
+fn the_srq_limit_event_fires_once_when_the_wqes_left_drop_below_it() {
+    let mut r = SrqRig::new(1);
+    for i in 0..4 {
+        r.post_srq(i, DATA + 0x1000 + u64::from(i) * 0x100, 16);
+    }
+    r.env.modify_srq(r.srq, abi::SRQ_ATTR_LIMIT, 2).unwrap();
+    // 4 posted: 3 left, then 2 (not below 2), then 1: the event, once.
+    r.send(0, DATA, 8);
+    r.send(0, DATA, 8);
+    r.env.drive();
+    assert_eq!(r.env.async_events(), vec![]);
+    r.send(1, DATA, 8);
+    r.env.drive();
+    let limit = (0x5, abi::event::SRQ_LIMIT_REACHED);
+    assert_eq!(r.env.async_events(), vec![limit]);
+    // Disarmed: QUERY_SRQ reports 0 and the last receive raises nothing.
+    assert_eq!(r.env.query_srq(r.srq).unwrap().srq_limit, 0);
+    r.send(1, DATA, 8);
+    r.env.drive();
+    assert_eq!(r.env.async_events(), vec![limit]);
+    assert_eq!(r.receives().len(), 4);
+    // DESTROY_SRQ counts the event once the client has read it.
+    r.env.model.lock().unwrap().srqs.get_mut(r.srq).unwrap().async_events = 1;
+    for qp in r.receivers {
+        let d = abi::DestroyObj {
+            response: RESP,
+            handle: qp.0,
+            reserved: 0,
+        };
+        r.env.write(cmd::DESTROY_QP, d.as_bytes(), &[], 1).unwrap();
+    }
+    assert_eq!(r.env.destroy_srq(r.srq), Ok(1));
+}
+
+#[test]
+fn events_read_counts_srq_events_for_destroy_srq() {
+    let r = SrqRig::new(1);
+    let ev = abi::AsyncEventDesc {
+        element: 0x5,
+        event_type: abi::event::SRQ_LIMIT_REACHED,
+        reserved: 0,
+    };
+    let fd = r.env.model.lock().unwrap().contexts[&CTX].async_fd.unwrap();
+    r.env.model.lock().unwrap().events_read(fd, ev.as_bytes());
+    assert_eq!(r.env.model.lock().unwrap().srqs.get(r.srq).unwrap().async_events, 1);
+}
+
+#[test]
+fn a_qp_on_the_srq_moved_to_err_flushes_nothing_of_the_srq() {
+    let mut r = SrqRig::new(1);
+    r.post_srq(0, DATA + 0x1000, 16);
+    r.post_srq(1, DATA + 0x1100, 16);
+    let rx0 = r.receivers[0].0;
+    r.env
+        .modify(rx0, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::ERR))
+        .unwrap();
+    r.env.drive();
+    assert_eq!(r.cqes(), vec![]);
+    // The other QP still receives into both WQEs.
+    r.send(1, DATA, 8);
+    r.send(1, DATA, 8);
+    r.env.drive();
+    assert_eq!(r.receives().iter().map(|c| c.2).collect::<Vec<_>>(), [0, 1]);
+}
+
+#[test]
+fn a_receive_too_small_completes_its_srq_wqe_in_error() {
+    let mut r = SrqRig::new(1);
+    r.post_srq(0, DATA + 0x1000, 4);
+    r.send(0, DATA, 8);
+    r.env.drive();
+    let c = r.cqes();
+    let resp_err = c.iter().find(|c| c.0 == abi::cqe_op::RESP_ERR).copied();
+    // Local length error on the receiver, WQE index 0 (libmlx5 returns it to the free list).
+    assert_eq!(
+        resp_err.map(|c| (c.1, c.2, c.3, c.4)),
+        Some((abi::syndrome::LOCAL_LENGTH, r.receivers[0].1, 12, 0))
+    );
+}
+
+#[test]
+fn an_srq_doorbell_beyond_the_ring_raises_srq_err() {
+    let mut r = SrqRig::new(1);
+    r.env.mem.write(SRQ_DB, &9u32.to_be_bytes()).unwrap();
+    r.send(0, DATA, 8);
+    r.env.drive();
+    assert_eq!(r.env.async_events(), vec![(0x5, abi::event::SRQ_ERR)]);
+    assert!(r.receives().is_empty());
+    assert_eq!(r.env.mem.stray(), 0);
+}
+
+#[test]
+fn hostile_srq_wqes_links_and_doorbells_never_panic_or_stray() {
+    let mut rng = uverbs::testing::Rng::new(0x5a5a);
+    for round in 0..100 {
+        let mut r = SrqRig::new(1);
+        for _ in 0..6 {
+            // A WQE of noise (its link and segments included), sometimes a plausible one.
+            let index = rng.below(8) as u16;
+            let mut junk = [0u8; 32];
+            for b in junk.chunks_mut(8) {
+                b.copy_from_slice(&rng.next_u64().to_ne_bytes());
+            }
+            if rng.below(2) == 0 {
+                junk[16..32].copy_from_slice(&data_seg(rng.below(64) as u32, r.key, DATA + 0x1000));
+            }
+            r.env.mem.write(SRQ_BUF + u64::from(index) * 32, &junk).unwrap();
+            let count = match rng.below(4) {
+                0 => rng.next_u64() as u32,
+                _ => u32::from(r.posted.wrapping_add(rng.below(3) as u16)),
+            };
+            r.env.mem.write(SRQ_DB, &count.to_be_bytes()).unwrap();
+            if rng.below(3) == 0 {
+                r.env
+                    .modify_srq(r.srq, abi::SRQ_ATTR_LIMIT, rng.below(8) as u32)
+                    .unwrap();
+            }
+            r.send(rng.below(2) as usize, DATA, rng.below(48) as u32);
+            r.env.drive();
+        }
+        assert_eq!(r.env.mem.stray(), 0, "round {round}");
+    }
 }

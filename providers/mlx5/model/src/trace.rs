@@ -400,6 +400,7 @@ mod tests {
             pd: 0,
             send_cq: 0,
             recv_cq: 0,
+            srq: None,
             user_handle: 0,
             uidx: 0,
             buf: 0x10000,

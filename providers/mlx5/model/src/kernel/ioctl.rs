@@ -23,6 +23,8 @@ use libc::{EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, EOPNOTSUPP, EPROTONOSUPPORT};
 use std::cell::RefCell;
 use zerocopy::IntoBytes;
 
+mod srq;
+
 /// `enum uverbs_default_objects`.
 pub mod object {
     pub const DEVICE: u16 = 0;
@@ -87,7 +89,8 @@ enum Obj {
     Qp,
     Mr,
     Uar,
-    /// SRQ, AH, XRCD, RWQ_IND_TBL: the model has none, so every handle names nothing.
+    Srq,
+    /// AH, XRCD, RWQ_IND_TBL: the model has none, so every handle names nothing.
     Absent,
 }
 
@@ -181,14 +184,14 @@ const CQ_CREATE: &[Spec] = &[
 /// `ib_uverbs_destroy_srq_resp` (4).
 const CQ_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Cq)), m(1, Kind::Out(8, 8))];
 const QP_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Qp)), m(1, Kind::Out(4, 4))];
-const SRQ_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Absent)), m(1, Kind::Out(4, 4))];
+const SRQ_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Srq)), m(1, Kind::Out(4, 4))];
 /// core/uverbs_std_types_qp.c:286: the capabilities are `UVERBS_ATTR_STRUCT(struct
 /// ib_uverbs_qp_cap, max_inline_data)`, 20 bytes or more, in and out.
 const QP_CREATE: &[Spec] = &[
     m(0, Kind::New),
     o(1, Kind::Idr(Obj::Absent)),
     o(2, Kind::Idr(Obj::Pd)),
-    o(3, Kind::Idr(Obj::Absent)),
+    o(3, Kind::Idr(Obj::Srq)),
     o(4, Kind::Idr(Obj::Cq)),
     o(5, Kind::Idr(Obj::Cq)),
     o(6, Kind::Idr(Obj::Absent)),
@@ -456,11 +459,7 @@ impl Model {
                 (object::ASYNC_EVENT, _) => self.ioctl_async_event_alloc(ctx, &b, mem, host),
                 (object::CQ, method::CREATE) => self.ioctl_create_cq(ctx, &b, mem),
                 (object::QP, method::CREATE) => self.ioctl_create_qp(ctx, &b, mem),
-                (object::SRQ, method::CREATE) => {
-                    // The model has no SRQs (docs/mlx5-model.md).
-                    crate::log!("SRQ not modelled");
-                    Err(EOPNOTSUPP)
-                }
+                (object::SRQ, method::CREATE) => self.ioctl_create_srq(ctx, &b, mem),
                 (uar_obj::OBJECT, uar_obj::METHOD_ALLOC) => {
                     // hw/mlx5/main.c:3521-3524: the type is a `uverbs_get_const` into an
                     // enum (an unsigned int): beyond it is EINVAL (core/uverbs_ioctl.c:803).
@@ -580,6 +579,7 @@ impl Model {
             Obj::Qp => self.qps.get(h).is_some_and(|o| o.ctx == ctx),
             Obj::Mr => self.mrs.get(h).is_some_and(|o| o.ctx == ctx),
             Obj::Uar => self.uars.get(h).is_some_and(|o| o.ctx == ctx),
+            Obj::Srq => self.srqs.get(h).is_some_and(|o| o.ctx == ctx),
             Obj::Absent => false,
         };
         if found {
@@ -778,8 +778,8 @@ impl Model {
 
     /// core/uverbs_std_types_qp.c:82 `UVERBS_METHOD_QP_CREATE`: the attribute rules of the
     /// ioctl form, then the write form's handler. The handles and the event fd were looked up
-    /// with the attributes (the model has no XRCDs, SRQs or indirection tables: naming one
-    /// was ENOENT there).
+    /// with the attributes (the model has no XRCDs or indirection tables: naming one was
+    /// ENOENT there).
     fn ioctl_create_qp(&mut self, ctx: i32, b: &Bundle, mem: &dyn Memory) -> Result<(), Errno> {
         // :102-111: the capabilities (copied in: EFAULT), the user handle, the type (a
         // `uverbs_get_const` into an enum: beyond 32 bits EINVAL).
@@ -843,13 +843,14 @@ impl Model {
         if b.has(11) {
             return Err(EOPNOTSUPP);
         }
+        let srq = b.handle(3);
         let req = abi::CreateQp {
             response: 0,
             user_handle,
             pd_handle: pd,
             send_cq_handle: send_cq,
             recv_cq_handle: recv_cq,
-            srq_handle: 0,
+            srq_handle: srq.unwrap_or(0),
             max_send_wr: cap(0),
             max_recv_wr: cap(1),
             max_send_sge: cap(2),
@@ -860,7 +861,7 @@ impl Model {
             // Only the types checked above reach here; the write handler refuses all but RC
             // and UC (EOPNOTSUPP).
             qp_type: qp_type as u8,
-            is_srq: 0,
+            is_srq: u8::from(srq.is_some()),
             reserved: 0,
         };
         // :251-256 ib_create_qp_user -> core/verbs.c:1242 the driver.
@@ -908,8 +909,7 @@ impl Model {
         match object {
             object::CQ => self.destroy_cq(&call, mem)?,
             object::QP => self.destroy_qp(&call, mem)?,
-            // No SRQ exists in the model: its lookup already failed.
-            _ => return Err(ENOENT),
+            _ => self.destroy_srq(&call, mem)?,
         }
         let resp = call.core_out.as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
         b.output(mem, 1, &resp)
