@@ -109,12 +109,11 @@ impl CmEvent {
         let p = AbiConnParam::read_from_prefix(&raw.param)
             .map(|(p, _)| p)
             .unwrap_or_else(|_| AbiConnParam::new_zeroed());
-        let len = p.private_data_len.min(MAX_PRIVATE_DATA as u8);
         Self {
             kind,
             status: raw.status as i32,
             uid: raw.uid,
-            private_data: PrivateData::new(&p.private_data, len),
+            private_data: PrivateData::new(&p.private_data, p.private_data_len),
             conn: ConnInfo {
                 qp_num: p.qp_num,
                 srq: p.srq != 0,
