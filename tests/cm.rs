@@ -129,6 +129,8 @@ fn connect_and_accept_with_private_data_at_the_limits_then_move_a_message() {
             let mut conn = req.accept(side.qp(), &param, T).unwrap();
             assert_eq!(conn.peer_private_data(), &req_data[..]);
             assert_eq!(conn.qp().state(), QpState::Rts);
+            let info = conn.qp_mut().query().unwrap();
+            println!("passive QP after accept: {:?}", info.attr);
             side.post_recv(conn.qp_mut(), 1);
             let wc = side.one();
             wc.result().unwrap();
@@ -151,6 +153,8 @@ fn connect_and_accept_with_private_data_at_the_limits_then_move_a_message() {
         // The whole REP area: 196 bytes.
         assert_eq!(conn.peer_private_data(), &rep_data[..]);
         assert_eq!(conn.qp().state(), QpState::Rts);
+        let info = conn.qp_mut().query().unwrap();
+        println!("active QP after connect: {:?}", info.attr);
         side.mr.as_mut_slice()[..18].copy_from_slice(b"hello over rdma_cm");
         let sge = [side.mr.sge(0, 18).unwrap()];
         // SAFETY: `mr` outlives the request; its completion is polled below.
@@ -182,13 +186,27 @@ fn the_passive_side_disconnects_first() {
     thread::scope(|s| {
         let server = s.spawn(|| {
             let req = listener.get_request(T).unwrap();
+            // Fewer bytes than the REQ carries: the kernel reports the whole area, padded.
+            assert_eq!(req.private_data.len(), 56);
+            assert_eq!(&req.private_data[..5], b"short");
+            assert!(req.private_data[5..].iter().all(|b| *b == 0));
             let side = Side::new(&req.context().unwrap());
-            let mut conn = req.accept(side.qp(), &ConnParam::default(), T).unwrap();
+            let param = ConnParam {
+                private_data: b"rep",
+                ..Default::default()
+            };
+            let mut conn = req.accept(side.qp(), &param, T).unwrap();
             conn.disconnect(T).unwrap();
         });
         let connector = Connector::resolve(addr, T).unwrap();
         let mut side = Side::new(&connector.context().unwrap());
-        let mut conn = connector.connect(side.qp(), &ConnParam::default(), T).unwrap();
+        let param = ConnParam {
+            private_data: b"short",
+            ..Default::default()
+        };
+        let mut conn = connector.connect(side.qp(), &param, T).unwrap();
+        assert_eq!(conn.peer_private_data().len(), 196, "the whole REP area");
+        assert_eq!(&conn.peer_private_data()[..3], b"rep");
         side.post_recv(conn.qp_mut(), 9);
         conn.wait_disconnected(T).unwrap();
         let wc = side.one();
@@ -364,6 +382,7 @@ fn a_listener_dropped_with_unanswered_requests_leaves_nothing() {
         drop(listener);
         for c in clients {
             let err = c.join().unwrap();
+            println!("a request the listener never read: {err}");
             assert!(matches!(err, Error::Rejected { .. }), "{err}");
         }
     });

@@ -325,6 +325,13 @@ impl CmId {
         qp.modify(&attr)
     }
 
+    /// Moves `qp` from RESET to INIT with the CM's attributes, so receives can be posted
+    /// before connecting or accepting (librdmacm does this when it creates the QP).
+    pub fn init_qp(&self, qp: &mut Qp) -> Result<()> {
+        self.check_qp("init_qp", qp)?;
+        self.move_qp(qp, QpState::Init, None)
+    }
+
     fn check_qp(&self, verb: Verb, qp: &Qp) -> Result<DeviceInfo> {
         let info = self.device()?;
         let theirs = qp.context_device();
@@ -448,6 +455,12 @@ impl ConnectRequest {
     /// The device's context, opened once per process ([`CmId::context`]).
     pub fn context(&self) -> Result<Context> {
         self.id.context()
+    }
+
+    /// Moves `qp` to INIT for this request ([`CmId::init_qp`]): receives posted before the
+    /// accept are there when the peer's first message arrives.
+    pub fn init_qp(&self, qp: &mut Qp) -> Result<()> {
+        self.id.init_qp(qp)
     }
 
     /// The new id's addresses.
