@@ -15,6 +15,11 @@
 //! an IPv4 address. Only reliable-connected ids over IP addresses exist so far; see
 //! `docs/rdma-cm.md` for what is not built yet.
 
+/// The Rust code of docs/rdma-cm.md, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/rdma-cm.md")]
+struct RdmaCmDoctests;
+
 mod addr;
 mod channel;
 mod conn;
