@@ -152,3 +152,39 @@ pub struct ConnectRequest {
     /// The peer's offer, seen from this side.
     pub conn: ConnInfo,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_decode_status_uid_and_the_reported_private_data() {
+        let mut raw = EventResp::new_zeroed();
+        (raw.uid, raw.id, raw.event, raw.status) = (42, 3, 8, 28);
+        let mut p = AbiConnParam::new_zeroed();
+        p.private_data[..148].fill(0xab);
+        (p.private_data_len, p.qp_num, p.responder_resources, p.initiator_depth) = (148, 0x11, 4, 5);
+        (p.flow_control, p.retry_count, p.rnr_retry_count) = (1, 6, 7);
+        raw.param[..size_of::<AbiConnParam>()].copy_from_slice(zerocopy::IntoBytes::as_bytes(&p));
+        let e = CmEvent::from_abi(&raw);
+        assert_eq!((e.kind, e.status, e.uid), (CmEventKind::REJECTED, 28, 42));
+        assert_eq!(&e.private_data[..], &[0xab; 148][..]);
+        assert_eq!(
+            e.conn,
+            ConnInfo {
+                qp_num: 0x11,
+                srq: false,
+                responder_resources: 4,
+                initiator_depth: 5,
+                flow_control: true,
+                retry_count: 6,
+                rnr_retry_count: 7,
+            }
+        );
+        raw.status = (-110i32) as u32;
+        raw.event = 99;
+        let e = CmEvent::from_abi(&raw);
+        assert_eq!(e.status, -110);
+        assert_eq!(format!("{:?}", e.kind), "CmEventKind(99)");
+    }
+}

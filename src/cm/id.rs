@@ -649,3 +649,72 @@ fn ah_from_abi(a: &UverbsAhAttr) -> AhAttr {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RTR as rxe's CM returns it (mask 0x129181, seen in the guest): every named field lands
+    /// in its `QpAttr` field, the AV converted from the CM's field order.
+    #[test]
+    fn init_qp_attr_converts_field_by_field() {
+        let mut r = UverbsQpAttr::new_zeroed();
+        r.qp_attr_mask = 0x129181;
+        r.qp_state = QpState::Rtr as u32;
+        r.path_mtu = 3;
+        r.rq_psn = 0xabcdef;
+        r.dest_qp_num = 17;
+        r.max_dest_rd_atomic = 128;
+        r.min_rnr_timer = 12;
+        r.sq_psn = 99; // not in the mask: must not be set
+        r.ah_attr.dgid[10..].copy_from_slice(&[0xff, 0xff, 169, 254, 77, 1]);
+        (r.ah_attr.flow_label, r.ah_attr.sgid_index, r.ah_attr.hop_limit) = (0x12345, 1, 64);
+        (r.ah_attr.traffic_class, r.ah_attr.is_global, r.ah_attr.port_num) = (4, 1, 1);
+        (r.ah_attr.dlid, r.ah_attr.sl) = (7, 2);
+        let a = qp_attr_from_abi(&r).unwrap();
+        let grh = a.ah.as_ref().and_then(|ah| ah.grh.as_ref()).unwrap();
+        assert_eq!(grh.dgid, r.ah_attr.dgid);
+        assert_eq!(
+            (grh.flow_label, grh.sgid_index, grh.hop_limit, grh.traffic_class),
+            (0x12345, 1, 64, 4)
+        );
+        let ah = a.ah.as_ref().unwrap();
+        assert_eq!((ah.port_num, ah.dlid, ah.sl), (1, 7, 2));
+        assert_eq!(a.state, Some(QpState::Rtr));
+        assert_eq!(a.path_mtu, Some(Mtu::Mtu1024));
+        assert_eq!(
+            (a.rq_psn, a.dest_qpn, a.max_dest_rd_atomic, a.min_rnr_timer),
+            (Some(0xabcdef), Some(17), Some(128), Some(12))
+        );
+        assert_eq!((a.sq_psn, a.access, a.timeout, a.port_num), (None, None, None, None));
+    }
+
+    #[test]
+    fn init_qp_attr_refuses_what_it_cannot_carry() {
+        let mut r = UverbsQpAttr::new_zeroed();
+        r.qp_attr_mask = (QpAttrMask::STATE | QpAttrMask::ALT_PATH).bits();
+        r.qp_state = QpState::Rtr as u32;
+        let err = qp_attr_from_abi(&r).unwrap_err();
+        assert!(err.to_string().contains("0x4000"), "{err}");
+        r.qp_attr_mask = QpAttrMask::STATE.bits();
+        r.qp_state = 9;
+        assert!(matches!(qp_attr_from_abi(&r), Err(Error::Malformed { .. })));
+        r.qp_attr_mask = (QpAttrMask::STATE | QpAttrMask::PATH_MTU).bits();
+        (r.qp_state, r.path_mtu) = (QpState::Rtr as u32, 0x103);
+        assert!(matches!(qp_attr_from_abi(&r), Err(Error::Malformed { .. })));
+    }
+
+    #[test]
+    fn private_data_limits_follow_the_transport_and_guids_print_as_sysfs() {
+        let roce = PrivateDataLimits::of(Transport::IB);
+        assert_eq!((roce.connect, roce.accept, roce.reject), (56, 196, 148));
+        let err = PrivateDataLimits::check(roce.connect, "connect", &[0; 57]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "connect: 57 bytes of private data, the transport carries at most 56"
+        );
+        PrivateDataLimits::check(roce.connect, "connect", &[0; 56]).unwrap();
+        assert_eq!(PrivateDataLimits::of(Transport::IWARP).connect, 255);
+        assert_eq!(sysfs_guid(0x0250_56ff_fe8a_1e2f), "0250:56ff:fe8a:1e2f");
+    }
+}

@@ -484,3 +484,46 @@ super::layout_check::kernel_layouts! {
         cmd::RESOLVE_ADDR => "RDMA_USER_CM_CMD_RESOLVE_ADDR",
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// The framing as the kernel's `ucma_write` reads it: an 8-byte header with byte counts,
+    /// the whole struct, and the response pointer at the command's own offset.
+    #[test]
+    fn commands_are_framed_with_byte_counts_and_their_response_pointer() {
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        let req = CreateId {
+            uid: 7,
+            ps: PS_TCP,
+            qp_type: 2,
+            ..Default::default()
+        };
+        execute(std::os::fd::AsFd::as_fd(&tx), &req, CreateIdResp::default()).unwrap();
+        execute(std::os::fd::AsFd::as_fd(&tx), &Listen { id: 3, backlog: 9 }, ()).unwrap();
+        drop(tx);
+        let mut bytes = Vec::new();
+        std::fs::File::from(rx).read_to_end(&mut bytes).unwrap();
+        assert_eq!(bytes.len(), 8 + 24 + 8 + 8);
+        assert_eq!(
+            &bytes[..8],
+            UcmHdr {
+                cmd: 0,
+                in_: 24,
+                out: 4
+            }
+            .as_bytes()
+        );
+        assert_eq!(u64::from_ne_bytes(bytes[8..16].try_into().unwrap()), 7, "uid");
+        assert_ne!(
+            u64::from_ne_bytes(bytes[16..24].try_into().unwrap()),
+            0,
+            "response pointer at 8"
+        );
+        assert_eq!(&bytes[24..28], &[0x06, 0x01, 2, 0]);
+        assert_eq!(&bytes[32..40], UcmHdr { cmd: 7, in_: 8, out: 0 }.as_bytes());
+        assert_eq!(&bytes[40..], Listen { id: 3, backlog: 9 }.as_bytes());
+    }
+}
