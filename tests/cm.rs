@@ -425,3 +425,127 @@ fn events_are_polled_and_migrate_with_their_id() {
     assert!(b.try_get_event().unwrap().is_none());
     assert_no_cm_ids();
 }
+
+/// The asynchronous API in a mio event loop: three clients on one channel and a listener on
+/// another, every step started from the event that ends the previous one, and every
+/// wake-up bringing at least one event.
+#[test]
+fn an_event_loop_drives_connects_and_accepts_without_busy_wakeups() {
+    use mio::unix::SourceFd;
+    use mio::{Events, Interest, Poll, Token};
+    use std::collections::HashMap;
+    use std::os::fd::AsRawFd;
+    const N: usize = 3;
+    let addr = cm_addr(7479);
+    let (server_ch, client_ch) = (EventChannel::open().unwrap(), EventChannel::open().unwrap());
+    let mut listener = server_ch.create_id().unwrap();
+    listener.bind(addr).unwrap();
+    listener.listen(0).unwrap();
+    let mut clients: HashMap<u64, (uverbs::cm::CmId, Option<Qp>)> = HashMap::new();
+    for _ in 0..N {
+        let mut id = client_ch.create_id().unwrap();
+        id.resolve_addr(None, addr, T).unwrap();
+        clients.insert(id.uid(), (id, None));
+    }
+    let mut poll = Poll::new().unwrap();
+    let (server_fd, client_fd) = (server_ch.as_fd().as_raw_fd(), client_ch.as_fd().as_raw_fd());
+    poll.registry()
+        .register(&mut SourceFd(&server_fd), Token(0), Interest::READABLE)
+        .unwrap();
+    poll.registry()
+        .register(&mut SourceFd(&client_fd), Token(1), Interest::READABLE)
+        .unwrap();
+    let (mut sides, mut accepted) = (Vec::new(), HashMap::new());
+    let (mut connected, mut established, mut wakeups, mut events_seen) = (0, 0, 0, 0);
+    let mut events = Events::with_capacity(4);
+    while connected < N || established < N {
+        poll.poll(&mut events, Some(T)).unwrap();
+        assert!(
+            !events.is_empty(),
+            "no event within {T:?}: {connected} connected, {established} established"
+        );
+        for readiness in &events {
+            wakeups += 1;
+            let channel = if readiness.token() == Token(0) {
+                &server_ch
+            } else {
+                &client_ch
+            };
+            let mut got = 0;
+            while let Some(mut event) = channel.try_get_event().unwrap() {
+                got += 1;
+                assert_eq!(event.status, 0, "{event:?}");
+                match event.kind {
+                    CmEventKind::ADDR_RESOLVED => clients.get_mut(&event.uid).unwrap().0.resolve_route(T).unwrap(),
+                    CmEventKind::ROUTE_RESOLVED => {
+                        let (id, qp) = clients.get_mut(&event.uid).unwrap();
+                        let side = Side::new(&id.context().unwrap());
+                        let mut new_qp = side.qp();
+                        id.connect(&mut new_qp, &ConnParam::default()).unwrap();
+                        *qp = Some(new_qp);
+                        sides.push(side);
+                    }
+                    CmEventKind::CONNECT_RESPONSE => {
+                        let (id, qp) = clients.get_mut(&event.uid).unwrap();
+                        id.establish(qp.as_mut().unwrap()).unwrap();
+                        connected += 1;
+                    }
+                    CmEventKind::CONNECT_REQUEST => {
+                        let req = event.take_request().unwrap();
+                        let side = Side::new(&req.context().unwrap());
+                        let mut qp = side.qp();
+                        let id = req.accept_id(&mut qp, &ConnParam::default()).unwrap();
+                        accepted.insert(id.uid(), (id, qp));
+                        sides.push(side);
+                    }
+                    CmEventKind::ESTABLISHED => {
+                        assert!(
+                            accepted.contains_key(&event.uid),
+                            "ESTABLISHED for an id not accepted: {event:?}"
+                        );
+                        established += 1;
+                    }
+                    other => panic!("unexpected {other:?}: {event:?}"),
+                }
+            }
+            assert!(got > 0, "a wake-up with no event");
+            events_seen += got;
+        }
+    }
+    // Each of the N connections: 3 client events and 2 server events.
+    assert_eq!(events_seen, 5 * N);
+    assert!(wakeups <= events_seen, "{wakeups} wake-ups for {events_seen} events");
+    println!("{events_seen} events in {wakeups} wake-ups");
+    for (_, (id, qp)) in clients.iter_mut() {
+        assert_eq!(qp.as_ref().unwrap().state(), QpState::Rts);
+        assert!(id.query_addr().unwrap().dst == Some(addr));
+    }
+    drop((clients, accepted, listener, sides));
+    assert_no_cm_ids();
+}
+
+/// A peer that never answers (an address on the dummy netdev's subnet with no host behind
+/// it). A dummy netdev is NOARP, so the address and route resolve at once; the connect then
+/// ends with a typed timeout (the CM itself would resend the REQ for about a minute).
+#[test]
+fn a_peer_that_never_answers_ends_in_a_typed_error_within_the_timeout() {
+    let IpAddr::V4(ip) = cm_addr(0).ip() else {
+        panic!("UVERBS_CM_ADDR must be IPv4 here")
+    };
+    let [a, b, c, d] = ip.octets();
+    let addr = SocketAddr::new(IpAddr::from([a, b, c, d.wrapping_add(98)]), 7480);
+    let short = Duration::from_secs(3);
+    let start = std::time::Instant::now();
+    let result = Connector::resolve(addr, short).and_then(|connector| {
+        let side = Side::new(&connector.context()?);
+        connector.connect(side.qp(), &ConnParam::default(), short).map(drop)
+    });
+    let took = start.elapsed();
+    println!("{addr}: {result:?} after {took:?}");
+    assert!(
+        matches!(result, Err(Error::TimedOut { verb: "connect", .. })),
+        "expected the connect to time out, got {result:?}"
+    );
+    assert!(took < 4 * short, "took {took:?}");
+    assert_no_cm_ids();
+}
