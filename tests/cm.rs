@@ -120,7 +120,7 @@ fn connect_and_accept_with_private_data_at_the_limits_then_move_a_message() {
             let req = listener.get_request(T).unwrap();
             // RoCE reports the whole REQ area: exactly what was sent, 56 bytes.
             assert_eq!(&req.private_data[..], &req_data[..]);
-            assert!(req.conn_info().responder_resources > 0, "{:?}", req.conn_info());
+            assert!(req.conn.responder_resources > 0, "{:?}", req.conn);
             let mut side = Side::new(&req.context().unwrap());
             let param = ConnParam {
                 private_data: &rep_data,

@@ -41,13 +41,6 @@ impl PrivateData {
     pub(crate) fn new(bytes: &[u8; MAX_PRIVATE_DATA], len: u8) -> Self {
         Self { len, buf: *bytes }
     }
-
-    pub(crate) fn empty() -> Self {
-        Self {
-            len: 0,
-            buf: [0; MAX_PRIVATE_DATA],
-        }
-    }
 }
 
 impl std::ops::Deref for PrivateData {

@@ -3,7 +3,7 @@
 
 use super::addr;
 use super::channel::{ChannelInner, EventChannel};
-use super::event::{ConnInfo, ConnectRequest, PrivateData};
+use super::event::ConnectRequest;
 use crate::attr::{AhAttr, GlobalRoute, Mtu, QpAttrMask, QpState, Transport};
 use crate::context::{Context, ContextInner};
 use crate::device::{devices, DeviceInfo};
@@ -471,7 +471,7 @@ impl ConnectRequest {
     /// Accepts with `qp` (`rdma_accept`): moves it to INIT (if in RESET), RTR and RTS with the
     /// negotiated values and sends the accept. The returned id sees `ESTABLISHED` on this
     /// request's channel.
-    pub fn accept_id(mut self, qp: &mut Qp, param: &ConnParam<'_>) -> Result<CmId> {
+    pub fn accept_id(self, qp: &mut Qp, param: &ConnParam<'_>) -> Result<CmId> {
         let info = self.id.check_qp("accept", qp)?;
         PrivateDataLimits::check(
             PrivateDataLimits::of(info.transport()?).accept,
@@ -502,7 +502,6 @@ impl ConnectRequest {
         };
         ucma::call(self.id.channel.fd(), &req, ())?;
         self.id.channel.register(self.id.uid, self.id.id);
-        self.private_data = PrivateData::empty();
         Ok(self.id)
     }
 
@@ -525,11 +524,6 @@ impl ConnectRequest {
     /// Moves the new id to another channel before answering ([`CmId::migrate`]).
     pub fn migrate(&mut self, to: &EventChannel) -> Result<u32> {
         self.id.migrate(to)
-    }
-
-    /// The peer's offer.
-    pub fn conn_info(&self) -> ConnInfo {
-        self.conn
     }
 }
 
