@@ -2,8 +2,6 @@
 //! guest, or a host device). With no device these fail, saying how to run them.
 #![allow(dead_code)]
 
-pub mod wire;
-
 use std::time::{Duration, Instant};
 use uverbs::*;
 
