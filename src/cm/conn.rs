@@ -74,15 +74,13 @@ impl Connector {
     pub fn resolve_from(src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<Self> {
         let channel = EventChannel::open()?;
         let mut id = channel.create_id()?;
+        // The kernel ends each step with an event within `timeout`; waiting twice as long
+        // lets its own error (ADDR_ERROR, ROUTE_ERROR, with the reason) arrive first.
+        let wait = timeout.saturating_mul(2);
         id.resolve_addr(src, dst, timeout)?;
-        expect(&channel, "resolve_addr", CmEventKind::ADDR_RESOLVED, timeout + timeout)?;
+        expect(&channel, "resolve_addr", CmEventKind::ADDR_RESOLVED, wait)?;
         id.resolve_route(timeout)?;
-        expect(
-            &channel,
-            "resolve_route",
-            CmEventKind::ROUTE_RESOLVED,
-            timeout + timeout,
-        )?;
+        expect(&channel, "resolve_route", CmEventKind::ROUTE_RESOLVED, wait)?;
         Ok(Self { id, channel })
     }
 
