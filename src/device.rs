@@ -28,6 +28,9 @@ pub struct DeviceInfo {
     pub abi_version: u32,
     /// The kernel's `enum rdma_driver_id` for the device, from RDMA netlink when available.
     pub driver_id: Option<u32>,
+    /// The kernel's index of the device (RDMA netlink's `DEV_INDEX`, rdma_cm's
+    /// `ibdev_index`), when netlink answered.
+    pub kernel_index: Option<u32>,
     /// The network device a software device (rxe) is bound to.
     pub parent_netdev: Option<String>,
     /// Node GUID, as sysfs prints it.
@@ -55,7 +58,7 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     }
     check_global_abi()?;
     let entries = std::fs::read_dir(class).map_err(|e| Error::io(VERBS_CLASS, e))?;
-    let driver_ids = netlink::uverbs_driver_ids().unwrap_or_default();
+    let netlink = netlink::uverbs_devices().unwrap_or_default();
     let mut list = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(VERBS_CLASS, e))?;
@@ -68,7 +71,8 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
         let abi_version = parse_attr(&dir.join("abi_version"))?;
         let ib_dir = Path::new(IB_CLASS).join(&name);
         list.push(DeviceInfo {
-            driver_id: driver_ids.get(&uverbs).copied(),
+            driver_id: netlink.get(&uverbs).map(|d| d.driver_id),
+            kernel_index: netlink.get(&uverbs).map(|d| d.index),
             dev_path: Path::new("/dev/infiniband").join(&uverbs),
             dev_number: read_attr(&dir.join("dev"))?,
             parent_netdev: read_attr(&ib_dir.join("parent")).ok(),

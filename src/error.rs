@@ -96,6 +96,52 @@ pub enum Error {
         /// The verb.
         verb: Verb,
     },
+    /// Private data longer than the transport carries in this message; nothing was sent.
+    #[error("{verb}: {len} bytes of private data, the transport carries at most {max}")]
+    PrivateDataTooLong {
+        /// `connect`, `accept` or `reject`.
+        verb: Verb,
+        /// Bytes given.
+        len: usize,
+        /// The transport's limit for this message.
+        max: usize,
+    },
+    /// A loopback address: the kernel's RDMA CM binds it to no netdev and cannot route it.
+    #[error("{verb}: {addr} is a loopback address, which the kernel's RDMA CM does not support; use an address of a netdev with an RDMA device (for rxe: a dummy or veth netdev)")]
+    Loopback {
+        /// The call given the address.
+        verb: Verb,
+        /// The address.
+        addr: std::net::IpAddr,
+    },
+    /// The peer's CM rejected the connection: `status` is the IB CM reason (8: no listener
+    /// on that port, 28: the peer's application rejected it).
+    #[error("connection rejected (reason {status}{}) with {} bytes of private data", reject_reason(*status), private_data.len())]
+    Rejected {
+        /// The reject reason the event carried.
+        status: i32,
+        /// The peer's private data, as the kernel reported it (zero-padded to the transport's size).
+        private_data: Vec<u8>,
+    },
+    /// The RDMA CM answered with a failure event (`ADDR_ERROR`, `ROUTE_ERROR`,
+    /// `CONNECT_ERROR`, `UNREACHABLE`, ...) or an event the step does not expect.
+    #[error("{verb}: the RDMA CM reported {event} with status {status}")]
+    CmEvent {
+        /// The step that was waiting.
+        verb: Verb,
+        /// The event's name.
+        event: &'static str,
+        /// The event's status (a negative errno, or a reject reason).
+        status: i32,
+    },
+    /// No event came within the timeout.
+    #[error("{verb}: no RDMA CM event within {timeout:?}")]
+    TimedOut {
+        /// The step that was waiting.
+        verb: Verb,
+        /// How long it waited.
+        timeout: std::time::Duration,
+    },
     /// Reading sysfs or opening the device file failed.
     #[error("{what}: {source}")]
     Io {
@@ -207,8 +253,20 @@ impl From<Error> for std::io::Error {
             Error::NoDevice { .. } | Error::NoProvider { .. } => Self::new(std::io::ErrorKind::NotFound, e),
             Error::InvalidArgument { .. } | Error::WorkRequest { .. } => Self::new(std::io::ErrorKind::InvalidInput, e),
             Error::Unsupported { .. } | Error::AbiVersion { .. } => Self::new(std::io::ErrorKind::Unsupported, e),
+            Error::PrivateDataTooLong { .. } | Error::Loopback { .. } => Self::new(std::io::ErrorKind::InvalidInput, e),
+            Error::Rejected { .. } => Self::new(std::io::ErrorKind::ConnectionRefused, e),
+            Error::TimedOut { .. } => Self::new(std::io::ErrorKind::TimedOut, e),
             _ => Self::other(e),
         }
+    }
+}
+
+/// What an IB CM reject reason means, where it is a common one.
+fn reject_reason(status: i32) -> &'static str {
+    match status {
+        8 => ": no listener on that port (invalid service id)",
+        28 => ": rejected by the peer's application (consumer defined)",
+        _ => "",
     }
 }
 

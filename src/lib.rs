@@ -22,6 +22,7 @@ pub mod aio;
 mod attr;
 #[allow(unsafe_code)] // reads ring memory in place, through the provider's pointers
 mod batch;
+pub mod cm;
 mod context;
 mod cq;
 mod device;

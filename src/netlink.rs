@@ -1,6 +1,6 @@
-//! The one RDMA netlink query the core needs: which kernel driver backs each uverbs device
-//! (`RDMA_NLDEV_CMD_GET` dump, then `RDMA_NLDEV_CMD_GET_CHARDEV` per device), the way
-//! rdma-core matches providers by driver id.
+//! The one RDMA netlink query the core needs: the kernel's index of each uverbs device and
+//! which driver backs it (`RDMA_NLDEV_CMD_GET` dump, then `RDMA_NLDEV_CMD_GET_CHARDEV` per
+//! device), the way rdma-core matches providers by driver id and rdma_cm ids to devices.
 
 use nix::sys::socket::{recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
 use std::collections::HashMap;
@@ -21,8 +21,17 @@ const NLMSG_DONE: u16 = 3;
 const NLMSG_HDRLEN: usize = 16;
 const NLA_HDRLEN: usize = 4;
 
-/// Maps uverbs character device names (`uverbs0`) to the driver id of the device behind them.
-pub(crate) fn uverbs_driver_ids() -> std::io::Result<HashMap<String, u32>> {
+/// What netlink says about one uverbs device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NlDevice {
+    /// The kernel's device index (`RDMA_NLDEV_ATTR_DEV_INDEX`).
+    pub index: u32,
+    /// The kernel's `enum rdma_driver_id`.
+    pub driver_id: u32,
+}
+
+/// Maps uverbs character device names (`uverbs0`) to the device behind them.
+pub(crate) fn uverbs_devices() -> std::io::Result<HashMap<String, NlDevice>> {
     let sock = socket(
         AddressFamily::Netlink,
         SockType::Raw,
@@ -58,8 +67,8 @@ pub(crate) fn uverbs_driver_ids() -> std::io::Result<HashMap<String, u32>> {
                     _ => {}
                 }
             }
-            if let (Some(name), Some(driver)) = (name, driver) {
-                ids.insert(name, driver);
+            if let (Some(name), Some(driver_id)) = (name, driver) {
+                ids.insert(name, NlDevice { index, driver_id });
             }
         }
     }

@@ -410,6 +410,18 @@ impl Qp {
         self.cap
     }
 
+    /// The device the QP is on.
+    pub(crate) fn context_device(&self) -> &crate::device::DeviceInfo {
+        &self.pd.ctx.device
+    }
+
+    /// The context the QP was created in.
+    pub(crate) fn context(&self) -> crate::context::Context {
+        crate::context::Context {
+            inner: self.pd.ctx.clone(),
+        }
+    }
+
     /// The state as of the last `modify` or `query` (the device may since have moved it to
     /// an error state).
     pub fn state(&self) -> QpState {

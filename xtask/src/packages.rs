@@ -45,6 +45,9 @@ fn needs() -> Vec<Need> {
         program("ibv_uc_pingpong", "ibverbs-utils"),
         program("ib_write_bw", "perftest"),
         program("rdma-ndd", "rdma-core"),
+        // librdmacm's example programs, for the RDMA CM interop script.
+        program("rdma_server", "rdmacm-utils"),
+        program("rdma_client", "rdmacm-utils"),
         // C programs built against libibverbs: the drop-in test's event checker and the
         // drop-in's struct layout test.
         program("cc", "gcc"),
@@ -54,6 +57,7 @@ fn needs() -> Vec<Need> {
         file("/usr/include/rdma/ib_user_ioctl_verbs.h", "linux-libc-dev"),
         file("/usr/include/rdma/rdma_user_ioctl_cmds.h", "linux-libc-dev"),
         file("/usr/include/rdma/rdma_user_rxe.h", "linux-libc-dev"),
+        file("/usr/include/rdma/rdma_user_cm.h", "linux-libc-dev"),
         Need {
             what: "the rxe provider of libibverbs".into(),
             package: "ibverbs-providers".into(),

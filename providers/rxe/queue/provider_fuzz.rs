@@ -91,6 +91,7 @@ impl Fake {
             dev_number: "0:0".into(),
             abi_version: 2,
             driver_id: Some(14),
+            kernel_index: None,
             parent_netdev: None,
             node_guid: String::new(),
         };
