@@ -27,10 +27,13 @@ mod cq;
 mod device;
 mod error;
 mod event;
+mod held;
 #[allow(unsafe_code)] // registers caller memory and hands out views of it
 mod mr;
 mod netlink;
 mod open_enum;
+#[allow(unsafe_code)] // posts the buffers it holds, until their completions
+mod owned;
 mod parked;
 mod pd;
 pub mod provider;
@@ -63,7 +66,8 @@ pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
-pub use mr::{AccessFlags, Mr, OutOfBounds};
+pub use mr::{AccessFlags, Buf, Mr, OutOfBounds, RemoteMr};
+pub use owned::{Completion, Reaped, Refused};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
