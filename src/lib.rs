@@ -12,11 +12,13 @@
 //! says what each default is):
 //!
 #![doc = concat!("```no_run\n", include_str!("../examples/loopback.rs"), "```")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, unsafe_code, unsafe_op_in_unsafe_fn, rust_2018_idioms)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod ah;
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 #[allow(unsafe_code)] // registers the event fds with the reactor
 pub mod aio;
 mod attr;
