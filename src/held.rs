@@ -52,22 +52,36 @@ impl Held {
         }
     }
 
-    /// Takes `buf` for request `self.next`, if there is room; the post then calls `commit`,
-    /// or `unclaim` if the provider refused it.
+    /// Takes `buf` for request `self.next` (returned), if there is room; the post then calls
+    /// `commit`, or `unclaim` if the provider refused it.
     #[inline]
-    pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<(u64, &Buf), (WrReject, Buf)> {
-        if self.next == self.end {
-            if let Err(e) = self.new_block() {
-                return Err((e, buf));
-            }
+    pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<u64, (WrReject, Buf)> {
+        // One branch for both rare cases.
+        if (self.len == self.slots.len()) | (self.next == self.end) {
+            return self.claim_cold(buf);
         }
+        Ok(self.put(buf))
+    }
+
+    #[cold]
+    fn claim_cold(&mut self, buf: Buf) -> std::result::Result<u64, (WrReject, Buf)> {
         if self.len == self.slots.len() {
             return Err((WrReject::QueueFull, buf));
         }
+        if let Err(e) = self.new_block() {
+            return Err((e, buf));
+        }
+        Ok(self.put(buf))
+    }
+
+    #[inline]
+    fn put(&mut self, buf: Buf) -> u64 {
         let at = (self.head + self.len) & (self.slots.len() - 1);
         let slot = &mut self.slots[at];
         slot.id = self.next;
-        Ok((self.next, slot.buf.insert(buf)))
+        // The slot is free (`len` is below the capacity): nothing to drop.
+        std::mem::forget(slot.buf.replace(buf));
+        self.next
     }
 
     #[inline]

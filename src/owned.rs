@@ -209,8 +209,9 @@ impl Qp {
         if let Err(error) = self.can_send() {
             return Err(Refused { error, buf });
         }
-        let (id, buf) = match self.sends.claim(buf) {
-            Ok(claimed) => claimed,
+        let sge = *buf.sge();
+        let id = match self.sends.claim(buf) {
+            Ok(id) => id,
             Err((reason, buf)) => {
                 return Err(Refused {
                     error: Error::WorkRequest {
@@ -225,7 +226,7 @@ impl Qp {
         let wr = SendWr {
             wr_id: id,
             op,
-            sg_list: std::slice::from_ref(buf.sge()),
+            sg_list: std::slice::from_ref(&sge),
             flags,
             ud: dest,
         };
@@ -293,8 +294,9 @@ impl Qp {
             return Err(Refused { error, buf });
         }
         buf.open_to_capacity();
-        let (id, buf) = match self.recvs.claim(buf) {
-            Ok(claimed) => claimed,
+        let sge = *buf.sge();
+        let id = match self.recvs.claim(buf) {
+            Ok(id) => id,
             Err((reason, buf)) => {
                 return Err(Refused {
                     error: Error::WorkRequest {
@@ -306,7 +308,7 @@ impl Qp {
                 })
             }
         };
-        let wr = RecvWr::new(id, std::slice::from_ref(buf.sge()));
+        let wr = RecvWr::new(id, std::slice::from_ref(&sge));
         // SAFETY: as in `send_buf`, for the receive queue and its CQ.
         match unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) } {
             Ok(()) => {
@@ -355,6 +357,7 @@ impl Qp {
         (self.sends.len(), self.recvs.len())
     }
 
+    #[inline]
     fn can_send(&self) -> Result<()> {
         self.owner.check("post_send")?;
         if self.state() < QpState::Rts {
@@ -367,6 +370,7 @@ impl Qp {
         Ok(())
     }
 
+    #[inline]
     fn can_recv(&self) -> Result<()> {
         self.owner.check("post_recv")?;
         if self.state() == QpState::Reset {

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
-//! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, post_safe
-//! (Rust only), pingpong, rate), `--device NAME`, `--gid-index N`,
+//! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, post_built
+//! and post_safe (Rust only), pingpong, rate), `--device NAME`, `--gid-index N`,
 //! `--cq-depth N` (default 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
 //! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
 //! With `UVERBS_REPLAY_TRACE` set, the replayed drain also writes a line to stderr as each
@@ -486,9 +486,47 @@ fn bench_post(o: &Opts, p: &mut Pair, list: usize) {
     o.report("post", list, v);
 }
 
+/// 3a. `post_send` of one request per call, the request built in the loop as a caller who
+/// does not keep a prepared list would (Rust only: the raw baseline for the safe post below).
+fn bench_post_built(o: &Opts, p: &mut Pair) {
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let sge = [p.a.mr.sge(0, 8).expect("in the MR")];
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    for r in -1..rounds as isize {
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        for i in 0..k {
+            let flags = if i == k - 1 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            let wr = SendWr::new(i as u64, SendOp::RdmaWrite(remote), &sge).set_flags(flags);
+            // SAFETY: both MRs outlive the requests; nothing reads the target bytes.
+            unsafe { p.a.qp.post_send(&[wr]) }.unwrap_or_else(|e| fail(&format!("post_send: {e}")));
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off("post_built", 1, k);
+        }
+        wait_completions(&mut p.a.cq, 1);
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report("post_built", 1, v);
+}
+
 /// 3b. The same single posts through the safe API (`Qp::send_buf_with`, each 8-byte buffer
 /// moved into the QP and reclaimed after the round, untimed): Rust only, the safe path's cost
-/// beside the raw `post` 1 above.
+/// beside the raw `post` 1 and `post_built` above.
 fn bench_post_safe(o: &Opts, p: &mut Pair) {
     let rounds = if o.callgrind { 2 } else { 11 };
     let k = if o.callgrind { 256 } else { POST_K };
@@ -729,7 +767,7 @@ fn main() -> ExitCode {
             ))
         })
     };
-    if o.wanted("drain") || o.wanted("empty") || o.wanted("post") || o.wanted("post_safe") {
+    if o.wanted("drain") || o.wanted("empty") || o.wanted("post") || o.wanted("post_built") || o.wanted("post_safe") {
         let mut p = open();
         if o.wanted("drain") {
             for batch in DRAIN_BATCHES {
@@ -742,6 +780,9 @@ fn main() -> ExitCode {
         if o.wanted("post") {
             bench_post(&o, &mut p, 1);
             bench_post(&o, &mut p, 32);
+        }
+        if o.wanted("post_built") {
+            bench_post_built(&o, &mut p);
         }
         if o.wanted("post_safe") {
             bench_post_safe(&o, &mut p);
