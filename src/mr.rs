@@ -564,7 +564,8 @@ impl RemoteMr {
     /// The bytes as a plain mutable slice.
     ///
     /// # Safety
-    /// As for [`RemoteMr::as_slice`]; peers may not read them either, or may read torn data.
+    /// As for [`RemoteMr::as_slice`] (a peer reading meanwhile may see a mix of old and new
+    /// bytes; that is the protocol's concern, not a soundness one).
     pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
         self.mr.as_mut_slice()
     }
