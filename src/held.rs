@@ -16,26 +16,28 @@ const BLOCK_BITS: u32 = 32;
 const MAX_BLOCKS: u64 = 1 << (62 - BLOCK_BITS);
 static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
 
-struct Slot {
-    id: u64,
-    buf: Option<Buf>,
-}
-
-/// The buffers one of a QP's queues holds, oldest first, with the ids of their requests.
+/// The buffers one of a QP's queues holds, oldest first. The ids of the requests it counts run
+/// without a gap from `oldest` to `next`, so request `id` sits in slot `id & mask`: a slot is
+/// empty for a request that holds no buffer (an inline send). A new block of ids starts only
+/// while nothing is held, which keeps the run gapless.
 pub(crate) struct Held {
-    slots: Box<[Slot]>,
-    /// The oldest held buffer's slot.
-    head: usize,
-    len: usize,
-    /// The next request's id, and the end of the block it comes from.
+    slots: Box<[Option<Buf>]>,
+    /// `slots.len() - 1` (the length is a power of two, or 0).
+    mask: usize,
+    /// The next request's id; the oldest one still counted (`next` when none is).
     next: u64,
+    oldest: u64,
+    /// The end of the block `next` comes from.
     end: u64,
+    /// Requests that may be taken before the slow path: the smaller of the free slots and the
+    /// ids left in the block.
+    room: u64,
     /// [`SAFE_ID`], and [`RECV_ID`] for a receive queue.
     kind: u64,
 }
 
 impl Held {
-    /// Room for `depth` buffers (rounded up to a power of two).
+    /// Room for `depth` requests (rounded up to a power of two).
     pub(crate) fn new(depth: u32, recv: bool) -> Self {
         let cap = if depth == 0 {
             0
@@ -43,11 +45,12 @@ impl Held {
             depth.next_power_of_two() as usize
         };
         Self {
-            slots: (0..cap).map(|_| Slot { id: 0, buf: None }).collect(),
-            head: 0,
-            len: 0,
+            slots: (0..cap).map(|_| None).collect(),
+            mask: cap.saturating_sub(1),
             next: 0,
+            oldest: 0,
             end: 0,
+            room: 0,
             kind: SAFE_ID | if recv { RECV_ID } else { 0 },
         }
     }
@@ -56,71 +59,69 @@ impl Held {
     /// `commit`, or `unclaim` if the provider refused it.
     #[inline]
     pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<u64, (WrReject, Buf)> {
-        // One branch for both rare cases.
-        if (self.len == self.slots.len()) | (self.next == self.end) {
-            return self.claim_cold(buf);
+        if self.room == 0 {
+            if let Err(e) = self.make_room() {
+                return Err((e, buf));
+            }
         }
-        Ok(self.put(buf))
-    }
-
-    #[cold]
-    fn claim_cold(&mut self, buf: Buf) -> std::result::Result<u64, (WrReject, Buf)> {
-        if self.len == self.slots.len() {
-            return Err((WrReject::QueueFull, buf));
-        }
-        if let Err(e) = self.new_block() {
-            return Err((e, buf));
-        }
-        Ok(self.put(buf))
-    }
-
-    #[inline]
-    fn put(&mut self, buf: Buf) -> u64 {
-        let at = (self.head + self.len) & (self.slots.len() - 1);
-        let slot = &mut self.slots[at];
-        slot.id = self.next;
-        // The slot is free (`len` is below the capacity): nothing to drop.
-        std::mem::forget(slot.buf.replace(buf));
-        self.next
+        let at = self.next as usize & self.mask;
+        // The slot is free (its last request was released): nothing to drop.
+        std::mem::forget(self.slots[at].replace(buf));
+        Ok(self.next)
     }
 
     #[inline]
     pub(crate) fn commit(&mut self) {
-        self.len += 1;
         self.next += 1;
+        self.room -= 1;
     }
 
     pub(crate) fn unclaim(&mut self) -> Buf {
-        let at = (self.head + self.len) & (self.slots.len() - 1);
-        self.slots[at].buf.take().expect("claimed just before")
+        let at = self.next as usize & self.mask;
+        self.slots[at].take().expect("claimed just before")
     }
 
-    /// The id for a request that holds no buffer (an inline send).
+    /// The id for a request that holds no buffer (an inline send): counted like the others,
+    /// its slot left empty.
     #[inline]
     pub(crate) fn bare_id(&mut self) -> std::result::Result<u64, WrReject> {
-        if self.next == self.end {
-            self.new_block()?;
+        if self.room == 0 {
+            self.make_room()?;
         }
         let id = self.next;
-        self.next += 1;
+        self.commit();
         Ok(id)
     }
 
+    /// Recomputes `room`, starting a new block of ids when the current one is used up and
+    /// nothing is held; `QueueFull` when there is none.
     #[cold]
-    fn new_block(&mut self) -> std::result::Result<(), WrReject> {
-        let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
-        if block >= MAX_BLOCKS {
-            // 2^30 blocks of 2^32 requests each: never in practice, but never reused.
+    fn make_room(&mut self) -> std::result::Result<(), WrReject> {
+        if self.next == self.end && self.next == self.oldest {
+            let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
+            if block >= MAX_BLOCKS {
+                // 2^30 blocks of 2^32 requests each: never in practice, but never reused.
+                return Err(WrReject::QueueFull);
+            }
+            self.next = self.kind | block << BLOCK_BITS;
+            self.oldest = self.next;
+            self.end = self.next + (1 << BLOCK_BITS);
+        }
+        self.update_room();
+        if self.room == 0 {
             return Err(WrReject::QueueFull);
         }
-        self.next = self.kind | block << BLOCK_BITS;
-        self.end = self.next + (1 << BLOCK_BITS);
         Ok(())
     }
 
-    /// How many buffers it holds.
+    fn update_room(&mut self) {
+        let free = self.slots.len() as u64 - (self.next - self.oldest);
+        self.room = free.min(self.end - self.next);
+    }
+
+    /// How many requests it still counts (holding a buffer or not).
     pub(crate) fn len(&self) -> usize {
-        self.len
+        (self.next - self.oldest) as usize
     }
 
     /// Whether this is a receive queue's.
@@ -133,20 +134,18 @@ impl Held {
         id & (SAFE_ID | RECV_ID) == self.kind
     }
 
-    /// The oldest held buffer, if its request is at or before `id`.
+    /// The oldest held buffer, with its request's id, if that request is `id` or an earlier
+    /// one; requests before it that hold no buffer are let go on the way.
     pub(crate) fn release(&mut self, id: u64) -> Option<(u64, Buf)> {
-        if self.len == 0 {
-            return None;
+        while self.oldest < self.next && self.oldest <= id {
+            let at = self.oldest as usize & self.mask;
+            let held = self.oldest;
+            self.oldest += 1;
+            self.update_room();
+            if let Some(buf) = self.slots[at].take() {
+                return Some((held, buf));
+            }
         }
-        let mask = self.slots.len() - 1;
-        let slot = &mut self.slots[self.head];
-        if slot.id > id {
-            return None;
-        }
-        let buf = slot.buf.take()?;
-        let held_id = slot.id;
-        self.head = (self.head + 1) & mask;
-        self.len -= 1;
-        Some((held_id, buf))
+        None
     }
 }

@@ -352,7 +352,8 @@ impl Qp {
         Some(buf)
     }
 
-    /// How many buffers the QP holds for its send and receive queues.
+    /// How many requests of the safe posts the send and receive queues still count: those
+    /// holding a buffer, and inline sends no completion has passed yet.
     pub fn held_bufs(&self) -> (usize, usize) {
         (self.sends.len(), self.recvs.len())
     }
