@@ -149,3 +149,36 @@ impl Held {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_run_gapless_and_a_completion_releases_everything_up_to_it() {
+        let mut h = Held::new(3, false); // rounded up to 4
+        let ids: Vec<u64> = (0..4).map(|_| h.bare_id().unwrap()).collect();
+        assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+        assert!(ids.iter().all(|&id| h.owns(id)) && !h.is_recv());
+        assert_eq!(h.bare_id(), Err(WrReject::QueueFull), "four counted, room for four");
+        assert_eq!(h.len(), 4);
+        // A completion for the third request lets the first three go (they hold no buffer).
+        assert!(h.release(ids[2]).is_none());
+        assert_eq!(h.len(), 1);
+        // An old id releases nothing more; ids of another queue are not this one's.
+        assert!(h.release(ids[0]).is_none());
+        assert_eq!(h.len(), 1);
+        let recv = Held::new(4, true);
+        assert!(!recv.owns(ids[0]) && recv.is_recv());
+        assert!(h.bare_id().unwrap() > ids[3]);
+    }
+
+    #[test]
+    fn every_queue_draws_ids_no_other_queue_ever_had() {
+        let (mut a, mut b) = (Held::new(4, false), Held::new(4, false));
+        let (x, y) = (a.bare_id().unwrap(), b.bare_id().unwrap());
+        assert_ne!(x >> BLOCK_BITS, y >> BLOCK_BITS, "different blocks");
+        let mut none = Held::new(0, true);
+        assert_eq!(none.bare_id(), Err(WrReject::QueueFull), "no slots (a QP on an SRQ)");
+    }
+}
