@@ -45,8 +45,11 @@
 //!    completion the device wrote into that CQ, which `reclaim` checks is the QP's send (or
 //!    receive) CQ, the QP's number, and an id of that queue. A forged `WorkCompletion` cannot
 //!    be turned into a `Completion`; an old one only names ids already given back; one of an
-//!    earlier QP with the same number names smaller ids (ids grow across QPs) than any this
-//!    QP holds.
+//!    earlier QP with the same number names smaller ids than any this QP holds (a QP draws its
+//!    blocks of ids after it was created, so after the earlier one was destroyed). Raw posts
+//!    on the same QP keep bit 63 of their `wr_id`s clear (their `unsafe` contract), so their
+//!    completions give nothing back. A QP moved to RESET drops its queued requests; their
+//!    buffers come back with the next completion of that queue, or when the QP is destroyed.
 //! 3. **Lost completions lose no soundness.** After a CQ overrun the missing completions' buffers
 //!    come back with the next completion of the same queue (it implies the earlier ones);
 //!    if none comes, they stay in the QP. Unsignaled sends work the same way.
