@@ -96,8 +96,10 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
         qp.to_rtr(path, peer, 0, Mtu::Mtu1024)?;
         qp.to_rts(0)?;
     }
-    let mut src = pd.alloc_mr(MSG * DEPTH as usize, access)?;
-    let dst = pd.alloc_mr(MSG * DEPTH as usize, access)?;
+    // Sources and the read's target: only this process's requests touch them, so plain
+    // slices. The receive and write target: peers write it, so volatile copies.
+    let mut src = pd.alloc_mr(MSG * DEPTH as usize, AccessFlags::LOCAL_WRITE)?;
+    let dst = pd.alloc_remote_mr(MSG * DEPTH as usize, access)?;
     let post_recv = |b: &mut Qp, i: u64| {
         let sge = dst.sge((i % DEPTH) as usize * MSG, MSG as u32).expect("in bounds");
         // SAFETY: the slot is read only after its completion and reposted after that.
@@ -125,7 +127,9 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
         check(&wc[..n])?;
         for c in &wc[..n] {
             let off = (c.wr_id % DEPTH) as usize * MSG;
-            let seq = u64::from_le_bytes(dst.as_slice()[off..off + 8].try_into().expect("8 bytes"));
+            let mut seq = [0; 8];
+            dst.read(off, &mut seq)?;
+            let seq = u64::from_le_bytes(seq);
             if seq != c.wr_id || c.byte_len as usize != MSG {
                 return Err(format!("message {} carried {seq}", c.wr_id).into());
             }
@@ -168,7 +172,8 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     let back = [src.sge(MSG, MSG as u32).expect("in bounds")];
     unsafe { a.post_send(&[SendWr::new(2, SendOp::RdmaRead(remote), &back)]) }?;
     wait_one(&mut scq)?;
-    let same = src.as_slice()[..MSG] == dst.as_slice()[..MSG] && src.as_slice()[..MSG] == src.as_slice()[MSG..2 * MSG];
+    let written = dst.to_vec(0, MSG)?;
+    let same = src.as_slice()[..MSG] == written[..] && src.as_slice()[..MSG] == src.as_slice()[MSG..2 * MSG];
     println!(
         "RC: RDMA write then read of {MSG} B: {}",
         if same { "bytes match" } else { "MISMATCH" }

@@ -18,6 +18,15 @@ const ROUNDS: u64 = 1000;
 
 type DemoResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// One round: B receives into `inbox`, A sends 64 bytes of `msg`; both buffers go to the QPs.
+fn post_round(a: &mut Qp, b: &mut Qp, msg: &mut Option<Buf>, inbox: &mut Option<Buf>) -> DemoResult<()> {
+    b.recv_buf(inbox.take().ok_or("the receive buffer is back")?)?;
+    let mut m = msg.take().ok_or("the send buffer is back")?;
+    m.set_len(64)?;
+    a.send_buf(SendOp::Send, m)?;
+    Ok(())
+}
+
 fn main() -> DemoResult<()> {
     let ctx = open(std::env::args().nth(1).as_deref())?;
     let gid = ctx.roce_v2_gid(1)?;
@@ -38,8 +47,9 @@ fn main() -> DemoResult<()> {
         qp.to_rtr(path, peer, 0, Mtu::Mtu1024)?;
         qp.to_rts(0)?;
     }
-    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
-    let (send, recv) = ([mr.sge(0, 64)?], [mr.sge(2048, 64)?]);
+    // Two buffers, lent to the QPs for each round and given back by its completions.
+    let mut bufs = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?.into_bufs(2048)?;
+    let (mut inbox, mut msg) = (bufs.pop(), bufs.pop());
 
     let mut poll = Poll::new()?;
     poll.registry()
@@ -53,15 +63,8 @@ fn main() -> DemoResult<()> {
     let mut wc = [WorkCompletion::default(); 16];
 
     let (mut round, mut wakeups, mut done) = (0u64, 0u64, 0u64);
-    let post_round = |a: &mut Qp, b: &mut Qp, round: u64| -> Result<()> {
-        // SAFETY: the buffers are not touched while the round is in flight.
-        unsafe {
-            b.post_recv(&[RecvWr::new(round, &recv)])?;
-            a.post_send(&[SendWr::new(round, SendOp::Send, &send)])
-        }
-    };
     cq.req_notify(false)?;
-    post_round(&mut a, &mut b, round)?;
+    post_round(&mut a, &mut b, &mut msg, &mut inbox)?;
     while done < 2 * ROUNDS {
         poll.poll(&mut events, Some(Duration::from_secs(10)))?;
         if events.is_empty() {
@@ -77,20 +80,23 @@ fn main() -> DemoResult<()> {
                     while channel.get_event(Some(Duration::ZERO))?.is_some() {}
                     cq.req_notify(false)?;
                     loop {
-                        let n = cq.poll(&mut wc);
-                        if n == 0 {
+                        let reaped = cq.reap(&mut wc);
+                        if reaped.is_empty() {
                             break;
                         }
-                        if let Some(c) = wc[..n].iter().find(|c| !c.is_success()) {
-                            return Err(format!("completion failed: {c:?}").into());
+                        for c in reaped.iter() {
+                            c.result()?;
+                            // Each completion gives its request's buffer back.
+                            msg = msg.or(a.reclaim(c));
+                            inbox = inbox.or(b.reclaim(c));
+                            done += 1;
                         }
-                        done += n as u64;
                     }
                     // A round ends with both its send and its receive; start the next one
                     // and go back to sleep.
                     if done == 2 * (round + 1) && round + 1 < ROUNDS {
                         round += 1;
-                        post_round(&mut a, &mut b, round)?;
+                        post_round(&mut a, &mut b, &mut msg, &mut inbox)?;
                     }
                 }
                 ASYNC_EVENTS => {

@@ -1,6 +1,6 @@
 //! Two RC QPs on one device, connected to each other, move one message: the README's
 //! example (`cargo xtask guest -- target/debug/examples/loopback`).
-use uverbs::{AccessFlags, Mtu, QpInit, QpType, RecvWr, SendOp, SendWr, WorkCompletion};
+use uverbs::{AccessFlags, Mtu, QpInit, QpType, SendOp, WorkCompletion};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = uverbs::open(None)?; // the first RDMA device, with its provider
@@ -8,7 +8,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut cq = ctx.create_cq(16)?; // deeper than the requests that complete into it
     let mut a = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?; // 128 WRs, 1 SGE
     let mut b = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?;
-    let mut mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+    // Local memory (no peer writes it) cut into buffers, each owned by us or by a QP.
+    let mut bufs = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?.into_bufs(2048)?;
+    let (inbox, mut msg) = (bufs.remove(1), bufs.remove(0));
 
     // Both ends on this device: the path to the port's RoCE v2 GID, from that GID.
     let gid = ctx.roce_v2_gid(1)?;
@@ -19,27 +21,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         qp.to_rts(0)?; // ConnectAttr::default(): a dead peer fails sends in about 0.5 s
     }
 
-    mr.as_mut_slice()[..5].copy_from_slice(b"hello");
-    let (src, dst) = ([mr.sge(0, 5)?], [mr.sge(2048, 5)?]);
-    // Signaled, so it completes; `.with(SendFlags::INLINE)` would add a flag.
-    let send = SendWr::new(1, SendOp::SendWithImm { imm: 7 }, &src);
-    // SAFETY: `mr` outlives both requests, and nothing touches it until they complete.
-    unsafe {
-        b.post_recv(&[RecvWr::new(2, &dst)])?;
-        a.post_send(&[send])?;
-    }
+    msg.fill_from(b"hello")?;
+    b.recv_buf(inbox)?; // B holds `inbox` until the completion that gives it back
+                        // Signaled, so it completes; `send_buf_with` takes flags and a UD destination.
+    a.send_buf(SendOp::SendWithImm { imm: 7 }, msg)?; // `msg` is A's now: no `unsafe`
     let mut wc = [WorkCompletion::default(); 4];
-    let mut done = 0;
-    while done < 2 {
-        let n = cq.poll(&mut wc); // no lock, no system call, no allocation
-        for c in &wc[..n] {
+    let mut back = Vec::new();
+    while back.len() < 2 {
+        for c in cq.reap(&mut wc).iter() {
+            // no lock, no system call, no allocation
             c.result()?; // a failed request becomes an error naming it
-            if let Some(imm) = c.imm() {
-                let text = std::str::from_utf8(&mr.as_slice()[2048..2048 + c.byte_len as usize])?;
+            if let Some(inbox) = b.reclaim(c) {
+                let text = std::str::from_utf8(inbox.as_slice())?; // its length: what arrived
+                let imm = c.imm().ok_or("a receive of a send with immediate carries it")?;
                 println!("received {text:?} with immediate {imm}");
+                back.push(inbox);
             }
+            back.extend(a.reclaim(c)); // the sent buffer, ours again
         }
-        done += n;
     }
     Ok(())
 }

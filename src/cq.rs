@@ -203,6 +203,13 @@ impl Cq {
         self.ring.poll(wc)
     }
 
+    /// Which CQ this is, for [`crate::Qp::reclaim`]: the address of the shared state every
+    /// QP on it keeps alive, so no live QP's CQ shares it with another.
+    #[inline]
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Borrows the ready completions in place, without copying them out of the ring (the
     /// Rust form of `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`). The ring slots are
     /// handed back to the device, with one index store, when the batch is dropped: only the

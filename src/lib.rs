@@ -12,11 +12,13 @@
 //! says what each default is):
 //!
 #![doc = concat!("```no_run\n", include_str!("../examples/loopback.rs"), "```")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, unsafe_code, unsafe_op_in_unsafe_fn, rust_2018_idioms)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod ah;
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 #[allow(unsafe_code)] // registers the event fds with the reactor
 pub mod aio;
 mod attr;
@@ -28,10 +30,13 @@ mod cq;
 mod device;
 mod error;
 mod event;
+mod held;
 #[allow(unsafe_code)] // registers caller memory and hands out views of it
 mod mr;
 mod netlink;
 mod open_enum;
+#[allow(unsafe_code)] // posts the buffers it holds, until their completions
+mod owned;
 mod parked;
 mod pd;
 pub mod provider;
@@ -64,7 +69,8 @@ pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
-pub use mr::{AccessFlags, Mr, OutOfBounds};
+pub use mr::{AccessFlags, Buf, Mr, OutOfBounds, RemoteMr};
+pub use owned::{Completion, Reaped, Refused};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{ConnectAttr, Qp, QpAttr, QpInfo, QpInit};

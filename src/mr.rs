@@ -1,4 +1,22 @@
-//! Memory regions.
+//! Memory regions, and the rule for reading and writing them.
+//!
+//! Rust references and the device must never race on the same bytes. Who else may touch a
+//! region decides how its bytes are reached:
+//!
+//! - An [`Mr`] has no remote write or atomic access ([`Pd::alloc_mr`] refuses those flags),
+//!   so only this process's own work requests make the device touch it. Its bytes are plain
+//!   slices ([`Mr::as_slice`], [`Mr::as_mut_slice`]); the unsafe [`crate::Qp::post_send`] and
+//!   [`crate::Qp::post_recv`] make their caller promise not to hold such slices over buffers a
+//!   request may still touch. [`Mr::into_bufs`] cuts it into [`Buf`]s, which the safe posting
+//!   API (`crate::owned`) lends to the device and gets back with their completions.
+//! - A [`RemoteMr`] ([`Pd::alloc_remote_mr`]) lets peers write or run atomics on it at any
+//!   time, with no completion here to say when. No safe `&[u8]` exists over it: its bytes are
+//!   copied in and out with volatile accesses ([`RemoteMr::read`], [`RemoteMr::write`]), which
+//!   are sound while the device writes (a concurrent write may leave a torn copy, never
+//!   undefined behaviour). [`RemoteMr::as_slice`] is `unsafe`, for callers who know, from
+//!   their own protocol, that no peer writes the bytes while the slice lives.
+//! - Memory registered with the unsafe [`Pd::reg_mr`] belongs to the caller, whose contract
+//!   covers every access.
 
 use crate::error::{Error, Result};
 use crate::pd::{Pd, PdInner};
@@ -57,7 +75,10 @@ impl From<OutOfBounds> for Error {
     }
 }
 
-/// A registered memory region.
+/// Access flags that let a peer change a region's bytes at any time.
+const PEER_WRITES: AccessFlags = AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_ATOMIC);
+
+/// A registered memory region that no peer may write (see the module docs for the rule).
 ///
 /// Either it owns its memory (from [`Pd::alloc_mr`], page aligned and zeroed) or it names
 /// memory the caller keeps alive (from the unsafe [`Pd::reg_mr`]).
@@ -69,7 +90,8 @@ pub struct Mr {
     addr: *mut u8,
     iova: u64,
     len: usize,
-    _owned: Option<MmapMut>,
+    access: AccessFlags,
+    owned: Option<MmapMut>,
 }
 
 // SAFETY: `addr` is only dereferenced through `&self`/`&mut self` methods that follow Rust's
@@ -90,8 +112,28 @@ impl std::fmt::Debug for Mr {
 }
 
 impl Pd {
-    /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`.
+    /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`, which
+    /// may not include [`AccessFlags::REMOTE_WRITE`] or [`AccessFlags::REMOTE_ATOMIC`]: for
+    /// memory peers write, [`Pd::alloc_remote_mr`].
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        if access.intersects(PEER_WRITES) {
+            return Err(Error::invalid(
+                "alloc_mr",
+                "remote write or atomic access: peers could change the bytes under a slice; use Pd::alloc_remote_mr",
+            ));
+        }
+        self.alloc_any_mr(len, access)
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes that peers may write, registered with
+    /// `access` (any flags); its bytes are reached by copies (see [`RemoteMr`]).
+    pub fn alloc_remote_mr(&self, len: usize, access: AccessFlags) -> Result<RemoteMr> {
+        Ok(RemoteMr {
+            mr: self.alloc_any_mr(len, access)?,
+        })
+    }
+
+    fn alloc_any_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
         let mut map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::io("mmap anonymous", e))?;
         // Registered memory stays with the parent across fork(), as with rdma-core's
         // ibv_fork_init; a child that needs the bytes copies them before forking.
@@ -100,7 +142,7 @@ impl Pd {
         let addr = map.as_mut_ptr();
         // SAFETY: `map` is kept in the returned `Mr`, so the region outlives the registration.
         let mut mr = unsafe { self.reg_mr(addr, len, access) }?;
-        mr._owned = Some(map);
+        mr.owned = Some(map);
         Ok(mr)
     }
 
@@ -108,8 +150,10 @@ impl Pd {
     ///
     /// # Safety
     /// The memory must stay mapped until the returned `Mr` is dropped and every work request
-    /// using it has completed. With remote access enabled, peers may write it at any time:
-    /// the caller must not hold Rust references to bytes a peer may be writing.
+    /// using it has completed. With remote write or atomic access, peers may write it at any
+    /// time: the caller must not hold Rust references to bytes a peer may be writing, and so
+    /// must not use [`Mr::as_slice`], [`Mr::as_mut_slice`] or [`Mr::into_bufs`] on it while
+    /// a peer may.
     pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
         // SAFETY: forwarded caller contract.
         unsafe { self.reg_mr_iova(addr, len, addr as u64, access) }
@@ -148,7 +192,8 @@ impl Pd {
             addr,
             iova,
             len,
-            _owned: None,
+            access,
+            owned: None,
         })
     }
 }
@@ -185,6 +230,11 @@ impl Mr {
         self.len == 0
     }
 
+    /// The access it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
     /// A scatter/gather entry for the `len` bytes at `offset` in the region.
     pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
         self.check(offset, len as usize)?;
@@ -217,8 +267,9 @@ impl Mr {
         }
     }
 
-    /// The bytes. Peers with remote write access, and the device executing receives or reads
-    /// into this region, may change them: read only what completed work requests wrote.
+    /// The bytes. No peer writes them; the device executing this process's receives, reads
+    /// and atomics may, which is why those posts are `unsafe`: read only what completed work
+    /// requests wrote.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `addr..addr+len` is mapped for the life of `self` (owned, or the caller's
         // `reg_mr` contract).
@@ -232,12 +283,307 @@ impl Mr {
     }
 }
 
+impl Mr {
+    /// Cuts the region into [`Buf`]s of `size` bytes each (the last one shorter if `size`
+    /// does not divide the length), each owned by one holder at a time. The region lives
+    /// until the last of them is dropped. Refused for memory registered with remote write or
+    /// atomic access (possible only through the unsafe [`Pd::reg_mr`]), and for a `size` of 0
+    /// or above `u32::MAX`.
+    pub fn into_bufs(self, size: usize) -> Result<Vec<Buf>> {
+        if self.access.intersects(PEER_WRITES) {
+            return Err(Error::invalid("into_bufs", "peers may write this region"));
+        }
+        let cap = u32::try_from(size)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| Error::invalid("into_bufs", format!("buffer size {size}: 1 to 2^32-1 bytes")))?;
+        let (iova, lkey, len) = (self.iova, self.lkey, self.len);
+        let mr = Arc::new(self);
+        Ok((0..len)
+            .step_by(size)
+            .map(|offset| {
+                let cap = cap.min((len - offset) as u32);
+                Buf {
+                    sge: Sge {
+                        addr: iova + offset as u64,
+                        length: cap,
+                        lkey,
+                    },
+                    cap,
+                    mr: mr.clone(),
+                }
+            })
+            .collect())
+    }
+}
+
+/// A piece of an [`Mr`] with one owner at a time (from [`Mr::into_bufs`]): the caller, who
+/// reads and writes it as a plain slice, or a QP, which holds it from the safe post that
+/// lends it to the device until the completion that gives it back (`Qp::reclaim`).
+///
+/// It has a capacity (its share of the region) and a length, the bytes a send or write
+/// gathers, a read fetches, or a receive delivered.
+pub struct Buf {
+    /// The bytes `0..len` as a work request names them.
+    sge: Sge,
+    cap: u32,
+    mr: Arc<Mr>,
+}
+
+impl std::fmt::Debug for Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buf")
+            .field("offset", &self.offset())
+            .field("len", &self.sge.length)
+            .field("cap", &self.cap)
+            .field("lkey", &self.sge.lkey)
+            .finish()
+    }
+}
+
+impl Buf {
+    /// Where the buffer starts within its region.
+    pub fn offset(&self) -> usize {
+        (self.sge.addr - self.mr.iova) as usize
+    }
+
+    /// Its length: what a send or write takes, what a read fetches, what a receive delivered.
+    pub fn len(&self) -> usize {
+        self.sge.length as usize
+    }
+
+    /// Whether the length is 0.
+    pub fn is_empty(&self) -> bool {
+        self.sge.length == 0
+    }
+
+    /// Its share of the region: the most `len` may be, and what a receive may fill.
+    pub fn capacity(&self) -> usize {
+        self.cap as usize
+    }
+
+    /// Sets the length, up to the capacity.
+    pub fn set_len(&mut self, len: usize) -> Result<(), OutOfBounds> {
+        match u32::try_from(len) {
+            Ok(l) if l <= self.cap => {
+                self.sge.length = l;
+                Ok(())
+            }
+            _ => Err(OutOfBounds {
+                offset: self.offset(),
+                len,
+                mr_len: self.cap as usize,
+            }),
+        }
+    }
+
+    /// The region's local key.
+    pub fn lkey(&self) -> u32 {
+        self.sge.lkey
+    }
+
+    /// The bytes `0..len`.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range lies in the region (`into_bufs` cut it so), which `self.mr` keeps
+        // mapped; no other `Buf` covers it, no peer may write the region, and the device
+        // touches it only while a QP holds this `Buf` (then no `&self` exists).
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len()) }
+    }
+
+    /// The bytes `0..len`, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` excludes every other reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len()) }
+    }
+
+    /// Sets the length to `data.len()` and copies `data` in.
+    pub fn fill_from(&mut self, data: &[u8]) -> Result<(), OutOfBounds> {
+        self.set_len(data.len())?;
+        self.as_mut_slice().copy_from_slice(data);
+        Ok(())
+    }
+
+    /// The scatter/gather entry for the bytes `0..len`, while the buffer is posted.
+    #[inline]
+    pub(crate) fn sge(&self) -> &Sge {
+        &self.sge
+    }
+
+    /// The bytes `0..len` as a receive delivered `byte_len` of them (clamped to the capacity).
+    #[inline]
+    pub(crate) fn received(&mut self, byte_len: u32) {
+        self.sge.length = byte_len.min(self.cap);
+    }
+
+    /// For a receive, which may fill the whole capacity.
+    #[inline]
+    pub(crate) fn open_to_capacity(&mut self) {
+        self.sge.length = self.cap;
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // The offset is below the region's length, so this stays in the mapping.
+        self.mr.addr.wrapping_add(self.offset())
+    }
+}
+
+/// A registered memory region peers may write or run atomics on (from
+/// [`Pd::alloc_remote_mr`]). Its bytes are reached by volatile copies, sound while the
+/// device writes them; a plain slice only through the `unsafe` [`RemoteMr::as_slice`].
+#[derive(Debug)]
+pub struct RemoteMr {
+    mr: Mr,
+}
+
+impl RemoteMr {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey
+    }
+
+    /// Remote key: what a peer needs, with [`RemoteMr::remote`]'s address, to reach it.
+    pub fn rkey(&self) -> u32 {
+        self.mr.rkey
+    }
+
+    /// The address work requests and peers use for the region's first byte.
+    pub fn addr(&self) -> u64 {
+        self.mr.iova
+    }
+
+    /// The kernel's handle.
+    pub fn handle(&self) -> u32 {
+        self.mr.handle
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.mr.len == 0
+    }
+
+    /// The access it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.mr.access
+    }
+
+    /// A scatter/gather entry for the `len` bytes at `offset` (for the unsafe posts).
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
+        self.mr.sge(offset, len)
+    }
+
+    /// Where a peer's RDMA read, write or atomic lands at `offset` in this region.
+    pub fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
+        self.mr.remote(offset)
+    }
+
+    /// Copies the bytes at `offset` into `out`, each read once with a volatile load: a byte a
+    /// peer writes meanwhile comes out old or new.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
+        self.mr.check(offset, out.len())?;
+        let src = self.mr.addr.wrapping_add(offset);
+        // Word loads where the source is aligned, bytes at either end.
+        let head = src.align_offset(8).min(out.len());
+        let words = (out.len() - head) / 8;
+        for (i, b) in out[..head].iter_mut().enumerate() {
+            // SAFETY: in the region (checked above), which stays mapped while `self` lives;
+            // volatile, so a concurrent device write is not a data race in Rust's model.
+            *b = unsafe { src.add(i).read_volatile() };
+        }
+        for w in 0..words {
+            let at = head + 8 * w;
+            // SAFETY: as above; `src + at` is 8-byte aligned and 8 bytes lie in the range.
+            let v = unsafe { src.add(at).cast::<u64>().read_volatile() };
+            out[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        let tail = head + 8 * words;
+        for (i, b) in out.iter_mut().enumerate().skip(tail) {
+            // SAFETY: as above.
+            *b = unsafe { src.add(i).read_volatile() };
+        }
+        Ok(())
+    }
+
+    /// The `len` bytes at `offset`, copied as [`RemoteMr::read`] does.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, OutOfBounds> {
+        let mut v = vec![0; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Copies `data` in at `offset`, each byte written once with a volatile store (a peer
+    /// writing the same bytes meanwhile leaves either value).
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
+        self.mr.check(offset, data.len())?;
+        let dst = self.mr.addr.wrapping_add(offset);
+        let head = dst.align_offset(8).min(data.len());
+        let words = (data.len() - head) / 8;
+        for (i, &b) in data[..head].iter().enumerate() {
+            // SAFETY: in the region (checked above), mapped while `self` lives; `&mut self`
+            // excludes other Rust accesses, volatile makes the device's concurrent ones
+            // defined.
+            unsafe { dst.add(i).write_volatile(b) };
+        }
+        for w in 0..words {
+            let at = head + 8 * w;
+            let v = u64::from_ne_bytes(data[at..at + 8].try_into().expect("8 bytes"));
+            // SAFETY: as above; `dst + at` is 8-byte aligned and 8 bytes lie in the range.
+            unsafe { dst.add(at).cast::<u64>().write_volatile(v) };
+        }
+        for (i, &b) in data.iter().enumerate().skip(head + 8 * words) {
+            // SAFETY: as above.
+            unsafe { dst.add(i).write_volatile(b) };
+        }
+        Ok(())
+    }
+
+    /// Sets the `len` bytes at `offset` to `byte`, as [`RemoteMr::write`] would.
+    pub fn fill(&mut self, offset: usize, len: usize, byte: u8) -> Result<(), OutOfBounds> {
+        self.mr.check(offset, len)?;
+        for i in offset..offset + len {
+            // SAFETY: in the region (checked above); see `write`.
+            unsafe { self.mr.addr.add(i).write_volatile(byte) };
+        }
+        Ok(())
+    }
+
+    /// The bytes as a plain slice.
+    ///
+    /// # Safety
+    /// While the slice lives, no peer may write or run atomics on the region and no work
+    /// request of this process may write it (the caller's protocol must ensure it, e.g. the
+    /// peer's writes all completed and it was told not to write again).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        self.mr.as_slice()
+    }
+
+    /// The bytes as a plain mutable slice.
+    ///
+    /// # Safety
+    /// As for [`RemoteMr::as_slice`] (a peer reading meanwhile may see a mix of old and new
+    /// bytes; that is the protocol's concern, not a soundness one).
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.mr.as_mut_slice()
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
-        // Deregister before the owned mapping (a later field) is unmapped.
-        let _ = self
+        // Deregister before the owned mapping (a later field) is unmapped. Once DEREG_MR
+        // succeeded the device can no longer reach the bytes through this region's keys; if
+        // it failed, it still may, so the mapping is leaked rather than handed back to the
+        // system.
+        let gone = self
             .pd
             .ctx
-            .destroy("DEREG_MR", object::MR, METHOD_MR_DESTROY, self.handle, &mut []);
+            .destroy("DEREG_MR", object::MR, METHOD_MR_DESTROY, self.handle, &mut [])
+            .is_ok();
+        if !gone {
+            std::mem::forget(self.owned.take());
+        }
     }
 }

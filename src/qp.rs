@@ -4,6 +4,7 @@ use crate::attr::{AhAttr, GlobalRoute, Mtu, QpAttrMask, QpCap, QpState, QpType};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
+use crate::held::Held;
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelCall, QpCreated, QpQueues, QpRequest};
@@ -272,8 +273,12 @@ impl<'a> QpInit<'a> {
 
 /// A queue pair.
 pub struct Qp {
-    queues: Box<dyn QpQueues>,
-    owner: Owner,
+    pub(crate) queues: Box<dyn QpQueues>,
+    pub(crate) owner: Owner,
+    /// The buffers the safe posts (`crate::owned`) lent the device, per queue; dropped only
+    /// after the kernel destroyed the QP.
+    pub(crate) sends: Held,
+    pub(crate) recvs: Held,
     handle: u32,
     qpn: u32,
     qp_type: QpType,
@@ -314,7 +319,7 @@ impl Qp {
         // Before the provider's step, as for CQs.
         ctx.check_owner("CREATE_QP")?;
         let same_ctx = |cq: &Cq| Arc::ptr_eq(&cq.inner.ctx, ctx);
-        let srq_ctx = init.srq.map_or(true, |s| Arc::ptr_eq(&s.inner.pd.ctx, ctx));
+        let srq_ctx = init.srq.is_none_or(|s| Arc::ptr_eq(&s.inner.pd.ctx, ctx));
         if !same_ctx(init.send_cq) || !same_ctx(init.recv_cq) || !srq_ctx {
             return Err(Error::invalid(
                 "CREATE_QP",
@@ -368,7 +373,14 @@ impl Qp {
             },
             |c| drop(destroy_qp(ctx, c.handle)),
         )?;
+        let recv_depth = if init.srq.is_some() {
+            0
+        } else {
+            provider.cap.max_recv_wr
+        };
         Ok(Self {
+            sends: Held::new(provider.cap.max_send_wr, false),
+            recvs: Held::new(recv_depth, true),
             queues: provider.queues,
             owner: ctx.owner,
             handle: created.handle,
@@ -570,10 +582,14 @@ impl Qp {
     /// On success every request was queued. On [`Error::WorkRequest`] the requests before its
     /// `index` were queued and this one and the rest were not; nothing is lost silently.
     ///
+    /// The safe alternatives are [`Qp::send_buf`] and [`Qp::send_inline`].
+    ///
     /// # Safety
     /// Until each request completes (or the QP is destroyed), the memory its scatter/gather
     /// entries name must stay valid, and memory the device writes (RDMA read and atomic
-    /// targets) must not be accessed. Inline requests' buffers are copied before return.
+    /// targets) must not be accessed. Inline requests' buffers are copied before return. On a
+    /// QP that also has buffers from the safe posts, no `wr_id` may have bit 63 set (those
+    /// ids are the safe posts').
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.owner.check("post_send")?;
@@ -590,9 +606,12 @@ impl Qp {
 
     /// Posts `wrs` to the receive queue (no system call).
     ///
+    /// The safe alternative is [`Qp::recv_buf`].
+    ///
     /// # Safety
     /// Until each request completes (or the QP is destroyed), the buffers it names must stay
-    /// valid and must not be accessed: the device writes incoming data into them.
+    /// valid and must not be accessed: the device writes incoming data into them. On a QP
+    /// that also has buffers from [`Qp::recv_buf`], no `wr_id` may have bit 63 set.
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.owner.check("post_recv")?;
@@ -624,6 +643,16 @@ impl Qp {
     fn ctx(&self) -> &ContextInner {
         &self.pd.ctx
     }
+
+    /// Which CQ its send completions come from (see `Cq::identity`).
+    pub(crate) fn send_cq_identity(&self) -> usize {
+        Arc::as_ptr(&self._send_cq) as usize
+    }
+
+    /// Which CQ its receive completions come from.
+    pub(crate) fn recv_cq_identity(&self) -> usize {
+        Arc::as_ptr(&self._recv_cq) as usize
+    }
 }
 
 impl Drop for Qp {
@@ -633,8 +662,11 @@ impl Drop for Qp {
             return;
         }
         if destroy_qp(&self.pd.ctx, self.handle).is_err() {
-            // The kernel still has the QP: its rings must never be freed.
+            // The kernel still has the QP: its rings, and the buffers its requests may still
+            // touch, must never be freed.
             std::mem::forget(std::mem::replace(&mut self.queues, Box::new(NoQueues)));
+            std::mem::forget(std::mem::replace(&mut self.sends, Held::new(0, false)));
+            std::mem::forget(std::mem::replace(&mut self.recvs, Held::new(0, true)));
         } else if !self.owner.forked() {
             self.queues.destroyed();
         }

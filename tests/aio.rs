@@ -24,7 +24,7 @@ fn runtime() -> tokio::runtime::Runtime {
 struct AsyncPair {
     a: Qp,
     acq: AsyncCq,
-    mr: Mr,
+    mr: RemoteMr,
     remote: Remote,
     _b: Qp,
     _bcq: Cq,
@@ -43,7 +43,7 @@ fn async_pair() -> AsyncPair {
     let mut a = pd.create_qp(&QpInit::new(QpType::Rc, &acq, &acq)).unwrap();
     let mut b = pd.create_qp(&QpInit::new(QpType::Rc, &bcq, &bcq)).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mr = pd.alloc_mr(4096, access).unwrap();
+    let mr = pd.alloc_remote_mr(4096, access).unwrap();
     let path = loopback_path(&ctx);
     let (an, bn) = (a.qpn(), b.qpn());
     for (qp, peer) in [(&mut a, bn), (&mut b, an)] {

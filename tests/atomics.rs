@@ -6,14 +6,16 @@ mod common;
 use common::*;
 use uverbs::*;
 
-fn remote_u64(mr: &Mr, off: usize) -> u64 {
-    u64::from_ne_bytes(mr.as_slice()[off..off + 8].try_into().unwrap())
+fn remote_u64(mr: &RemoteMr, off: usize) -> u64 {
+    let mut v = [0; 8];
+    mr.read(off, &mut v).unwrap();
+    u64::from_ne_bytes(v)
 }
 
 #[test]
 fn compare_swap_and_fetch_add_return_old_values() {
     let mut p = Pair::new();
-    p.b.mr.as_mut_slice()[64..72].copy_from_slice(&100u64.to_ne_bytes());
+    p.b.mr.write(64, &100u64.to_ne_bytes()).unwrap();
     let target = Remote {
         addr: p.b.mr.addr() + 64,
         rkey: p.b.mr.rkey(),
@@ -123,7 +125,7 @@ fn misaligned_atomics_are_rejected_before_posting() {
 fn atomics_without_remote_atomic_access_fail_with_rem_access_err() {
     let mut p = Pair::new();
     let no_atomic =
-        p.pd.alloc_mr(
+        p.pd.alloc_remote_mr(
             4096,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
         )

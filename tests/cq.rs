@@ -34,7 +34,7 @@ fn completion_channel_wakes_a_waiter_once_per_request() {
     let path = loopback_path(&ctx);
     let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
     let mr = pd
-        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .alloc_remote_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     let qpn = qp.qpn();
     qp.to_init(1, AccessFlags::REMOTE_WRITE).unwrap();

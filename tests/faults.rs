@@ -25,7 +25,7 @@ fn pair_with_rnr_retry(rnr_retry: u8) -> Pair {
         let mut init = QpInit::new(QpType::Rc, &cq, &cq);
         init.cap = opts.cap;
         let qp = pd.create_qp(&init).unwrap();
-        let mr = pd.alloc_mr(opts.mr_len, opts.access).unwrap();
+        let mr = pd.alloc_remote_mr(opts.mr_len, opts.access).unwrap();
         End { qp, cq, mr }
     };
     let (mut a, mut b) = (make(), make());
@@ -184,7 +184,7 @@ fn rnr_retry_0_fails_at_once() {
 #[test]
 fn rnr_retry_7_waits_for_a_receive() {
     let mut p = pair_with_rnr_retry(7);
-    p.a.mr.as_mut_slice()[..64].copy_from_slice(&[0x3c; 64]);
+    p.a.mr.bytes_mut()[..64].copy_from_slice(&[0x3c; 64]);
     let sge = [p.a.mr.sge(0, 64).unwrap()];
     // SAFETY: the buffers named stay valid and unchanged until the completion.
     unsafe { p.a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]) }.unwrap();
@@ -199,7 +199,7 @@ fn rnr_retry_7_waits_for_a_receive() {
     assert_eq!((s.wr_id, s.status), (1, WcStatus::SUCCESS), "{s:?}");
     let r = poll_n(&mut p.b.cq, 1, 1)[0];
     assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::SUCCESS, 64), "{r:?}");
-    assert!(p.b.mr.as_slice()[4096..4160].iter().all(|&x| x == 0x3c));
+    assert!(p.b.mr.bytes()[4096..4160].iter().all(|&x| x == 0x3c));
     assert_idle(&mut p.a.cq);
     figure(format_args!(
         "RNR retry 7: the send waited {waited:?} without completing, then completed once a receive was posted"
@@ -275,7 +275,7 @@ fn destroyed_peer_gives_retry_exceeded_and_the_rest_keeps_working() {
     let path = loopback_path(&ctx);
     let mut cq = ctx.create_cq(64).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mr = pd.alloc_mr(1 << 16, access).unwrap();
+    let mr = pd.alloc_remote_mr(1 << 16, access).unwrap();
     let connect = |qp: &mut Qp, peer: u32| {
         qp.to_init(1, access).unwrap();
         qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();

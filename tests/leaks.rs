@@ -51,7 +51,7 @@ fn zoo(ctx: &Context) -> Vec<Box<dyn std::any::Any>> {
         })
         .unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mr = pd.alloc_mr(1 << 16, access).unwrap();
+    let mr = pd.alloc_remote_mr(1 << 16, access).unwrap();
     let mut user_mem = vec![0u8; 8192].into_boxed_slice();
     // SAFETY: `user_mem` is returned with the MR and dropped after it (drop order of the Vec).
     let user_mr = unsafe { pd.reg_mr(user_mem.as_mut_ptr(), user_mem.len(), access) }.unwrap();
@@ -182,7 +182,7 @@ fn send_and_check(p: &mut Pair, wr_id: u64, src: Sge, expect: u8) {
     assert_eq!((s.wr_id, s.status), (wr_id, WcStatus::SUCCESS), "{s:?}");
     let r = poll_n(&mut p.b.cq, 1, 1)[0];
     assert_eq!((r.wr_id, r.status), (wr_id, WcStatus::SUCCESS), "{r:?}");
-    let got = &p.b.mr.as_slice()[65536..65536 + src.length as usize];
+    let got = &p.b.mr.bytes()[65536..65536 + src.length as usize];
     assert!(
         got.iter().all(|&b| b == expect),
         "message {wr_id}: got {:#x}, want {expect:#x}",
@@ -219,10 +219,10 @@ fn after_fork_registered_memory_stays_the_parents() {
     let user_ptr = user.as_mut_ptr();
     user[..4096].fill(0x11);
     send_and_check(&mut p, 1, user_mr.sge(0, 4096).unwrap(), 0x11);
-    p.a.mr.as_mut_slice()[..4096].fill(0x55);
+    p.a.mr.bytes_mut()[..4096].fill(0x55);
     let src = p.a.mr.sge(0, 4096).unwrap();
     send_and_check(&mut p, 2, src, 0x55);
-    let owned = p.a.mr.as_slice().as_ptr();
+    let owned = p.a.mr.bytes().as_ptr();
     let pid = fork();
     if pid == 0 {
         // The library's MR memory is absent in the child; the caller's is a private copy.
@@ -263,7 +263,7 @@ fn after_fork_registered_memory_stays_the_parents() {
 #[test]
 fn in_a_forked_child_inherited_handles_are_error_forked_and_drops_destroy_nothing() {
     let mut p = Pair::new();
-    p.a.mr.as_mut_slice()[..64].fill(0x11);
+    p.a.mr.bytes_mut()[..64].fill(0x11);
     let src = p.a.mr.sge(0, 64).unwrap();
     send_and_check(&mut p, 1, src, 0x11);
     // A completion waiting in A's CQ: the child must not see it.
@@ -307,7 +307,7 @@ fn in_a_forked_child_inherited_handles_are_error_forked_and_drops_destroy_nothin
         50,
         "the completion stayed the parent's"
     );
-    p.a.mr.as_mut_slice()[..64].fill(0x22);
+    p.a.mr.bytes_mut()[..64].fill(0x22);
     let src = p.a.mr.sge(0, 64).unwrap();
     send_and_check(&mut p, 2, src, 0x22);
     assert_idle(&mut p.a.cq);

@@ -14,7 +14,7 @@ fn stub_context() -> (Context, HookLog) {
     let devices = uverbs::devices().unwrap();
     let device = devices
         .iter()
-        .find(|d| name.as_deref().map_or(true, |n| d.name == n))
+        .find(|d| name.as_deref().is_none_or(|n| d.name == n))
         .expect("an RDMA device: run with `cargo xtask test`");
     let log = HookLog::default();
     let ctx = Context::open_with(device, &Stub::new(device, log.clone())).unwrap();

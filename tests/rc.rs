@@ -53,7 +53,7 @@ fn hundred_thousand_sends_complete_exactly_once() {
         // Keep WINDOW sends in flight, never more than the receives posted.
         while sent < TOTAL && sent - send_done < WINDOW && sent < recv_done + RECV_DEPTH {
             let off = (sent % WINDOW) as usize * MSG;
-            fill(&mut p.a.mr.as_mut_slice()[off..off + MSG], sent);
+            fill(&mut p.a.mr.bytes_mut()[off..off + MSG], sent);
             let sge = p.a.mr.sge(off, MSG as u32).unwrap();
             // SAFETY: the slot is rewritten only after this send's completion.
             unsafe { p.a.qp.post_send(&[SendWr::new(sent, SendOp::Send, &[sge])]) }.expect("post_send");
@@ -77,7 +77,7 @@ fn hundred_thousand_sends_complete_exactly_once() {
             );
             assert_eq!(c.wr_id, recv_done, "receives complete in order, once each");
             let off = recv_base + (c.wr_id % RECV_DEPTH) as usize * MSG;
-            check(&p.b.mr.as_slice()[off..off + MSG], c.wr_id);
+            check(&p.b.mr.bytes()[off..off + MSG], c.wr_id);
             recv_done += 1;
         }
         for _ in 0..n {
@@ -106,7 +106,7 @@ fn send_with_imm_carries_flag_and_value() {
     let rsge = p.b.mr.sge(0, 32).unwrap();
     // SAFETY: buffers untouched until completion.
     unsafe { p.b.qp.post_recv(&[RecvWr::new(7, &[rsge])]) }.unwrap();
-    p.a.mr.as_mut_slice()[..16].copy_from_slice(b"immediate hello!");
+    p.a.mr.bytes_mut()[..16].copy_from_slice(b"immediate hello!");
     let sge = p.a.mr.sge(0, 16).unwrap();
     let sges = [sge];
     let wr = SendWr::new(1, SendOp::SendWithImm { imm: 0xdead_beef }, &sges);
@@ -127,7 +127,7 @@ fn send_with_imm_carries_flag_and_value() {
         "host order in the request, network order in the completion's raw field"
     );
     assert_eq!(r.imm(), Some(0xdead_beef));
-    assert_eq!(&p.b.mr.as_slice()[..16], b"immediate hello!");
+    assert_eq!(&p.b.mr.bytes()[..16], b"immediate hello!");
 }
 
 #[test]
@@ -140,7 +140,7 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
     let (w, wi, rd) = (remote(4096), remote(8192), remote(12288));
 
     // RDMA write: 1000 bytes into B at 4096; B sees no completion.
-    for (i, b) in p.a.mr.as_mut_slice()[..1000].iter_mut().enumerate() {
+    for (i, b) in p.a.mr.bytes_mut()[..1000].iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
     let sge = p.a.mr.sge(0, 1000).unwrap();
@@ -150,13 +150,13 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
         (c.status, c.opcode, c.wr_id, c.byte_len),
         (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE, 10, sent_byte_len(&p.ctx, 1000))
     );
-    assert_eq!(&p.b.mr.as_slice()[4096..5096], &p.a.mr.as_slice()[..1000]);
+    assert_eq!(&p.b.mr.bytes()[4096..5096], &p.a.mr.bytes()[..1000]);
     assert_idle(&mut p.b.cq);
 
     // Write with immediate: consumes a receive at B, which reports RECV_RDMA_WITH_IMM.
     let rsge = p.b.mr.sge(0, 0).unwrap();
     unsafe { p.b.qp.post_recv(&[RecvWr::new(77, &[rsge])]) }.unwrap();
-    p.a.mr.as_mut_slice()[2000..2100].fill(0x5a);
+    p.a.mr.bytes_mut()[2000..2100].fill(0x5a);
     let sge = p.a.mr.sge(2000, 100).unwrap();
     let sges = [sge];
     let wr = SendWr::new(11, SendOp::RdmaWriteWithImm(wi, 42), &sges);
@@ -172,10 +172,10 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
         (WcStatus::SUCCESS, WcOpcode::RECV_RDMA_WITH_IMM, 77, 100)
     );
     assert_eq!(r.imm(), Some(42));
-    assert!(p.b.mr.as_slice()[8192..8292].iter().all(|&b| b == 0x5a));
+    assert!(p.b.mr.bytes()[8192..8292].iter().all(|&b| b == 0x5a));
 
     // Read: B's bytes at 12288 land in A at 3000.
-    for (i, b) in p.b.mr.as_mut_slice()[12288..12288 + 777].iter_mut().enumerate() {
+    for (i, b) in p.b.mr.bytes_mut()[12288..12288 + 777].iter_mut().enumerate() {
         *b = (i * 7 % 256) as u8;
     }
     let sge = p.a.mr.sge(3000, 777).unwrap();
@@ -185,7 +185,7 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
         (c.status, c.opcode, c.wr_id, c.byte_len),
         (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 12, 777)
     );
-    assert_eq!(&p.a.mr.as_slice()[3000..3777], &p.b.mr.as_slice()[12288..12288 + 777]);
+    assert_eq!(&p.a.mr.bytes()[3000..3777], &p.b.mr.bytes()[12288..12288 + 777]);
 }
 
 #[test]
@@ -282,7 +282,7 @@ fn inline_sends_arrive_and_free_the_buffer_at_once() {
         assert_eq!((c.status, c.byte_len), (WcStatus::SUCCESS, 64), "{c:?}");
         let off = c.wr_id as usize * 128;
         assert!(
-            p.b.mr.as_slice()[off..off + 64].iter().all(|&b| b == c.wr_id as u8 + 1),
+            p.b.mr.bytes()[off..off + 64].iter().all(|&b| b == c.wr_id as u8 + 1),
             "message {}",
             c.wr_id
         );

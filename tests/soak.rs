@@ -145,7 +145,7 @@ struct Incoming {
 
 struct QpRun {
     qp: Qp,
-    mr: Mr,
+    mr: RemoteMr,
     mem: Mem,
     rng: Rng,
     posted: u64,
@@ -529,7 +529,7 @@ fn mixed_work_requests_complete_exactly_once_with_verified_payloads() {
                 max_inline_data: MAX_INLINE,
             };
             let qp = pd.create_qp(&init).unwrap();
-            let mr = pd.alloc_mr(MR_LEN, access).unwrap();
+            let mr = pd.alloc_remote_mr(MR_LEN, access).unwrap();
             let mem = Mem {
                 base: mr.addr() as *mut u8,
             };

@@ -179,7 +179,7 @@ fn cq_shared_behind_a_lock() {
     let path = loopback_path(&ctx);
     let cq = Arc::new(Mutex::new(ctx.create_cq(1024).unwrap()));
     let mr = pd
-        .alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .alloc_remote_mr(1 << 16, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     let seen: Arc<Vec<AtomicU8>> = Arc::new((0..SENDERS as u64 * EACH).map(|_| AtomicU8::new(0)).collect());
     // Each thread's QP is connected to itself and RDMA-writes into the shared MR.

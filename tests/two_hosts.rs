@@ -77,7 +77,7 @@ struct Host {
     gid: Gid,
     pd: Pd,
     cq: Cq,
-    mr: Mr,
+    mr: RemoteMr,
 }
 
 fn host(name: &str) -> Host {
@@ -93,7 +93,7 @@ fn host(name: &str) -> Host {
     let cq = ctx.create_cq(1024).unwrap();
     let access =
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    let mr = pd.alloc_mr(1 << 20, access).unwrap();
+    let mr = pd.alloc_remote_mr(1 << 20, access).unwrap();
     Host {
         _ctx: ctx,
         gid,
@@ -145,8 +145,8 @@ fn rc_sends_rdma_and_atomics_cross_the_wire() {
     while got < N {
         while sent < N && sent < got + DEPTH / 2 {
             let off = (sent % DEPTH) as usize * 512;
-            a.mr.as_mut_slice()[off..off + 512].fill(sent as u8);
-            a.mr.as_mut_slice()[off..off + 8].copy_from_slice(&sent.to_le_bytes());
+            a.mr.bytes_mut()[off..off + 512].fill(sent as u8);
+            a.mr.bytes_mut()[off..off + 8].copy_from_slice(&sent.to_le_bytes());
             let sge = [a.mr.sge(off, 512).unwrap()];
             unsafe { qa.post_send(&[SendWr::new(sent, SendOp::Send, &sge)]) }.unwrap();
             sent += 1;
@@ -161,7 +161,7 @@ fn rc_sends_rdma_and_atomics_cross_the_wire() {
                 "{c:?}"
             );
             let off = (c.wr_id % DEPTH) as usize * 512;
-            let buf = &b.mr.as_slice()[off..off + 512];
+            let buf = &b.mr.bytes()[off..off + 512];
             assert_eq!(u64::from_le_bytes(buf[..8].try_into().unwrap()), c.wr_id);
             assert!(buf[8..].iter().all(|&x| x == c.wr_id as u8));
             got += 1;
@@ -179,7 +179,7 @@ fn rc_sends_rdma_and_atomics_cross_the_wire() {
         addr: b.mr.addr() + 600_000,
         rkey: b.mr.rkey(),
     };
-    a.mr.as_mut_slice()[..4096]
+    a.mr.bytes_mut()[..4096]
         .iter_mut()
         .enumerate()
         .for_each(|(i, x)| *x = (i * 13) as u8);
@@ -204,10 +204,10 @@ fn rc_sends_rdma_and_atomics_cross_the_wire() {
     unsafe { qa.post_send(&ops) }.unwrap();
     let done = poll_n(&mut a.cq, 3, 4);
     assert!(done.iter().all(WorkCompletion::is_success), "{done:?}");
-    assert_eq!(&a.mr.as_slice()[8192..12288], &a.mr.as_slice()[..4096]);
-    assert_eq!(&b.mr.as_slice()[600_000..604_096], &a.mr.as_slice()[..4096]);
+    assert_eq!(&a.mr.bytes()[8192..12288], &a.mr.bytes()[..4096]);
+    assert_eq!(&b.mr.bytes()[600_000..604_096], &a.mr.bytes()[..4096]);
     assert_eq!(
-        u64::from_ne_bytes(b.mr.as_slice()[700_000..700_008].try_into().unwrap()),
+        u64::from_ne_bytes(b.mr.bytes()[700_000..700_008].try_into().unwrap()),
         5
     );
 
@@ -241,7 +241,7 @@ fn ud_datagrams_cross_the_wire() {
     for i in 0..50u64 {
         let sge = b.mr.sge(i as usize * 1024, 1024).unwrap();
         unsafe { qb.post_recv(&[RecvWr::new(i, &[sge])]) }.unwrap();
-        a.mr.as_mut_slice()[..256].fill(i as u8);
+        a.mr.bytes_mut()[..256].fill(i as u8);
         let src = [a.mr.sge(0, 256).unwrap()];
         let dest = ah.ud_dest(qb.qpn(), QKEY);
         unsafe { qa.post_send(&[SendWr::new(i, SendOp::Send, &src).to(dest)]) }.unwrap();
@@ -252,7 +252,7 @@ fn ud_datagrams_cross_the_wire() {
             (WcStatus::SUCCESS, i, 40 + 256, qa.qpn()),
             "{c:?}"
         );
-        let buf = &b.mr.as_slice()[i as usize * 1024..][..40 + 256];
+        let buf = &b.mr.bytes()[i as usize * 1024..][..40 + 256];
         assert_eq!(&buf[32..36], &[169, 254, 30, 1], "IPv4 source address in the GRH area");
         assert!(buf[40..].iter().all(|&x| x == i as u8));
     }

@@ -17,7 +17,7 @@ fn uc_send_and_write_arrive() {
         unsafe { p.b.qp.post_recv(&[RecvWr::new(i, &[sge])]) }.unwrap();
     }
     for i in 0..8u64 {
-        p.a.mr.as_mut_slice()[i as usize * 100..][..100].fill(0x40 + i as u8);
+        p.a.mr.bytes_mut()[i as usize * 100..][..100].fill(0x40 + i as u8);
         let sge = [p.a.mr.sge(i as usize * 100, 100).unwrap()];
         unsafe { p.a.qp.post_send(&[SendWr::new(i, SendOp::Send, &sge)]) }.unwrap();
     }
@@ -30,12 +30,12 @@ fn uc_send_and_write_arrive() {
             (WcStatus::SUCCESS, WcOpcode::RECV, 100),
             "{c:?}"
         );
-        assert!(p.b.mr.as_slice()[c.wr_id as usize * 256..][..100]
+        assert!(p.b.mr.bytes()[c.wr_id as usize * 256..][..100]
             .iter()
             .all(|&b| b == 0x40 + c.wr_id as u8));
     }
     // RDMA write, and write with immediate.
-    p.a.mr.as_mut_slice()[..512].fill(0x77);
+    p.a.mr.bytes_mut()[..512].fill(0x77);
     let sge = [p.a.mr.sge(0, 512).unwrap()];
     let remote = Remote {
         addr: p.b.mr.addr() + 8192,
@@ -64,8 +64,8 @@ fn uc_send_and_write_arrive() {
         (r.wr_id, r.opcode, r.imm()),
         (21, WcOpcode::RECV_RDMA_WITH_IMM, Some(5))
     );
-    assert!(p.b.mr.as_slice()[8192..8192 + 512].iter().all(|&b| b == 0x77));
-    assert!(p.b.mr.as_slice()[16384..16384 + 512].iter().all(|&b| b == 0x77));
+    assert!(p.b.mr.bytes()[8192..8192 + 512].iter().all(|&b| b == 0x77));
+    assert!(p.b.mr.bytes()[16384..16384 + 512].iter().all(|&b| b == 0x77));
 }
 
 #[test]

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
-//! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, pingpong,
-//! rate), `--device NAME`, `--gid-index N`,
+//! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, post_built
+//! and post_safe (Rust only), pingpong, rate), `--device NAME`, `--gid-index N`,
 //! `--cq-depth N` (default 8192), `--callgrind` (few rounds, and callgrind client requests around each measured
 //! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
 //! With `UVERBS_REPLAY_TRACE` set, the replayed drain also writes a line to stderr as each
@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use uverbs::{
-    AccessFlags, AhAttr, Context, Cq, Gid, GlobalRoute, Mr, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote,
+    AccessFlags, AhAttr, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote, RemoteMr,
     SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
@@ -56,7 +56,7 @@ struct Opts {
 
 impl Opts {
     fn wanted(&self, w: &str) -> bool {
-        self.only.as_ref().map_or(true, |o| o.iter().any(|x| x == w))
+        self.only.as_ref().is_none_or(|o| o.iter().any(|x| x == w))
     }
 
     /// One result line: the per-round values, and their median, min and max.
@@ -146,12 +146,12 @@ mod callgrind {
 struct Side {
     qp: Qp,
     cq: Cq,
-    mr: Mr,
+    mr: RemoteMr,
 }
 
 struct Pair {
     _ctx: Context,
-    _pd: Pd,
+    pd: Pd,
     a: Side,
     b: Side,
 }
@@ -171,7 +171,7 @@ fn make_side(ctx: &Context, pd: &Pd, cq_depth: u32) -> uverbs::Result<Side> {
         max_inline_data: 64,
     };
     let qp = pd.create_qp(&init)?;
-    let mr = pd.alloc_mr(MR_LEN, access())?;
+    let mr = pd.alloc_remote_mr(MR_LEN, access())?;
     Ok(Side { qp, cq, mr })
 }
 
@@ -201,12 +201,7 @@ impl Pair {
         let (aq, bq) = (a.qp.qpn(), b.qp.qpn());
         connect(&mut a.qp, &gid, bq)?;
         connect(&mut b.qp, &gid, aq)?;
-        Ok(Self {
-            _ctx: ctx,
-            _pd: pd,
-            a,
-            b,
-        })
+        Ok(Self { _ctx: ctx, pd, a, b })
     }
 }
 
@@ -491,6 +486,103 @@ fn bench_post(o: &Opts, p: &mut Pair, list: usize) {
     o.report("post", list, v);
 }
 
+/// 3a. `post_send` of one request per call, the request built in the loop as a caller who
+/// does not keep a prepared list would (Rust only: the raw baseline for the safe post below).
+fn bench_post_built(o: &Opts, p: &mut Pair) {
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let sge = [p.a.mr.sge(0, 8).expect("in the MR")];
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    for r in -1..rounds as isize {
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        for i in 0..k {
+            let flags = if i == k - 1 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            let wr = SendWr::new(i as u64, SendOp::RdmaWrite(remote), &sge).set_flags(flags);
+            // SAFETY: both MRs outlive the requests; nothing reads the target bytes.
+            unsafe { p.a.qp.post_send(&[wr]) }.unwrap_or_else(|e| fail(&format!("post_send: {e}")));
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off("post_built", 1, k);
+        }
+        wait_completions(&mut p.a.cq, 1);
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report("post_built", 1, v);
+}
+
+/// 3b. The same single posts through the safe API (`Qp::send_buf_with`, each 8-byte buffer
+/// moved into the QP and reclaimed after the round, untimed): Rust only, the safe path's cost
+/// beside the raw `post` 1 and `post_built` above.
+fn bench_post_safe(o: &Opts, p: &mut Pair) {
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    let region =
+        p.pd.alloc_mr(k * 8, AccessFlags::LOCAL_WRITE)
+            .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
+    let mut bufs = region.into_bufs(8).unwrap_or_else(|e| fail(&format!("into_bufs: {e}")));
+    let mut wc = [WorkCompletion::default(); 4];
+    for r in -1..rounds as isize {
+        // In posting order: the last one signaled.
+        let mut posting = std::mem::take(&mut bufs).into_iter();
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        for i in 0..k {
+            let buf = posting.next().unwrap_or_else(|| fail("a buffer per request"));
+            let flags = if i == k - 1 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            p.a.qp
+                .send_buf_with(SendOp::RdmaWrite(remote), buf, flags, None)
+                .unwrap_or_else(|e| fail(&format!("send_buf: {e}")));
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off("post_safe", 1, k);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while bufs.len() < k {
+            for c in p.a.cq.reap(&mut wc).iter() {
+                if c.status != WcStatus::SUCCESS {
+                    fail(&format!("completion {}: {:?}", c.wr_id, c.status));
+                }
+                while let Some(buf) = p.a.qp.reclaim(c) {
+                    bufs.push(buf);
+                }
+            }
+            if Instant::now() > deadline {
+                fail("post_safe: the buffers did not come back");
+            }
+        }
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report("post_safe", 1, v);
+}
+
 fn post_recv(s: &mut Side, id: u64) {
     let off = MR_LEN / 2 + (id % RECV_DEPTH) as usize * MSG as usize;
     let sge = [s.mr.sge(off, MSG).expect("in the MR")];
@@ -675,7 +767,7 @@ fn main() -> ExitCode {
             ))
         })
     };
-    if o.wanted("drain") || o.wanted("empty") || o.wanted("post") {
+    if o.wanted("drain") || o.wanted("empty") || o.wanted("post") || o.wanted("post_built") || o.wanted("post_safe") {
         let mut p = open();
         if o.wanted("drain") {
             for batch in DRAIN_BATCHES {
@@ -688,6 +780,12 @@ fn main() -> ExitCode {
         if o.wanted("post") {
             bench_post(&o, &mut p, 1);
             bench_post(&o, &mut p, 32);
+        }
+        if o.wanted("post_built") {
+            bench_post_built(&o, &mut p);
+        }
+        if o.wanted("post_safe") {
+            bench_post_safe(&o, &mut p);
         }
     }
     if o.wanted("inplace") {

@@ -148,7 +148,7 @@ impl Ctx {
             uars,
             bf_reg_size: resp.bf_reg_size,
             bf_buf_size: if uncached { 0 } else { resp.bf_reg_size as usize / 2 },
-            prefer_bf: std::env::var_os("MLX5_POST_SEND_PREFER_BF").map_or(true, |v| v != "0"),
+            prefer_bf: std::env::var_os("MLX5_POST_SEND_PREFER_BF").is_none_or(|v| v != "0"),
             num_uars_per_page: per_page,
             db_pages: Arc::new(DbPages::new(page_size)),
             uidx: UserIndices::default(),

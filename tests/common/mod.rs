@@ -123,7 +123,7 @@ pub struct Pair {
 pub struct End {
     pub qp: Qp,
     pub cq: Cq,
-    pub mr: Mr,
+    pub mr: RemoteMr,
 }
 
 /// Options for [`Pair::with`].
@@ -172,7 +172,7 @@ impl Pair {
             let mut init = QpInit::new(opts.qp_type, &cq, &cq);
             init.cap = opts.cap;
             let qp = pd.create_qp(&init).expect("create_qp");
-            let mr = pd.alloc_mr(opts.mr_len, opts.access).expect("alloc_mr");
+            let mr = pd.alloc_remote_mr(opts.mr_len, opts.access).expect("alloc_remote_mr");
             End { qp, cq, mr }
         };
         let (mut a, mut b) = (make(), make());
@@ -236,4 +236,25 @@ pub fn kernel_footprint() -> (usize, usize) {
         .filter(|l| l.contains("/dev/infiniband"))
         .count();
     (fds, maps)
+}
+
+/// Plain slices over a [`RemoteMr`] for tests.
+pub trait Bytes {
+    /// The region's bytes.
+    fn bytes(&self) -> &[u8];
+    /// The region's bytes, mutably.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl Bytes for RemoteMr {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the tests run one request flow at a time: they read bytes only after the
+        // completions of the requests that write them, and no peer writes while they look.
+        unsafe { self.as_slice() }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`: they fill buffers before posting the requests that read them.
+        unsafe { self.as_mut_slice() }
+    }
 }

@@ -400,6 +400,22 @@ fn rows(batches: &[i64]) -> Vec<Row> {
         None,
     ));
     v.push(row(
+        "post_built",
+        1,
+        "post_send, 1 WR per call, the request built in the loop (+ doorbell), Rust only".into(),
+        "ns/WR",
+        None,
+        None,
+    ));
+    v.push(row(
+        "post_safe",
+        1,
+        "safe post (`Qp::send_buf_with`: the buffer moves into the QP), 1 WR per call (+ doorbell), Rust only".into(),
+        "ns/WR",
+        None,
+        None,
+    ));
+    v.push(row(
         "post",
         32,
         "post_send, lists of 32 WRs (+ doorbell)".into(),
@@ -448,6 +464,31 @@ fn rows(batches: &[i64]) -> Vec<Row> {
         None,
     ));
     v
+}
+
+/// How many instructions the safe post adds to the raw one, per work request (issue 19's
+/// budget: at most 5), when callgrind counted them: against the raw post of a prepared request
+/// (`post` 1) and of one built in the loop (`post_built`).
+fn safe_post_line(ir: &BTreeMap<Key, f64>) -> String {
+    let get = |w: &str| ir.get(&(w.to_string(), 1, "rust".to_string())).copied();
+    let Some(safe) = get("post_safe") else {
+        return String::new();
+    };
+    let mut md = String::new();
+    for (raw, what) in [
+        ("post", "a prepared request"),
+        ("post_built", "a request built per call"),
+    ] {
+        if let Some(r) = get(raw) {
+            let extra = safe - r;
+            let _ = writeln!(
+                md,
+                "\nSafe post over the raw post of {what}, 1 WR per call: {safe:.1} − {r:.1} = {extra:+.1} instructions per WR (budget ≤ 5: {}).",
+                if extra <= 5.0 { "met" } else { "not met" }
+            );
+        }
+    }
+    md
 }
 
 /// The replayed drain's batch sizes (the harnesses' REPLAY_BATCHES).
@@ -624,6 +665,7 @@ fn summarize(raw: &Path) -> Result<Summary> {
          for the perftest message rates a ratio above 1 is better. Ir/op are callgrind instruction \
          counts of the measured region only, divided by the operations in it."
     );
+    md.push_str(&safe_post_line(&ir));
     md.push_str(&replay_table(&samples));
     let mut csv = String::from("batch,impl,ns,ir\n");
     for &b in &batches {
@@ -673,6 +715,19 @@ mod tests {
         assert!(line.ends_with("| yes |"), "{line}");
         assert_eq!(s.csv, "batch,impl,ns,ir\n16,c,40.000,25.00\n16,rust,20.000,10.00\n");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn safe_post_is_compared_with_the_raw_post() {
+        let key = |w: &str| (w.to_string(), 1, "rust".to_string());
+        let mut ir = BTreeMap::new();
+        assert_eq!(safe_post_line(&ir), "");
+        ir.insert(key("post"), 187.6);
+        ir.insert(key("post_safe"), 191.6);
+        assert!(safe_post_line(&ir)
+            .contains("prepared request, 1 WR per call: 191.6 − 187.6 = +4.0 instructions per WR (budget ≤ 5: met)"));
+        ir.insert(key("post_safe"), 193.0);
+        assert!(safe_post_line(&ir).contains("(budget ≤ 5: not met)"));
     }
 
     #[test]

@@ -84,6 +84,7 @@ mod kernel;
 mod mlx5;
 mod mlx5_diff;
 mod models;
+mod msrv;
 mod packages;
 mod proc;
 mod qemu;
@@ -111,6 +112,7 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider
        cargo xtask bench --emulator          QEMU's soft-TLB flushes during the replayed drain
        cargo xtask loom|miri|fuzz [secs]     the rxe rings under loom, miri, libFuzzer
+       cargo xtask msrv                      the declared rust-version against dependencies and std APIs
 (environment knobs: see the doc comment of xtask/src/main.rs)";
 
 fn main() -> ExitCode {
@@ -142,6 +144,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         "demo" => demo(),
         "loom" | "miri" | "fuzz" => models::run(cmd, rest),
         "bench" => bench::run(rest),
+        "msrv" => msrv::check().map(|()| ExitCode::SUCCESS),
         "help" | "-h" | "--help" => {
             say!("{USAGE}");
             Ok(ExitCode::SUCCESS)

@@ -60,6 +60,10 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         Ok(chain) => host_steps.push(chain),
         Err(e) => failures.push(format!("host: fuzz: {e}")),
     }
+    // The declared rust-version, as far as this toolchain can check it (xtask/src/msrv.rs).
+    if let Err(e) = crate::msrv::check() {
+        failures.push(format!("host: msrv: {e}"));
+    }
     for chain in host_steps {
         for mut c in chain {
             note!("xtask: host: {}", proc::describe(&c));

@@ -1,0 +1,184 @@
+//! The buffers one of a QP's queues holds for the safe posts (`crate::owned`), oldest
+//! first, with the ids of their requests: ids grow with every post, in blocks handed out
+//! once each in the process, so no two requests ever share one.
+
+use crate::error::WrReject;
+use crate::mr::Buf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Set in every id given to a request here; a raw post must not use such `wr_id`s on a QP
+/// with buffers posted here (see `Qp::post_send`).
+const SAFE_ID: u64 = 1 << 63;
+/// Set in the ids of receive requests.
+const RECV_ID: u64 = 1 << 62;
+/// Ids come in blocks of 2^32, handed out once each in the process.
+const BLOCK_BITS: u32 = 32;
+const MAX_BLOCKS: u64 = 1 << (62 - BLOCK_BITS);
+static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+
+/// The buffers one of a QP's queues holds, oldest first. The ids of the requests it counts run
+/// without a gap from `oldest` to `next`, so request `id` sits in slot `id & mask`: a slot is
+/// empty for a request that holds no buffer (an inline send). A new block of ids starts only
+/// while nothing is held, which keeps the run gapless.
+pub(crate) struct Held {
+    slots: Box<[Option<Buf>]>,
+    /// `slots.len() - 1` (the length is a power of two, or 0).
+    mask: usize,
+    /// The next request's id; the oldest one still counted (`next` when none is).
+    next: u64,
+    oldest: u64,
+    /// The end of the block `next` comes from.
+    end: u64,
+    /// Requests that may be taken before the slow path: the smaller of the free slots and the
+    /// ids left in the block.
+    room: u64,
+    /// [`SAFE_ID`], and [`RECV_ID`] for a receive queue.
+    kind: u64,
+}
+
+impl Held {
+    /// Room for `depth` requests (rounded up to a power of two).
+    pub(crate) fn new(depth: u32, recv: bool) -> Self {
+        let cap = if depth == 0 {
+            0
+        } else {
+            depth.next_power_of_two() as usize
+        };
+        Self {
+            slots: (0..cap).map(|_| None).collect(),
+            mask: cap.saturating_sub(1),
+            next: 0,
+            oldest: 0,
+            end: 0,
+            room: 0,
+            kind: SAFE_ID | if recv { RECV_ID } else { 0 },
+        }
+    }
+
+    /// Takes `buf` for request `self.next` (returned), if there is room; the post then calls
+    /// `commit`, or `unclaim` if the provider refused it.
+    #[inline]
+    pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<u64, (WrReject, Buf)> {
+        if self.room == 0 {
+            if let Err(e) = self.make_room() {
+                return Err((e, buf));
+            }
+        }
+        let at = self.next as usize & self.mask;
+        // The slot is free (its last request was released): nothing to drop.
+        std::mem::forget(self.slots[at].replace(buf));
+        Ok(self.next)
+    }
+
+    #[inline]
+    pub(crate) fn commit(&mut self) {
+        self.next += 1;
+        self.room -= 1;
+    }
+
+    pub(crate) fn unclaim(&mut self) -> Buf {
+        let at = self.next as usize & self.mask;
+        self.slots[at].take().expect("claimed just before")
+    }
+
+    /// The id for a request that holds no buffer (an inline send): counted like the others,
+    /// its slot left empty.
+    #[inline]
+    pub(crate) fn bare_id(&mut self) -> std::result::Result<u64, WrReject> {
+        if self.room == 0 {
+            self.make_room()?;
+        }
+        let id = self.next;
+        self.commit();
+        Ok(id)
+    }
+
+    /// Recomputes `room`, starting a new block of ids when the current one is used up and
+    /// nothing is held; `QueueFull` when there is none.
+    #[cold]
+    fn make_room(&mut self) -> std::result::Result<(), WrReject> {
+        if self.next == self.end && self.next == self.oldest {
+            let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
+            if block >= MAX_BLOCKS {
+                // 2^30 blocks of 2^32 requests each: never in practice, but never reused.
+                return Err(WrReject::QueueFull);
+            }
+            self.next = self.kind | block << BLOCK_BITS;
+            self.oldest = self.next;
+            self.end = self.next + (1 << BLOCK_BITS);
+        }
+        self.update_room();
+        if self.room == 0 {
+            return Err(WrReject::QueueFull);
+        }
+        Ok(())
+    }
+
+    fn update_room(&mut self) {
+        let free = self.slots.len() as u64 - (self.next - self.oldest);
+        self.room = free.min(self.end - self.next);
+    }
+
+    /// How many requests it still counts (holding a buffer or not).
+    pub(crate) fn len(&self) -> usize {
+        (self.next - self.oldest) as usize
+    }
+
+    /// Whether this is a receive queue's.
+    pub(crate) fn is_recv(&self) -> bool {
+        self.kind & RECV_ID != 0
+    }
+
+    /// Whether `id` is one of this queue's (possibly already given back).
+    pub(crate) fn owns(&self, id: u64) -> bool {
+        id & (SAFE_ID | RECV_ID) == self.kind
+    }
+
+    /// The oldest held buffer, with its request's id, if that request is `id` or an earlier
+    /// one; requests before it that hold no buffer are let go on the way.
+    pub(crate) fn release(&mut self, id: u64) -> Option<(u64, Buf)> {
+        while self.oldest < self.next && self.oldest <= id {
+            let at = self.oldest as usize & self.mask;
+            let held = self.oldest;
+            self.oldest += 1;
+            self.update_room();
+            if let Some(buf) = self.slots[at].take() {
+                return Some((held, buf));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_run_gapless_and_a_completion_releases_everything_up_to_it() {
+        let mut h = Held::new(3, false); // rounded up to 4
+        let ids: Vec<u64> = (0..4).map(|_| h.bare_id().unwrap()).collect();
+        assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+        assert!(ids.iter().all(|&id| h.owns(id)) && !h.is_recv());
+        assert_eq!(h.bare_id(), Err(WrReject::QueueFull), "four counted, room for four");
+        assert_eq!(h.len(), 4);
+        // A completion for the third request lets the first three go (they hold no buffer).
+        assert!(h.release(ids[2]).is_none());
+        assert_eq!(h.len(), 1);
+        // An old id releases nothing more; ids of another queue are not this one's.
+        assert!(h.release(ids[0]).is_none());
+        assert_eq!(h.len(), 1);
+        let recv = Held::new(4, true);
+        assert!(!recv.owns(ids[0]) && recv.is_recv());
+        assert!(h.bare_id().unwrap() > ids[3]);
+    }
+
+    #[test]
+    fn every_queue_draws_ids_no_other_queue_ever_had() {
+        let (mut a, mut b) = (Held::new(4, false), Held::new(4, false));
+        let (x, y) = (a.bare_id().unwrap(), b.bare_id().unwrap());
+        assert_ne!(x >> BLOCK_BITS, y >> BLOCK_BITS, "different blocks");
+        let mut none = Held::new(0, true);
+        assert_eq!(none.bare_id(), Err(WrReject::QueueFull), "no slots (a QP on an SRQ)");
+    }
+}

@@ -1,0 +1,389 @@
+//! Posting without `unsafe`: the QP owns each request's local buffer from the post until the
+//! completion that gives it back.
+//!
+//! A [`Buf`] (a piece of an [`crate::Mr`], from [`crate::Mr::into_bufs`]) is *moved* into the
+//! QP by [`Qp::send_buf`] (sends, RDMA writes, reads and atomics) or [`Qp::recv_buf`], and
+//! comes back only from [`Qp::reclaim`], given a [`Completion`] reaped from the QP's own CQ by
+//! [`Cq::reap`]. Inline sends copy a `&[u8]` before returning ([`Qp::send_inline`]) and keep
+//! nothing. The unsafe [`Qp::post_send`] and [`Qp::post_recv`] stay for callers who manage
+//! buffers themselves.
+//!
+//! ```
+//! # fn f(qp: &mut uverbs::Qp, cq: &mut uverbs::Cq, mut buf: uverbs::Buf) -> Result<(), Box<dyn std::error::Error>> {
+//! use uverbs::{SendOp, WorkCompletion};
+//! buf.fill_from(b"hello")?;
+//! qp.send_buf(SendOp::Send, buf)?; // `buf` is the QP's now
+//! let mut wc = [WorkCompletion::default(); 16];
+//! for c in cq.reap(&mut wc).iter() {
+//!     c.result()?;
+//!     while let Some(buf) = qp.reclaim(c) {
+//!         // ours again: the device is done with it
+//! #       drop(buf);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Why it is sound
+//!
+//! The device touches a local buffer only while a work request naming it is outstanding, and
+//! only through the lkey of a region that is still registered. The rules:
+//!
+//! 1. **Only the holder reaches a `Buf`'s bytes.** `Buf`s of one region are disjoint, and their
+//!    region has no remote write or atomic access (an [`crate::Mr`] cannot; `into_bufs` checks
+//!    the flags), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
+//!    post took it by value, so the caller cannot read, write, reuse or drop it (the
+//!    `compile_fail` examples below).
+//! 2. **A `Buf` leaves the QP only once the device is done with it.** Each request gets an id
+//!    (its `wr_id`) that grows with every post on the QP's send queue (and another for its
+//!    receive queue); ids are unique in the process, never reused. A queue completes its
+//!    requests in the order they were posted (InfiniBand's rule, which unsignaled sends rely
+//!    on in every verbs library), so a completion for id `n` means every request of that
+//!    queue up to `n` is done, *whatever its status*: an error or flush completion ends a
+//!    request like a success. [`Qp::reclaim`] gives back the buffers of the requests up to `n`,
+//!    oldest first, and only for a [`Completion`]: a value only [`Cq::reap`] makes, from a
+//!    completion the device wrote into that CQ, which `reclaim` checks is the QP's send (or
+//!    receive) CQ, the QP's number, and an id of that queue. A forged `WorkCompletion` cannot
+//!    be turned into a `Completion`; an old one only names ids already given back; one of an
+//!    earlier QP with the same number names smaller ids than any this QP holds (a QP draws its
+//!    blocks of ids after it was created, so after the earlier one was destroyed). Raw posts
+//!    on the same QP keep bit 63 of their `wr_id`s clear (their `unsafe` contract), so their
+//!    completions give nothing back. A QP moved to RESET drops its queued requests; their
+//!    buffers come back with the next completion of that queue, or when the QP is destroyed.
+//! 3. **Lost completions lose no soundness.** After a CQ overrun the missing completions' buffers
+//!    come back with the next completion of the same queue (it implies the earlier ones);
+//!    if none comes, they stay in the QP. Unsignaled sends work the same way.
+//! 4. **Destroying the QP ends all device access** to its requests: `Qp`'s drop and
+//!    [`Qp::destroy`] drop the held `Buf`s only after DESTROY_QP succeeded. If the kernel
+//!    refused to destroy it, the buffers are leaked with the QP's rings, never freed.
+//! 5. **`mem::forget` is harmless.** Forgetting a `Qp` leaks the kernel QP and the `Buf`s it
+//!    holds (each keeps its region registered and mapped: the device may still write there,
+//!    and nothing else ever will). Forgetting a `Buf` leaks its share of the region. No guard
+//!    object exists whose destructor soundness depends on.
+//! 6. **A region outlives its buffers.** Each `Buf` holds the region; it is deregistered and
+//!    unmapped after the last one is dropped, and its mapping is leaked if DEREG_MR fails.
+//!
+//! A buffer cannot be reused or dropped while posted:
+//!
+//! ```compile_fail,E0382
+//! # fn f(qp: &mut uverbs::Qp, mut buf: uverbs::Buf) -> uverbs::Result<()> {
+//! qp.send_buf(uverbs::SendOp::Send, buf)?;
+//! buf.as_mut_slice()[0] = 1; // moved into the QP: E0382
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0382
+//! # fn f(qp: &mut uverbs::Qp, buf: uverbs::Buf) -> uverbs::Result<()> {
+//! qp.recv_buf(buf)?;
+//! drop(buf); // the QP holds it: E0382
+//! # Ok(()) }
+//! ```
+//!
+//! Nor can a completion be made up to get one back early:
+//!
+//! ```compile_fail
+//! # fn f(qp: &mut uverbs::Qp, wc: &uverbs::WorkCompletion) {
+//! let fake = uverbs::Completion { wc }; // private fields: no way to build one
+//! let _ = qp.reclaim(fake);
+//! # }
+//! ```
+//!
+//! Remotely writable memory is never a plain slice without `unsafe`:
+//!
+//! ```compile_fail,E0133
+//! # fn f(pd: &uverbs::Pd) -> uverbs::Result<()> {
+//! let mr = pd.alloc_remote_mr(4096, uverbs::AccessFlags::LOCAL_WRITE | uverbs::AccessFlags::REMOTE_WRITE)?;
+//! let bytes: &[u8] = mr.as_slice(); // unsafe: a peer may be writing them
+//! # Ok(()) }
+//! ```
+//!
+//! Nor split into `Buf`s, nor allocated as an `Mr`: both are refused at run time.
+
+use crate::attr::QpState;
+use crate::cq::Cq;
+use crate::error::{Error, Result, WrReject};
+use crate::mr::Buf;
+use crate::qp::Qp;
+use crate::wc::{WcStatus, WorkCompletion};
+use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge, UdDest};
+
+/// Completions just taken from a CQ by [`Cq::reap`]: the proof [`Qp::reclaim`] asks for.
+#[derive(Debug)]
+pub struct Reaped<'w> {
+    wcs: &'w [WorkCompletion],
+    cq: usize,
+}
+
+impl<'w> Reaped<'w> {
+    pub(crate) fn new(wcs: &'w [WorkCompletion], cq: usize) -> Self {
+        Self { wcs, cq }
+    }
+
+    /// How many completions were reaped.
+    pub fn len(&self) -> usize {
+        self.wcs.len()
+    }
+
+    /// Whether none was.
+    pub fn is_empty(&self) -> bool {
+        self.wcs.is_empty()
+    }
+
+    /// The completions, in the order the CQ delivered them.
+    pub fn iter(&self) -> impl Iterator<Item = Completion<'w>> + '_ {
+        self.wcs.iter().map(|wc| Completion { wc, cq: self.cq })
+    }
+}
+
+/// One completion reaped from a CQ; it reads as the [`WorkCompletion`] it is. Only
+/// [`Cq::reap`] makes these.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion<'w> {
+    wc: &'w WorkCompletion,
+    /// The CQ it came from (its shared state's address, alive while a QP on it lives).
+    cq: usize,
+}
+
+impl std::ops::Deref for Completion<'_> {
+    type Target = WorkCompletion;
+
+    fn deref(&self) -> &WorkCompletion {
+        self.wc
+    }
+}
+
+impl Cq {
+    /// Polls like [`Cq::poll`] into `wc` and returns what it got as [`Completion`]s, which
+    /// [`Qp::reclaim`] turns back into the buffers the requests were posted with.
+    #[inline]
+    pub fn reap<'w>(&mut self, wc: &'w mut [WorkCompletion]) -> Reaped<'w> {
+        let n = self.poll(wc);
+        Reaped::new(&wc[..n], self.identity())
+    }
+}
+
+/// A buffer the QP could not post, handed back with the reason.
+#[derive(Debug)]
+pub struct Refused {
+    /// Why.
+    pub error: Error,
+    /// The buffer, unposted.
+    pub buf: Buf,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for Refused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<Refused> for Error {
+    fn from(r: Refused) -> Self {
+        r.error
+    }
+}
+
+impl Qp {
+    /// Posts `op` with `buf` as its local buffer, signaled: the bytes `0..buf.len()` are
+    /// gathered for a send or write, or receive what a read or atomic fetches (8 bytes). The
+    /// QP holds `buf` until [`Qp::reclaim`] gives it back. On failure nothing was posted and
+    /// the buffer comes back in the [`Refused`].
+    #[inline]
+    pub fn send_buf(&mut self, op: SendOp, buf: Buf) -> std::result::Result<(), Refused> {
+        self.send_buf_with(op, buf, SendFlags::SIGNALED, None)
+    }
+
+    /// [`Qp::send_buf`] with `flags` (as given: without [`SendFlags::SIGNALED`] the buffer
+    /// comes back with a later signaled request's completion) and, on a UD QP, `dest`.
+    #[inline]
+    pub fn send_buf_with(
+        &mut self,
+        op: SendOp,
+        buf: Buf,
+        flags: SendFlags,
+        dest: Option<UdDest<'_>>,
+    ) -> std::result::Result<(), Refused> {
+        if let Err(error) = self.can_send() {
+            return Err(Refused { error, buf });
+        }
+        let sge = *buf.sge();
+        let id = match self.sends.claim(buf) {
+            Ok(id) => id,
+            Err((reason, buf)) => {
+                return Err(Refused {
+                    error: Error::WorkRequest {
+                        verb: "send_buf",
+                        index: 0,
+                        reason,
+                    },
+                    buf,
+                })
+            }
+        };
+        let wr = SendWr {
+            wr_id: id,
+            op,
+            sg_list: std::slice::from_ref(&sge),
+            flags,
+            ud: dest,
+        };
+        // SAFETY: the buffer stays in `self.sends` until `reclaim` sees a completion of this
+        // request or a later one from this QP's send CQ, or until the QP is destroyed: the
+        // device is done with it by then (the module docs). No one else holds it meanwhile.
+        match unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) } {
+            Ok(()) => {
+                self.sends.commit();
+                Ok(())
+            }
+            Err(error) => Err(Refused {
+                error,
+                buf: self.sends.unclaim(),
+            }),
+        }
+    }
+
+    /// Posts `op` (a send or RDMA write) with `data` copied into the request, signaled. The
+    /// QP must allow that much inline data (`QpCap::max_inline_data`). Nothing is held: its
+    /// completion only counts (and gives back older buffers, as any later completion does).
+    pub fn send_inline(&mut self, op: SendOp, data: &[u8]) -> Result<()> {
+        self.send_inline_with(op, data, SendFlags::SIGNALED, None)
+    }
+
+    /// [`Qp::send_inline`] with `flags` ([`SendFlags::INLINE`] is added) and a UD `dest`.
+    pub fn send_inline_with(
+        &mut self,
+        op: SendOp,
+        data: &[u8],
+        flags: SendFlags,
+        dest: Option<UdDest<'_>>,
+    ) -> Result<()> {
+        self.can_send()?;
+        let length = u32::try_from(data.len()).map_err(|_| Error::WorkRequest {
+            verb: "send_inline",
+            index: 0,
+            reason: WrReject::InlineTooLong {
+                given: data.len(),
+                max: self.cap().max_inline_data,
+            },
+        })?;
+        let sge = Sge {
+            addr: data.as_ptr() as u64,
+            length,
+            lkey: 0,
+        };
+        let mut wr = SendWr::new(0, op, std::slice::from_ref(&sge)).set_flags(flags | SendFlags::INLINE);
+        wr.ud = dest;
+        // Drawn only once the request is known to be well formed; a gap in the ids is harmless.
+        wr.wr_id = self.sends.bare_id().map_err(|reason| Error::WorkRequest {
+            verb: "send_inline",
+            index: 0,
+            reason,
+        })?;
+        // SAFETY: INLINE: the provider copies `data` into the queue before returning (and
+        // refuses operations the device would write into, checked by `SendList`).
+        unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) }
+    }
+
+    /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]
+    /// gives it back, its length set to the bytes received. Not for QPs on an SRQ.
+    pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
+        if let Err(error) = self.can_recv() {
+            return Err(Refused { error, buf });
+        }
+        buf.open_to_capacity();
+        let sge = *buf.sge();
+        let id = match self.recvs.claim(buf) {
+            Ok(id) => id,
+            Err((reason, buf)) => {
+                return Err(Refused {
+                    error: Error::WorkRequest {
+                        verb: "recv_buf",
+                        index: 0,
+                        reason,
+                    },
+                    buf,
+                })
+            }
+        };
+        let wr = RecvWr::new(id, std::slice::from_ref(&sge));
+        // SAFETY: as in `send_buf`, for the receive queue and its CQ.
+        match unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) } {
+            Ok(()) => {
+                self.recvs.commit();
+                Ok(())
+            }
+            Err(error) => Err(Refused {
+                error,
+                buf: self.recvs.unclaim(),
+            }),
+        }
+    }
+
+    /// The next buffer `c` gives back: if `c` is a completion of this QP's send queue (from
+    /// its send CQ) or receive queue (from its receive CQ), the oldest buffer the QP holds for
+    /// that queue, when its request was `c`'s or an earlier one (completed, since a queue
+    /// completes in order). Call until `None`: one completion may give back several buffers
+    /// (unsignaled requests before it, or requests whose completions a CQ overrun lost).
+    ///
+    /// A receive's buffer comes back with its length set to the bytes received
+    /// (`c.byte_len`); on an error status its contents are unspecified.
+    pub fn reclaim(&mut self, c: Completion<'_>) -> Option<Buf> {
+        if c.qp_num != self.qpn() {
+            return None;
+        }
+        let (send_cq, recv_cq) = (self.send_cq_identity(), self.recv_cq_identity());
+        let (held, cq) = if self.sends.owns(c.wr_id) {
+            (&mut self.sends, send_cq)
+        } else if self.recvs.owns(c.wr_id) {
+            (&mut self.recvs, recv_cq)
+        } else {
+            return None;
+        };
+        if cq != c.cq {
+            return None;
+        }
+        let (id, mut buf) = held.release(c.wr_id)?;
+        if id == c.wr_id && held.is_recv() && c.status == WcStatus::SUCCESS {
+            buf.received(c.byte_len);
+        }
+        Some(buf)
+    }
+
+    /// How many requests of the safe posts the send and receive queues still count: those
+    /// holding a buffer, and inline sends no completion has passed yet.
+    pub fn held_bufs(&self) -> (usize, usize) {
+        (self.sends.len(), self.recvs.len())
+    }
+
+    #[inline]
+    fn can_send(&self) -> Result<()> {
+        self.owner.check("post_send")?;
+        if self.state() < QpState::Rts {
+            return Err(Error::WorkRequest {
+                verb: "post_send",
+                index: 0,
+                reason: WrReject::WrongState(self.state()),
+            });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn can_recv(&self) -> Result<()> {
+        self.owner.check("post_recv")?;
+        if self.state() == QpState::Reset {
+            return Err(Error::WorkRequest {
+                verb: "post_recv",
+                index: 0,
+                reason: WrReject::WrongState(self.state()),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,179 @@
+//! `cargo xtask msrv` (also a host step of `cargo xtask test`): the `rust-version` that
+//! Cargo.toml declares for `uverbs`, checked as far as the one toolchain this machine has can
+//! check it, without compiling on that older Rust:
+//!
+//! 1. no library dependency (normal and build dependencies, every feature on, for Linux on
+//!    x86-64, as locked in Cargo.lock) declares a `rust-version` above it;
+//! 2. clippy's `incompatible_msrv` finds no standard-library item stabilized after it in the
+//!    library (every feature on).
+//!
+//! Language features newer than the declared version (syntax, lints, `#[expect]`) are *not*
+//! checked: only compiling with that toolchain would show them.
+
+use crate::error::{bail, Context, Result};
+use crate::proc;
+use crate::testrun::cargo;
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Deserialize)]
+struct Metadata {
+    packages: Vec<Package>,
+    resolve: Resolve,
+}
+
+#[derive(Deserialize)]
+struct Package {
+    id: String,
+    name: String,
+    version: String,
+    rust_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Resolve {
+    nodes: Vec<Node>,
+}
+
+#[derive(Deserialize)]
+struct Node {
+    id: String,
+    deps: Vec<NodeDep>,
+}
+
+#[derive(Deserialize)]
+struct NodeDep {
+    pkg: String,
+    dep_kinds: Vec<DepKind>,
+}
+
+#[derive(Deserialize)]
+struct DepKind {
+    /// `None` for a normal dependency, `"dev"` or `"build"`.
+    kind: Option<String>,
+}
+
+/// `1.80` or `1.80.1` as comparable numbers (a missing patch is 0).
+fn version(v: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = v.split('.').map(str::parse::<u32>);
+    let major = parts.next()?.ok()?;
+    let minor = parts.next().unwrap_or(Ok(0)).ok()?;
+    let patch = parts.next().unwrap_or(Ok(0)).ok()?;
+    Some((major, minor, patch))
+}
+
+/// The packages the library `root` pulls in (itself excluded) whose `rust-version` is above
+/// its own, as `name version (rust-version)`.
+fn newer_dependencies(meta: &Metadata, root: &str) -> Result<(String, Vec<String>)> {
+    let packages: BTreeMap<&str, &Package> = meta.packages.iter().map(|p| (p.id.as_str(), p)).collect();
+    let nodes: BTreeMap<&str, &Node> = meta.resolve.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+    let root_pkg = meta
+        .packages
+        .iter()
+        .find(|p| p.name == root)
+        .with_context(|| format!("no package `{root}` in cargo metadata"))?;
+    let declared = root_pkg
+        .rust_version
+        .clone()
+        .with_context(|| format!("`{root}` declares no rust-version"))?;
+    let msrv = version(&declared).with_context(|| format!("rust-version {declared}"))?;
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![root_pkg.id.as_str()];
+    let mut newer = Vec::new();
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        let Some(node) = nodes.get(id) else { continue };
+        for d in &node.deps {
+            if d.dep_kinds.iter().any(|k| k.kind.as_deref() != Some("dev")) {
+                todo.push(d.pkg.as_str());
+            }
+        }
+        let p = packages
+            .get(id)
+            .with_context(|| format!("package {id} not in cargo metadata"))?;
+        if let Some(rv) = &p.rust_version {
+            if id != root_pkg.id && version(rv).is_some_and(|v| v > msrv) {
+                newer.push(format!("{} {} (rust-version {rv})", p.name, p.version));
+            }
+        }
+    }
+    Ok((declared, newer))
+}
+
+/// Runs both checks.
+pub fn check() -> Result<()> {
+    let mut c = cargo();
+    c.args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--locked",
+        "--all-features",
+        "--filter-platform",
+        "x86_64-unknown-linux-gnu",
+    ]);
+    note!("xtask: {}", proc::describe(&c));
+    let out = c.output().context("running cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let meta: Metadata = serde_json::from_slice(&out.stdout).context("reading cargo metadata")?;
+    let (declared, newer) = newer_dependencies(&meta, "uverbs")?;
+    if !newer.is_empty() {
+        bail!(
+            "uverbs declares rust-version {declared}, but these dependencies need more: {}",
+            newer.join(", ")
+        );
+    }
+    note!("xtask: msrv: no dependency of uverbs needs more than rust-version {declared}");
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "-p",
+        "uverbs",
+        "--lib",
+        "--all-features",
+        "--",
+        "-A",
+        "clippy::all",
+        "-D",
+        "clippy::incompatible_msrv",
+    ]);
+    note!("xtask: {}", proc::describe(&clippy));
+    proc::check(&mut clippy).context("standard-library items newer than the declared rust-version")?;
+    note!("xtask: msrv: no standard-library item newer than {declared} (language features are not checked)");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_with_a_missing_patch_as_zero() {
+        assert_eq!(version("1.80"), Some((1, 80, 0)));
+        assert!(version("1.85").unwrap() > version("1.80.1").unwrap());
+        assert_eq!(version("x"), None);
+    }
+
+    #[test]
+    fn dependencies_newer_than_the_root_are_named_dev_ones_skipped() {
+        let meta: Metadata = serde_json::from_str(
+            r#"{"packages":[
+                {"id":"r","name":"root","version":"0.1.0","rust_version":"1.80"},
+                {"id":"a","name":"a","version":"1.0.0","rust_version":"1.85"},
+                {"id":"b","name":"b","version":"2.0.0","rust_version":"1.70"},
+                {"id":"d","name":"d","version":"3.0.0","rust_version":"1.95"}],
+             "resolve":{"nodes":[
+                {"id":"r","deps":[{"pkg":"b","dep_kinds":[{"kind":null}]},{"pkg":"d","dep_kinds":[{"kind":"dev"}]}]},
+                {"id":"b","deps":[{"pkg":"a","dep_kinds":[{"kind":"build"}]}]},
+                {"id":"a","deps":[]},{"id":"d","deps":[]}]}}"#,
+        )
+        .unwrap();
+        let (declared, newer) = newer_dependencies(&meta, "root").unwrap();
+        assert_eq!(declared, "1.80");
+        assert_eq!(newer, ["a 1.0.0 (rust-version 1.85)"]);
+    }
+}
