@@ -22,6 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
+#[cfg(any(test, feature = "test-support"))]
+pub mod hostile;
+
 /// Doorbell record words (`MLX5_CQ_SET_CI`, `MLX5_CQ_ARM_DB`).
 const SET_CI: usize = 0;
 const ARM_DB: usize = 1;

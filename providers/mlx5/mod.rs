@@ -14,6 +14,10 @@ mod mem;
 mod qp;
 mod wqe;
 
+/// The hostile-CQE harness, for `crate::testing`.
+#[cfg(any(test, feature = "test-support"))]
+pub use cq::hostile as hostile_cqes;
+
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result};
 use crate::provider::{
