@@ -230,6 +230,18 @@ struct WqeWriter<'a> {
 }
 
 impl WqeWriter<'_> {
+    /// Writes one segment at the current position, which is a whole number of segments
+    /// into the ring: a ring of whole basic blocks never ends inside it.
+    #[inline(always)]
+    fn seg(&mut self, seg: [u8; SEG]) {
+        debug_assert_eq!(self.pos % SEG, 0, "segments start on segment boundaries");
+        let at = self.pos & self.sq.mask & !(SEG - 1);
+        // SAFETY: `at` is a multiple of SEG below the ring's size, itself a multiple of SEG, so
+        // the segment lies inside the ring, which no Rust reference covers.
+        unsafe { self.sq.base.as_ptr().add(at).cast::<[u8; SEG]>().write_unaligned(seg) };
+        self.pos += SEG;
+    }
+
     /// Copies `bytes` to the ring at the current position.
     fn put(&mut self, bytes: &[u8]) {
         // SAFETY: the source is a slice the caller owns, readable for its length.
@@ -324,25 +336,25 @@ impl SendQueue {
             // The WQE carries immediate data in network order (`SendOp::imm_data`).
             SendOp::SendWithImm { imm } => (opcode::SEND_IMM, imm.to_be()),
             SendOp::RdmaWrite(r) => {
-                w.put(&wqe::raddr_seg(r.addr, r.rkey));
+                w.seg(wqe::raddr_seg(r.addr, r.rkey));
                 (opcode::RDMA_WRITE, 0)
             }
             SendOp::RdmaWriteWithImm(r, imm) => {
-                w.put(&wqe::raddr_seg(r.addr, r.rkey));
+                w.seg(wqe::raddr_seg(r.addr, r.rkey));
                 (opcode::RDMA_WRITE_IMM, imm.to_be())
             }
             SendOp::RdmaRead(r) => {
-                w.put(&wqe::raddr_seg(r.addr, r.rkey));
+                w.seg(wqe::raddr_seg(r.addr, r.rkey));
                 (opcode::RDMA_READ, 0)
             }
             SendOp::CompareSwap { remote, compare, swap } => {
-                w.put(&wqe::raddr_seg(remote.addr, remote.rkey));
-                w.put(&wqe::atomic_seg(swap, compare));
+                w.seg(wqe::raddr_seg(remote.addr, remote.rkey));
+                w.seg(wqe::atomic_seg(swap, compare));
                 (opcode::ATOMIC_CS, 0)
             }
             SendOp::FetchAdd { remote, add } => {
-                w.put(&wqe::raddr_seg(remote.addr, remote.rkey));
-                w.put(&wqe::atomic_seg(add, 0));
+                w.seg(wqe::raddr_seg(remote.addr, remote.rkey));
+                w.seg(wqe::atomic_seg(add, 0));
                 (opcode::ATOMIC_FA, 0)
             }
         };
@@ -358,10 +370,10 @@ impl SendQueue {
         } else if wr.op.is_atomic() {
             // The device writes exactly the 8-byte old value.
             let sge = wr.sg_list[0];
-            w.put(&wqe::data_seg(8, sge.lkey, sge.addr));
+            w.seg(wqe::data_seg(8, sge.lkey, sge.addr));
         } else {
             for sge in wr.sg_list.iter().filter(|s| s.length != 0) {
-                w.put(&wqe::data_seg(sge.length, sge.lkey, sge.addr));
+                w.seg(wqe::data_seg(sge.length, sge.lkey, sge.addr));
             }
         }
         let ds = (w.pos - start) / SEG;
@@ -386,7 +398,7 @@ impl SendQueue {
             imm,
         });
         let mut at_start = WqeWriter { sq: self, pos: start };
-        at_start.put(&ctrl);
+        at_start.seg(ctrl);
         self.last_ctrl.copy_from_slice(&ctrl[..8]);
         (ds * SEG).div_ceil(SEND_WQE_BB) as u32
     }

@@ -110,6 +110,7 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider
        cargo xtask bench --emulator          QEMU's soft-TLB flushes during the replayed drain
+       cargo xtask bench --mlx5              only the mlx5 provider against libmlx5, on the model
        cargo xtask loom|miri|fuzz [secs]     rxe rings, mlx5 CQ/QP under loom, miri, libFuzzer
 (environment knobs: see the doc comment of xtask/src/main.rs)";
 

@@ -16,7 +16,7 @@
 use super::super::cqe::{opcode, CQE_SIZE, OP_OWN};
 use super::super::mem::DbPages;
 use super::super::qp::QpShared;
-use super::{poll_ring, CqShared, CqState, Ring, SET_CI};
+use super::{poll_ring, CqShared, CqState, QpTable, Ring, SET_CI};
 use crate::wc::{WcStatus, WorkCompletion};
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
@@ -123,7 +123,7 @@ pub fn run(data: &[u8]) -> Stats {
         locked: AtomicBool::new(false),
         state: UnsafeCell::new(CqState {
             ring,
-            qps: HashMap::new(),
+            qps: QpTable::default(),
         }),
         db,
     };

@@ -190,11 +190,15 @@ impl<C: Cells> QpShared<C> {
         if head == tail {
             return Err(BadCqe::WqeCounter);
         }
-        let request = self.sq_request[i].get();
+        // Both tables have the same power-of-two length, so the masked index is inside both.
+        let (Some(request_at), Some(wr_id_at)) = (self.sq_request.get(i), self.sq_wrid.get(i)) else {
+            return Err(BadCqe::WqeCounter);
+        };
+        let request = request_at.get();
         if request.wrapping_sub(tail) >= head.wrapping_sub(tail) {
             return Err(BadCqe::WqeCounter);
         }
-        let wr_id = self.sq_wrid[i].get();
+        let wr_id = wr_id_at.get();
         self.poller.sq.store(request.wrapping_add(1), Ordering::Release);
         Ok(wr_id)
     }
