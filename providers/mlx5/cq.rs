@@ -15,7 +15,7 @@ use super::wqe::opcode as send_opcode;
 use super::{abi, Ctx};
 use crate::error::{Error, Result};
 use crate::provider::{CqRing, CreateCqCall, KernelCall, ReadyRun};
-use crate::wc::{WcFlags, WcOpcode, WorkCompletion};
+use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -334,14 +334,35 @@ fn requester_success(qps: &QpTable, entry: NonNull<u8>, op_own: u8, out: &mut Wo
     let Ok(wr_id) = qp.complete_send((be32(entry, 60) >> 16) as u16) else {
         return false;
     };
-    let mut wc = WorkCompletion::default();
-    wc.wr_id = wr_id;
-    wc.opcode = opcode;
-    wc.wc_flags = wc_flags;
-    wc.byte_len = byte_len;
-    wc.qp_num = sop_drop_qpn & 0xff_ffff;
-    *out = wc;
+    store_completion(
+        out,
+        [
+            wr_id,
+            pair(WcStatus::SUCCESS.0, opcode.0),
+            pair(0, byte_len),
+            pair(0, sop_drop_qpn & 0xff_ffff),
+            pair(0, wc_flags.bits()),
+            0,
+        ],
+    );
     true
+}
+
+/// Two adjacent 4-byte fields as one 8-byte word, `first` at the lower address.
+#[inline(always)]
+fn pair(first: u32, second: u32) -> u64 {
+    let (a, b) = (first.to_ne_bytes(), second.to_ne_bytes());
+    u64::from_ne_bytes([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]])
+}
+
+/// Stores a completion as its six 8-byte words (the compiler stores a struct field by field,
+/// zeros included): `wr_id`; `status`, `opcode`; `vendor_err`, `byte_len`; `imm_data`,
+/// `qp_num`; `src_qp`, `wc_flags`; the rest.
+#[inline(always)]
+fn store_completion(out: &mut WorkCompletion, words: [u64; 6]) {
+    // SAFETY: `out` is a whole, 8-aligned 48-byte `WorkCompletion` (`repr(C)`, its layout
+    // asserted in wc.rs), and every bit pattern is a valid one.
+    unsafe { std::ptr::from_mut(out).cast::<[u64; 6]>().write(words) };
 }
 
 /// The completion for one CQE: decoded, its `wr_id` from the QP's tables.

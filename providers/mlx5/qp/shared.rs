@@ -190,15 +190,14 @@ impl<C: Cells> QpShared<C> {
         if head == tail {
             return Err(BadCqe::WqeCounter);
         }
-        // Both tables have the same power-of-two length, so the masked index is inside both.
-        let (Some(request_at), Some(wr_id_at)) = (self.sq_request.get(i), self.sq_wrid.get(i)) else {
-            return Err(BadCqe::WqeCounter);
-        };
-        let request = request_at.get();
+        // SAFETY: `i` is masked by the length less one, and both tables have that length
+        // (at least 1: `new`).
+        let request = unsafe { self.sq_request.get_unchecked(i) }.get();
         if request.wrapping_sub(tail) >= head.wrapping_sub(tail) {
             return Err(BadCqe::WqeCounter);
         }
-        let wr_id = wr_id_at.get();
+        // SAFETY: as above.
+        let wr_id = unsafe { self.sq_wrid.get_unchecked(i) }.get();
         self.poller.sq.store(request.wrapping_add(1), Ordering::Release);
         Ok(wr_id)
     }
