@@ -11,6 +11,9 @@ use crate::provider::Provider;
 mod mlx5;
 mod rxe;
 
+/// The mlx5 CQ's hostile-CQE harness, for `crate::testing`.
+#[cfg(all(feature = "mlx5", any(test, feature = "test-support")))]
+pub use mlx5::hostile_cqes;
 /// The rxe ring's hostile-ring harness, for `crate::testing`.
 #[cfg(any(test, feature = "test-support"))]
 pub use rxe::hostile;

@@ -3,6 +3,8 @@
 //! itself) and the `fuzz/` crate turn on. The library build has none of it.
 
 pub use crate::providers::hostile;
+#[cfg(feature = "mlx5")]
+pub use crate::providers::hostile_cqes as mlx5_cqes;
 
 /// The seeded generator (splitmix64) of every randomized test: the same seed gives the same
 /// sequence.

@@ -13,6 +13,9 @@
  *
  * Options: --impl NAME (label, default "c"), --only W1,W2 (workloads: drain, inplace,
  * drain_replay, empty, post, pingpong, rate), --device NAME, --gid-index N, --cq-depth N (default 8192),
+ * --batches B1,B2 (the drain's batch sizes, default all of drain_batches), --drain-wait-ms N
+ * (the drain's first wait for the device, default 20; a round with fewer ready waits twice
+ * as long next time, and its dump is named "<workload>_partial"),
  * --callgrind (few rounds, and callgrind client requests around each measured region:
  * collect on, work, collect off, then a dump named "<workload> <param> <ops>").
  * With UVERBS_REPLAY_TRACE set, the replayed drain also writes a line to stderr as each block
@@ -40,7 +43,8 @@
 #define WINDOW 64
 #define POST_K 1024
 /* Completions asked for per poll call in the drain; the Rust harness's DRAIN_BATCHES. */
-static const int drain_batches[] = {1, 2, 4, 8, 12, 16, 20, 24, 32, 64};
+static int drain_batches[16] = {1, 2, 4, 8, 12, 16, 20, 24, 32, 64};
+static size_t n_drain_batches = 10;
 /* The replayed drain: batch sizes, rounds (one block per batch size each), and drains per
  * block. One sample is the median of a block. As benches/verbs/main.rs. */
 static const int replay_batches[] = {1, 16, 64};
@@ -53,6 +57,9 @@ static const char *dev_name;
 static int gid_index = 1;
 static int cq_depth = 8192;
 static int callgrind;
+/* The drain's first wait for the device to complete the writes (doubled after a round that
+ * found fewer ready). */
+static int drain_wait_ms = 20;
 
 static void die(const char *what)
 {
@@ -145,6 +152,8 @@ struct pair {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	union ibv_gid gid;
+	/* The port's LID: the address's destination on InfiniBand (0 on RoCE). */
+	uint16_t lid;
 	struct side a, b;
 };
 
@@ -212,6 +221,7 @@ static void connect_qp(struct pair *p, struct ibv_qp *qp, uint32_t dest)
 	a.ah_attr.grh.sgid_index = gid_index;
 	a.ah_attr.grh.hop_limit = 64;
 	a.ah_attr.port_num = 1;
+	a.ah_attr.dlid = p->lid;
 	if (ibv_modify_qp(qp, &a,
 			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
@@ -253,6 +263,10 @@ static int pair_open(struct pair *p, int ex_cq)
 		die("ibv_alloc_pd");
 	if (ibv_query_gid(p->ctx, 1, gid_index, &p->gid))
 		die("ibv_query_gid");
+	struct ibv_port_attr port;
+	if (ibv_query_port(p->ctx, 1, &port))
+		die("ibv_query_port");
+	p->lid = port.lid;
 	if (make_side(p, &p->a, ex_cq)) {
 		ibv_dealloc_pd(p->pd);
 		ibv_close_device(p->ctx);
@@ -348,10 +362,12 @@ static inline __attribute__((always_inline)) int drain_polls(struct ibv_cq *cq, 
 /* 1. Draining a CQ holding N_DRAIN ready completions, `batch` at a time. */
 static void bench_drain(struct pair *p, int batch, int inplace)
 {
-	int rounds = callgrind ? 3 : 11, wait_ms = 20, retries = 0;
+	int rounds = callgrind ? 3 : 11, wait_ms = drain_wait_ms, retries = 0;
 	double v[32];
 	struct ibv_wc wc[64];
 	const char *name = inplace ? "inplace" : "drain";
+	char partial[32];
+	snprintf(partial, sizeof(partial), "%s_partial", name);
 	for (int r = -1; r < rounds;) {
 		post_writes(p);
 		sleep_ms(wait_ms);
@@ -384,8 +400,10 @@ static void bench_drain(struct pair *p, int batch, int inplace)
 			got = drain_polls(p->a.cq, batch, wc, &last);
 		}
 		uint64_t t1 = now_ns();
+		/* A round that found fewer ready also timed polls of an empty CQ: its dump is
+		 * named apart, and the round is run again. */
 		if (r >= 0)
-			collect_off(name, batch, got);
+			collect_off(got == N_DRAIN ? name : partial, batch, got);
 		if (inplace && bad)
 			fail("in-place drain: a completion failed");
 		if (!inplace && got > 0 &&
@@ -774,9 +792,18 @@ int main(int argc, char **argv)
 			cq_depth = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--callgrind"))
 			callgrind = 1;
-		else {
+		else if (!strcmp(argv[i], "--drain-wait-ms") && i + 1 < argc)
+			drain_wait_ms = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
+			n_drain_batches = 0;
+			for (char *b = strtok(argv[++i], ","); b && n_drain_batches < 16; b = strtok(NULL, ","))
+				drain_batches[n_drain_batches++] = atoi(b);
+			for (size_t k = 0; k < n_drain_batches; k++)
+				if (drain_batches[k] < 1 || drain_batches[k] > 64)
+					fail("--batches: each between 1 and 64");
+		} else {
 			fprintf(stderr, "usage: %s [--impl NAME] [--only W,...] [--device D] [--gid-index N] "
-					"[--cq-depth N] [--callgrind]\n",
+					"[--cq-depth N] [--batches B,...] [--drain-wait-ms N] [--callgrind]\n",
 				argv[0]);
 			return 2;
 		}
@@ -785,7 +812,7 @@ int main(int argc, char **argv)
 		struct pair p;
 		pair_open(&p, 0);
 		if (wanted("drain"))
-			for (size_t i = 0; i < sizeof(drain_batches) / sizeof(drain_batches[0]); i++)
+			for (size_t i = 0; i < n_drain_batches; i++)
 				bench_drain(&p, drain_batches[i], 0);
 		if (wanted("empty"))
 			bench_empty(&p);

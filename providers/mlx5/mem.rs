@@ -131,7 +131,7 @@ impl Doorbell {
     }
 
     /// Word `word` in host order.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-support"))]
     pub(super) fn get(&self, word: usize) -> u32 {
         // SAFETY: as in `set`.
         let w = unsafe { &*self.words.as_ptr().add(word & 1) };

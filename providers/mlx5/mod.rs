@@ -16,6 +16,10 @@ mod qp;
 mod srq;
 mod wqe;
 
+/// The hostile-CQE harness, for `crate::testing`.
+#[cfg(any(test, feature = "test-support"))]
+pub use cq::hostile as hostile_cqes;
+
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result};
 use crate::provider::{

@@ -1,10 +1,8 @@
 //! mlx5 queue pairs (RC, UC): one user buffer, the receive queue first and the send queue
 //! after it, a doorbell record, and the 8-byte UAR doorbell of the bfreg the kernel chose.
 //!
-//! The poster and the CQ's poller share [`QpShared`]: the poster fills the work-request id
-//! tables and publishes its heads with Release; the poller reads them after an Acquire of the
-//! head, and publishes the tails it advances with Release, which the poster reads with
-//! Acquire before reusing a slot. Each side's indices sit on their own cache line.
+//! The poster and the CQ's poller share [`QpShared`] (`qp/shared.rs`): the request counters
+//! and the work-request id tables.
 
 use super::cq::{CqShared, Mlx5Cq};
 use super::mem::{Buffer, Doorbell};
@@ -15,110 +13,21 @@ use crate::attr::{QpCap, QpState, QpType};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr};
-use crossbeam_utils::CachePadded;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
-use super::cqe::BadCqe;
+#[cfg(all(test, loom))]
+mod model;
+mod shared;
+
+pub(super) use shared::QpShared;
 
 /// Doorbell record words (`MLX5_RCV_DBR`, `MLX5_SND_DBR`).
 const RCV_DBR: usize = 0;
 const SND_DBR: usize = 1;
 /// Bytes of the segments before the data of the largest request: control, remote address.
 const SQ_HEADER: usize = 2 * SEG;
-
-/// Indices the poster writes.
-#[derive(Default)]
-struct PosterIndices {
-    /// Send requests posted.
-    sq_head: AtomicU32,
-    /// Receive requests posted.
-    rq_head: AtomicU32,
-}
-
-/// Indices the poller writes.
-#[derive(Default)]
-struct PollerIndices {
-    /// Send requests completed.
-    sq_tail: AtomicU32,
-    /// Receive requests completed.
-    rq_tail: AtomicU32,
-}
-
-/// What a QP's poster and its CQs' poller share.
-pub(super) struct QpShared {
-    poster: CachePadded<PosterIndices>,
-    poller: CachePadded<PollerIndices>,
-    /// By the send WQE's first basic block: its `wr_id`, and the request number.
-    sq_wrid: Box<[AtomicU64]>,
-    sq_wqe_head: Box<[AtomicU32]>,
-    /// By receive slot.
-    rq_wrid: Box<[AtomicU64]>,
-    /// The SRQ receives come from instead (then there are no receive slots).
-    srq: Option<Arc<SrqShared>>,
-}
-
-impl QpShared {
-    fn new(sq_blocks: usize, rq_slots: usize, srq: Option<Arc<SrqShared>>) -> Self {
-        Self {
-            poster: CachePadded::default(),
-            poller: CachePadded::default(),
-            sq_wrid: (0..sq_blocks).map(|_| AtomicU64::new(0)).collect(),
-            sq_wqe_head: (0..sq_blocks).map(|_| AtomicU32::new(0)).collect(),
-            rq_wrid: (0..rq_slots).map(|_| AtomicU64::new(0)).collect(),
-            srq,
-        }
-    }
-
-    /// The SRQ the QP receives from.
-    pub(super) fn srq(&self) -> Option<&Arc<SrqShared>> {
-        self.srq.as_ref()
-    }
-
-    /// The `wr_id` of the send WQE at `wqe_counter`; every request up to it is completed.
-    /// A counter naming no outstanding request is an error.
-    pub(super) fn complete_send(&self, wqe_counter: u16) -> Result<u64, BadCqe> {
-        let idx = usize::from(wqe_counter) & (self.sq_wrid.len().max(1) - 1);
-        let (Some(wrid), Some(head_at)) = (self.sq_wrid.get(idx), self.sq_wqe_head.get(idx)) else {
-            return Err(BadCqe::WqeCounter);
-        };
-        let head = self.poster.sq_head.load(Ordering::Acquire);
-        let tail = self.poller.sq_tail.load(Ordering::Relaxed);
-        let request = head_at.load(Ordering::Relaxed);
-        if request.wrapping_sub(tail) >= head.wrapping_sub(tail) {
-            return Err(BadCqe::WqeCounter);
-        }
-        let wr_id = wrid.load(Ordering::Relaxed);
-        self.poller.sq_tail.store(request.wrapping_add(1), Ordering::Release);
-        Ok(wr_id)
-    }
-
-    /// The `wr_id` of the oldest outstanding receive; on an SRQ, of the SRQ WQE at
-    /// `wqe_counter`.
-    pub(super) fn complete_recv(&self, wqe_counter: u16) -> Result<u64, BadCqe> {
-        if let Some(srq) = &self.srq {
-            return srq.complete(wqe_counter);
-        }
-        let head = self.poster.rq_head.load(Ordering::Acquire);
-        let tail = self.poller.rq_tail.load(Ordering::Relaxed);
-        if head == tail || self.rq_wrid.is_empty() {
-            return Err(BadCqe::NoReceive);
-        }
-        let wr_id = self.rq_wrid[tail as usize & (self.rq_wrid.len() - 1)].load(Ordering::Relaxed);
-        self.poller.rq_tail.store(tail.wrapping_add(1), Ordering::Release);
-        Ok(wr_id)
-    }
-
-    /// Back to empty queues (RESET; no CQE of the QP is left).
-    fn reset(&self) {
-        self.poster.sq_head.store(0, Ordering::Relaxed);
-        self.poster.rq_head.store(0, Ordering::Relaxed);
-        self.poller.sq_tail.store(0, Ordering::Release);
-        self.poller.rq_tail.store(0, Ordering::Release);
-    }
-}
 
 /// The queue geometry a QP is created with, from the capabilities asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,6 +257,18 @@ struct WqeWriter<'a> {
 }
 
 impl WqeWriter<'_> {
+    /// Writes one segment at the current position, which is a whole number of segments
+    /// into the ring: a ring of whole basic blocks never ends inside it.
+    #[inline(always)]
+    fn seg(&mut self, seg: [u8; SEG]) {
+        debug_assert_eq!(self.pos % SEG, 0, "segments start on segment boundaries");
+        let at = self.pos & self.sq.mask & !(SEG - 1);
+        // SAFETY: `at` is a multiple of SEG below the ring's size, itself a multiple of SEG, so
+        // the segment lies inside the ring, which no Rust reference covers.
+        unsafe { self.sq.base.as_ptr().add(at).cast::<[u8; SEG]>().write_unaligned(seg) };
+        self.pos += SEG;
+    }
+
     /// Copies `bytes` to the ring at the current position.
     fn put(&mut self, bytes: &[u8]) {
         // SAFETY: the source is a slice the caller owns, readable for its length.
@@ -406,7 +327,7 @@ unsafe impl Send for Mlx5Qp {}
 
 impl SendQueue {
     /// Checks `wr` against the queue's limits and room (`posted` this call so far).
-    fn check(&self, wr: &SendWr<'_>, tail: &AtomicU32, posted: u32) -> Result<(), WrReject> {
+    fn check(&self, wr: &SendWr<'_>, shared: &QpShared, posted: u32) -> Result<(), WrReject> {
         if wr.flags.contains(SendFlags::INLINE) {
             let len = wr.total_len();
             if len > u64::from(self.max_inline) {
@@ -421,11 +342,7 @@ impl SendQueue {
                 max: self.max_sge,
             });
         }
-        let outstanding = self
-            .head
-            .wrapping_add(posted)
-            .wrapping_sub(tail.load(Ordering::Acquire));
-        if outstanding >= self.max_post {
+        if shared.send_full(self.head.wrapping_add(posted), self.max_post) {
             return Err(WrReject::QueueFull);
         }
         Ok(())
@@ -446,25 +363,25 @@ impl SendQueue {
             // The WQE carries immediate data in network order (`SendOp::imm_data`).
             SendOp::SendWithImm { imm } => (opcode::SEND_IMM, imm.to_be()),
             SendOp::RdmaWrite(r) => {
-                w.put(&wqe::raddr_seg(r.addr, r.rkey));
+                w.seg(wqe::raddr_seg(r.addr, r.rkey));
                 (opcode::RDMA_WRITE, 0)
             }
             SendOp::RdmaWriteWithImm(r, imm) => {
-                w.put(&wqe::raddr_seg(r.addr, r.rkey));
+                w.seg(wqe::raddr_seg(r.addr, r.rkey));
                 (opcode::RDMA_WRITE_IMM, imm.to_be())
             }
             SendOp::RdmaRead(r) => {
-                w.put(&wqe::raddr_seg(r.addr, r.rkey));
+                w.seg(wqe::raddr_seg(r.addr, r.rkey));
                 (opcode::RDMA_READ, 0)
             }
             SendOp::CompareSwap { remote, compare, swap } => {
-                w.put(&wqe::raddr_seg(remote.addr, remote.rkey));
-                w.put(&wqe::atomic_seg(swap, compare));
+                w.seg(wqe::raddr_seg(remote.addr, remote.rkey));
+                w.seg(wqe::atomic_seg(swap, compare));
                 (opcode::ATOMIC_CS, 0)
             }
             SendOp::FetchAdd { remote, add } => {
-                w.put(&wqe::raddr_seg(remote.addr, remote.rkey));
-                w.put(&wqe::atomic_seg(add, 0));
+                w.seg(wqe::raddr_seg(remote.addr, remote.rkey));
+                w.seg(wqe::atomic_seg(add, 0));
                 (opcode::ATOMIC_FA, 0)
             }
         };
@@ -483,10 +400,10 @@ impl SendQueue {
         } else if wr.op.is_atomic() {
             // The device writes exactly the 8-byte old value.
             let sge = wr.sg_list[0];
-            w.put(&wqe::data_seg(8, sge.lkey, sge.addr));
+            w.seg(wqe::data_seg(8, sge.lkey, sge.addr));
         } else {
             for sge in wr.sg_list.iter().filter(|s| s.length != 0) {
-                w.put(&wqe::data_seg(sge.length, sge.lkey, sge.addr));
+                w.seg(wqe::data_seg(sge.length, sge.lkey, sge.addr));
             }
         }
         let ds = (w.pos - start) / SEG;
@@ -511,7 +428,7 @@ impl SendQueue {
             imm,
         });
         let mut at_start = WqeWriter { sq: self, pos: start };
-        at_start.put(&ctrl);
+        at_start.seg(ctrl);
         self.last_ctrl.copy_from_slice(&ctrl[..8]);
         (self.last_start, self.last_ds) = (start, ds);
         self.last_inline = wr.flags.contains(SendFlags::INLINE) && !wr.sg_list.is_empty();
@@ -563,7 +480,7 @@ unsafe impl QpQueues for Mlx5Qp {
         let mut rejected = None;
         for (index, wr) in wrs.iter(self.qp_type).enumerate() {
             let checked = wr.and_then(|wr| {
-                self.sq.check(wr, &self.shared.poller.sq_tail, posted)?;
+                self.sq.check(wr, &self.shared, posted)?;
                 Ok(wr)
             });
             let wr = match checked {
@@ -573,20 +490,19 @@ unsafe impl QpQueues for Mlx5Qp {
                     break;
                 }
             };
-            let first_block = self.sq.cur_post as usize & (self.shared.sq_wrid.len() - 1);
             // SAFETY: checked above; inline memory is the caller's contract.
             let blocks = unsafe { self.sq.write(wr) };
-            self.shared.sq_wrid[first_block].store(wr.wr_id, Ordering::Relaxed);
-            self.shared.sq_wqe_head[first_block].store(self.sq.head.wrapping_add(posted), Ordering::Relaxed);
+            self.shared
+                .record_send(self.sq.cur_post, blocks, self.sq.head.wrapping_add(posted), wr.wr_id);
             self.sq.cur_post = self.sq.cur_post.wrapping_add(blocks);
             posted += 1;
         }
         if posted > 0 {
             self.sq.head = self.sq.head.wrapping_add(posted);
-            self.shared.poster.sq_head.store(self.sq.head, Ordering::Release);
+            self.shared.publish_sends(self.sq.head);
             self.db.set(SND_DBR, self.sq.cur_post & 0xffff);
             // The record and the WQEs must be in memory before the device hears the doorbell.
-            std::sync::atomic::fence(Ordering::SeqCst);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             let d = &mut self.doorbell;
             if let Some(uar) = self.ctx.uars.get(d.page) {
                 // BlueFlame (the WQE itself through the UAR, sparing the device its fetch)
@@ -614,11 +530,10 @@ unsafe impl QpQueues for Mlx5Qp {
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        if self.shared.srq.is_some() {
+        if self.shared.srq().is_some() {
             return Err(Error::invalid("post_recv", "the QP receives from its SRQ: post there"));
         }
         let mut result = Ok(());
-        let tail = self.shared.poller.rq_tail.load(Ordering::Acquire);
         for (index, wr) in wrs.iter().enumerate() {
             let reject = |reason| {
                 Err(Error::WorkRequest {
@@ -634,16 +549,15 @@ unsafe impl QpQueues for Mlx5Qp {
                 });
                 break;
             }
-            if self.rq.head.wrapping_sub(tail) >= self.rq.slots {
+            if self.shared.recv_full(self.rq.head, self.rq.slots) {
                 result = reject(WrReject::QueueFull);
                 break;
             }
             self.rq.write(wr);
-            let slot = self.rq.head as usize & (self.shared.rq_wrid.len() - 1);
-            self.shared.rq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
+            self.shared.record_recv(self.rq.head, wr.wr_id);
             self.rq.head = self.rq.head.wrapping_add(1);
         }
-        self.shared.poster.rq_head.store(self.rq.head, Ordering::Release);
+        self.shared.publish_recvs(self.rq.head);
         self.db.set(RCV_DBR, self.rq.head & 0xffff);
         result
     }
@@ -783,26 +697,5 @@ mod tests {
             assert_eq!(sq.last_ctrl[7], 1, "ds");
             sq.cur_post += 1;
         }
-    }
-
-    /// The poller completes up to the signaled request the CQE names and moves the tail past
-    /// it; a counter naming nothing outstanding, or a receive with none posted, is an error.
-    #[test]
-    fn completions_follow_the_posted_tables() {
-        let shared = QpShared::new(8, 4, None);
-        for (request, block) in [(0u32, 0usize), (1, 2), (2, 3)] {
-            shared.sq_wrid[block].store(100 + u64::from(request), Ordering::Relaxed);
-            shared.sq_wqe_head[block].store(request, Ordering::Relaxed);
-        }
-        shared.poster.sq_head.store(3, Ordering::Release);
-        assert_eq!(shared.complete_send(2), Ok(101));
-        assert_eq!(shared.poller.sq_tail.load(Ordering::Relaxed), 2);
-        assert_eq!(shared.complete_send(2), Err(BadCqe::WqeCounter), "already completed");
-        assert_eq!(shared.complete_send(0x0b), Ok(102), "masked to block 3");
-        assert_eq!(shared.complete_recv(0), Err(BadCqe::NoReceive));
-        shared.rq_wrid[0].store(55, Ordering::Relaxed);
-        shared.poster.rq_head.store(1, Ordering::Release);
-        assert_eq!(shared.complete_recv(0), Ok(55));
-        assert_eq!(shared.complete_recv(0), Err(BadCqe::NoReceive));
     }
 }

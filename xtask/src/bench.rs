@@ -8,34 +8,40 @@
 //! `target/bench/summary.md` (the table), `bench-poll.csv` and `bench-poll.png` (the plot,
 //! with python3 and matplotlib). The raw results stay in `target/bench/raw/`.
 //!
+//! Then the mlx5 step (bench/mlx5.rs): the same harnesses on the mlx5 device model on the host,
+//! the Rust mlx5 provider against Debian's libmlx5 (`target/bench/mlx5-summary.md`).
+//!
 //! Knobs (environment, passed into the guest): `UVERBS_BENCH_REPS` (harness repetitions,
 //! default 5), `UVERBS_BENCH_PERFTEST_REPS` (default 15), `UVERBS_BENCH_SKIP` (comma list of
-//! `timing`, `callgrind`, `profile`, `perftest`).
+//! `timing`, `callgrind`, `profile`, `perftest`, and `mlx5`, which xtask reads itself).
 
 use crate::error::{bail, Context, Result};
 use crate::json;
 use crate::proc::{self, sh_quote};
 use crate::testrun::cargo;
 use crate::{guest, paths};
+
+mod mlx5;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-/// `cargo xtask bench [--report | --emulator]`: `--report` only redoes the table and plot from
-/// the raw results of the last run; `--emulator` runs benches/emulator-profile.sh instead of
-/// the benchmarks (the replayed drain beside the soft-TLB flushes of a QEMU built with
-/// symbols; results in `target/bench/emulator/`).
+/// `cargo xtask bench [--report | --emulator | --mlx5]`: `--report` only redoes the table and
+/// plot from the raw results of the last run; `--emulator` runs benches/emulator-profile.sh
+/// instead of the benchmarks (the replayed drain beside the soft-TLB flushes of a QEMU built
+/// with symbols; results in `target/bench/emulator/`); `--mlx5` runs only the mlx5 step.
 pub fn run(args: &[String]) -> Result<ExitCode> {
     let out = paths::target_dir().join("bench");
-    let emulator = match args {
-        [] => false,
+    let (emulator, only_mlx5) = match args {
+        [] => (false, false),
         [a] if a == "--report" => {
             report(&out)?;
             return Ok(ExitCode::SUCCESS);
         }
-        [a] if a == "--emulator" => true,
-        _ => bail!("usage: cargo xtask bench [--report | --emulator] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
+        [a] if a == "--emulator" => (true, false),
+        [a] if a == "--mlx5" => (false, true),
+        _ => bail!("usage: cargo xtask bench [--report | --emulator | --mlx5] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
     };
     let native = crate::native();
     let tools = [
@@ -67,6 +73,10 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         .args(["-libverbs", "-lpthread"]);
     note!("xtask: {}", proc::describe(&gcc));
     proc::check(&mut gcc).context("building the C harness (needs libibverbs-dev and valgrind's headers)")?;
+    if only_mlx5 {
+        let ok = mlx5::run(&out, &rust, &c_harness)?;
+        return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+    }
     if emulator {
         let dir = out.join("emulator");
         let mut c = Command::new("sh");
@@ -112,8 +122,14 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     std::fs::write(raw.join("host.txt"), host).context("writing host.txt")?;
 
     report(&out)?;
+    // The mlx5 provider against libmlx5, on the device model on this host (bench/mlx5.rs).
+    let mlx5_ok = mlx5::skipped() || mlx5::run(&out, &rust, &c_harness)?;
     Ok(match status {
-        Some(0) => ExitCode::SUCCESS,
+        Some(0) if mlx5_ok => ExitCode::SUCCESS,
+        Some(0) => {
+            note!("xtask: the mlx5 benchmarks failed; see above");
+            ExitCode::FAILURE
+        }
         Some(s) => {
             note!(
                 "xtask: the benchmark script failed (status {s}); see {}",

@@ -77,12 +77,22 @@ fn shell_command(args: &[String]) -> Result<String> {
 /// Builds the model crate; returns the interposer's absolute path. Fails, saying so, where
 /// the crate is not in this tree.
 pub fn build_model() -> Result<PathBuf> {
+    build_model_in(false)
+}
+
+/// [`build_model`], optimized with `release` (the benchmarks: the device runs faster under
+/// valgrind, and its work is outside what they measure).
+pub fn build_model_in(release: bool) -> Result<PathBuf> {
     require_model_crate(&paths::root())?;
     let mut c = crate::testrun::cargo();
     c.args(["build", "-p", MODEL_PACKAGE]);
+    if release {
+        c.arg("--release");
+    }
     note!("xtask: {}", proc::describe(&c));
     proc::check(&mut c)?;
-    let lib = paths::target_dir().join("debug").join(MODEL_LIB);
+    let profile = if release { "release" } else { "debug" };
+    let lib = paths::target_dir().join(profile).join(MODEL_LIB);
     if !lib.is_file() {
         bail!("`cargo build -p {MODEL_PACKAGE}` made no {}", lib.display());
     }
@@ -100,7 +110,7 @@ fn require_model_crate(root: &Path) -> Result<()> {
 }
 
 /// Points `c` at the model: the dir, the interposer, the project root as cwd.
-fn on_model(c: &mut Command, lib: &Path, dir: &Path) {
+pub fn on_model(c: &mut Command, lib: &Path, dir: &Path) {
     c.env(ENV_DIR, dir).env("LD_PRELOAD", lib).current_dir(paths::root());
 }
 
@@ -109,7 +119,7 @@ fn model_root() -> PathBuf {
 }
 
 /// A new, empty model dir of this process; first removes those of processes that are gone.
-fn fresh_dir() -> Result<PathBuf> {
+pub fn fresh_dir() -> Result<PathBuf> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let root = model_root();
     if let Ok(d) = std::fs::read_dir(&root) {

@@ -1,18 +1,22 @@
 //! `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the rxe ring code
-//! (`providers/rxe/queue.rs`) and the in-place CQ batch under a model checker, an interpreter
-//! that detects undefined behaviour and data races, and a coverage-guided fuzzer. None needs
+//! (`providers/rxe/queue.rs`), the in-place CQ batch and the mlx5 provider's pure and shared
+//! parts (the CQE decoder and poll, the WQE encoders, the poster/poller state of
+//! `providers/mlx5/qp/shared.rs`) under a model checker, an interpreter that detects undefined
+//! behaviour and data races, and a coverage-guided fuzzer. None needs
 //! an RDMA device or a guest, and `cargo xtask test` runs all three (fuzzing for
 //! [`CI_FUZZ_SECONDS`]). docs/reliability.md has what they check and the last results.
 //!
 //! - loom: `RUSTFLAGS="--cfg loom"`, its own target dir (`target/loom`), release; runs
-//!   `providers::rxe::queue::model`. `LOOM_MAX_PREEMPTIONS` is passed through (default 3).
+//!   `providers::rxe::queue::model` and `providers::mlx5::qp::model`. `LOOM_MAX_PREEMPTIONS` is passed through (default 3).
 //! - miri: `cargo +nightly miri test` of the ring and CQ unit tests (synthetic rings, threads
-//!   standing in for the kernel, the hostile-ring harness, `Batch` across a wrap) under
+//!   standing in for the kernel, the hostile-ring harness, `Batch` across a wrap) and of the
+//!   mlx5 WQE encoders, CQE decoder and poster/poller tables under
 //!   several scheduler seeds. `MIRIFLAGS` from the environment replaces the default.
 //! - fuzz: builds `fuzz/`'s targets the way `cargo fuzz build` does (libFuzzer, sanitizer
 //!   coverage, AddressSanitizer, `--cfg fuzzing`), so no `cargo-fuzz` install is needed, and
 //!   runs `rings` (the rxe rings) for the given seconds on `fuzz/corpus/rings`, then
-//!   `mlx5_device` (the mlx5 device model) for half as long on `fuzz/corpus/mlx5_device`.
+//!   `mlx5_cqe` (the mlx5 CQ's poll and CQE decoder) and `mlx5_device` (the mlx5 device model)
+//!   for half as long each on `fuzz/corpus/<target>`.
 //!   `cargo +nightly fuzz run <target>` does the same where cargo-fuzz is installed.
 //!
 //! miri and the sanitizers need the nightly toolchain. When it (or its `miri` and `rust-src`
@@ -26,11 +30,18 @@ use std::process::{Command, ExitCode};
 /// How long `cargo xtask test` fuzzes.
 pub const CI_FUZZ_SECONDS: u32 = 60;
 
-/// The ring-index protocol, the synthetic rings, the rxe poll and the in-place batch.
-const MIRI_TESTS: [&str; 3] = [
+/// The loom models: the rxe ring-index protocol, the mlx5 QP's poster/poller shared state.
+const LOOM_MODELS: [&str; 2] = ["providers::rxe::queue::model", "providers::mlx5::qp::model"];
+
+/// The ring-index protocol, the synthetic rings, the rxe poll and the in-place batch; the mlx5
+/// WQE segment encoders, the CQE decoder and the poster/poller tables.
+const MIRI_TESTS: [&str; 6] = [
     "providers::rxe::queue::tests",
     "providers::rxe::cq::tests",
     "batch::tests",
+    "providers::mlx5::wqe::tests",
+    "providers::mlx5::cqe::tests",
+    "providers::mlx5::qp::shared::tests",
 ];
 
 /// The fuzz target's host triple (`-Zsanitizer` needs an explicit `--target`).
@@ -66,7 +77,8 @@ pub fn run(cmd: &str, rest: &[String]) -> Result<ExitCode> {
 pub fn loom() -> Command {
     let mut c = crate::testrun::cargo();
     c.args(["test", "-p", "uverbs", "--lib", "--release", "--"])
-        .args(["providers::rxe::queue::model", "--nocapture", "--test-threads=1"])
+        .args(LOOM_MODELS)
+        .args(["--nocapture", "--test-threads=1"])
         .env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", paths::target_dir().join("loom"));
     c
@@ -90,7 +102,7 @@ pub fn miri() -> Result<Command> {
 pub fn fuzz(secs: u32) -> Result<Vec<Command>> {
     ensure_nightly()?;
     let dir = paths::root().join("fuzz");
-    let targets = [("rings", secs), ("mlx5_device", secs / 2)];
+    let targets = [("rings", secs), ("mlx5_cqe", secs / 2), ("mlx5_device", secs / 2)];
     for (target, _) in targets {
         for d in ["corpus", "artifacts"] {
             let d = format!("{d}/{target}");

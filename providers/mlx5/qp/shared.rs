@@ -1,0 +1,280 @@
+//! What a QP's poster and its CQs' poller share: the request counters and the work-request id
+//! tables.
+//!
+//! The poster fills a table entry, then publishes its head with Release; the poller reads an
+//! entry only for a request below the head it loaded with Acquire and at or above its own tail,
+//! and publishes the tail it advances with Release, which the poster loads with Acquire before
+//! it reuses an entry. Each side's counters sit on their own cache line.
+//!
+//! The counters and entries are reached through [`Cells`], so the same code runs on atomics
+//! here and on loom's model cells in `model.rs` (`cargo xtask loom`), where an entry read
+//! while the poster may be writing it is a race loom reports.
+
+use super::super::cqe::BadCqe;
+use super::super::srq::SrqShared;
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Added to a request number: one that is not outstanding for the next 2^31 requests, while
+/// at most 2^16 are outstanding (one per basic block at most) and every block's entry is
+/// rewritten on each pass over the ring.
+const NO_REQUEST: u32 = 1 << 31;
+
+/// A 32-bit counter one side publishes and the other reads.
+pub(in crate::providers::mlx5) trait Word {
+    fn new(value: u32) -> Self;
+    fn load(&self, order: Ordering) -> u32;
+    fn store(&self, value: u32, order: Ordering);
+}
+
+/// A table entry: written by the poster before it publishes, read by the poller after, never
+/// both at once (the counters' protocol).
+pub(in crate::providers::mlx5) trait Entry<T> {
+    fn new() -> Self;
+    fn get(&self) -> T;
+    fn set(&self, value: T);
+}
+
+/// The cell types a [`QpShared`] is made of.
+pub(in crate::providers::mlx5) trait Cells {
+    type Counter: Word;
+    type WrId: Entry<u64>;
+    type Request: Entry<u32>;
+}
+
+/// The library's cells: atomics, the entries Relaxed (the counters order them).
+pub(in crate::providers::mlx5) struct Atomics;
+
+impl Cells for Atomics {
+    type Counter = AtomicU32;
+    type WrId = AtomicU64;
+    type Request = AtomicU32;
+}
+
+impl Word for AtomicU32 {
+    fn new(value: u32) -> Self {
+        AtomicU32::new(value)
+    }
+
+    fn load(&self, order: Ordering) -> u32 {
+        AtomicU32::load(self, order)
+    }
+
+    fn store(&self, value: u32, order: Ordering) {
+        AtomicU32::store(self, value, order)
+    }
+}
+
+impl Entry<u64> for AtomicU64 {
+    fn new() -> Self {
+        AtomicU64::new(0)
+    }
+
+    fn get(&self) -> u64 {
+        self.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, value: u64) {
+        self.store(value, Ordering::Relaxed)
+    }
+}
+
+impl Entry<u32> for AtomicU32 {
+    fn new() -> Self {
+        AtomicU32::new(0)
+    }
+
+    fn get(&self) -> u32 {
+        self.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, value: u32) {
+        self.store(value, Ordering::Relaxed)
+    }
+}
+
+/// A pair of counters of one side, free-running.
+struct Counters<W> {
+    /// Send requests posted (poster) or completed (poller).
+    sq: W,
+    /// Receive requests posted (poster) or completed (poller).
+    rq: W,
+}
+
+impl<W: Word> Counters<W> {
+    fn new() -> Self {
+        Self {
+            sq: W::new(0),
+            rq: W::new(0),
+        }
+    }
+}
+
+/// What a QP's poster and its CQs' poller share.
+pub(in crate::providers::mlx5) struct QpShared<C: Cells = Atomics> {
+    poster: CachePadded<Counters<C::Counter>>,
+    poller: CachePadded<Counters<C::Counter>>,
+    /// By the send WQE's first basic block: its `wr_id`, and its request number.
+    sq_wrid: Box<[C::WrId]>,
+    sq_request: Box<[C::Request]>,
+    /// By receive slot.
+    rq_wrid: Box<[C::WrId]>,
+    /// The SRQ receives come from instead (then there are no receive slots).
+    srq: Option<Arc<SrqShared>>,
+}
+
+impl<C: Cells> QpShared<C> {
+    /// Tables for `sq_blocks` send basic blocks and `rq_slots` receive slots (powers of two),
+    /// or receives from `srq`.
+    pub(in crate::providers::mlx5) fn new(sq_blocks: usize, rq_slots: usize, srq: Option<Arc<SrqShared>>) -> Self {
+        let shared = Self {
+            poster: CachePadded::new(Counters::new()),
+            poller: CachePadded::new(Counters::new()),
+            sq_wrid: (0..sq_blocks.max(1)).map(|_| C::WrId::new()).collect(),
+            sq_request: (0..sq_blocks.max(1)).map(|_| C::Request::new()).collect(),
+            rq_wrid: (0..rq_slots.max(1)).map(|_| C::WrId::new()).collect(),
+            srq,
+        };
+        shared.refuse_every_send();
+        shared
+    }
+
+    /// Marks every send entry as naming no request (none is outstanding).
+    fn refuse_every_send(&self) {
+        for entry in self.sq_request.iter() {
+            entry.set(NO_REQUEST);
+        }
+    }
+
+    /// Poster: whether request `request` (free-running) would put more than `max` sends
+    /// outstanding.
+    pub(in crate::providers::mlx5) fn send_full(&self, request: u32, max: u32) -> bool {
+        request.wrapping_sub(self.poller.sq.load(Ordering::Acquire)) >= max
+    }
+
+    /// Poster: records send request `request`, whose WQE takes `blocks` basic blocks from
+    /// `block`. The entries of the blocks after the first get a request number far outside
+    /// any outstanding window, so a CQE naming them (or one left from before a RESET) is
+    /// refused, never matched to an older request.
+    pub(in crate::providers::mlx5) fn record_send(&self, block: u32, blocks: u32, request: u32, wr_id: u64) {
+        let mask = self.sq_wrid.len() - 1;
+        let i = block as usize & mask;
+        self.sq_wrid[i].set(wr_id);
+        self.sq_request[i].set(request);
+        for b in 1..blocks {
+            self.sq_request[(i + b as usize) & mask].set(request.wrapping_add(NO_REQUEST));
+        }
+    }
+
+    /// Poster: the sends before `head` are recorded.
+    pub(in crate::providers::mlx5) fn publish_sends(&self, head: u32) {
+        self.poster.sq.store(head, Ordering::Release);
+    }
+
+    /// Poster: whether receive request `request` would overfill the `slots`.
+    pub(in crate::providers::mlx5) fn recv_full(&self, request: u32, slots: u32) -> bool {
+        request.wrapping_sub(self.poller.rq.load(Ordering::Acquire)) >= slots
+    }
+
+    /// Poster: records receive request `request`.
+    pub(in crate::providers::mlx5) fn record_recv(&self, request: u32, wr_id: u64) {
+        self.rq_wrid[request as usize & (self.rq_wrid.len() - 1)].set(wr_id);
+    }
+
+    /// Poster: the receives before `head` are recorded.
+    pub(in crate::providers::mlx5) fn publish_recvs(&self, head: u32) {
+        self.poster.rq.store(head, Ordering::Release);
+    }
+
+    /// Poller: the `wr_id` of the send WQE at `wqe_counter`; every request up to it is
+    /// completed. A counter naming no outstanding request is an error.
+    pub(in crate::providers::mlx5) fn complete_send(&self, wqe_counter: u16) -> Result<u64, BadCqe> {
+        let i = usize::from(wqe_counter) & (self.sq_wrid.len() - 1);
+        let head = self.poster.sq.load(Ordering::Acquire);
+        let tail = self.poller.sq.load(Ordering::Relaxed);
+        if head == tail {
+            return Err(BadCqe::WqeCounter);
+        }
+        // SAFETY: `i` is masked by the length less one, and both tables have that length
+        // (at least 1: `new`).
+        let request = unsafe { self.sq_request.get_unchecked(i) }.get();
+        if request.wrapping_sub(tail) >= head.wrapping_sub(tail) {
+            return Err(BadCqe::WqeCounter);
+        }
+        // SAFETY: as above.
+        let wr_id = unsafe { self.sq_wrid.get_unchecked(i) }.get();
+        self.poller.sq.store(request.wrapping_add(1), Ordering::Release);
+        Ok(wr_id)
+    }
+
+    /// The SRQ the QP receives from.
+    pub(in crate::providers::mlx5) fn srq(&self) -> Option<&Arc<SrqShared>> {
+        self.srq.as_ref()
+    }
+
+    /// Poller: the `wr_id` of the oldest outstanding receive; on an SRQ, of the SRQ WQE at
+    /// `wqe_counter`.
+    pub(in crate::providers::mlx5) fn complete_recv(&self, wqe_counter: u16) -> Result<u64, BadCqe> {
+        if let Some(srq) = &self.srq {
+            return srq.complete(wqe_counter);
+        }
+        let head = self.poster.rq.load(Ordering::Acquire);
+        let tail = self.poller.rq.load(Ordering::Relaxed);
+        if head == tail {
+            return Err(BadCqe::NoReceive);
+        }
+        let wr_id = self.rq_wrid[tail as usize & (self.rq_wrid.len() - 1)].get();
+        self.poller.rq.store(tail.wrapping_add(1), Ordering::Release);
+        Ok(wr_id)
+    }
+
+    /// Back to empty queues (RESET; no CQE of the QP is left), every send entry refused.
+    pub(in crate::providers::mlx5) fn reset(&self) {
+        self.refuse_every_send();
+        self.poster.sq.store(0, Ordering::Relaxed);
+        self.poster.rq.store(0, Ordering::Relaxed);
+        self.poller.sq.store(0, Ordering::Release);
+        self.poller.rq.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The poller completes up to the signaled request the CQE names and moves the tail past
+    /// it; a counter naming nothing outstanding, or a receive with none posted, is an error.
+    #[test]
+    fn completions_follow_the_posted_tables() {
+        let shared: QpShared = QpShared::new(8, 4, None);
+        for (request, block) in [(0u32, 0u32), (1, 2), (2, 3)] {
+            shared.record_send(block, 1, request, 100 + u64::from(request));
+        }
+        assert_eq!(shared.complete_send(0), Err(BadCqe::WqeCounter), "nothing published");
+        shared.publish_sends(3);
+        assert_eq!(shared.complete_send(2), Ok(101));
+        assert_eq!(shared.poller.sq.load(Ordering::Relaxed), 2);
+        assert_eq!(shared.complete_send(2), Err(BadCqe::WqeCounter), "already completed");
+        assert_eq!(shared.complete_send(0x0b), Ok(102), "masked to block 3");
+        assert!(!shared.send_full(3, 1));
+        // A two-block WQE: a CQE naming its second block is refused.
+        shared.record_send(4, 2, 3, 103);
+        shared.publish_sends(4);
+        assert_eq!(shared.complete_send(5), Err(BadCqe::WqeCounter));
+        assert_eq!(shared.complete_send(4), Ok(103));
+        // After a RESET, an entry of before it names nothing.
+        shared.reset();
+        shared.record_send(0, 1, 0, 200);
+        shared.publish_sends(1);
+        assert_eq!(shared.complete_send(2), Err(BadCqe::WqeCounter));
+        assert_eq!(shared.complete_send(0), Ok(200));
+        assert_eq!(shared.complete_recv(0), Err(BadCqe::NoReceive));
+        shared.record_recv(0, 55);
+        shared.publish_recvs(1);
+        assert!(shared.recv_full(1, 1));
+        assert_eq!(shared.complete_recv(0), Ok(55));
+        assert_eq!(shared.complete_recv(0), Err(BadCqe::NoReceive));
+        assert!(!shared.recv_full(1, 1));
+    }
+}

@@ -1,0 +1,229 @@
+//! The mlx5 step of `cargo xtask bench` (issue #16): the Rust mlx5 provider against Debian's
+//! C libmlx5, both on the mlx5 device model on this host. No guest: the rings, doorbell records
+//! and UAR pages are plain memory of the process, so the data path runs natively.
+//!
+//! The same two harnesses as the rxe benchmarks (`benches/verbs/main.rs` on the uverbs API
+//! with the mlx5 provider, `benches/c/verbs_bench.c` through libibverbs and libmlx5) run on
+//! the model (`--device mlx5_0`, InfiniBand: the LID addresses the pair), each twice: under
+//! callgrind, counting only the measured regions of the harness's own thread (collection is
+//! toggled by client requests, per thread, and the dumps are per thread: the model's device
+//! thread is never counted), and natively for nanoseconds. The drain measures only rounds in
+//! which every completion was already written when the region began (the harness waits for
+//! the device first, and a round that found fewer is dumped as `drain_partial` and rerun).
+//!
+//! Results: `target/bench/mlx5/` (raw dumps and results.jsonl) and the table
+//! `target/bench/mlx5-summary.md`, with, for every missed target, the functions the measured
+//! region spent its instructions in.
+
+use super::{fmt_value, median_iqr, read_callgrind, read_samples};
+use crate::error::{Context, Result};
+use crate::proc;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The name that skips this step in `UVERBS_BENCH_SKIP`.
+pub const SKIP_NAME: &str = "mlx5";
+
+/// How long the drain first waits for the device to write its 4096 completions (doubled after
+/// a round that found fewer): the model runs under valgrind too.
+const DRAIN_WAIT_MS: &str = "2000";
+
+/// The rows: workload, parameter, what, unit, target (Rust/libmlx5 at most).
+const ROWS: [(&str, i64, &str, &str, f64); 6] = [
+    ("drain", 1, "drain 4096 ready, poll 1 at a time", "completion", 0.7),
+    ("drain", 16, "drain 4096 ready, poll 16 at a time", "completion", 0.5),
+    ("drain", 64, "drain 4096 ready, poll 64 at a time", "completion", 0.5),
+    ("empty", 16, "poll an empty CQ (16 asked)", "call", 0.5),
+    ("post", 1, "post_send, 1 WR per call (+ doorbell)", "WR", 0.7),
+    ("post", 32, "post_send, lists of 32 WRs (+ doorbell)", "WR", 0.7),
+];
+
+/// The harness arguments for implementation `imp` on the model.
+fn harness_args(imp: &str) -> Vec<&str> {
+    vec![
+        "--impl",
+        imp,
+        "--device",
+        "mlx5_0",
+        "--gid-index",
+        "0",
+        "--only",
+        "drain,empty,post",
+        "--batches",
+        "1,16,64",
+        "--drain-wait-ms",
+        DRAIN_WAIT_MS,
+    ]
+}
+
+/// Runs the step; returns whether every run succeeded.
+pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
+    let lib = crate::mlx5::build_model_in(true)?;
+    let raw = out.join("mlx5");
+    let _ = std::fs::remove_dir_all(&raw);
+    std::fs::create_dir_all(raw.join("cg")).with_context(|| format!("creating {}", raw.display()))?;
+    let mut ok = true;
+    let mut results = String::new();
+    for (imp, prog) in [("c", c_harness), ("rust", rust)] {
+        let dir = crate::mlx5::fresh_dir()?;
+        let mut cg = Command::new("valgrind");
+        cg.args(["--tool=callgrind", "--collect-atstart=no", "--separate-threads=yes"])
+            .arg("--compress-strings=no")
+            .arg(format!(
+                "--callgrind-out-file={}",
+                raw.join("cg").join(format!("{imp}.out")).display()
+            ))
+            .arg(prog)
+            .args(harness_args(imp))
+            .arg("--callgrind")
+            // Timings under valgrind mean nothing; the dumps are the result.
+            .stdout(Stdio::null());
+        crate::mlx5::on_model(&mut cg, &lib, &dir);
+        note!("xtask: bench mlx5: {}", proc::describe(&cg));
+        let cg_ok = proc::status(&mut cg)?.success();
+        let dir_native = crate::mlx5::fresh_dir()?;
+        let mut native = Command::new(prog);
+        native.args(harness_args(imp)).stderr(Stdio::inherit());
+        crate::mlx5::on_model(&mut native, &lib, &dir_native);
+        note!("xtask: bench mlx5: {}", proc::describe(&native));
+        let o = native.output().with_context(|| format!("running {}", prog.display()))?;
+        results.push_str(&String::from_utf8_lossy(&o.stdout));
+        for (d, good) in [(dir, cg_ok), (dir_native, o.status.success())] {
+            if good {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+        ok &= cg_ok && o.status.success();
+    }
+    crate::write_atomic(&raw.join("results.jsonl"), results.as_bytes())?;
+    let table = summarize(&raw)?;
+    crate::write_atomic(&out.join("mlx5-summary.md"), table.as_bytes())?;
+    say!("{table}");
+    Ok(ok)
+}
+
+/// The table from `raw` (results.jsonl and the callgrind dumps in cg/).
+fn summarize(raw: &Path) -> Result<String> {
+    let samples = read_samples(raw)?;
+    let ir = read_callgrind(raw);
+    let ns = |w: &str, p: i64, i: &str| {
+        let mut v: Vec<f64> = samples
+            .get(&(w.to_string(), p, i.to_string()))?
+            .values()
+            .flatten()
+            .copied()
+            .collect();
+        (!v.is_empty()).then(|| median_iqr(&mut v).0)
+    };
+    let ir_of = |w: &str, p: i64, i: &str| ir.get(&(w.to_string(), p, i.to_string())).copied();
+    let show = |x: Option<f64>| x.map_or("–".to_string(), fmt_value);
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let show_ratio = |r: Option<f64>| r.map_or("–".to_string(), |r| format!("{r:.2}"));
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "| workload | per | Ir libmlx5 | Ir Rust | Ir Rust/libmlx5 | ns libmlx5 | ns Rust | ns Rust/libmlx5 | target | met (Ir) |"
+    );
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---|---|");
+    let mut missed = Vec::new();
+    for (w, p, what, per, target) in ROWS {
+        let (ic, ir_rust) = (ir_of(w, p, "c"), ir_of(w, p, "rust"));
+        let (nc, nr) = (ns(w, p, "c"), ns(w, p, "rust"));
+        let r = ratio(ir_rust, ic);
+        let met = match r {
+            Some(r) if r <= target => "yes",
+            Some(_) => {
+                missed.push((w, p, what));
+                "no"
+            }
+            None => "?",
+        };
+        let _ = writeln!(
+            md,
+            "| {what} | {per} | {} | {} | {} | {} | {} | {} | ≤ {target}× | {met} |",
+            show(ic),
+            show(ir_rust),
+            show_ratio(r),
+            show(nc),
+            show(nr),
+            show_ratio(ratio(nr, nc)),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nIr: callgrind instructions of the measured regions of the harness thread, divided by \
+         the operations in them. ns: medians of the native runs on the model (its device thread \
+         shares the machine: noisy; the Ir are the deterministic comparison)."
+    );
+    for (w, p, what) in missed {
+        for imp in ["rust", "c"] {
+            let _ = writeln!(md, "\n{what}, {imp}: Ir per operation by function (self cost)\n");
+            for (f, v) in profile(raw, w, p, imp).into_iter().take(8) {
+                let _ = writeln!(md, "    {v:>8.1}  {f}");
+            }
+        }
+    }
+    Ok(md)
+}
+
+/// The self cost per function, per operation, of implementation `imp`'s dumps of workload
+/// `w` at `p`, highest first (the dumps' uncompressed names: `--compress-strings=no`).
+fn profile(raw: &Path, w: &str, p: i64, imp: &str) -> Vec<(String, f64)> {
+    let mut by_fn: BTreeMap<String, f64> = BTreeMap::new();
+    let mut ops = 0.0;
+    let want = format!("{w} {p} ");
+    let Ok(dir) = std::fs::read_dir(raw.join("cg")) else {
+        return Vec::new();
+    };
+    for e in dir.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(&format!("{imp}.out.")) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let trigger = text
+            .lines()
+            .find_map(|l| l.strip_prefix("desc: Trigger: Client Request: "));
+        let Some(n) = trigger
+            .and_then(|t| t.strip_prefix(&want))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+        else {
+            continue;
+        };
+        ops += n;
+        let (mut func, mut after_call) = (String::new(), false);
+        for l in text.lines() {
+            if let Some(f) = l.strip_prefix("fn=") {
+                (func, after_call) = (f.to_string(), false);
+            } else if l.starts_with("calls=") {
+                after_call = true;
+            } else if l.starts_with(|c: char| c.is_ascii_digit() || "+-*".contains(c)) {
+                // The line after `calls=` is the callee's inclusive cost, not this function's.
+                if std::mem::take(&mut after_call) {
+                    continue;
+                }
+                if let Some(cost) = l.split_whitespace().nth(1).and_then(|c| c.parse::<f64>().ok()) {
+                    *by_fn.entry(func.clone()).or_default() += cost;
+                }
+            }
+        }
+    }
+    let mut v: Vec<(String, f64)> = by_fn
+        .into_iter()
+        .filter(|_| ops > 0.0)
+        .map(|(f, c)| (f, c / ops))
+        .collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    v
+}
+
+/// Whether `UVERBS_BENCH_SKIP` names this step.
+pub fn skipped() -> bool {
+    std::env::var("UVERBS_BENCH_SKIP").is_ok_and(|s| s.split(',').any(|x| x.trim() == SKIP_NAME))
+}
