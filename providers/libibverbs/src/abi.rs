@@ -212,6 +212,88 @@ assert_layout!(ibv_cq, size 128, handle @ 24, cqe @ 28, mutex @ 32, cond @ 72,
 /// `sizeof(struct ibv_cq_ex)`: `struct verbs_cq` is a union of `ibv_cq` and `ibv_cq_ex`.
 pub const IBV_CQ_EX_SIZE: usize = 288;
 
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+assert_layout!(ibv_poll_cq_attr, size 4);
+
+/// A read accessor of `struct ibv_cq_ex`.
+pub type CqExRead<T> = Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> T>;
+
+/// `struct ibv_cq_ex`: the fields of `struct ibv_cq`, then the extended poll interface the
+/// provider fills and libibverbs' inline `ibv_start_poll`, `ibv_wc_read_*`... call.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub cq: ibv_cq,
+    pub comp_mask: u32,
+    /// `enum ibv_wc_status` of the current completion.
+    pub status: c_uint,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: CqExRead<c_uint>,
+    pub read_vendor_err: CqExRead<u32>,
+    pub read_byte_len: CqExRead<u32>,
+    pub read_imm_data: CqExRead<u32>,
+    pub read_qp_num: CqExRead<u32>,
+    pub read_src_qp: CqExRead<u32>,
+    pub read_wc_flags: CqExRead<c_uint>,
+    pub read_slid: CqExRead<u32>,
+    pub read_sl: CqExRead<u8>,
+    pub read_dlid_path_bits: CqExRead<u8>,
+    pub read_completion_ts: OpaqueFn,
+    pub read_cvlan: OpaqueFn,
+    pub read_flow_tag: OpaqueFn,
+    pub read_tm_info: OpaqueFn,
+    pub read_completion_wallclock_ns: OpaqueFn,
+}
+assert_layout!(ibv_cq_ex, size 288, comp_mask @ 128, status @ 132, wr_id @ 136, start_poll @ 144,
+    next_poll @ 152, end_poll @ 160, read_opcode @ 168, read_vendor_err @ 176, read_byte_len @ 184,
+    read_imm_data @ 192, read_qp_num @ 200, read_src_qp @ 208, read_wc_flags @ 216, read_slid @ 224,
+    read_sl @ 232, read_dlid_path_bits @ 240, read_completion_ts @ 248,
+    read_completion_wallclock_ns @ 280);
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    /// `enum ibv_create_cq_wc_flags` bits.
+    pub wc_flags: u64,
+    /// `enum ibv_cq_init_attr_mask` bits.
+    pub comp_mask: u32,
+    /// `enum ibv_create_cq_attr_flags` bits.
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+assert_layout!(ibv_cq_init_attr_ex, size 56, cq_context @ 8, channel @ 16, comp_vector @ 24,
+    wc_flags @ 32, comp_mask @ 40, flags @ 44, parent_domain @ 48);
+
+/// `enum ibv_create_cq_wc_flags`: the fields an extended CQ can be asked to read.
+pub mod wc_ex {
+    pub const WITH_BYTE_LEN: u64 = 1 << 0;
+    pub const WITH_IMM: u64 = 1 << 1;
+    pub const WITH_QP_NUM: u64 = 1 << 2;
+    pub const WITH_SRC_QP: u64 = 1 << 3;
+    pub const WITH_SLID: u64 = 1 << 4;
+    pub const WITH_SL: u64 = 1 << 5;
+    pub const WITH_DLID_PATH_BITS: u64 = 1 << 6;
+    /// What rxe completions carry (rdma-core's rxe offers the same).
+    pub const SUPPORTED: u64 =
+        WITH_BYTE_LEN | WITH_IMM | WITH_QP_NUM | WITH_SRC_QP | WITH_SLID | WITH_SL | WITH_DLID_PATH_BITS;
+}
+
+/// `enum ibv_cq_init_attr_mask`.
+pub mod cq_init_attr_mask {
+    pub const FLAGS: u32 = 1 << 0;
+    pub const PD: u32 = 1 << 1;
+}
+
 /// `struct ibv_srq`.
 #[repr(C)]
 pub struct ibv_srq {
@@ -704,7 +786,7 @@ assert_layout!(verbs_mr, size 56, mr_type @ 48, access @ 52);
 #[repr(C)]
 pub union verbs_cq {
     pub cq: ibv_cq,
-    pub _cq_ex: [u64; IBV_CQ_EX_SIZE / 8],
+    pub cq_ex: std::mem::ManuallyDrop<ibv_cq_ex>,
 }
 assert_layout!(verbs_cq, size 288);
 
@@ -741,7 +823,7 @@ pub struct verbs_context_ops {
     pub create_ah: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah>,
     pub create_counters: OpaqueFn,
     pub create_cq: Option<unsafe extern "C" fn(*mut ibv_context, c_int, *mut ibv_comp_channel, c_int) -> *mut ibv_cq>,
-    pub create_cq_ex: OpaqueFn,
+    pub create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub create_flow: OpaqueFn,
     pub create_flow_action_esp: OpaqueFn,
     pub create_qp: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp>,
@@ -1160,6 +1242,58 @@ pub(crate) fn public_layouts() -> Vec<(String, usize)> {
         port_cap_flags2
     );
     v.push(("sizeof(struct ibv_cq_ex)".into(), IBV_CQ_EX_SIZE));
+    check!(
+        "ibv_cq_ex",
+        ibv_cq_ex,
+        comp_mask,
+        status,
+        wr_id,
+        start_poll,
+        next_poll,
+        end_poll,
+        read_opcode,
+        read_vendor_err,
+        read_byte_len,
+        read_imm_data,
+        read_qp_num,
+        read_src_qp,
+        read_wc_flags,
+        read_slid,
+        read_sl,
+        read_dlid_path_bits,
+        read_completion_ts,
+        read_cvlan,
+        read_flow_tag,
+        read_tm_info,
+        read_completion_wallclock_ns
+    );
+    check!(
+        "ibv_cq_init_attr_ex",
+        ibv_cq_init_attr_ex,
+        cqe,
+        cq_context,
+        channel,
+        comp_vector,
+        wc_flags,
+        comp_mask,
+        flags,
+        parent_domain
+    );
+    check!("ibv_poll_cq_attr", ibv_poll_cq_attr, comp_mask);
+    for (name, bit) in [
+        ("BYTE_LEN", wc_ex::WITH_BYTE_LEN),
+        ("IMM", wc_ex::WITH_IMM),
+        ("QP_NUM", wc_ex::WITH_QP_NUM),
+        ("SRC_QP", wc_ex::WITH_SRC_QP),
+        ("SLID", wc_ex::WITH_SLID),
+        ("SL", wc_ex::WITH_SL),
+        ("DLID_PATH_BITS", wc_ex::WITH_DLID_PATH_BITS),
+    ] {
+        v.push((format!("IBV_WC_EX_WITH_{name}"), bit as usize));
+    }
+    v.push(("IBV_WC_STANDARD_FLAGS".into(), wc_ex::SUPPORTED as usize));
+    v.push(("IBV_CQ_INIT_ATTR_MASK_FLAGS".into(), cq_init_attr_mask::FLAGS as usize));
+    v.push(("IBV_CQ_INIT_ATTR_MASK_PD".into(), cq_init_attr_mask::PD as usize));
     v.push(("sizeof(struct ibv_qp_ex)".into(), IBV_QP_EX_SIZE));
     v.push(("sizeof(pthread_mutex_t)".into(), size_of::<pthread_mutex_t>()));
     v.push(("sizeof(pthread_cond_t)".into(), size_of::<pthread_cond_t>()));

@@ -49,6 +49,7 @@ static OPS: verbs_context_ops = verbs_context_ops {
     reg_mr: Some(mr::reg_mr),
     dereg_mr: Some(mr::dereg_mr),
     create_cq: Some(cq::create_cq),
+    create_cq_ex: Some(cq::create_cq_ex),
     poll_cq: Some(cq::poll_cq),
     req_notify_cq: Some(cq::req_notify_cq),
     resize_cq: Some(cq::resize_cq),
