@@ -52,19 +52,25 @@ for c in "$src"/dropin_*.c; do
     crc=0
     timeout 120 "$work/$name" $dev >"$work/c.txt" 2>"$work/c_stderr.out" || crc=$?
     rrc=0
-    timeout 120 env RDMAV_DRIVERS="$work/libuverbs_rxe" UVERBS_PROVIDER_VERBOSE=1 "$work/$name" $dev \
+    timeout 120 env RDMAV_DRIVERS="$work/libuverbs_rxe" UVERBS_PROVIDER_VERBOSE=1 DROPIN_STRICT=1 "$work/$name" $dev \
         >"$work/rust.txt" 2>"$work/rust_stderr.out" || rrc=$?
+    # Lines where rdma-core v44 has a bug fixed upstream since are not compared; the program
+    # checks them itself on the drop-in (DROPIN_STRICT).
+    grep -v "^v44-differs: " "$work/c.txt" >"$work/c.cmp" || true
+    grep -v "^v44-differs: " "$work/rust.txt" >"$work/rust.cmp" || true
     if [ $crc -ne 0 ] || ! grep -q "^$name: OK" "$work/c.txt"; then
         cp "$work/c.txt" "$work/c_stdout.out"
         fail "$name: the reference run on the C provider failed (rc=$crc)"
     elif [ $rrc -ne 0 ] || ! grep -q "^uverbs_rxe: opened $dev" "$work/rust_stderr.out"; then
         cp "$work/rust.txt" "$work/rust_stdout.out"
         fail "$name: the run on the drop-in failed (rc=$rrc)"
-    elif ! cmp -s "$work/c.txt" "$work/rust.txt"; then
-        diff "$work/c.txt" "$work/rust.txt" >"$work/diff.out" || true
+    elif ! cmp -s "$work/c.cmp" "$work/rust.cmp"; then
+        diff "$work/c.cmp" "$work/rust.cmp" >"$work/diff.out" || true
         fail "$name: the drop-in printed other results than the C provider"
     else
-        pass "$name: $(($(wc -l <"$work/c.txt") - 1)) results identical on the C provider and the drop-in"
+        known=$(grep -c "^v44-differs: " "$work/c.txt" || true)
+        pass "$name: $(($(wc -l <"$work/c.cmp") - 1)) results identical on the C provider and the drop-in$(
+            [ "$known" -eq 0 ] || echo " ($known more where rdma-core v44 has a bug, checked correct on the drop-in)")"
     fi
 done
 

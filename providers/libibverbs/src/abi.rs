@@ -357,6 +357,106 @@ assert_layout!(ibv_qp, size 160, srq @ 40, handle @ 48, qp_num @ 52, state @ 56,
 /// `sizeof(struct ibv_qp_ex)`: `struct verbs_qp` is a union of `ibv_qp` and `ibv_qp_ex`.
 pub const IBV_QP_EX_SIZE: usize = 352;
 
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub type_: c_int,
+}
+assert_layout!(ibv_mw, size 32, pd @ 8, rkey @ 16, handle @ 20, type_ @ 24);
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+assert_layout!(ibv_mw_bind_info, size 32, addr @ 8, length @ 16, mw_access_flags @ 24);
+
+/// `struct ibv_mw_bind`.
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+assert_layout!(ibv_mw_bind, size 48, send_flags @ 8, bind_info @ 16);
+
+/// `struct ibv_data_buf`.
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: size_t,
+}
+assert_layout!(ibv_data_buf, size 16, length @ 8);
+
+/// A builder or setter of `struct ibv_qp_ex`.
+pub type QpExFn<A> = Option<A>;
+type X = *mut ibv_qp_ex;
+
+/// `struct ibv_qp_ex`: `struct ibv_qp`, then the work request interface the provider fills
+/// and libibverbs' inline `ibv_wr_*` call.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    /// `enum ibv_send_flags` bits.
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: QpExFn<unsafe extern "C" fn(X, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: QpExFn<unsafe extern "C" fn(X, u32, u64, u64)>,
+    pub wr_bind_mw: QpExFn<unsafe extern "C" fn(X, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: QpExFn<unsafe extern "C" fn(X, u32)>,
+    pub wr_rdma_read: QpExFn<unsafe extern "C" fn(X, u32, u64)>,
+    pub wr_rdma_write: QpExFn<unsafe extern "C" fn(X, u32, u64)>,
+    pub wr_rdma_write_imm: QpExFn<unsafe extern "C" fn(X, u32, u64, u32)>,
+    pub wr_send: QpExFn<unsafe extern "C" fn(X)>,
+    pub wr_send_imm: QpExFn<unsafe extern "C" fn(X, u32)>,
+    pub wr_send_inv: QpExFn<unsafe extern "C" fn(X, u32)>,
+    pub wr_send_tso: OpaqueFn,
+    pub wr_set_ud_addr: QpExFn<unsafe extern "C" fn(X, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: OpaqueFn,
+    pub wr_set_inline_data: QpExFn<unsafe extern "C" fn(X, *mut c_void, size_t)>,
+    pub wr_set_inline_data_list: QpExFn<unsafe extern "C" fn(X, size_t, *const ibv_data_buf)>,
+    pub wr_set_sge: QpExFn<unsafe extern "C" fn(X, u32, u64, u32)>,
+    pub wr_set_sge_list: QpExFn<unsafe extern "C" fn(X, size_t, *const ibv_sge)>,
+    pub wr_start: QpExFn<unsafe extern "C" fn(X)>,
+    pub wr_complete: QpExFn<unsafe extern "C" fn(X) -> c_int>,
+    pub wr_abort: QpExFn<unsafe extern "C" fn(X)>,
+    pub wr_atomic_write: OpaqueFn,
+}
+assert_layout!(ibv_qp_ex, size 352, comp_mask @ 160, wr_id @ 168, wr_flags @ 176,
+    wr_atomic_cmp_swp @ 184, wr_local_inv @ 208, wr_send @ 240, wr_send_tso @ 264,
+    wr_set_ud_addr @ 272, wr_set_inline_data @ 288, wr_set_sge_list @ 312, wr_start @ 320,
+    wr_complete @ 328, wr_abort @ 336, wr_atomic_write @ 344);
+
+/// `enum ibv_qp_create_send_ops_flags`: the `ibv_wr_*` builders asked for at `create_qp_ex`.
+pub mod send_ops {
+    pub const RDMA_WRITE: u64 = 1 << 0;
+    pub const RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+    pub const SEND: u64 = 1 << 2;
+    pub const SEND_WITH_IMM: u64 = 1 << 3;
+    pub const RDMA_READ: u64 = 1 << 4;
+    pub const ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+    pub const ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+    pub const LOCAL_INV: u64 = 1 << 7;
+    pub const BIND_MW: u64 = 1 << 8;
+    pub const SEND_WITH_INV: u64 = 1 << 9;
+    pub const TSO: u64 = 1 << 10;
+    pub const ATOMIC_WRITE: u64 = 1 << 12;
+}
+
+/// `VERBS_QP_EX` of `verbs_qp.comp_mask` (driver.h): `ibv_qp_to_qp_ex` hands out the
+/// `ibv_qp_ex` only when it is set.
+pub const VERBS_QP_EX: u32 = 1 << 1;
+
 /// `struct ibv_qp_cap`; the same layout as [`uverbs::QpCap`].
 pub type ibv_qp_cap = uverbs::QpCap;
 assert_layout!(ibv_qp_cap, size 20, max_send_wr @ 0, max_recv_wr @ 4, max_send_sge @ 8,
@@ -793,9 +893,9 @@ assert_layout!(verbs_cq, size 288);
 /// `struct verbs_qp`.
 #[repr(C)]
 pub struct verbs_qp {
-    /// `union { struct ibv_qp qp; struct ibv_qp_ex qp_ex; }`: only `qp` is used.
-    pub qp: ibv_qp,
-    pub _qp_ex_tail: [u64; (IBV_QP_EX_SIZE - std::mem::size_of::<ibv_qp>()) / 8],
+    /// `union { struct ibv_qp qp; struct ibv_qp_ex qp_ex; }`: `ibv_qp_ex` starts with the
+    /// `ibv_qp`.
+    pub qp_ex: ibv_qp_ex,
     pub comp_mask: u32,
     pub xrcd: *mut c_void,
 }
@@ -1295,6 +1395,56 @@ pub(crate) fn public_layouts() -> Vec<(String, usize)> {
     v.push(("IBV_CQ_INIT_ATTR_MASK_FLAGS".into(), cq_init_attr_mask::FLAGS as usize));
     v.push(("IBV_CQ_INIT_ATTR_MASK_PD".into(), cq_init_attr_mask::PD as usize));
     v.push(("sizeof(struct ibv_qp_ex)".into(), IBV_QP_EX_SIZE));
+    check!(
+        "ibv_qp_ex",
+        ibv_qp_ex,
+        qp_base,
+        comp_mask,
+        wr_id,
+        wr_flags,
+        wr_atomic_cmp_swp,
+        wr_atomic_fetch_add,
+        wr_bind_mw,
+        wr_local_inv,
+        wr_rdma_read,
+        wr_rdma_write,
+        wr_rdma_write_imm,
+        wr_send,
+        wr_send_imm,
+        wr_send_inv,
+        wr_send_tso,
+        wr_set_ud_addr,
+        wr_set_xrc_srqn,
+        wr_set_inline_data,
+        wr_set_inline_data_list,
+        wr_set_sge,
+        wr_set_sge_list,
+        wr_start,
+        wr_complete,
+        wr_abort,
+        wr_atomic_write
+    );
+    check!("ibv_mw", ibv_mw, context, pd, rkey, handle);
+    v.push(("offsetof(struct ibv_mw, type)".into(), offset_of!(ibv_mw, type_)));
+    check!("ibv_mw_bind_info", ibv_mw_bind_info, mr, addr, length, mw_access_flags);
+    check!("ibv_mw_bind", ibv_mw_bind, wr_id, send_flags, bind_info);
+    check!("ibv_data_buf", ibv_data_buf, addr, length);
+    for (name, bit) in [
+        ("RDMA_WRITE", send_ops::RDMA_WRITE),
+        ("RDMA_WRITE_WITH_IMM", send_ops::RDMA_WRITE_WITH_IMM),
+        ("SEND", send_ops::SEND),
+        ("SEND_WITH_IMM", send_ops::SEND_WITH_IMM),
+        ("RDMA_READ", send_ops::RDMA_READ),
+        ("ATOMIC_CMP_AND_SWP", send_ops::ATOMIC_CMP_AND_SWP),
+        ("ATOMIC_FETCH_AND_ADD", send_ops::ATOMIC_FETCH_AND_ADD),
+        ("LOCAL_INV", send_ops::LOCAL_INV),
+        ("BIND_MW", send_ops::BIND_MW),
+        ("SEND_WITH_INV", send_ops::SEND_WITH_INV),
+        ("TSO", send_ops::TSO),
+        ("ATOMIC_WRITE", send_ops::ATOMIC_WRITE),
+    ] {
+        v.push((format!("IBV_QP_EX_WITH_{name}"), bit as usize));
+    }
     v.push(("sizeof(pthread_mutex_t)".into(), size_of::<pthread_mutex_t>()));
     v.push(("sizeof(pthread_cond_t)".into(), size_of::<pthread_cond_t>()));
     v.push(("IBV_SYSFS_NAME_MAX".into(), SYSFS_NAME_MAX));

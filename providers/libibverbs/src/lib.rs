@@ -54,6 +54,7 @@ mod libibverbs;
 mod mr;
 mod pd;
 mod qp;
+mod qp_ex;
 mod spin;
 mod srq;
 mod wr;

@@ -13,11 +13,17 @@
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } } while (0)
 #define SPINS 200000000L
 
+/* Where rdma-core v44's rxe has a bug fixed upstream since, the program prints what it got on
+ * lines starting "v44-differs: ", which the script leaves out of the comparison, and on the
+ * drop-in (run with DROPIN_STRICT set) checks the correct result instead. */
+#define DIFFERS "v44-differs: "
+static inline int strict(void) { return getenv("DROPIN_STRICT") != NULL; }
+
 static struct ibv_context *ctx;
 static union ibv_gid gid;
 
 /* Opens argv[1] (default rxe0) and reads GID 1 (the test guest's ::ffff:127.0.0.1). */
-static void open_dev(int argc, char **argv)
+static inline void open_dev(int argc, char **argv)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
 	CHECK(list, "no devices");
@@ -33,7 +39,7 @@ static const int ALL_ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
 			      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
 
 /* RESET -> INIT for an RC or UC QP. */
-static void to_init(struct ibv_qp *qp)
+static inline void to_init(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr m = { .qp_state = IBV_QPS_INIT, .port_num = 1,
 		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC };
@@ -41,7 +47,7 @@ static void to_init(struct ibv_qp *qp)
 }
 
 /* INIT -> RTR -> RTS towards QP number `dest` on this port. */
-static void connect_to(struct ibv_qp *qp, uint32_t dest)
+static inline void connect_to(struct ibv_qp *qp, uint32_t dest)
 {
 	struct ibv_qp_attr m = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest,
 		.max_dest_rd_atomic = 1, .min_rnr_timer = 12,
@@ -55,7 +61,7 @@ static void connect_to(struct ibv_qp *qp, uint32_t dest)
 	      "RTS");
 }
 
-static void connect_pair(struct ibv_qp *a, struct ibv_qp *b)
+static inline void connect_pair(struct ibv_qp *a, struct ibv_qp *b)
 {
 	to_init(a);
 	to_init(b);
@@ -67,9 +73,9 @@ static void connect_pair(struct ibv_qp *a, struct ibv_qp *b)
 static struct ibv_qp *named_qps[8];
 static const char *qp_names = "ABCDEFGH";
 
-static void name_qp(int i, struct ibv_qp *qp) { named_qps[i] = qp; }
+static inline void name_qp(int i, struct ibv_qp *qp) { named_qps[i] = qp; }
 
-static char qp_name(uint32_t n)
+static inline char qp_name(uint32_t n)
 {
 	for (int i = 0; i < 8; i++)
 		if (named_qps[i] && named_qps[i]->qp_num == n)
@@ -77,7 +83,7 @@ static char qp_name(uint32_t n)
 	return n ? '?' : '0';
 }
 
-static void post_recv(struct ibv_qp *qp, uint64_t wr_id, void *addr, uint32_t len, uint32_t lkey)
+static inline void post_recv(struct ibv_qp *qp, uint64_t wr_id, void *addr, uint32_t len, uint32_t lkey)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)addr, .length = len, .lkey = lkey };
 	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 }, *bad;
@@ -85,7 +91,7 @@ static void post_recv(struct ibv_qp *qp, uint64_t wr_id, void *addr, uint32_t le
 }
 
 /* Prints a completion read with ibv_poll_cq. */
-static void print_wc(const char *what, const struct ibv_wc *wc)
+static inline void print_wc(const char *what, const struct ibv_wc *wc)
 {
 	printf("%s: wr_id %llu %s opcode %d", what, (unsigned long long)wc->wr_id, ibv_wc_status_str(wc->status),
 	       wc->opcode);
@@ -99,7 +105,7 @@ static void print_wc(const char *what, const struct ibv_wc *wc)
 }
 
 /* Waits for one completion on a CQ read with ibv_poll_cq, and prints it. */
-static struct ibv_wc wait_wc(struct ibv_cq *cq, const char *what)
+static inline struct ibv_wc wait_wc(struct ibv_cq *cq, const char *what)
 {
 	struct ibv_wc wc;
 	for (long spins = 0;; spins++) {
