@@ -27,8 +27,10 @@ mod cq;
 mod device;
 mod error;
 mod event;
+mod mcast;
 #[allow(unsafe_code)] // registers caller memory and hands out views of it
 mod mr;
+mod mw;
 mod netlink;
 mod open_enum;
 mod parked;
@@ -64,12 +66,13 @@ pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Mr, OutOfBounds};
+pub use mw::{Mw, MwType};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
+pub use wr::{AhRef, MwBind, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! rxe queue pairs: send WQEs written into the SQ ring and rung with an empty POST_SEND
 //! command; receive WQEs written into the RQ ring with no system call.
 
-use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
+use super::abi::{AtomicArm, CreateQpResp, DmaInfo, MwArm, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
 use super::queue::Producer;
 use super::RxeContext;
 use crate::attr::{QpState, QpType};
@@ -171,7 +171,8 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             reserved: 0,
             opcode: wr.op.wr_opcode(),
             send_flags: wr.flags.bits(),
-            ex: wr.op.imm_data().unwrap_or(0),
+            // Immediate data, or the rkey to invalidate (host order, as rxe reads it).
+            ex: wr.op.imm_data().or(wr.op.invalidate_rkey()).unwrap_or(0),
             wr: arm,
             status: 0,
             state: 0,
@@ -239,6 +240,20 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
         SendOp::SendWithImm { .. } => write(send(), 0),
         SendOp::CompareSwap { remote, compare, swap } => write(atomic(remote, compare, swap), remote.addr),
         SendOp::FetchAdd { remote, add } => write(atomic(remote, add, 0), remote.addr),
+        SendOp::SendWithInv { .. } => write(send(), 0),
+        SendOp::LocalInv { .. } => write(zeroed, 0),
+        SendOp::BindMw(b) => {
+            let mut arm = zeroed;
+            arm.mw = MwArm {
+                addr: b.addr,
+                length: b.length,
+                mr_lkey: b.mr_lkey,
+                mw_rkey: b.mw_rkey,
+                rkey: b.new_rkey,
+                access: b.access,
+            };
+            write(arm, 0)
+        }
     }
 }
 

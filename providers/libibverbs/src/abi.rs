@@ -656,11 +656,21 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// The `bind_mw`/`tso` union.
-    pub bind_mw_or_tso: [u64; 6],
+    /// The `bind_mw` arm of the `bind_mw`/`tso` union (the larger).
+    pub bind_mw: ibv_send_wr_bind_mw,
 }
 assert_layout!(ibv_send_wr, size 128, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 28,
-    send_flags @ 32, imm_data @ 36, wr @ 40, remote_srqn @ 72, bind_mw_or_tso @ 80);
+    send_flags @ 32, imm_data @ 36, wr @ 40, remote_srqn @ 72, bind_mw @ 80);
+
+/// `ibv_send_wr.bind_mw`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+assert_layout!(ibv_send_wr_bind_mw, size 48, rkey @ 8, bind_info @ 16);
 
 // ---------------------------------------------------------------------------------------------
 // verbs.h: queries
@@ -909,15 +919,15 @@ assert_layout!(verbs_qp, size 368, comp_mask @ 352, xrcd @ 360);
 pub struct verbs_context_ops {
     pub advise_mr: OpaqueFn,
     pub alloc_dm: OpaqueFn,
-    pub alloc_mw: OpaqueFn,
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw>,
     pub alloc_null_mr: OpaqueFn,
     pub alloc_parent_domain: OpaqueFn,
     pub alloc_pd: Option<unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_pd>,
     pub alloc_td: OpaqueFn,
     pub async_event: OpaqueFn,
     pub attach_counters_point_flow: OpaqueFn,
-    pub attach_mcast: OpaqueFn,
-    pub bind_mw: OpaqueFn,
+    pub attach_mcast: Option<unsafe extern "C" fn(*mut ibv_qp, *const [u8; 16], u16) -> c_int>,
+    pub bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int>,
     pub close_xrcd: OpaqueFn,
     pub cq_event: OpaqueFn,
     pub create_ah: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah>,
@@ -932,7 +942,7 @@ pub struct verbs_context_ops {
     pub create_srq: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq>,
     pub create_srq_ex: OpaqueFn,
     pub create_wq: OpaqueFn,
-    pub dealloc_mw: OpaqueFn,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
     pub dealloc_pd: Option<unsafe extern "C" fn(*mut ibv_pd) -> c_int>,
     pub dealloc_td: OpaqueFn,
     pub dereg_mr: Option<unsafe extern "C" fn(*mut verbs_mr) -> c_int>,
@@ -945,7 +955,7 @@ pub struct verbs_context_ops {
     pub destroy_rwq_ind_table: OpaqueFn,
     pub destroy_srq: Option<unsafe extern "C" fn(*mut ibv_srq) -> c_int>,
     pub destroy_wq: OpaqueFn,
-    pub detach_mcast: OpaqueFn,
+    pub detach_mcast: Option<unsafe extern "C" fn(*mut ibv_qp, *const [u8; 16], u16) -> c_int>,
     pub free_context: Option<unsafe extern "C" fn(*mut ibv_context)>,
     pub free_dm: OpaqueFn,
     pub get_srq_num: OpaqueFn,
@@ -1229,7 +1239,19 @@ pub(crate) fn public_layouts() -> Vec<(String, usize)> {
     ));
     v.push((
         "offsetof(struct ibv_send_wr, bind_mw)".into(),
-        std::mem::offset_of!(ibv_send_wr, bind_mw_or_tso),
+        std::mem::offset_of!(ibv_send_wr, bind_mw),
+    ));
+    v.push((
+        "sizeof(((struct ibv_send_wr *)0)->bind_mw)".into(),
+        size_of::<ibv_send_wr_bind_mw>(),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, bind_mw.rkey)".into(),
+        80 + offset_of!(ibv_send_wr_bind_mw, rkey),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, bind_mw.bind_info)".into(),
+        80 + offset_of!(ibv_send_wr_bind_mw, bind_info),
     ));
     v.push((
         "sizeof(((struct ibv_send_wr *)0)->wr)".into(),

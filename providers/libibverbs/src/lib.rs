@@ -52,6 +52,7 @@ mod event;
 mod ffi;
 mod libibverbs;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod qp_ex;

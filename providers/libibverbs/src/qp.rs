@@ -49,7 +49,7 @@ impl Qp {
 
 /// # Safety
 /// `qp` must be a live QP made by [`create_qp`].
-unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
+pub(crate) unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
     // SAFETY: `ibv_qp` is at the start of `verbs_qp`, the first field of a boxed `Qp`.
     unsafe { &*qp.cast::<Qp>() }
 }
@@ -237,6 +237,15 @@ fn set_send_ops(x: &mut ibv_qp_ex, ops: u64) {
     }
     if asked(send_ops::ATOMIC_FETCH_AND_ADD) {
         x.wr_atomic_fetch_add = Some(qp_ex::wr_atomic_fetch_add);
+    }
+    if asked(send_ops::SEND_WITH_INV) {
+        x.wr_send_inv = Some(qp_ex::wr_send_inv);
+    }
+    if asked(send_ops::LOCAL_INV) {
+        x.wr_local_inv = Some(qp_ex::wr_local_inv);
+    }
+    if asked(send_ops::BIND_MW) {
+        x.wr_bind_mw = Some(qp_ex::wr_bind_mw);
     }
     x.wr_set_ud_addr = Some(qp_ex::wr_set_ud_addr);
     x.wr_set_inline_data = Some(qp_ex::wr_set_inline_data);
@@ -531,6 +540,30 @@ unsafe fn post_send_batches(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut 
         }
     }
     0
+}
+
+/// `attach_mcast`: joins the QP to the multicast group `gid` (`lid` on InfiniBand).
+pub unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], lid: u16) -> c_int {
+    ffi::guard("attach_mcast", libc::EIO, || {
+        // SAFETY: libibverbs passes one of our QPs and the caller's GID.
+        let (q, gid) = unsafe { (qp_ref(qp), &*gid) };
+        match q.qp.lock().attach_mcast(gid, lid) {
+            Ok(()) => 0,
+            Err(e) => ffi::fail("attach_mcast", &e),
+        }
+    })
+}
+
+/// `detach_mcast`.
+pub unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], lid: u16) -> c_int {
+    ffi::guard("detach_mcast", libc::EIO, || {
+        // SAFETY: as in `attach_mcast`.
+        let (q, gid) = unsafe { (qp_ref(qp), &*gid) };
+        match q.qp.lock().detach_mcast(gid, lid) {
+            Ok(()) => 0,
+            Err(e) => ffi::fail("detach_mcast", &e),
+        }
+    })
 }
 
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {

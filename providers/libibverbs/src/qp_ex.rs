@@ -10,7 +10,7 @@
 //! error (a full send queue, too many SGEs, too much inline data) is kept, the rest of the
 //! batch ignored, and `ibv_wr_complete` returns it without posting anything.
 
-use crate::abi::{ibv_ah, ibv_data_buf, ibv_qp_ex, ibv_sge, send_ops};
+use crate::abi::{ibv_ah, ibv_data_buf, ibv_mw, ibv_mw_bind_info, ibv_qp_ex, ibv_sge, send_ops};
 use crate::ah::Ah;
 use crate::qp::Qp;
 use libc::{c_int, c_void, size_t};
@@ -24,9 +24,16 @@ pub(crate) const RC_OPS: u64 = send_ops::RDMA_WRITE
     | send_ops::SEND_WITH_IMM
     | send_ops::RDMA_READ
     | send_ops::ATOMIC_CMP_AND_SWP
-    | send_ops::ATOMIC_FETCH_AND_ADD;
-pub(crate) const UC_OPS: u64 =
-    send_ops::RDMA_WRITE | send_ops::RDMA_WRITE_WITH_IMM | send_ops::SEND | send_ops::SEND_WITH_IMM;
+    | send_ops::ATOMIC_FETCH_AND_ADD
+    | send_ops::LOCAL_INV
+    | send_ops::BIND_MW
+    | send_ops::SEND_WITH_INV;
+pub(crate) const UC_OPS: u64 = send_ops::RDMA_WRITE
+    | send_ops::RDMA_WRITE_WITH_IMM
+    | send_ops::SEND
+    | send_ops::SEND_WITH_IMM
+    | send_ops::BIND_MW
+    | send_ops::SEND_WITH_INV;
 pub(crate) const UD_OPS: u64 = send_ops::SEND | send_ops::SEND_WITH_IMM;
 
 /// The requests of one `ibv_wr_start` .. `ibv_wr_complete` batch, and room for what they
@@ -276,6 +283,27 @@ pub(crate) unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u
     };
     // SAFETY: as in `wr_send`.
     unsafe { build(qpx, op) }
+}
+
+pub(crate) unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: as in `wr_send`.
+    unsafe { build(qpx, SendOp::SendWithInv { rkey }) }
+}
+
+pub(crate) unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: as in `wr_send`.
+    unsafe { build(qpx, SendOp::LocalInv { rkey }) }
+}
+
+/// Binds `mw` (type 2) under `rkey`; the program sets `mw->rkey` itself once it completed.
+pub(crate) unsafe extern "C" fn wr_bind_mw(
+    qpx: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    // SAFETY: as in `wr_send`; `mw` and `info` (and its MR) are the caller's, live.
+    unsafe { build(qpx, SendOp::BindMw(crate::mw::mw_bind(mw, rkey, &*info))) }
 }
 
 // The setters: they fill in the last request built.
