@@ -325,6 +325,33 @@ pub struct ibv_srq_init_attr {
 }
 assert_layout!(ibv_srq_init_attr, size 24, attr @ 8);
 
+/// `struct ibv_srq_init_attr_ex` (`tm_cap`, two `uint32_t`, kept as one array).
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    /// `enum ibv_srq_init_attr_mask` bits.
+    pub comp_mask: u32,
+    /// `enum ibv_srq_type`.
+    pub srq_type: c_int,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    pub tm_cap: [u32; 2],
+}
+assert_layout!(ibv_srq_init_attr_ex, size 64, comp_mask @ 20, srq_type @ 24, pd @ 32, xrcd @ 40,
+    cq @ 48, tm_cap @ 56);
+
+/// `enum ibv_srq_init_attr_mask`.
+pub mod srq_init_attr_mask {
+    pub const TYPE: u32 = 1 << 0;
+    pub const PD: u32 = 1 << 1;
+    pub const RESERVED: u32 = 1 << 5;
+}
+
+/// `IBV_SRQT_BASIC`.
+pub const SRQT_BASIC: c_int = 0;
+
 /// `struct ibv_ah`.
 #[repr(C)]
 pub struct ibv_ah {
@@ -940,7 +967,7 @@ pub struct verbs_context_ops {
     pub create_qp_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp>,
     pub create_rwq_ind_table: OpaqueFn,
     pub create_srq: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq>,
-    pub create_srq_ex: OpaqueFn,
+    pub create_srq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq>,
     pub create_wq: OpaqueFn,
     pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
     pub dealloc_pd: Option<unsafe extern "C" fn(*mut ibv_pd) -> c_int>,
@@ -1402,6 +1429,25 @@ pub(crate) fn public_layouts() -> Vec<(String, usize)> {
         parent_domain
     );
     check!("ibv_poll_cq_attr", ibv_poll_cq_attr, comp_mask);
+    check!(
+        "ibv_srq_init_attr_ex",
+        ibv_srq_init_attr_ex,
+        srq_context,
+        attr,
+        comp_mask,
+        srq_type,
+        pd,
+        xrcd,
+        cq,
+        tm_cap
+    );
+    v.push(("IBV_SRQ_INIT_ATTR_TYPE".into(), srq_init_attr_mask::TYPE as usize));
+    v.push(("IBV_SRQ_INIT_ATTR_PD".into(), srq_init_attr_mask::PD as usize));
+    v.push((
+        "IBV_SRQ_INIT_ATTR_RESERVED".into(),
+        srq_init_attr_mask::RESERVED as usize,
+    ));
+    v.push(("IBV_SRQT_BASIC".into(), SRQT_BASIC as usize));
     for (name, bit) in [
         ("BYTE_LEN", wc_ex::WITH_BYTE_LEN),
         ("IMM", wc_ex::WITH_IMM),

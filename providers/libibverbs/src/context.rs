@@ -69,6 +69,7 @@ static OPS: verbs_context_ops = verbs_context_ops {
     create_ah: Some(ah::create_ah),
     destroy_ah: Some(ah::destroy_ah),
     create_srq: Some(srq::create_srq),
+    create_srq_ex: Some(srq::create_srq_ex),
     modify_srq: Some(srq::modify_srq),
     query_srq: Some(srq::query_srq),
     destroy_srq: Some(srq::destroy_srq),

@@ -13,9 +13,10 @@
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } } while (0)
 #define SPINS 200000000L
 
-/* Where rdma-core v44's rxe has a bug fixed upstream since, the program prints what it got on
- * lines starting "v44-differs: ", which the script leaves out of the comparison, and on the
- * drop-in (run with DROPIN_STRICT set) checks the correct result instead. */
+/* Where rdma-core v44 does not do what its man pages say (bugs, most fixed upstream since),
+ * the program prints what it got on lines starting "v44-differs: ", which the script leaves
+ * out of the comparison, and on the drop-in (run with DROPIN_STRICT set) checks the correct
+ * result instead. */
 #define DIFFERS "v44-differs: "
 static inline int strict(void) { return getenv("DROPIN_STRICT") != NULL; }
 
