@@ -382,3 +382,84 @@ pub(crate) unsafe extern "C" fn wr_set_ud_addr(
         wr.ud = Some(ah.ah.ud_dest(remote_qpn, remote_qkey));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder(max_send_wr: u32, max_send_sge: u32, max_inline_data: u32) -> WrBuilder {
+        WrBuilder::new(&QpCap {
+            max_send_wr,
+            max_recv_wr: 0,
+            max_send_sge,
+            max_recv_sge: 0,
+            max_inline_data,
+        })
+    }
+
+    fn push(b: &mut WrBuilder, wr_id: u64) {
+        b.wrs.push(SendWr::new(wr_id, SendOp::Send, &[]));
+    }
+
+    #[test]
+    fn setters_copy_into_the_builders_room_and_fill_the_last_request() {
+        let mut b = builder(4, 2, 16);
+        push(&mut b, 1);
+        let list = [
+            Sge {
+                addr: 0x1000,
+                length: 8,
+                lkey: 7,
+            },
+            Sge {
+                addr: 0x2000,
+                length: 24,
+                lkey: 7,
+            },
+        ];
+        b.set_sges(&list);
+        push(&mut b, 2);
+        let data = *b"0123456789";
+        b.set_inline(&[(data.as_ptr(), 4), (data[6..].as_ptr(), 4)]);
+        assert_eq!(b.err, 0);
+        assert_eq!(b.wrs[0].sg_list, &list, "the list is a copy");
+        assert_eq!(b.wrs[0].total_len(), 32);
+        let inline = b.wrs[1];
+        assert!(inline.flags.contains(SendFlags::INLINE | SendFlags::SIGNALED));
+        assert_eq!((inline.sg_list.len(), inline.total_len()), (1, 8));
+        // SAFETY: the entry names the builder's inline room, alive until `clear`.
+        let copied = unsafe { std::slice::from_raw_parts(inline.sg_list[0].addr as *const u8, 8) };
+        assert_eq!(copied, b"01236789", "the buffers, one after the other");
+        b.clear();
+        assert!(b.wrs.is_empty() && b.sges.is_empty() && b.inline.is_empty());
+    }
+
+    #[test]
+    fn the_first_error_is_kept_and_later_setters_do_nothing() {
+        let mut b = builder(4, 1, 8);
+        b.set_sges(&[]);
+        assert_eq!(b.err, libc::EINVAL, "a setter before any builder");
+        b.clear();
+        push(&mut b, 1);
+        let sge = Sge {
+            addr: 1,
+            length: 1,
+            lkey: 1,
+        };
+        b.set_sges(&[sge, sge]);
+        assert_eq!(b.err, libc::ENOSPC, "more than max_send_sge");
+        b.set_inline(&[(b"x".as_ptr(), 1)]);
+        assert_eq!(b.err, libc::ENOSPC);
+        assert!(b.wrs[0].sg_list.is_empty() && !b.wrs[0].flags.contains(SendFlags::INLINE));
+        b.clear();
+        push(&mut b, 2);
+        b.set_inline(&[([0u8; 9].as_ptr(), 9)]);
+        assert_eq!(b.err, libc::ENOSPC, "more than max_inline_data");
+    }
+
+    #[test]
+    fn a_builder_without_room_allocates_nothing() {
+        let b = WrBuilder::none();
+        assert_eq!((b.wrs.capacity(), b.sges.capacity(), b.inline.capacity()), (0, 0, 0));
+    }
+}
