@@ -57,7 +57,7 @@ pub(crate) unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
 pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     ffi::guard("create_qp", std::ptr::null_mut(), || {
         // SAFETY: libibverbs passes one of our PDs and the caller's live attributes.
-        unsafe { create_qp_common(pd, &mut *attr, None) }
+        unsafe { create_qp_common(pd, &mut *attr, QpEx::No) }
     })
 }
 
@@ -79,11 +79,8 @@ pub unsafe extern "C" fn create_qp_ex(_ibctx: *mut ibv_context, attr: *mut ibv_q
         if a.comp_mask & qp_init_attr_mask::CREATE_FLAGS != 0 && a.create_flags != 0 {
             return ffi::refuse_null("create_qp_ex", libc::EOPNOTSUPP, "create_flags");
         }
-        let send_ops = if a.comp_mask & qp_init_attr_mask::SEND_OPS_FLAGS != 0 {
-            a.send_ops_flags
-        } else {
-            0
-        };
+        let with_ops = a.comp_mask & qp_init_attr_mask::SEND_OPS_FLAGS != 0;
+        let send_ops = if with_ops { a.send_ops_flags } else { 0 };
         // The builders rdma-core's rxe offers each transport (that the core can post).
         let offered = match u8::try_from(a.qp_type).ok().and_then(QpType::from_raw) {
             Some(QpType::Rc) => qp_ex::RC_OPS,
@@ -108,19 +105,34 @@ pub unsafe extern "C" fn create_qp_ex(_ibctx: *mut ibv_context, attr: *mut ibv_q
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
         };
+        let ex = if with_ops {
+            QpEx::WithSendOps(send_ops)
+        } else {
+            QpEx::Yes
+        };
         // SAFETY: `a.pd` is one of our PDs (comp_mask says it is set).
-        let qp = unsafe { create_qp_common(a.pd, &mut base, Some(send_ops)) };
+        let qp = unsafe { create_qp_common(a.pd, &mut base, ex) };
         a.cap = base.cap;
         qp
     })
 }
 
-/// Creates a QP; `send_ops` is `Some` for `create_qp_ex`, with the `ibv_wr_*` builders asked
-/// for.
+/// Whether a QP is made by `create_qp_ex`, and with which `ibv_wr_*` builders.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum QpEx {
+    /// By `create_qp`.
+    No,
+    /// By `create_qp_ex` without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+    Yes,
+    /// By `create_qp_ex` with these `send_ops_flags`.
+    WithSendOps(u64),
+}
+
+/// Creates a QP, extended as `ex` says.
 ///
 /// # Safety
 /// `pd` must be one of our PDs; `attr`'s CQ pointers must be our CQs.
-unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, send_ops: Option<u64>) -> *mut ibv_qp {
+unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpEx) -> *mut ibv_qp {
     // SAFETY: per the contract.
     let p = unsafe { pd_ref(pd) };
     let Some(qp_type) = u8::try_from(attr.qp_type).ok().and_then(QpType::from_raw) else {
@@ -179,13 +191,13 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, send_op
     base.state = QpState::Reset as c_int;
     base.qp_type = attr.qp_type;
     let mut builder = WrBuilder::none();
-    if let Some(ops) = send_ops {
+    if ex != QpEx::No {
         // `ibv_qp_to_qp_ex` hands out the `ibv_qp_ex` of QPs made by create_qp_ex.
         vqp.comp_mask |= VERBS_QP_EX;
-        if ops != 0 {
-            set_send_ops(&mut vqp.qp_ex, ops);
-            builder = WrBuilder::new(&attr.cap);
-        }
+    }
+    if let QpEx::WithSendOps(ops) = ex {
+        set_send_ops(&mut vqp.qp_ex, ops);
+        builder = WrBuilder::new(&attr.cap);
     }
     p.users.fetch_add(1, Ordering::AcqRel);
     scq.users.fetch_add(1, Ordering::AcqRel);
@@ -214,7 +226,8 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, send_op
 }
 
 /// Fills the `ibv_wr_*` interface: the builders `ops` asks for, and the setters, start,
-/// complete and abort every extended QP with builders has (as in the C provider).
+/// complete and abort every QP created with `send_ops_flags` has, even 0 (as in the C
+/// provider).
 fn set_send_ops(x: &mut ibv_qp_ex, ops: u64) {
     let asked = |bit: u64| ops & bit != 0;
     if asked(send_ops::SEND) {

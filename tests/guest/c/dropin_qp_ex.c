@@ -72,6 +72,20 @@ int main(int argc, char **argv)
 	CHECK(p, "create_qp_ex with PD only");
 	printf("ibv_qp_to_qp_ex of a QP made with PD only: %s\n", ibv_qp_to_qp_ex(p) ? "set" : "NULL");
 	CHECK(!ibv_destroy_qp(p), "destroy");
+	plain.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	p = ibv_create_qp_ex(ctx, &plain);
+	CHECK(p, "create_qp_ex with PD and CREATE_FLAGS 0");
+	struct ibv_qp_ex *px = ibv_qp_to_qp_ex(p);
+	printf("PD | CREATE_FLAGS: qp_ex %s, wr_start %d\n", px ? "set" : "NULL", px && px->wr_start);
+	CHECK(!ibv_destroy_qp(p), "destroy");
+	plain.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	plain.send_ops_flags = 0;
+	p = ibv_create_qp_ex(ctx, &plain);
+	CHECK(p, "create_qp_ex with send_ops_flags 0");
+	px = ibv_qp_to_qp_ex(p);
+	printf("send_ops_flags 0: qp_ex %s, wr_start %d, wr_set_sge %d, wr_send %d\n", px ? "set" : "NULL",
+	       px && px->wr_start, px && px->wr_set_sge, px && px->wr_send);
+	CHECK(!ibv_destroy_qp(p), "destroy");
 	connect_pair(a, b);
 
 	/* Every RC operation in one batch, with every way to give it data. */
