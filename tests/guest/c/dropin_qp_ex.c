@@ -4,7 +4,7 @@
  * the errors ibv_wr_complete reports.
  *
  * rdma-core v44's rxe counts ibv_wr_set_sge_list's length as num_sge times the first entry's
- * (fixed in v59, commit 406cd2ad), so the lists here are of equal entries; it writes nothing
+ * (fixed in v64, commit 406cd2ad), so the lists here are of equal entries; it writes nothing
  * of ibv_wr_set_inline_data_list's buffers (see DIFFERS in common.h). */
 #include "common.h"
 
@@ -146,7 +146,7 @@ int main(int argc, char **argv)
 	ibv_wr_rdma_write(x, mr->rkey, (uintptr_t)dst + 3400);
 	ibv_wr_set_inline_data_list(x, 2, bufs);
 	printf("ibv_wr_complete (inline list): %d\n", ibv_wr_complete(x));
-	/* v44 writes none of it (fixed in v55, commit 1e8ed0af). */
+	/* v44 writes none of it (fixed in v64, commit 1e8ed0af). */
 	struct ibv_wc wc = wait_wc(cq, DIFFERS "inline list write");
 	int landed = !memcmp(dst + 3400, src + 10, 12) && !memcmp(dst + 3412, src + 30, 20);
 	printf(DIFFERS "inline list landed: %d\n", landed);
