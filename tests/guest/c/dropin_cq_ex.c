@@ -4,8 +4,9 @@
  *
  * rdma-core v44's rxe corrupts its CQ when ibv_end_poll follows an ibv_next_poll that returned
  * ENOENT (fixed in v55, commit b78b414e; the double unlock there in v59, 5e7aa410), so
- * ibv_next_poll is only called here when the completion it reads is known to be there: the responder writes a receive completion before
- * it acknowledges, so once the sender's last send completed, every receive is in the CQ. */
+ * ibv_next_poll is only called here when the completion it reads is known to be there: the
+ * responder writes a receive completion before it acknowledges, so once the sender's last
+ * send completed, every receive is in the CQ. */
 #include "common.h"
 
 static struct ibv_cq_ex *scq, *rcq;
