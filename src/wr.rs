@@ -151,15 +151,6 @@ impl SendOp {
         }
     }
 
-    /// The rkey the operation invalidates, when it does.
-    #[inline]
-    pub fn invalidate_rkey(&self) -> Option<u32> {
-        match *self {
-            Self::SendWithInv { rkey } | Self::LocalInv { rkey } => Some(rkey),
-            _ => None,
-        }
-    }
-
     /// Whether this is an atomic operation.
     pub fn is_atomic(&self) -> bool {
         matches!(self, Self::CompareSwap { .. } | Self::FetchAdd { .. })
@@ -253,24 +244,28 @@ impl<'a> SendWr<'a> {
     /// the device must write, and atomic alignment.
     #[inline]
     pub(crate) fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
-        let allowed = match qp_type {
-            QpType::Rc => true,
-            QpType::Uc => !matches!(self.op, SendOp::RdmaRead(_)) && !self.op.is_atomic(),
-            QpType::Ud => matches!(self.op, SendOp::Send | SendOp::SendWithImm { .. }) && self.ud.is_some(),
-        };
-        let device_writes = matches!(self.op, SendOp::RdmaRead(_)) || self.op.is_atomic();
-        // Memory window operations carry no data.
-        let no_data = matches!(self.op, SendOp::LocalInv { .. } | SendOp::BindMw(_));
-        if !allowed
-            || (device_writes && self.flags.contains(SendFlags::INLINE))
-            || (no_data && !self.sg_list.is_empty())
-        {
-            return Err(WrReject::OpcodeNotSupported);
-        }
-        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = self.op {
-            if remote.addr % 8 != 0 || self.sg_list.len() != 1 || self.sg_list[0].length < 8 {
-                return Err(WrReject::BadAtomic);
+        // One match on the operation: the transports that carry it, and what it asks of the
+        // request.
+        let inline = self.flags.contains(SendFlags::INLINE);
+        let allowed = match self.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => qp_type != QpType::Ud || self.ud.is_some(),
+            SendOp::RdmaWrite(_) | SendOp::RdmaWriteWithImm(..) | SendOp::SendWithInv { .. } => qp_type != QpType::Ud,
+            // The device writes the local buffers: no inline data.
+            SendOp::RdmaRead(_) => qp_type == QpType::Rc && !inline,
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
+                if qp_type != QpType::Rc || inline {
+                    return Err(WrReject::OpcodeNotSupported);
+                }
+                if remote.addr % 8 != 0 || self.sg_list.len() != 1 || self.sg_list[0].length < 8 {
+                    return Err(WrReject::BadAtomic);
+                }
+                true
             }
+            // Memory window operations carry no data.
+            SendOp::LocalInv { .. } | SendOp::BindMw(_) => qp_type != QpType::Ud && self.sg_list.is_empty(),
+        };
+        if !allowed {
+            return Err(WrReject::OpcodeNotSupported);
         }
         Ok(())
     }

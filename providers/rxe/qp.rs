@@ -165,14 +165,15 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
         }
     };
     // Inlined into every branch below, where `wr.op` is known.
-    let write = |arm: WrArm, iova: u64| {
+    // `ex` is the immediate data (network order) or the rkey to invalidate (host order, as rxe
+    // reads it).
+    let write = |arm: WrArm, iova: u64, ex: u32| {
         let header = SendWqe {
             wr_id: wr.wr_id,
             reserved: 0,
             opcode: wr.op.wr_opcode(),
             send_flags: wr.flags.bits(),
-            // Immediate data, or the rkey to invalidate (host order, as rxe reads it).
-            ex: wr.op.imm_data().or(wr.op.invalidate_rkey()).unwrap_or(0),
+            ex,
             wr: arm,
             status: 0,
             state: 0,
@@ -233,15 +234,15 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
     // One arm per operation, never `A | B`: in each, `write`'s opcode and immediate data fold
     // to constants (merging arms brings back the second jump table).
     match wr.op {
-        SendOp::RdmaWrite(r) => write(rdma(r), r.addr),
-        SendOp::RdmaWriteWithImm(r, _) => write(rdma(r), r.addr),
-        SendOp::RdmaRead(r) => write(rdma(r), r.addr),
-        SendOp::Send => write(send(), 0),
-        SendOp::SendWithImm { .. } => write(send(), 0),
-        SendOp::CompareSwap { remote, compare, swap } => write(atomic(remote, compare, swap), remote.addr),
-        SendOp::FetchAdd { remote, add } => write(atomic(remote, add, 0), remote.addr),
-        SendOp::SendWithInv { .. } => write(send(), 0),
-        SendOp::LocalInv { .. } => write(zeroed, 0),
+        SendOp::RdmaWrite(r) => write(rdma(r), r.addr, 0),
+        SendOp::RdmaWriteWithImm(r, imm) => write(rdma(r), r.addr, imm.to_be()),
+        SendOp::RdmaRead(r) => write(rdma(r), r.addr, 0),
+        SendOp::Send => write(send(), 0, 0),
+        SendOp::SendWithImm { imm } => write(send(), 0, imm.to_be()),
+        SendOp::CompareSwap { remote, compare, swap } => write(atomic(remote, compare, swap), remote.addr, 0),
+        SendOp::FetchAdd { remote, add } => write(atomic(remote, add, 0), remote.addr, 0),
+        SendOp::SendWithInv { rkey } => write(send(), 0, rkey),
+        SendOp::LocalInv { rkey } => write(zeroed, 0, rkey),
         SendOp::BindMw(b) => {
             let mut arm = zeroed;
             arm.mw = MwArm {
@@ -252,7 +253,7 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
                 rkey: b.new_rkey,
                 access: b.access,
             };
-            write(arm, 0)
+            write(arm, 0, 0)
         }
     }
 }
