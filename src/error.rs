@@ -177,8 +177,9 @@ pub enum WrReject {
     WrongState(crate::attr::QpState),
     /// An atomic needs an 8-byte aligned remote address and one 8-byte local buffer.
     BadAtomic,
-    /// The operation is not valid for this QP type (or lacks a UD destination, or asks for
-    /// inline data on an operation the device writes).
+    /// The operation is not valid for this QP type (or lacks a UD destination, asks for
+    /// inline data on an operation the device writes, or gives buffers to a memory window
+    /// operation), or the device's provider does not post it.
     OpcodeNotSupported,
 }
 

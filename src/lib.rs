@@ -31,8 +31,10 @@ mod device;
 mod error;
 mod event;
 mod held;
+mod mcast;
 #[allow(unsafe_code)] // registers caller memory and hands out views of it
 mod mr;
+mod mw;
 mod netlink;
 mod open_enum;
 #[allow(unsafe_code)] // posts the buffers it holds, until their completions
@@ -70,13 +72,14 @@ pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Buf, Mr, OutOfBounds, RemoteMr};
+pub use mw::{Mw, MwType};
 pub use owned::{Completion, Reaped, Refused};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{AhRef, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
+pub use wr::{AhRef, MwBind, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
 
 #[cfg(test)]
 mod tests {

@@ -289,7 +289,7 @@ pub struct Qp {
     destroyed: bool,
     // Dropped after `queues` is released by `Drop`; kept alive so the kernel objects the QP
     // uses outlive it.
-    pd: Arc<PdInner>,
+    pub(crate) pd: Arc<PdInner>,
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
     _srq: Option<Arc<SrqInner>>,

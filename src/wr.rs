@@ -48,8 +48,27 @@ open_enum! {
     /// `enum ib_uverbs_wr_opcode` (the two part from 11 on).
     WrOpcode {
         RDMA_WRITE = 0, RDMA_WRITE_WITH_IMM = 1, SEND = 2, SEND_WITH_IMM = 3, RDMA_READ = 4,
-        ATOMIC_CMP_AND_SWP = 5, ATOMIC_FETCH_AND_ADD = 6,
+        ATOMIC_CMP_AND_SWP = 5, ATOMIC_FETCH_AND_ADD = 6, LOCAL_INV = 7, BIND_MW = 8,
+        SEND_WITH_INV = 9,
     }
+}
+
+/// A bind of a memory window: what [`crate::SendOp::BindMw`] carries (from [`crate::Mw::bind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window's rkey before the bind.
+    pub mw_rkey: u32,
+    /// The rkey the window has once bound: its index (the upper 24 bits of `mw_rkey`) and a
+    /// key of the caller's choosing in the low 8 bits.
+    pub new_rkey: u32,
+    /// The local key of the memory region the window opens onto.
+    pub mr_lkey: u32,
+    /// Start of the window, inside the region.
+    pub addr: u64,
+    /// Length of the window; 0 unbinds it.
+    pub length: u64,
+    /// Remote access the window grants (within what the region allows): `AccessFlags` bits.
+    pub access: u32,
 }
 
 /// What a send work request does. Immediate data is given in host byte order, as
@@ -88,6 +107,20 @@ pub enum SendOp {
         /// Value added.
         add: u64,
     },
+    /// Send that also invalidates, at the peer, the memory window (type 2) or region named
+    /// by `rkey`; the receive completion says so ([`crate::WcFlags::WITH_INV`]).
+    SendWithInv {
+        /// The peer's rkey to invalidate.
+        rkey: u32,
+    },
+    /// Invalidates a local memory window (type 2) or region: peers can no longer use `rkey`.
+    /// Takes no buffers.
+    LocalInv {
+        /// The rkey to invalidate.
+        rkey: u32,
+    },
+    /// Binds a memory window ([`crate::Mw::bind`]). Takes no buffers.
+    BindMw(MwBind),
 }
 
 impl SendOp {
@@ -101,6 +134,9 @@ impl SendOp {
             Self::RdmaRead(_) => WrOpcode::RDMA_READ,
             Self::CompareSwap { .. } => WrOpcode::ATOMIC_CMP_AND_SWP,
             Self::FetchAdd { .. } => WrOpcode::ATOMIC_FETCH_AND_ADD,
+            Self::SendWithInv { .. } => WrOpcode::SEND_WITH_INV,
+            Self::LocalInv { .. } => WrOpcode::LOCAL_INV,
+            Self::BindMw(_) => WrOpcode::BIND_MW,
         };
         opcode.0
     }
@@ -208,19 +244,28 @@ impl<'a> SendWr<'a> {
     /// the device must write, and atomic alignment.
     #[inline]
     pub(crate) fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
-        let allowed = match qp_type {
-            QpType::Rc => true,
-            QpType::Uc => !matches!(self.op, SendOp::RdmaRead(_)) && !self.op.is_atomic(),
-            QpType::Ud => matches!(self.op, SendOp::Send | SendOp::SendWithImm { .. }) && self.ud.is_some(),
-        };
-        let device_writes = matches!(self.op, SendOp::RdmaRead(_)) || self.op.is_atomic();
-        if !allowed || (device_writes && self.flags.contains(SendFlags::INLINE)) {
-            return Err(WrReject::OpcodeNotSupported);
-        }
-        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = self.op {
-            if remote.addr % 8 != 0 || self.sg_list.len() != 1 || self.sg_list[0].length < 8 {
-                return Err(WrReject::BadAtomic);
+        // One match on the operation: the transports that carry it, and what it asks of the
+        // request.
+        let inline = self.flags.contains(SendFlags::INLINE);
+        let allowed = match self.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => qp_type != QpType::Ud || self.ud.is_some(),
+            SendOp::RdmaWrite(_) | SendOp::RdmaWriteWithImm(..) | SendOp::SendWithInv { .. } => qp_type != QpType::Ud,
+            // The device writes the local buffers: no inline data.
+            SendOp::RdmaRead(_) => qp_type == QpType::Rc && !inline,
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
+                if qp_type != QpType::Rc || inline {
+                    return Err(WrReject::OpcodeNotSupported);
+                }
+                if remote.addr % 8 != 0 || self.sg_list.len() != 1 || self.sg_list[0].length < 8 {
+                    return Err(WrReject::BadAtomic);
+                }
+                true
             }
+            // Memory window operations carry no data.
+            SendOp::LocalInv { .. } | SendOp::BindMw(_) => qp_type != QpType::Ud && self.sg_list.is_empty(),
+        };
+        if !allowed {
+            return Err(WrReject::OpcodeNotSupported);
         }
         Ok(())
     }

@@ -328,6 +328,14 @@ unsafe impl Send for Mlx5Qp {}
 impl SendQueue {
     /// Checks `wr` against the queue's limits and room (`posted` this call so far).
     fn check(&self, wr: &SendWr<'_>, shared: &QpShared, posted: u32) -> Result<(), WrReject> {
+        // Memory window operations and invalidation need UMR WQEs, which this provider does
+        // not write.
+        if matches!(
+            wr.op,
+            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_)
+        ) {
+            return Err(WrReject::OpcodeNotSupported);
+        }
         if wr.flags.contains(SendFlags::INLINE) {
             let len = wr.total_len();
             if len > u64::from(self.max_inline) {
@@ -384,6 +392,8 @@ impl SendQueue {
                 w.seg(wqe::atomic_seg(add, 0));
                 (opcode::ATOMIC_FA, 0)
             }
+            // Refused by `check`: nothing is written.
+            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) => return 0,
         };
         if wr.flags.contains(SendFlags::INLINE) {
             // No bytes, no inline segment at all (libmlx5 `set_data_inl_seg`: size 0).

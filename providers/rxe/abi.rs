@@ -105,6 +105,19 @@ pub struct UdArm {
 }
 assert_layout!(UdArm, size 16, remote_qkey @ 4, pkey_index @ 8, ah_num @ 12);
 
+/// The `mw` arm of `rxe_send_wr.wr` (memory window binds).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MwArm {
+    pub addr: u64,
+    pub length: u64,
+    pub mr_lkey: u32,
+    pub mw_rkey: u32,
+    pub rkey: u32,
+    pub access: u32,
+}
+assert_layout!(MwArm, size 32, mr_lkey @ 16, mw_rkey @ 20, rkey @ 24, access @ 28);
+
 /// `rxe_send_wr.wr`: 120 bytes of operation-specific fields.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -112,6 +125,7 @@ pub union WrArm {
     pub rdma: RdmaArm,
     pub atomic: AtomicArm,
     pub ud: UdArm,
+    pub mw: MwArm,
     pub raw: [u64; 15],
 }
 assert_layout!(WrArm, size 120);
@@ -171,6 +185,9 @@ crate::sys::layout_check::kernel_layouts! {
         RdmaArm = "MEMBER_TYPE(struct rxe_send_wr, wr.rdma)" { remote_addr, rkey, reserved },
         AtomicArm = "MEMBER_TYPE(struct rxe_send_wr, wr.atomic)" {
             remote_addr, compare_add, swap, rkey, reserved,
+        },
+        MwArm = "MEMBER_TYPE(struct rxe_send_wr, wr.mw)" {
+            addr, length, mr_lkey, mw_rkey, rkey, access,
         },
         UdArm = "MEMBER_TYPE(struct rxe_send_wr, wr.ud)" until "pad" {
             remote_qpn, remote_qkey, pkey_index, reserved, ah_num,

@@ -1,7 +1,7 @@
 //! rxe queue pairs: send WQEs written into the SQ ring and rung with an empty POST_SEND
 //! command; receive WQEs written into the RQ ring with no system call.
 
-use super::abi::{AtomicArm, CreateQpResp, DmaInfo, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
+use super::abi::{AtomicArm, CreateQpResp, DmaInfo, MwArm, RdmaArm, RecvWqe, SendWqe, UdArm, WrArm};
 use super::queue::Producer;
 use super::RxeContext;
 use crate::attr::{QpState, QpType};
@@ -165,13 +165,15 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
         }
     };
     // Inlined into every branch below, where `wr.op` is known.
-    let write = |arm: WrArm, iova: u64| {
+    // `ex` is the immediate data (network order) or the rkey to invalidate (host order, as rxe
+    // reads it).
+    let write = |arm: WrArm, iova: u64, ex: u32| {
         let header = SendWqe {
             wr_id: wr.wr_id,
             reserved: 0,
             opcode: wr.op.wr_opcode(),
             send_flags: wr.flags.bits(),
-            ex: wr.op.imm_data().unwrap_or(0),
+            ex,
             wr: arm,
             status: 0,
             state: 0,
@@ -232,13 +234,27 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
     // One arm per operation, never `A | B`: in each, `write`'s opcode and immediate data fold
     // to constants (merging arms brings back the second jump table).
     match wr.op {
-        SendOp::RdmaWrite(r) => write(rdma(r), r.addr),
-        SendOp::RdmaWriteWithImm(r, _) => write(rdma(r), r.addr),
-        SendOp::RdmaRead(r) => write(rdma(r), r.addr),
-        SendOp::Send => write(send(), 0),
-        SendOp::SendWithImm { .. } => write(send(), 0),
-        SendOp::CompareSwap { remote, compare, swap } => write(atomic(remote, compare, swap), remote.addr),
-        SendOp::FetchAdd { remote, add } => write(atomic(remote, add, 0), remote.addr),
+        SendOp::RdmaWrite(r) => write(rdma(r), r.addr, 0),
+        SendOp::RdmaWriteWithImm(r, imm) => write(rdma(r), r.addr, imm.to_be()),
+        SendOp::RdmaRead(r) => write(rdma(r), r.addr, 0),
+        SendOp::Send => write(send(), 0, 0),
+        SendOp::SendWithImm { imm } => write(send(), 0, imm.to_be()),
+        SendOp::CompareSwap { remote, compare, swap } => write(atomic(remote, compare, swap), remote.addr, 0),
+        SendOp::FetchAdd { remote, add } => write(atomic(remote, add, 0), remote.addr, 0),
+        SendOp::SendWithInv { rkey } => write(send(), 0, rkey),
+        SendOp::LocalInv { rkey } => write(zeroed, 0, rkey),
+        SendOp::BindMw(b) => {
+            let mut arm = zeroed;
+            arm.mw = MwArm {
+                addr: b.addr,
+                length: b.length,
+                mr_lkey: b.mr_lkey,
+                mw_rkey: b.mw_rkey,
+                rkey: b.new_rkey,
+                access: b.access,
+            };
+            write(arm, 0, 0)
+        }
     }
 }
 

@@ -16,12 +16,15 @@ pub mod cmd {
     pub const ALLOC_PD: u32 = 3;
     pub const CREATE_AH: u32 = 5;
     pub const REG_MR: u32 = 9;
+    pub const ALLOC_MW: u32 = 14;
     pub const CREATE_COMP_CHANNEL: u32 = 17;
     pub const RESIZE_CQ: u32 = 19;
     pub const REQ_NOTIFY_CQ: u32 = 23;
     pub const QUERY_QP: u32 = 25;
     pub const MODIFY_QP: u32 = 26;
     pub const POST_SEND: u32 = 28;
+    pub const ATTACH_MCAST: u32 = 30;
+    pub const DETACH_MCAST: u32 = 31;
     pub const MODIFY_SRQ: u32 = 33;
     pub const QUERY_SRQ: u32 = 34;
 }
@@ -185,6 +188,37 @@ pub struct RegMrResp {
     pub rkey: u32,
 }
 assert_layout!(RegMrResp, size 12);
+
+/// `struct ib_uverbs_alloc_mw`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct AllocMw {
+    pub response: u64,
+    pub pd_handle: u32,
+    pub mw_type: u8,
+    pub reserved: [u8; 3],
+}
+assert_layout!(AllocMw, size 16, pd_handle @ 8, mw_type @ 12);
+
+/// `struct ib_uverbs_alloc_mw_resp`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct AllocMwResp {
+    pub mw_handle: u32,
+    pub rkey: u32,
+}
+assert_layout!(AllocMwResp, size 8);
+
+/// `struct ib_uverbs_attach_mcast` (DETACH_MCAST takes the same): no response.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct AttachMcast {
+    pub gid: [u8; 16],
+    pub qp_handle: u32,
+    pub mlid: u16,
+    pub reserved: u16,
+}
+assert_layout!(AttachMcast, size 24, qp_handle @ 16, mlid @ 20);
 
 /// `struct ib_uverbs_qp_cap` (ioctl `QP_CREATE` capabilities in and out).
 #[repr(C)]
@@ -479,6 +513,8 @@ macro_rules! plain_requests {
 plain_requests!(
     QueryDevice,
     AllocPd,
+    AllocMw,
+    AttachMcast,
     ModifyQp,
     QueryQp,
     CreateCompChannel,
@@ -522,6 +558,9 @@ super::layout_check::kernel_layouts! {
             response, start, length, hca_va, pd_handle, access_flags,
         },
         RegMrResp = "struct ib_uverbs_reg_mr_resp" { mr_handle, lkey, rkey },
+        AllocMw = "struct ib_uverbs_alloc_mw" { response, pd_handle, mw_type, reserved },
+        AllocMwResp = "struct ib_uverbs_alloc_mw_resp" { mw_handle, rkey },
+        AttachMcast = "struct ib_uverbs_attach_mcast" { gid, qp_handle, mlid, reserved },
         QpCap = "struct ib_uverbs_qp_cap" {
             max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data,
         },

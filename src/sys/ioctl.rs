@@ -25,6 +25,7 @@ pub mod object {
     pub const SRQ: u16 = 5;
     pub const AH: u16 = 6;
     pub const MR: u16 = 7;
+    pub const MW: u16 = 8;
     pub const ASYNC_EVENT: u16 = 16;
 }
 

@@ -212,6 +212,88 @@ assert_layout!(ibv_cq, size 128, handle @ 24, cqe @ 28, mutex @ 32, cond @ 72,
 /// `sizeof(struct ibv_cq_ex)`: `struct verbs_cq` is a union of `ibv_cq` and `ibv_cq_ex`.
 pub const IBV_CQ_EX_SIZE: usize = 288;
 
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+assert_layout!(ibv_poll_cq_attr, size 4);
+
+/// A read accessor of `struct ibv_cq_ex`.
+pub type CqExRead<T> = Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> T>;
+
+/// `struct ibv_cq_ex`: the fields of `struct ibv_cq`, then the extended poll interface the
+/// provider fills and libibverbs' inline `ibv_start_poll`, `ibv_wc_read_*`... call.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub cq: ibv_cq,
+    pub comp_mask: u32,
+    /// `enum ibv_wc_status` of the current completion.
+    pub status: c_uint,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: CqExRead<c_uint>,
+    pub read_vendor_err: CqExRead<u32>,
+    pub read_byte_len: CqExRead<u32>,
+    pub read_imm_data: CqExRead<u32>,
+    pub read_qp_num: CqExRead<u32>,
+    pub read_src_qp: CqExRead<u32>,
+    pub read_wc_flags: CqExRead<c_uint>,
+    pub read_slid: CqExRead<u32>,
+    pub read_sl: CqExRead<u8>,
+    pub read_dlid_path_bits: CqExRead<u8>,
+    pub read_completion_ts: OpaqueFn,
+    pub read_cvlan: OpaqueFn,
+    pub read_flow_tag: OpaqueFn,
+    pub read_tm_info: OpaqueFn,
+    pub read_completion_wallclock_ns: OpaqueFn,
+}
+assert_layout!(ibv_cq_ex, size 288, comp_mask @ 128, status @ 132, wr_id @ 136, start_poll @ 144,
+    next_poll @ 152, end_poll @ 160, read_opcode @ 168, read_vendor_err @ 176, read_byte_len @ 184,
+    read_imm_data @ 192, read_qp_num @ 200, read_src_qp @ 208, read_wc_flags @ 216, read_slid @ 224,
+    read_sl @ 232, read_dlid_path_bits @ 240, read_completion_ts @ 248,
+    read_completion_wallclock_ns @ 280);
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    /// `enum ibv_create_cq_wc_flags` bits.
+    pub wc_flags: u64,
+    /// `enum ibv_cq_init_attr_mask` bits.
+    pub comp_mask: u32,
+    /// `enum ibv_create_cq_attr_flags` bits.
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+assert_layout!(ibv_cq_init_attr_ex, size 56, cq_context @ 8, channel @ 16, comp_vector @ 24,
+    wc_flags @ 32, comp_mask @ 40, flags @ 44, parent_domain @ 48);
+
+/// `enum ibv_create_cq_wc_flags`: the fields an extended CQ can be asked to read.
+pub mod wc_ex {
+    pub const WITH_BYTE_LEN: u64 = 1 << 0;
+    pub const WITH_IMM: u64 = 1 << 1;
+    pub const WITH_QP_NUM: u64 = 1 << 2;
+    pub const WITH_SRC_QP: u64 = 1 << 3;
+    pub const WITH_SLID: u64 = 1 << 4;
+    pub const WITH_SL: u64 = 1 << 5;
+    pub const WITH_DLID_PATH_BITS: u64 = 1 << 6;
+    /// What rxe completions carry (rdma-core's rxe offers the same).
+    pub const SUPPORTED: u64 =
+        WITH_BYTE_LEN | WITH_IMM | WITH_QP_NUM | WITH_SRC_QP | WITH_SLID | WITH_SL | WITH_DLID_PATH_BITS;
+}
+
+/// `enum ibv_cq_init_attr_mask`.
+pub mod cq_init_attr_mask {
+    pub const FLAGS: u32 = 1 << 0;
+    pub const PD: u32 = 1 << 1;
+}
+
 /// `struct ibv_srq`.
 #[repr(C)]
 pub struct ibv_srq {
@@ -242,6 +324,33 @@ pub struct ibv_srq_init_attr {
     pub attr: ibv_srq_attr,
 }
 assert_layout!(ibv_srq_init_attr, size 24, attr @ 8);
+
+/// `struct ibv_srq_init_attr_ex` (`tm_cap`, two `uint32_t`, kept as one array).
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    /// `enum ibv_srq_init_attr_mask` bits.
+    pub comp_mask: u32,
+    /// `enum ibv_srq_type`.
+    pub srq_type: c_int,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    pub tm_cap: [u32; 2],
+}
+assert_layout!(ibv_srq_init_attr_ex, size 64, comp_mask @ 20, srq_type @ 24, pd @ 32, xrcd @ 40,
+    cq @ 48, tm_cap @ 56);
+
+/// `enum ibv_srq_init_attr_mask`.
+pub mod srq_init_attr_mask {
+    pub const TYPE: u32 = 1 << 0;
+    pub const PD: u32 = 1 << 1;
+    pub const RESERVED: u32 = 1 << 5;
+}
+
+/// `IBV_SRQT_BASIC`.
+pub const SRQT_BASIC: c_int = 0;
 
 /// `struct ibv_ah`.
 #[repr(C)]
@@ -274,6 +383,106 @@ assert_layout!(ibv_qp, size 160, srq @ 40, handle @ 48, qp_num @ 52, state @ 56,
 
 /// `sizeof(struct ibv_qp_ex)`: `struct verbs_qp` is a union of `ibv_qp` and `ibv_qp_ex`.
 pub const IBV_QP_EX_SIZE: usize = 352;
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub type_: c_int,
+}
+assert_layout!(ibv_mw, size 32, pd @ 8, rkey @ 16, handle @ 20, type_ @ 24);
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+assert_layout!(ibv_mw_bind_info, size 32, addr @ 8, length @ 16, mw_access_flags @ 24);
+
+/// `struct ibv_mw_bind`.
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+assert_layout!(ibv_mw_bind, size 48, send_flags @ 8, bind_info @ 16);
+
+/// `struct ibv_data_buf`.
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: size_t,
+}
+assert_layout!(ibv_data_buf, size 16, length @ 8);
+
+/// A builder or setter of `struct ibv_qp_ex`.
+pub type QpExFn<A> = Option<A>;
+type X = *mut ibv_qp_ex;
+
+/// `struct ibv_qp_ex`: `struct ibv_qp`, then the work request interface the provider fills
+/// and libibverbs' inline `ibv_wr_*` call.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    /// `enum ibv_send_flags` bits.
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: QpExFn<unsafe extern "C" fn(X, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: QpExFn<unsafe extern "C" fn(X, u32, u64, u64)>,
+    pub wr_bind_mw: QpExFn<unsafe extern "C" fn(X, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: QpExFn<unsafe extern "C" fn(X, u32)>,
+    pub wr_rdma_read: QpExFn<unsafe extern "C" fn(X, u32, u64)>,
+    pub wr_rdma_write: QpExFn<unsafe extern "C" fn(X, u32, u64)>,
+    pub wr_rdma_write_imm: QpExFn<unsafe extern "C" fn(X, u32, u64, u32)>,
+    pub wr_send: QpExFn<unsafe extern "C" fn(X)>,
+    pub wr_send_imm: QpExFn<unsafe extern "C" fn(X, u32)>,
+    pub wr_send_inv: QpExFn<unsafe extern "C" fn(X, u32)>,
+    pub wr_send_tso: OpaqueFn,
+    pub wr_set_ud_addr: QpExFn<unsafe extern "C" fn(X, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: OpaqueFn,
+    pub wr_set_inline_data: QpExFn<unsafe extern "C" fn(X, *mut c_void, size_t)>,
+    pub wr_set_inline_data_list: QpExFn<unsafe extern "C" fn(X, size_t, *const ibv_data_buf)>,
+    pub wr_set_sge: QpExFn<unsafe extern "C" fn(X, u32, u64, u32)>,
+    pub wr_set_sge_list: QpExFn<unsafe extern "C" fn(X, size_t, *const ibv_sge)>,
+    pub wr_start: QpExFn<unsafe extern "C" fn(X)>,
+    pub wr_complete: QpExFn<unsafe extern "C" fn(X) -> c_int>,
+    pub wr_abort: QpExFn<unsafe extern "C" fn(X)>,
+    pub wr_atomic_write: OpaqueFn,
+}
+assert_layout!(ibv_qp_ex, size 352, comp_mask @ 160, wr_id @ 168, wr_flags @ 176,
+    wr_atomic_cmp_swp @ 184, wr_local_inv @ 208, wr_send @ 240, wr_send_tso @ 264,
+    wr_set_ud_addr @ 272, wr_set_inline_data @ 288, wr_set_sge_list @ 312, wr_start @ 320,
+    wr_complete @ 328, wr_abort @ 336, wr_atomic_write @ 344);
+
+/// `enum ibv_qp_create_send_ops_flags`: the `ibv_wr_*` builders asked for at `create_qp_ex`.
+pub mod send_ops {
+    pub const RDMA_WRITE: u64 = 1 << 0;
+    pub const RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+    pub const SEND: u64 = 1 << 2;
+    pub const SEND_WITH_IMM: u64 = 1 << 3;
+    pub const RDMA_READ: u64 = 1 << 4;
+    pub const ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+    pub const ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+    pub const LOCAL_INV: u64 = 1 << 7;
+    pub const BIND_MW: u64 = 1 << 8;
+    pub const SEND_WITH_INV: u64 = 1 << 9;
+    pub const TSO: u64 = 1 << 10;
+    pub const ATOMIC_WRITE: u64 = 1 << 12;
+}
+
+/// `VERBS_QP_EX` of `verbs_qp.comp_mask` (driver.h): `ibv_qp_to_qp_ex` hands out the
+/// `ibv_qp_ex` only when it is set.
+pub const VERBS_QP_EX: u32 = 1 << 1;
 
 /// `struct ibv_qp_cap`; the same layout as [`uverbs::QpCap`].
 pub type ibv_qp_cap = uverbs::QpCap;
@@ -474,11 +683,21 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// The `bind_mw`/`tso` union.
-    pub bind_mw_or_tso: [u64; 6],
+    /// The `bind_mw` arm of the `bind_mw`/`tso` union (the larger).
+    pub bind_mw: ibv_send_wr_bind_mw,
 }
 assert_layout!(ibv_send_wr, size 128, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 28,
-    send_flags @ 32, imm_data @ 36, wr @ 40, remote_srqn @ 72, bind_mw_or_tso @ 80);
+    send_flags @ 32, imm_data @ 36, wr @ 40, remote_srqn @ 72, bind_mw @ 80);
+
+/// `ibv_send_wr.bind_mw`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+assert_layout!(ibv_send_wr_bind_mw, size 48, rkey @ 8, bind_info @ 16);
 
 // ---------------------------------------------------------------------------------------------
 // verbs.h: queries
@@ -704,16 +923,16 @@ assert_layout!(verbs_mr, size 56, mr_type @ 48, access @ 52);
 #[repr(C)]
 pub union verbs_cq {
     pub cq: ibv_cq,
-    pub _cq_ex: [u64; IBV_CQ_EX_SIZE / 8],
+    pub cq_ex: std::mem::ManuallyDrop<ibv_cq_ex>,
 }
 assert_layout!(verbs_cq, size 288);
 
 /// `struct verbs_qp`.
 #[repr(C)]
 pub struct verbs_qp {
-    /// `union { struct ibv_qp qp; struct ibv_qp_ex qp_ex; }`: only `qp` is used.
-    pub qp: ibv_qp,
-    pub _qp_ex_tail: [u64; (IBV_QP_EX_SIZE - std::mem::size_of::<ibv_qp>()) / 8],
+    /// `union { struct ibv_qp qp; struct ibv_qp_ex qp_ex; }`: `ibv_qp_ex` starts with the
+    /// `ibv_qp`.
+    pub qp_ex: ibv_qp_ex,
     pub comp_mask: u32,
     pub xrcd: *mut c_void,
 }
@@ -727,30 +946,30 @@ assert_layout!(verbs_qp, size 368, comp_mask @ 352, xrcd @ 360);
 pub struct verbs_context_ops {
     pub advise_mr: OpaqueFn,
     pub alloc_dm: OpaqueFn,
-    pub alloc_mw: OpaqueFn,
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw>,
     pub alloc_null_mr: OpaqueFn,
     pub alloc_parent_domain: OpaqueFn,
     pub alloc_pd: Option<unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_pd>,
     pub alloc_td: OpaqueFn,
     pub async_event: OpaqueFn,
     pub attach_counters_point_flow: OpaqueFn,
-    pub attach_mcast: OpaqueFn,
-    pub bind_mw: OpaqueFn,
+    pub attach_mcast: Option<unsafe extern "C" fn(*mut ibv_qp, *const [u8; 16], u16) -> c_int>,
+    pub bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int>,
     pub close_xrcd: OpaqueFn,
     pub cq_event: OpaqueFn,
     pub create_ah: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah>,
     pub create_counters: OpaqueFn,
     pub create_cq: Option<unsafe extern "C" fn(*mut ibv_context, c_int, *mut ibv_comp_channel, c_int) -> *mut ibv_cq>,
-    pub create_cq_ex: OpaqueFn,
+    pub create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub create_flow: OpaqueFn,
     pub create_flow_action_esp: OpaqueFn,
     pub create_qp: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp>,
     pub create_qp_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp>,
     pub create_rwq_ind_table: OpaqueFn,
     pub create_srq: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq>,
-    pub create_srq_ex: OpaqueFn,
+    pub create_srq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq>,
     pub create_wq: OpaqueFn,
-    pub dealloc_mw: OpaqueFn,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
     pub dealloc_pd: Option<unsafe extern "C" fn(*mut ibv_pd) -> c_int>,
     pub dealloc_td: OpaqueFn,
     pub dereg_mr: Option<unsafe extern "C" fn(*mut verbs_mr) -> c_int>,
@@ -763,7 +982,7 @@ pub struct verbs_context_ops {
     pub destroy_rwq_ind_table: OpaqueFn,
     pub destroy_srq: Option<unsafe extern "C" fn(*mut ibv_srq) -> c_int>,
     pub destroy_wq: OpaqueFn,
-    pub detach_mcast: OpaqueFn,
+    pub detach_mcast: Option<unsafe extern "C" fn(*mut ibv_qp, *const [u8; 16], u16) -> c_int>,
     pub free_context: Option<unsafe extern "C" fn(*mut ibv_context)>,
     pub free_dm: OpaqueFn,
     pub get_srq_num: OpaqueFn,
@@ -1047,7 +1266,19 @@ pub(crate) fn public_layouts() -> Vec<(String, usize)> {
     ));
     v.push((
         "offsetof(struct ibv_send_wr, bind_mw)".into(),
-        std::mem::offset_of!(ibv_send_wr, bind_mw_or_tso),
+        std::mem::offset_of!(ibv_send_wr, bind_mw),
+    ));
+    v.push((
+        "sizeof(((struct ibv_send_wr *)0)->bind_mw)".into(),
+        size_of::<ibv_send_wr_bind_mw>(),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, bind_mw.rkey)".into(),
+        80 + offset_of!(ibv_send_wr_bind_mw, rkey),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, bind_mw.bind_info)".into(),
+        80 + offset_of!(ibv_send_wr_bind_mw, bind_info),
     ));
     v.push((
         "sizeof(((struct ibv_send_wr *)0)->wr)".into(),
@@ -1160,7 +1391,128 @@ pub(crate) fn public_layouts() -> Vec<(String, usize)> {
         port_cap_flags2
     );
     v.push(("sizeof(struct ibv_cq_ex)".into(), IBV_CQ_EX_SIZE));
+    check!(
+        "ibv_cq_ex",
+        ibv_cq_ex,
+        comp_mask,
+        status,
+        wr_id,
+        start_poll,
+        next_poll,
+        end_poll,
+        read_opcode,
+        read_vendor_err,
+        read_byte_len,
+        read_imm_data,
+        read_qp_num,
+        read_src_qp,
+        read_wc_flags,
+        read_slid,
+        read_sl,
+        read_dlid_path_bits,
+        read_completion_ts,
+        read_cvlan,
+        read_flow_tag,
+        read_tm_info,
+        read_completion_wallclock_ns
+    );
+    check!(
+        "ibv_cq_init_attr_ex",
+        ibv_cq_init_attr_ex,
+        cqe,
+        cq_context,
+        channel,
+        comp_vector,
+        wc_flags,
+        comp_mask,
+        flags,
+        parent_domain
+    );
+    check!("ibv_poll_cq_attr", ibv_poll_cq_attr, comp_mask);
+    check!(
+        "ibv_srq_init_attr_ex",
+        ibv_srq_init_attr_ex,
+        srq_context,
+        attr,
+        comp_mask,
+        srq_type,
+        pd,
+        xrcd,
+        cq,
+        tm_cap
+    );
+    v.push(("IBV_SRQ_INIT_ATTR_TYPE".into(), srq_init_attr_mask::TYPE as usize));
+    v.push(("IBV_SRQ_INIT_ATTR_PD".into(), srq_init_attr_mask::PD as usize));
+    v.push((
+        "IBV_SRQ_INIT_ATTR_RESERVED".into(),
+        srq_init_attr_mask::RESERVED as usize,
+    ));
+    v.push(("IBV_SRQT_BASIC".into(), SRQT_BASIC as usize));
+    for (name, bit) in [
+        ("BYTE_LEN", wc_ex::WITH_BYTE_LEN),
+        ("IMM", wc_ex::WITH_IMM),
+        ("QP_NUM", wc_ex::WITH_QP_NUM),
+        ("SRC_QP", wc_ex::WITH_SRC_QP),
+        ("SLID", wc_ex::WITH_SLID),
+        ("SL", wc_ex::WITH_SL),
+        ("DLID_PATH_BITS", wc_ex::WITH_DLID_PATH_BITS),
+    ] {
+        v.push((format!("IBV_WC_EX_WITH_{name}"), bit as usize));
+    }
+    v.push(("IBV_WC_STANDARD_FLAGS".into(), wc_ex::SUPPORTED as usize));
+    v.push(("IBV_CQ_INIT_ATTR_MASK_FLAGS".into(), cq_init_attr_mask::FLAGS as usize));
+    v.push(("IBV_CQ_INIT_ATTR_MASK_PD".into(), cq_init_attr_mask::PD as usize));
     v.push(("sizeof(struct ibv_qp_ex)".into(), IBV_QP_EX_SIZE));
+    check!(
+        "ibv_qp_ex",
+        ibv_qp_ex,
+        qp_base,
+        comp_mask,
+        wr_id,
+        wr_flags,
+        wr_atomic_cmp_swp,
+        wr_atomic_fetch_add,
+        wr_bind_mw,
+        wr_local_inv,
+        wr_rdma_read,
+        wr_rdma_write,
+        wr_rdma_write_imm,
+        wr_send,
+        wr_send_imm,
+        wr_send_inv,
+        wr_send_tso,
+        wr_set_ud_addr,
+        wr_set_xrc_srqn,
+        wr_set_inline_data,
+        wr_set_inline_data_list,
+        wr_set_sge,
+        wr_set_sge_list,
+        wr_start,
+        wr_complete,
+        wr_abort,
+        wr_atomic_write
+    );
+    check!("ibv_mw", ibv_mw, context, pd, rkey, handle);
+    v.push(("offsetof(struct ibv_mw, type)".into(), offset_of!(ibv_mw, type_)));
+    check!("ibv_mw_bind_info", ibv_mw_bind_info, mr, addr, length, mw_access_flags);
+    check!("ibv_mw_bind", ibv_mw_bind, wr_id, send_flags, bind_info);
+    check!("ibv_data_buf", ibv_data_buf, addr, length);
+    for (name, bit) in [
+        ("RDMA_WRITE", send_ops::RDMA_WRITE),
+        ("RDMA_WRITE_WITH_IMM", send_ops::RDMA_WRITE_WITH_IMM),
+        ("SEND", send_ops::SEND),
+        ("SEND_WITH_IMM", send_ops::SEND_WITH_IMM),
+        ("RDMA_READ", send_ops::RDMA_READ),
+        ("ATOMIC_CMP_AND_SWP", send_ops::ATOMIC_CMP_AND_SWP),
+        ("ATOMIC_FETCH_AND_ADD", send_ops::ATOMIC_FETCH_AND_ADD),
+        ("LOCAL_INV", send_ops::LOCAL_INV),
+        ("BIND_MW", send_ops::BIND_MW),
+        ("SEND_WITH_INV", send_ops::SEND_WITH_INV),
+        ("TSO", send_ops::TSO),
+        ("ATOMIC_WRITE", send_ops::ATOMIC_WRITE),
+    ] {
+        v.push((format!("IBV_QP_EX_WITH_{name}"), bit as usize));
+    }
     v.push(("sizeof(pthread_mutex_t)".into(), size_of::<pthread_mutex_t>()));
     v.push(("sizeof(pthread_cond_t)".into(), size_of::<pthread_cond_t>()));
     v.push(("IBV_SYSFS_NAME_MAX".into(), SYSFS_NAME_MAX));

@@ -5,7 +5,7 @@ use crate::abi::{
     verbs_context, verbs_context_ops, verbs_device,
 };
 use crate::device;
-use crate::{ah, cq, ffi, libibverbs, mr, pd, qp, srq};
+use crate::{ah, cq, ffi, libibverbs, mr, mw, pd, qp, srq};
 use libc::{c_int, c_void, size_t};
 use std::mem::{offset_of, size_of};
 use std::os::fd::{BorrowedFd, IntoRawFd};
@@ -48,7 +48,11 @@ static OPS: verbs_context_ops = verbs_context_ops {
     dealloc_pd: Some(pd::dealloc_pd),
     reg_mr: Some(mr::reg_mr),
     dereg_mr: Some(mr::dereg_mr),
+    alloc_mw: Some(mw::alloc_mw),
+    dealloc_mw: Some(mw::dealloc_mw),
+    bind_mw: Some(mw::bind_mw),
     create_cq: Some(cq::create_cq),
+    create_cq_ex: Some(cq::create_cq_ex),
     poll_cq: Some(cq::poll_cq),
     req_notify_cq: Some(cq::req_notify_cq),
     resize_cq: Some(cq::resize_cq),
@@ -60,9 +64,12 @@ static OPS: verbs_context_ops = verbs_context_ops {
     destroy_qp: Some(qp::destroy_qp),
     post_send: Some(qp::post_send),
     post_recv: Some(qp::post_recv),
+    attach_mcast: Some(qp::attach_mcast),
+    detach_mcast: Some(qp::detach_mcast),
     create_ah: Some(ah::create_ah),
     destroy_ah: Some(ah::destroy_ah),
     create_srq: Some(srq::create_srq),
+    create_srq_ex: Some(srq::create_srq_ex),
     modify_srq: Some(srq::modify_srq),
     query_srq: Some(srq::query_srq),
     destroy_srq: Some(srq::destroy_srq),

@@ -2,37 +2,54 @@
 //! `post_send`, `post_recv`.
 
 use crate::abi::{
-    ibv_ah_attr, ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_recv_wr,
-    ibv_send_wr, qp_init_attr_mask, verbs_qp,
+    ibv_ah_attr, ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex,
+    ibv_recv_wr, ibv_send_wr, qp_init_attr_mask, send_ops, verbs_qp, VERBS_QP_EX,
 };
 use crate::ah::{ah_from, ah_to, Ah};
 use crate::cq::{cq_ref, Cq};
 use crate::event::{destroy_core, init_sync, wait_for_acks, Slot};
 use crate::ffi;
 use crate::pd::{pd_ref, Pd};
+use crate::qp_ex::{self, WrBuilder};
 use crate::spin::SpinLock;
 use crate::srq::{srq_ref, Srq};
 use crate::wr::{batch_room, filled, nth, post_recv_list, send_op, sges, BATCH};
 use libc::c_int;
+use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 use uverbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
 
-/// A QP: `verbs_qp`, then the `uverbs` QP and the objects whose use counts it holds.
+/// A QP: `verbs_qp`, then the `uverbs` QP, the objects whose use counts it holds, and the
+/// `ibv_wr_*` batch being built (see [`crate::qp_ex`]).
 #[repr(C)]
 pub struct Qp {
     vqp: verbs_qp,
-    qp: SpinLock<uverbs::Qp>,
+    pub(crate) qp: SpinLock<uverbs::Qp>,
     pd: *const Pd,
     send_cq: *const Cq,
     recv_cq: *const Cq,
     srq: *const Srq,
     ud: bool,
+    /// Used only under `qp`'s lock.
+    pub(crate) builder: UnsafeCell<WrBuilder>,
+}
+
+impl Qp {
+    /// The QP whose `ibv_qp_ex` is `qpx`.
+    ///
+    /// # Safety
+    /// `qpx` must be the `ibv_qp_ex` of a live QP made by [`create_qp_ex`].
+    #[inline(always)]
+    pub(crate) unsafe fn from_ex<'a>(qpx: *mut ibv_qp_ex) -> &'a Qp {
+        // SAFETY: `ibv_qp_ex` is at the start of `verbs_qp`, the first field of a boxed `Qp`.
+        unsafe { &*qpx.cast::<Qp>() }
+    }
 }
 
 /// # Safety
 /// `qp` must be a live QP made by [`create_qp`].
-unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
+pub(crate) unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
     // SAFETY: `ibv_qp` is at the start of `verbs_qp`, the first field of a boxed `Qp`.
     unsafe { &*qp.cast::<Qp>() }
 }
@@ -40,7 +57,7 @@ unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> &'a Qp {
 pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     ffi::guard("create_qp", std::ptr::null_mut(), || {
         // SAFETY: libibverbs passes one of our PDs and the caller's live attributes.
-        unsafe { create_qp_common(pd, &mut *attr) }
+        unsafe { create_qp_common(pd, &mut *attr, QpEx::No) }
     })
 }
 
@@ -48,16 +65,35 @@ pub unsafe extern "C" fn create_qp_ex(_ibctx: *mut ibv_context, attr: *mut ibv_q
     ffi::guard("create_qp_ex", std::ptr::null_mut(), || {
         // SAFETY: the caller's live attributes.
         let a = unsafe { &mut *attr };
-        let supported = qp_init_attr_mask::PD | qp_init_attr_mask::CREATE_FLAGS;
+        let supported = qp_init_attr_mask::PD | qp_init_attr_mask::CREATE_FLAGS | qp_init_attr_mask::SEND_OPS_FLAGS;
         if a.comp_mask & !supported != 0 || a.comp_mask & qp_init_attr_mask::PD == 0 {
             return ffi::refuse_null(
                 "create_qp_ex",
                 libc::EOPNOTSUPP,
-                &format!("comp_mask {:#x} (supported: PD, CREATE_FLAGS=0)", a.comp_mask),
+                &format!(
+                    "comp_mask {:#x} (supported: PD, CREATE_FLAGS=0, SEND_OPS_FLAGS)",
+                    a.comp_mask
+                ),
             );
         }
         if a.comp_mask & qp_init_attr_mask::CREATE_FLAGS != 0 && a.create_flags != 0 {
             return ffi::refuse_null("create_qp_ex", libc::EOPNOTSUPP, "create_flags");
+        }
+        let with_ops = a.comp_mask & qp_init_attr_mask::SEND_OPS_FLAGS != 0;
+        let send_ops = if with_ops { a.send_ops_flags } else { 0 };
+        // The builders rdma-core's rxe offers each transport (that the core can post).
+        let offered = match u8::try_from(a.qp_type).ok().and_then(QpType::from_raw) {
+            Some(QpType::Rc) => qp_ex::RC_OPS,
+            Some(QpType::Uc) => qp_ex::UC_OPS,
+            Some(QpType::Ud) => qp_ex::UD_OPS,
+            _ => 0,
+        };
+        if send_ops & !offered != 0 {
+            return ffi::refuse_null(
+                "create_qp_ex",
+                libc::EOPNOTSUPP,
+                &format!("send_ops_flags {send_ops:#x} (supported for this QP type: {offered:#x})"),
+            );
         }
         // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr`, in order.
         let mut base = ibv_qp_init_attr {
@@ -69,16 +105,34 @@ pub unsafe extern "C" fn create_qp_ex(_ibctx: *mut ibv_context, attr: *mut ibv_q
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
         };
+        let ex = if with_ops {
+            QpEx::WithSendOps(send_ops)
+        } else {
+            QpEx::Yes
+        };
         // SAFETY: `a.pd` is one of our PDs (comp_mask says it is set).
-        let qp = unsafe { create_qp_common(a.pd, &mut base) };
+        let qp = unsafe { create_qp_common(a.pd, &mut base, ex) };
         a.cap = base.cap;
         qp
     })
 }
 
+/// Whether a QP is made by `create_qp_ex`, and with which `ibv_wr_*` builders.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum QpEx {
+    /// By `create_qp`.
+    No,
+    /// By `create_qp_ex` without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+    Yes,
+    /// By `create_qp_ex` with these `send_ops_flags`.
+    WithSendOps(u64),
+}
+
+/// Creates a QP, extended as `ex` says.
+///
 /// # Safety
 /// `pd` must be one of our PDs; `attr`'s CQ pointers must be our CQs.
-unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut ibv_qp {
+unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpEx) -> *mut ibv_qp {
     // SAFETY: per the contract.
     let p = unsafe { pd_ref(pd) };
     let Some(qp_type) = u8::try_from(attr.qp_type).ok().and_then(QpType::from_raw) else {
@@ -125,16 +179,26 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
     // SAFETY: all-zero is a valid verbs_qp; the fields libibverbs reads are set below and the
     // mutex/cond initialized in place once boxed.
     let mut vqp: verbs_qp = unsafe { std::mem::zeroed() };
-    vqp.qp.context = p.ibv.context;
-    vqp.qp.qp_context = attr.qp_context;
-    vqp.qp.pd = pd;
-    vqp.qp.send_cq = attr.send_cq;
-    vqp.qp.recv_cq = attr.recv_cq;
-    vqp.qp.srq = attr.srq;
-    vqp.qp.handle = qp.handle();
-    vqp.qp.qp_num = qp.qpn();
-    vqp.qp.state = QpState::Reset as c_int;
-    vqp.qp.qp_type = attr.qp_type;
+    let base = &mut vqp.qp_ex.qp_base;
+    base.context = p.ibv.context;
+    base.qp_context = attr.qp_context;
+    base.pd = pd;
+    base.send_cq = attr.send_cq;
+    base.recv_cq = attr.recv_cq;
+    base.srq = attr.srq;
+    base.handle = qp.handle();
+    base.qp_num = qp.qpn();
+    base.state = QpState::Reset as c_int;
+    base.qp_type = attr.qp_type;
+    let mut builder = WrBuilder::none();
+    if ex != QpEx::No {
+        // `ibv_qp_to_qp_ex` hands out the `ibv_qp_ex` of QPs made by create_qp_ex.
+        vqp.comp_mask |= VERBS_QP_EX;
+    }
+    if let QpEx::WithSendOps(ops) = ex {
+        set_send_ops(&mut vqp.qp_ex, ops);
+        builder = WrBuilder::new(&attr.cap);
+    }
     p.users.fetch_add(1, Ordering::AcqRel);
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
@@ -149,15 +213,61 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut
         recv_cq: rcq,
         srq: srq.map_or(std::ptr::null(), |s| s as *const Srq),
         ud: qp_type == QpType::Ud,
+        builder: UnsafeCell::new(builder),
     });
     // SAFETY: `b` is live and not yet shared.
     unsafe {
         init_sync(
-            std::ptr::addr_of_mut!((*b).vqp.qp.mutex),
-            std::ptr::addr_of_mut!((*b).vqp.qp.cond),
+            std::ptr::addr_of_mut!((*b).vqp.qp_ex.qp_base.mutex),
+            std::ptr::addr_of_mut!((*b).vqp.qp_ex.qp_base.cond),
         );
     }
     b.cast::<ibv_qp>()
+}
+
+/// Fills the `ibv_wr_*` interface: the builders `ops` asks for, and the setters, start,
+/// complete and abort every QP created with `send_ops_flags` has, even 0 (as in the C
+/// provider).
+fn set_send_ops(x: &mut ibv_qp_ex, ops: u64) {
+    let asked = |bit: u64| ops & bit != 0;
+    if asked(send_ops::SEND) {
+        x.wr_send = Some(qp_ex::wr_send);
+    }
+    if asked(send_ops::SEND_WITH_IMM) {
+        x.wr_send_imm = Some(qp_ex::wr_send_imm);
+    }
+    if asked(send_ops::RDMA_WRITE) {
+        x.wr_rdma_write = Some(qp_ex::wr_rdma_write);
+    }
+    if asked(send_ops::RDMA_WRITE_WITH_IMM) {
+        x.wr_rdma_write_imm = Some(qp_ex::wr_rdma_write_imm);
+    }
+    if asked(send_ops::RDMA_READ) {
+        x.wr_rdma_read = Some(qp_ex::wr_rdma_read);
+    }
+    if asked(send_ops::ATOMIC_CMP_AND_SWP) {
+        x.wr_atomic_cmp_swp = Some(qp_ex::wr_atomic_cmp_swp);
+    }
+    if asked(send_ops::ATOMIC_FETCH_AND_ADD) {
+        x.wr_atomic_fetch_add = Some(qp_ex::wr_atomic_fetch_add);
+    }
+    if asked(send_ops::SEND_WITH_INV) {
+        x.wr_send_inv = Some(qp_ex::wr_send_inv);
+    }
+    if asked(send_ops::LOCAL_INV) {
+        x.wr_local_inv = Some(qp_ex::wr_local_inv);
+    }
+    if asked(send_ops::BIND_MW) {
+        x.wr_bind_mw = Some(qp_ex::wr_bind_mw);
+    }
+    x.wr_set_ud_addr = Some(qp_ex::wr_set_ud_addr);
+    x.wr_set_inline_data = Some(qp_ex::wr_set_inline_data);
+    x.wr_set_inline_data_list = Some(qp_ex::wr_set_inline_data_list);
+    x.wr_set_sge = Some(qp_ex::wr_set_sge);
+    x.wr_set_sge_list = Some(qp_ex::wr_set_sge_list);
+    x.wr_start = Some(qp_ex::wr_start);
+    x.wr_complete = Some(qp_ex::wr_complete);
+    x.wr_abort = Some(qp_ex::wr_abort);
 }
 
 /// `destroy_qp`, as `ibv_cmd_destroy_qp`: the kernel destroy, then a wait until the program
@@ -443,6 +553,30 @@ unsafe fn post_send_batches(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut 
         }
     }
     0
+}
+
+/// `attach_mcast`: joins the QP to the multicast group `gid` (`lid` on InfiniBand).
+pub unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], lid: u16) -> c_int {
+    ffi::guard("attach_mcast", libc::EIO, || {
+        // SAFETY: libibverbs passes one of our QPs and the caller's GID.
+        let (q, gid) = unsafe { (qp_ref(qp), &*gid) };
+        match q.qp.lock().attach_mcast(gid, lid) {
+            Ok(()) => 0,
+            Err(e) => ffi::fail("attach_mcast", &e),
+        }
+    })
+}
+
+/// `detach_mcast`.
+pub unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], lid: u16) -> c_int {
+    ffi::guard("detach_mcast", libc::EIO, || {
+        // SAFETY: as in `attach_mcast`.
+        let (q, gid) = unsafe { (qp_ref(qp), &*gid) };
+        match q.qp.lock().detach_mcast(gid, lid) {
+            Ok(()) => 0,
+            Err(e) => ffi::fail("detach_mcast", &e),
+        }
+    })
 }
 
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {

@@ -74,6 +74,34 @@ impl<T> SpinLock<T> {
         }
     }
 
+    /// Takes the lock for a holder whose hold spans C calls (the extended poll and post
+    /// interfaces: `ibv_start_poll` to `ibv_end_poll`, `ibv_wr_start` to `ibv_wr_complete`):
+    /// no guard; [`SpinLock::unlock_held`] releases it.
+    #[inline]
+    pub fn lock_held(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// The value, while held by [`SpinLock::lock_held`].
+    ///
+    /// # Safety
+    /// The caller must hold the lock (taken by [`SpinLock::lock_held`]) and stop using the
+    /// pointer before [`SpinLock::unlock_held`].
+    #[inline]
+    pub unsafe fn held_value(&self) -> *mut T {
+        self.value.get()
+    }
+
+    /// Releases a lock taken by [`SpinLock::lock_held`].
+    ///
+    /// # Safety
+    /// The caller must hold it, taken by [`SpinLock::lock_held`].
+    #[inline]
+    pub unsafe fn unlock_held(&self) {
+        // Release, as a guard's drop.
+        self.locked.store(false, Ordering::Release);
+    }
+
     /// The value, lock and all consumed (no other thread can hold it).
     pub fn into_inner(self) -> T {
         self.value.into_inner()
@@ -149,6 +177,19 @@ mod tests {
         assert!(lock.try_lock().is_none());
         drop(held);
         assert!(lock.try_lock().is_some());
+    }
+
+    #[test]
+    fn a_held_lock_is_released_by_unlock_held() {
+        let lock = SpinLock::new(1);
+        lock.lock_held();
+        assert!(lock.try_lock().is_none());
+        // SAFETY: held by `lock_held` above; the pointer is not used after the unlock.
+        unsafe {
+            *lock.held_value() += 1;
+            lock.unlock_held();
+        }
+        assert_eq!(*lock.lock(), 2);
     }
 
     #[test]

@@ -1,8 +1,11 @@
-//! Shared receive queues: `create_srq`, `modify_srq`, `query_srq`, `destroy_srq`,
-//! `post_srq_recv`.
+//! Shared receive queues: `create_srq`, `create_srq_ex`, `modify_srq`, `query_srq`,
+//! `destroy_srq`, `post_srq_recv`.
 
-use crate::abi::{ibv_pd, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
-use crate::event::{destroy_core, wait_for_acks, Slot};
+use crate::abi::{
+    ibv_context, ibv_pd, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_srq_init_attr_ex,
+    srq_init_attr_mask, SRQT_BASIC,
+};
+use crate::event::{destroy_core, init_sync, wait_for_acks, Slot};
 use crate::ffi;
 use crate::pd::{pd_ref, Pd};
 use crate::spin::SpinLock;
@@ -61,6 +64,51 @@ pub unsafe extern "C" fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_att
             }
             Err(e) => ffi::fail_null("create_srq", &e),
         }
+    })
+}
+
+/// `create_srq_ex`, which libibverbs calls for what `ibv_create_srq` cannot express: a basic
+/// SRQ is made as [`create_srq`] makes one (the kernel ignores a CQ for basic SRQs), and the
+/// fields libibverbs fills after `create_srq` are filled here. rdma_rxe makes basic SRQs only
+/// (XRC ones need an XRC domain, which rxe cannot open; tag matching it refuses).
+pub unsafe extern "C" fn create_srq_ex(_ibctx: *mut ibv_context, attr: *mut ibv_srq_init_attr_ex) -> *mut ibv_srq {
+    ffi::guard("create_srq_ex", std::ptr::null_mut(), || {
+        // SAFETY: the caller's live attributes.
+        let a = unsafe { &mut *attr };
+        // As libibverbs' ibv_cmd_create_srq_ex, which the C provider calls.
+        if a.comp_mask >= srq_init_attr_mask::RESERVED {
+            return ffi::refuse_null(
+                "create_srq_ex",
+                libc::EOPNOTSUPP,
+                &format!("comp_mask {:#x}", a.comp_mask),
+            );
+        }
+        if a.comp_mask & srq_init_attr_mask::PD == 0 || a.pd.is_null() {
+            return ffi::refuse_null("create_srq_ex", libc::EINVAL, "no PD");
+        }
+        if a.comp_mask & srq_init_attr_mask::TYPE != 0 && a.srq_type != SRQT_BASIC {
+            let why = format!("SRQ type {} (rxe makes basic SRQs only)", a.srq_type);
+            return ffi::refuse_null("create_srq_ex", libc::EOPNOTSUPP, &why);
+        }
+        let mut base = ibv_srq_init_attr {
+            srq_context: a.srq_context,
+            attr: a.attr,
+        };
+        // SAFETY: `a.pd` is one of our PDs (comp_mask says it is set).
+        let srq = unsafe { create_srq(a.pd, &mut base) };
+        if !srq.is_null() {
+            a.attr = base.attr;
+            // SAFETY: `srq` was just made and is not yet shared; libibverbs does not
+            // initialize these for `create_srq_ex` as it does for `create_srq`.
+            unsafe {
+                (*srq).srq_context = a.srq_context;
+                init_sync(
+                    std::ptr::addr_of_mut!((*srq).mutex),
+                    std::ptr::addr_of_mut!((*srq).cond),
+                );
+            }
+        }
+        srq
     })
 }
 

@@ -59,6 +59,17 @@ pub(crate) fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
             remote: aremote,
             add: atomic.compare_add,
         },
+        // `invalidate_rkey` shares `imm_data`'s place, in host order.
+        WrOpcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: wr.imm_data },
+        WrOpcode::LOCAL_INV => SendOp::LocalInv { rkey: wr.imm_data },
+        WrOpcode::BIND_MW => {
+            let b = wr.bind_mw;
+            if b.mw.is_null() {
+                return None;
+            }
+            // SAFETY: the caller's live MW and MR (the ibv_post_send contract).
+            SendOp::BindMw(unsafe { crate::mw::mw_bind(b.mw, b.rkey, &b.bind_info) })
+        }
         _ => return None,
     })
 }
