@@ -1,77 +1,19 @@
 //! SRQs on an mlx5 device (the model: `cargo xtask mlx5 -- <this test binary>`; or ConnectX
 //! hardware): WQEs going round the provider's free list, the limit event, a QP scrubbed on
 //! destroy giving its SRQ WQEs back, and what mlx5 refuses. Addresses by LID on InfiniBand,
-//! by GID on RoCE (`tests/srq.rs` needs RoCE until `tests/common` is provider-neutral).
+//! by GID on RoCE.
 //! What it expects is mlx5's (no resize; sizes as the mlx5 driver rounds them), so it is
 //! built only with the `mlx5` feature; `cargo xtask mlx5 --step` runs it.
 #![cfg(feature = "mlx5")]
 
+mod common;
+
+use common::srq::{setup, Setup};
 use nix::errno::Errno;
 use std::time::{Duration, Instant};
 use uverbs::*;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
-
-struct Setup {
-    ctx: Context,
-    _pd: Pd,
-    srq: Srq,
-    send_cq: Cq,
-    recv_cq: Cq,
-    senders: Vec<Qp>,
-    receivers: Vec<Qp>,
-    mr: Mr,
-}
-
-fn path(ctx: &Context) -> AhAttr {
-    let port = ctx.query_port(1).expect("query_port");
-    if port.needs_grh() {
-        let gid = ctx.roce_v2_gid(1).expect("a RoCE v2 GID");
-        gid.route_to(gid.raw)
-    } else {
-        AhAttr {
-            port_num: 1,
-            dlid: port.lid,
-            ..Default::default()
-        }
-    }
-}
-
-fn setup(max_wr: u32) -> Setup {
-    let name = std::env::var("UVERBS_TEST_DEVICE").ok();
-    let ctx = uverbs::open(name.as_deref()).expect("an RDMA device (run under `cargo xtask mlx5`)");
-    let pd = ctx.alloc_pd().unwrap();
-    let path = path(&ctx);
-    let srq = pd.create_srq(&SrqInit::new(max_wr, 1)).expect("create_srq");
-    let (send_cq, recv_cq) = (ctx.create_cq(256).unwrap(), ctx.create_cq(256).unwrap());
-    let access = AccessFlags::LOCAL_WRITE;
-    let (mut senders, mut receivers) = (Vec::new(), Vec::new());
-    for _ in 0..2 {
-        let mut tx = pd.create_qp(&QpInit::new(QpType::Rc, &send_cq, &send_cq)).unwrap();
-        let mut init = QpInit::new(QpType::Rc, &send_cq, &recv_cq);
-        init.srq = Some(&srq);
-        let mut rx = pd.create_qp(&init).expect("QP on an SRQ");
-        let (txn, rxn) = (tx.qpn(), rx.qpn());
-        for (qp, peer) in [(&mut tx, rxn), (&mut rx, txn)] {
-            qp.to_init(1, access).unwrap();
-            qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
-            qp.to_rts(0).unwrap();
-        }
-        senders.push(tx);
-        receivers.push(rx);
-    }
-    let mr = pd.alloc_mr(1 << 20, access).unwrap();
-    Setup {
-        ctx,
-        _pd: pd,
-        srq,
-        send_cq,
-        recv_cq,
-        senders,
-        receivers,
-        mr,
-    }
-}
 
 /// Where receive `wr_id` lands.
 fn slot(wr_id: u64) -> usize {

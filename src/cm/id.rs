@@ -10,9 +10,10 @@ use crate::device::{devices, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::mr::AccessFlags;
 use crate::qp::{Qp, QpAttr};
+use crate::sys::abi::AhAttrAbi;
 use crate::sys::ucma::{
     self, Accept, Bind, ConnParam as AbiConnParam, Connect, DestroyId, Disconnect, Ece, InitQpAttr, Listen, MigrateId,
-    Query, QueryAddrResp, Reject, ResolveAddr, ResolveRoute, UverbsAhAttr, UverbsQpAttr, MAX_PRIVATE_DATA, QUERY_ADDR,
+    Query, QueryAddrResp, Reject, ResolveAddr, ResolveRoute, UverbsQpAttr, MAX_PRIVATE_DATA, QUERY_ADDR,
 };
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -627,7 +628,7 @@ fn qp_attr_from_abi(r: &UverbsQpAttr) -> Result<QpAttr> {
 }
 
 /// `ib_uverbs_ah_attr` (the CM's order) as an [`AhAttr`].
-fn ah_from_abi(a: &UverbsAhAttr) -> AhAttr {
+fn ah_from_abi(a: &AhAttrAbi) -> AhAttr {
     AhAttr {
         port_num: a.port_num,
         dlid: a.dlid,

@@ -3,6 +3,7 @@
 //! the one `write()` framing they share. Fields keep the kernel's names and meanings.
 #![allow(missing_docs)]
 
+use super::abi::AhAttrAbi;
 use super::assert_layout;
 use crate::error::{Error, Result, Verb};
 use std::os::fd::BorrowedFd;
@@ -239,27 +240,6 @@ pub struct InitQpAttr {
 }
 assert_layout!(InitQpAttr, size 16, response @ 0, id @ 8, qp_state @ 12);
 
-/// `struct ib_uverbs_ah_attr` (INIT_QP_ATTR's address vector), with its `grh` flattened. Its
-/// order differs from MODIFY_QP's `ib_uverbs_qp_dest`.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
-pub struct UverbsAhAttr {
-    pub dgid: [u8; 16],
-    pub flow_label: u32,
-    pub sgid_index: u8,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-    pub grh_reserved: u8,
-    pub dlid: u16,
-    pub sl: u8,
-    pub src_path_bits: u8,
-    pub static_rate: u8,
-    pub is_global: u8,
-    pub port_num: u8,
-    pub reserved: u8,
-}
-assert_layout!(UverbsAhAttr, size 32, flow_label @ 16, sgid_index @ 20, dlid @ 24, is_global @ 29, port_num @ 30);
-
 /// `struct ib_uverbs_qp_attr`: INIT_QP_ATTR's response.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
@@ -274,8 +254,9 @@ pub struct UverbsQpAttr {
     pub sq_psn: u32,
     pub dest_qp_num: u32,
     pub qp_access_flags: u32,
-    pub ah_attr: UverbsAhAttr,
-    pub alt_ah_attr: UverbsAhAttr,
+    /// INIT_QP_ATTR's address vector; its order differs from MODIFY_QP's `ib_uverbs_qp_dest`.
+    pub ah_attr: AhAttrAbi,
+    pub alt_ah_attr: AhAttrAbi,
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
     pub max_send_sge: u32,
@@ -447,11 +428,6 @@ super::layout_check::kernel_layouts! {
         Reject = "struct rdma_ucm_reject" { id, private_data_len, reason, reserved, private_data },
         Disconnect = "struct rdma_ucm_disconnect" { id },
         InitQpAttr = "struct rdma_ucm_init_qp_attr" { response, id, qp_state },
-        UverbsAhAttr = "struct ib_uverbs_ah_attr" {
-            dgid = "grh.dgid", flow_label = "grh.flow_label", sgid_index = "grh.sgid_index",
-            hop_limit = "grh.hop_limit", traffic_class = "grh.traffic_class", grh_reserved = "grh.reserved",
-            dlid, sl, src_path_bits, static_rate, is_global, port_num, reserved,
-        },
         UverbsQpAttr = "struct ib_uverbs_qp_attr" {
             qp_attr_mask, qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn,
             dest_qp_num, qp_access_flags, ah_attr, alt_ah_attr, max_send_wr, max_recv_wr, max_send_sge,

@@ -2,6 +2,8 @@
 //! guest, or a host device). With no device these fail, saying how to run them.
 #![allow(dead_code)]
 
+pub mod srq;
+
 use std::time::{Duration, Instant};
 use uverbs::*;
 
