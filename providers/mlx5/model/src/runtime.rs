@@ -69,6 +69,9 @@ impl Runtime {
             .name("mlx5-model-device".into())
             .spawn(device_loop)
             .ok()?;
+        // SAFETY: registers two `extern "C" fn()` handlers that only lock and unlock the
+        // model; it can fail only for want of memory, and then forks are as before.
+        unsafe { libc::pthread_atfork(Some(lock_for_fork), Some(unlock_after_fork), Some(unlock_after_fork)) };
         Some(rt)
     }
 
@@ -77,6 +80,27 @@ impl Runtime {
     pub fn lock(&self) -> MutexGuard<'_, Model> {
         self.model.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+thread_local! {
+    /// The model's lock, held by the forking thread across `fork`.
+    static HELD_FOR_FORK: std::cell::RefCell<Option<MutexGuard<'static, Model>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare handler: the forking thread takes the model's lock, so the child
+/// never starts with it held by a thread it does not have (the device thread locks it every
+/// few microseconds; a child closing the device file would then wait forever).
+extern "C" fn lock_for_fork() {
+    if let Some(Some(rt)) = RUNTIME.get() {
+        let guard = rt.lock();
+        HELD_FOR_FORK.with(|held| *held.borrow_mut() = Some(guard));
+    }
+}
+
+/// `pthread_atfork` parent and child handler: lets the lock go again, in each process.
+extern "C" fn unlock_after_fork() {
+    let _ = HELD_FOR_FORK.try_with(|held| held.borrow_mut().take());
 }
 
 /// Accepts connections from peers; one responder thread each.
