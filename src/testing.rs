@@ -39,6 +39,51 @@ impl Rng {
     }
 }
 
+/// A fuzz input read as numbers, front to back; zeros once it runs out (the hostile
+/// harnesses' decoder of libFuzzer bytes).
+#[derive(Debug)]
+pub struct FuzzInput<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> FuzzInput<'a> {
+    /// Reads `data`.
+    pub fn new(data: &'a [u8]) -> Self {
+        Self { data }
+    }
+
+    /// The next byte.
+    pub fn u8(&mut self) -> u8 {
+        match self.data.split_first() {
+            Some((&b, rest)) => {
+                self.data = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    /// The next four bytes, little-endian.
+    pub fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u8) -> u8 {
+        self.u8() % n.max(1)
+    }
+
+    /// The next `N` bytes.
+    pub fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        std::array::from_fn(|_| self.u8())
+    }
+
+    /// Whether every byte has been read.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Rng;

@@ -17,6 +17,7 @@ use super::super::cqe::{opcode, CQE_SIZE, OP_OWN};
 use super::super::mem::DbPages;
 use super::super::qp::QpShared;
 use super::{poll_ring, CqShared, CqState, QpTable, Ring, SET_CI};
+use crate::testing::FuzzInput;
 use crate::wc::{WcStatus, WorkCompletion};
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
@@ -47,31 +48,6 @@ impl fmt::Display for Stats {
              of an outstanding request, {} typed errors",
             self.cases, self.hostile_cqes, self.wellformed_cqes, self.completions, self.typed_errors
         )
-    }
-}
-
-/// Reads the input as numbers; zeros once it runs out.
-struct Input<'a> {
-    data: &'a [u8],
-}
-
-impl Input<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.data.split_first() {
-            Some((&b, rest)) => {
-                self.data = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn below(&mut self, n: u8) -> u8 {
-        self.u8() % n.max(1)
-    }
-
-    fn cqe(&mut self) -> [u8; CQE_SIZE] {
-        std::array::from_fn(|_| self.u8())
     }
 }
 
@@ -107,7 +83,7 @@ impl Qp {
 
 /// Runs one input. Panics (the fuzzer's finding) when a completion breaks the rules above.
 pub fn run(data: &[u8]) -> Stats {
-    let mut input = Input { data };
+    let mut input = FuzzInput::new(data);
     let mut stats = Stats {
         cases: 1,
         ..Stats::default()
@@ -156,7 +132,7 @@ pub fn run(data: &[u8]) -> Stats {
     let mut pi = 0u32;
     let mut out = [WorkCompletion::default(); 8];
     for _ in 0..512 {
-        if input.data.is_empty() {
+        if input.is_empty() {
             break;
         }
         let k = usize::from(input.below(qps.len() as u8));
@@ -185,7 +161,7 @@ pub fn run(data: &[u8]) -> Stats {
             }
             2 => {
                 // The device: random bytes, handed over (owner bit of this pass) or not.
-                let mut bytes = input.cqe();
+                let mut bytes: [u8; CQE_SIZE] = input.bytes();
                 let at = pi.wrapping_add(u32::from(input.below(4)));
                 if input.u8() & 1 == 0 {
                     bytes[OP_OWN] = bytes[OP_OWN] & !1 | u8::from(at & ncqe != 0);

@@ -12,6 +12,7 @@
 
 use super::{header_word, off, Backing, Consumer, HeapRing, Line, Producer, Queue};
 use crate::error::Error;
+use crate::testing::FuzzInput;
 use std::fmt;
 use std::sync::atomic::Ordering;
 
@@ -37,31 +38,6 @@ impl fmt::Display for Stats {
             "hostile rings: {} cases, {} headers rejected with a typed error, {} accepted; {} hostile index/header/slot writes; {} slot accesses, all inside the ring",
             self.cases, self.rejected, self.accepted, self.hostile_writes, self.slots_touched
         )
-    }
-}
-
-/// Reads the input as numbers; zeros once it runs out.
-struct Input<'a> {
-    data: &'a [u8],
-}
-
-impl Input<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.data.split_first() {
-            Some((&b, rest)) => {
-                self.data = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-
-    fn is_empty(&self) -> bool {
-        self.data.is_empty()
     }
 }
 
@@ -105,7 +81,7 @@ impl Kernel {
 }
 
 /// A ring header from the input: mostly consistent with the buffer, a quarter arbitrary.
-fn backing(input: &mut Input<'_>) -> (Backing, usize) {
+fn backing(input: &mut FuzzInput<'_>) -> (Backing, usize) {
     let mode = input.u8();
     let (log2, mask, data_bytes) = if mode % 4 != 3 {
         let log2 = u32::from(input.u8() % 9); // 1..256-byte slots
@@ -148,7 +124,7 @@ fn backing(input: &mut Input<'_>) -> (Backing, usize) {
 
 /// Runs one input. Panics only on a finding.
 pub fn run(data: &[u8]) -> Stats {
-    let mut input = Input { data };
+    let mut input = FuzzInput::new(data);
     let mut stats = Stats {
         cases: 1,
         ..Stats::default()
