@@ -901,25 +901,11 @@ const UHW_OUT: u16 = 0x1001;
 impl Env {
     /// Runs `object`/`method` with `attrs`; returns the attribute array as the call left it.
     fn ioctl(&self, object: u16, method: u16, attrs: &[abi::IoctlAttr]) -> Result<Vec<abi::IoctlAttr>, Errno> {
-        let hdr = abi::IoctlHdr {
-            length: (24 + 16 * attrs.len()) as u16,
-            object_id: object,
-            method_id: method,
-            num_attrs: attrs.len() as u16,
-            driver_id: abi::RDMA_DRIVER_MLX5,
-            ..Default::default()
-        };
-        let mut bytes = hdr.as_bytes().to_vec();
-        for a in attrs {
-            bytes.extend_from_slice(a.as_bytes());
-        }
-        self.mem.write(IOCTL, &bytes).unwrap();
-        self.model
-            .lock()
-            .unwrap()
-            .ioctl(CTX, abi::RDMA_VERBS_IOCTL, IOCTL, &self.mem, &self.host)?;
-        self.mem.read(IOCTL, &mut bytes).unwrap();
-        Ok(bytes[24..]
+        let num = attrs.len() as u16;
+        raw_ioctl(self, IOCTL, object, method, abi::RDMA_DRIVER_MLX5, attrs, num)?;
+        let mut bytes = vec![0u8; 16 * attrs.len()];
+        self.mem.read(IOCTL + 24, &mut bytes).unwrap();
+        Ok(bytes
             .chunks_exact(16)
             .map(|c| abi::IoctlAttr::read_from_bytes(c).unwrap())
             .collect())
