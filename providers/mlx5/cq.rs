@@ -175,12 +175,8 @@ impl Ring {
     /// owner bit; the WQEs of removed receive CQEs go back to `srq`. Returns how many were
     /// removed.
     fn scrub(&mut self, uidx: u32, srq: Option<&SrqShared>) -> u32 {
-        let mut end = self.ci;
-        while end.wrapping_sub(self.ci) < self.ncqe && self.ready(end).is_some() {
-            end = end.wrapping_add(1);
-        }
         let mut removed = 0u32;
-        let mut i = end;
+        let mut i = self.ci.wrapping_add(self.queued());
         while i != self.ci {
             i = i.wrapping_sub(1);
             let Some(bytes) = self.ready(i) else { break };
