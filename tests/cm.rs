@@ -155,6 +155,13 @@ fn connect_and_accept_with_private_data_at_the_limits_then_move_a_message() {
         assert_eq!(conn.qp().state(), QpState::Rts);
         let info = conn.qp_mut().query().unwrap();
         println!("active QP after connect: {:?}", info.attr);
+        // The CM's INIT attributes, applied again once the reply settled the responder
+        // resources (as librdmacm does): the server may write and read this side's memory.
+        let access = info.attr.access.unwrap();
+        assert!(
+            access.contains(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ),
+            "{access:?}"
+        );
         side.mr.as_mut_slice()[..18].copy_from_slice(b"hello over rdma_cm");
         let sge = [side.mr.sge(0, 18).unwrap()];
         // SAFETY: `mr` outlives the request; its completion is polled below.

@@ -377,9 +377,13 @@ impl CmId {
         ucma::call(self.channel.fd(), &req, ())
     }
 
-    /// On `CONNECT_RESPONSE`: moves `qp` to RTR and RTS with the negotiated values and sends
-    /// the RTU; the connection is then established (`rdma_establish`).
+    /// On `CONNECT_RESPONSE`: applies the CM's INIT attributes again (the access flags the
+    /// answer allows: remote read and atomics need responder resources, which only the peer's
+    /// reply settles), moves `qp` to RTR and RTS with the negotiated values and sends the RTU;
+    /// the connection is then established (`rdma_establish`). As librdmacm does: rping's
+    /// server reads the client's memory over such a connection.
     pub fn establish(&mut self, qp: &mut Qp) -> Result<()> {
+        self.move_qp(qp, QpState::Init, None)?;
         self.move_qp(qp, QpState::Rtr, None)?;
         self.move_qp(qp, QpState::Rts, None)?;
         let req = Accept {
