@@ -45,9 +45,11 @@ fn needs() -> Vec<Need> {
         program("ibv_uc_pingpong", "ibverbs-utils"),
         program("ib_write_bw", "perftest"),
         program("rdma-ndd", "rdma-core"),
-        // librdmacm's example programs, for the RDMA CM interop script.
+        // librdmacm's example programs, for the RDMA CM interop scripts.
         program("rdma_server", "rdmacm-utils"),
         program("rdma_client", "rdmacm-utils"),
+        program("rping", "rdmacm-utils"),
+        program("ucmatose", "rdmacm-utils"),
         // C programs built against libibverbs: the drop-in test's event checker and the
         // drop-in's struct layout test.
         program("cc", "gcc"),

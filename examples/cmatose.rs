@@ -1,0 +1,464 @@
+//! cmatose over `uverbs::cm`: rdma-core's `ucmatose` (`librdmacm/examples/cmatose.c`),
+//! option for option and message for message, so that each side runs against the C program.
+//!
+//! ```text
+//! server$ cmatose [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]
+//! client$ cmatose -s server_address [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]
+//! ```
+//!
+//! All connections are driven from one event channel, as in cmatose: the client resolves
+//! every id's address and route, creates each QP (send and receive CQs of `message_count`
+//! entries), posts `message_count` receives and connects; the server accepts each request
+//! after posting its receives. Once all are up, the server sends `message_count` messages of
+//! `message_size` bytes on each connection and waits for their completions, the client
+//! receives them and sends as many back, the server receives those and disconnects every
+//! connection; both wait for each `DISCONNECTED`. The progress lines are cmatose's. The
+//! options cmatose has and this does not (`-f`, `-P`, `-t`, `-m`, `-a`) are refused.
+//!
+//! `tests/guest/rping_cmatose_interop.sh` runs it against rdmacm-utils' `ucmatose` both ways.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+use uverbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
+use uverbs::{AccessFlags, Context, Cq, Mr, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
+
+/// cmatose gives address and route resolution 2 s each.
+const RESOLVE: Duration = Duration::from_secs(2);
+/// How long a wait may see no progress before this side gives up (cmatose waits forever).
+const STALL: Duration = Duration::from_secs(60);
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Debug)]
+struct Options {
+    /// `-s`: the server to connect to; none: be the server.
+    server_addr: Option<String>,
+    /// `-b`: the address to bind (server) or connect from (client).
+    bind_addr: Option<String>,
+    connections: usize,
+    message_count: usize,
+    message_size: usize,
+    port: u16,
+}
+
+const USAGE: &str = "usage: cmatose
+\t[-s server_address]
+\t[-b bind_address]
+\t[-c connections]
+\t[-C message_count]
+\t[-S message_size]
+\t[-p port_number]";
+
+fn main() {
+    let opts = match parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            println!("{USAGE}");
+            std::process::exit(1);
+        }
+    };
+    let ret = Test::new(&opts).and_then(|mut test| {
+        let ret = if opts.server_addr.is_some() {
+            test.run_client(&opts)
+        } else {
+            test.run_server(&opts)
+        };
+        println!("test complete");
+        // The connections' resources, then their ids, then the channel (cmatose's order).
+        drop(test);
+        ret
+    });
+    let status = match ret {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("cmatose: {e}");
+            1
+        }
+    };
+    println!("return status {status}");
+    std::process::exit(status);
+}
+
+/// getopt's rules for `s:b:c:C:S:p:`: a value follows its letter in the same word or the next.
+fn parse(args: impl Iterator<Item = String>) -> Result<Options> {
+    let mut o = Options {
+        server_addr: None,
+        bind_addr: None,
+        connections: 1,
+        message_count: 10,
+        message_size: 100,
+        port: 7471,
+    };
+    let mut args = args.peekable();
+    while let Some(word) = args.next() {
+        let mut letters = word.strip_prefix('-').filter(|l| !l.is_empty()).map(str::chars);
+        let Some(letter) = letters.as_mut().and_then(Iterator::next) else {
+            return Err(format!("unexpected argument {word:?}").into());
+        };
+        if !"sbcCSp".contains(letter) {
+            return Err(format!("cmatose: option -{letter} is not supported here").into());
+        }
+        let rest: String = letters.into_iter().flatten().collect();
+        let value = if rest.is_empty() {
+            args.next().ok_or_else(|| format!("-{letter} needs a value"))?
+        } else {
+            rest
+        };
+        let number = |v: &str| {
+            v.parse::<usize>()
+                .map_err(|_| format!("-{letter}: invalid number {v:?}"))
+        };
+        match letter {
+            's' => o.server_addr = Some(value),
+            'b' => o.bind_addr = Some(value),
+            'c' => o.connections = number(&value)?,
+            'C' => o.message_count = number(&value)?,
+            'S' => o.message_size = number(&value)?,
+            _ => o.port = value.parse().map_err(|_| format!("invalid port {value:?}"))?,
+        }
+    }
+    // cmatose sends nothing when messages are empty.
+    if o.message_size == 0 {
+        o.message_count = 0;
+    }
+    Ok(o)
+}
+
+/// `name:port` as rdma_getaddrinfo resolves it (numeric or a host name).
+fn socket_addr(name: &str, port: u16) -> Result<SocketAddr> {
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (name, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| format!("cmatose: getaddrinfo error: no address for {name:?}").into())
+}
+
+/// One connection's verbs objects (`struct cmatest_node`), dropped before its id.
+struct Verbs {
+    qp: Qp,
+    send_cq: Cq,
+    recv_cq: Cq,
+    /// `message_size` bytes: every send goes from here and every receive lands here, as in
+    /// cmatose (whose messages carry no meaning).
+    mem: Mr,
+}
+
+impl Verbs {
+    fn new(ctx: &Context, o: &Options) -> Result<Self> {
+        let pd = ctx.alloc_pd()?;
+        let cqe = o.message_count.max(1) as u32;
+        let send_cq = ctx.create_cq(cqe)?;
+        let recv_cq = ctx.create_cq(cqe)?;
+        let mut init = QpInit::new(QpType::Rc, &send_cq, &recv_cq);
+        (init.cap.max_send_wr, init.cap.max_recv_wr) = (cqe, cqe);
+        (init.cap.max_send_sge, init.cap.max_recv_sge) = (1, 1);
+        init.sq_sig_all = true;
+        let qp = pd.create_qp(&init)?;
+        let mem = pd.alloc_mr(o.message_size.max(1), AccessFlags::LOCAL_WRITE)?;
+        Ok(Self {
+            qp,
+            send_cq,
+            recv_cq,
+            mem,
+        })
+    }
+
+    fn post_recvs(&mut self, o: &Options) -> Result<()> {
+        let sge = [self.mem.sge(0, o.message_size as u32)?];
+        for _ in 0..o.message_count {
+            // SAFETY: `mem` is declared after `qp`, so it outlives the QP and every request.
+            unsafe { self.qp.post_recv(&[RecvWr::new(0, &sge)])? };
+        }
+        Ok(())
+    }
+
+    fn post_sends(&mut self, o: &Options) -> Result<()> {
+        let sge = [self.mem.sge(0, o.message_size as u32)?];
+        for _ in 0..o.message_count {
+            // SAFETY: as in `post_recvs`.
+            unsafe { self.qp.post_send(&[SendWr::new(0, SendOp::Send, &sge)])? };
+        }
+        Ok(())
+    }
+}
+
+/// Polls `cq` until `n` completions arrived, each successful.
+fn complete(cq: &mut Cq, n: usize) -> Result<()> {
+    let mut wc = [WorkCompletion::default(); 8];
+    let (mut done, mut last) = (0, Instant::now());
+    while done < n {
+        let got = cq.poll(&mut wc[..(n - done).min(8)]);
+        for c in &wc[..got] {
+            if c.status != WcStatus::SUCCESS {
+                return Err(format!("cmatose: completion failed: {:?}", c.status).into());
+            }
+        }
+        if got > 0 {
+            (done, last) = (done + got, Instant::now());
+        } else if last.elapsed() > STALL {
+            return Err(format!("cmatose: {done} of {n} completions after {STALL:?}").into());
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    Ok(())
+}
+
+/// One connection (`struct cmatest_node`).
+struct Node {
+    // Declared first: dropped before the id (cmatose destroys the id last).
+    verbs: Option<Verbs>,
+    id: CmId,
+    connected: bool,
+}
+
+impl Node {
+    fn verbs(&mut self) -> Result<&mut Verbs> {
+        self.verbs.as_mut().ok_or_else(|| "a connection without a QP".into())
+    }
+
+    /// `rdma_disconnect`: the QP to ERR, then DISCONNECT; the connection counts as down.
+    fn disconnect(&mut self) -> Result<()> {
+        self.connected = false;
+        let verbs = self.verbs.as_mut().ok_or("a connection without a QP")?;
+        self.id.disconnect(&mut verbs.qp)?;
+        Ok(())
+    }
+}
+
+/// The test's state (`struct cmatest`). Declared before the channel: the ids go first.
+struct Test {
+    nodes: Vec<Node>,
+    /// Node index by id uid.
+    by_uid: HashMap<u64, usize>,
+    connects_left: usize,
+    disconnects_left: usize,
+    channel: EventChannel,
+}
+
+impl Test {
+    fn new(o: &Options) -> Result<Self> {
+        Ok(Self {
+            nodes: Vec::with_capacity(o.connections),
+            by_uid: HashMap::new(),
+            connects_left: o.connections,
+            disconnects_left: 0,
+            channel: EventChannel::open()?,
+        })
+    }
+
+    fn node(&mut self, event: &CmEvent) -> Result<&mut Node> {
+        let i = *self
+            .by_uid
+            .get(&event.uid)
+            .ok_or_else(|| format!("an event for an unknown id: {:?}", event.kind))?;
+        Ok(&mut self.nodes[i])
+    }
+
+    /// `cma_handler`: one event.
+    fn handle(&mut self, mut event: CmEvent, o: &Options) -> Result<()> {
+        match event.kind {
+            CmEventKind::ADDR_RESOLVED => {
+                if let Err(e) = self.node(&event)?.id.resolve_route(RESOLVE) {
+                    self.connects_left = self.connects_left.saturating_sub(1);
+                    return Err(format!("cmatose: resolve route failed: {e}").into());
+                }
+            }
+            CmEventKind::ROUTE_RESOLVED => {
+                let node = self.node(&event)?;
+                let mut verbs = Verbs::new(&node.id.context()?, o)?;
+                node.id.init_qp(&mut verbs.qp)?;
+                verbs.post_recvs(o)?;
+                // cmatose's parameters: one read each way, 5 retries, no RNR retry.
+                let param = ConnParam {
+                    responder_resources: Some(1),
+                    initiator_depth: Some(1),
+                    flow_control: false,
+                    retry_count: 5,
+                    rnr_retry_count: 0,
+                    ..Default::default()
+                };
+                node.id.connect(&mut verbs.qp, &param)?;
+                node.verbs = Some(verbs);
+            }
+            CmEventKind::CONNECT_RESPONSE => {
+                // librdmacm completes the active side itself and reports ESTABLISHED.
+                let node = self.node(&event)?;
+                let verbs = node.verbs.as_mut().ok_or("a response for a connection without a QP")?;
+                node.id.establish(&mut verbs.qp)?;
+                self.established(&event)?;
+            }
+            CmEventKind::CONNECT_REQUEST => {
+                let req = event.take_request().ok_or("a connect request without its new id")?;
+                if self.nodes.len() == o.connections {
+                    println!("cmatose: failing connection request");
+                    req.reject(&[])?;
+                    return Ok(());
+                }
+                let mut verbs = Verbs::new(&req.context()?, o)?;
+                req.init_qp(&mut verbs.qp)?;
+                verbs.post_recvs(o)?;
+                let id = req.accept_id(&mut verbs.qp, &ConnParam::default())?;
+                self.by_uid.insert(id.uid(), self.nodes.len());
+                self.nodes.push(Node {
+                    verbs: Some(verbs),
+                    id,
+                    connected: false,
+                });
+            }
+            CmEventKind::ESTABLISHED => self.established(&event)?,
+            CmEventKind::ADDR_ERROR
+            | CmEventKind::ROUTE_ERROR
+            | CmEventKind::CONNECT_ERROR
+            | CmEventKind::UNREACHABLE
+            | CmEventKind::REJECTED => {
+                let name = event.kind.name().unwrap_or("UNKNOWN");
+                println!("cmatose: event: RDMA_CM_EVENT_{name}, error: {}", event.status);
+                self.connects_left = self.connects_left.saturating_sub(1);
+                return Err(format!("RDMA_CM_EVENT_{name} (status {})", event.status).into());
+            }
+            CmEventKind::DISCONNECTED => {
+                // Answer the peer's disconnect (the QP to ERR, DISCONNECT), once.
+                let node = self.node(&event)?;
+                if node.connected {
+                    node.disconnect()?;
+                }
+                self.disconnects_left = self.disconnects_left.saturating_sub(1);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A connection is up: one connect less to wait for, one disconnect more.
+    fn established(&mut self, event: &CmEvent) -> Result<()> {
+        let node = self.node(event)?;
+        if !node.connected {
+            node.connected = true;
+            self.connects_left = self.connects_left.saturating_sub(1);
+            self.disconnects_left += 1;
+        }
+        Ok(())
+    }
+
+    /// Handles events until every connection is up (or one failed).
+    fn connect_events(&mut self, o: &Options) -> Result<()> {
+        while self.connects_left > 0 {
+            let event = self.channel.get_event(Some(STALL))?;
+            self.handle(event, o)?;
+        }
+        Ok(())
+    }
+
+    /// Handles events until every connection is down.
+    fn disconnect_events(&mut self, o: &Options) -> Result<()> {
+        while self.disconnects_left > 0 {
+            let event = self.channel.get_event(Some(STALL))?;
+            self.handle(event, o)?;
+        }
+        Ok(())
+    }
+
+    /// Polls the send or receive CQ of every connected node for `message_count` completions.
+    fn poll_cqs(&mut self, o: &Options, recv: bool) -> Result<()> {
+        for node in self.nodes.iter_mut().filter(|n| n.connected) {
+            let verbs = node.verbs()?;
+            complete(
+                if recv { &mut verbs.recv_cq } else { &mut verbs.send_cq },
+                o.message_count,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn post_sends(&mut self, o: &Options) -> Result<()> {
+        for node in self.nodes.iter_mut().filter(|n| n.connected) {
+            node.verbs()?.post_sends(o)?;
+        }
+        Ok(())
+    }
+
+    fn run_server(&mut self, o: &Options) -> Result<()> {
+        println!("cmatose: starting server");
+        let ip = match &o.bind_addr {
+            Some(b) => socket_addr(b, o.port)?,
+            None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), o.port),
+        };
+        let mut listener = self.channel.create_id()?;
+        listener.bind(ip)?;
+        listener.listen(0)?;
+        self.connect_events(o)?;
+        if o.message_count > 0 {
+            println!("initiating data transfers");
+            self.post_sends(o)?;
+            println!("completing sends");
+            self.poll_cqs(o, false)?;
+            println!("receiving data transfers");
+            self.poll_cqs(o, true)?;
+            println!("data transfers complete");
+        }
+        println!("cmatose: disconnecting");
+        for node in self.nodes.iter_mut().filter(|n| n.connected) {
+            node.disconnect()?;
+        }
+        self.disconnect_events(o)?;
+        println!("disconnected");
+        listener.destroy()?;
+        Ok(())
+    }
+
+    fn run_client(&mut self, o: &Options) -> Result<()> {
+        println!("cmatose: starting client");
+        let dst = socket_addr(o.server_addr.as_deref().ok_or("no -s")?, o.port)?;
+        let src = o.bind_addr.as_deref().map(|b| socket_addr(b, 0)).transpose()?;
+        println!("cmatose: connecting");
+        for i in 0..o.connections {
+            let mut id = self.channel.create_id()?;
+            id.resolve_addr(src, dst, RESOLVE)?;
+            self.by_uid.insert(id.uid(), i);
+            self.nodes.push(Node {
+                verbs: None,
+                id,
+                connected: false,
+            });
+        }
+        let ret = self.connect_events(o).and_then(|()| {
+            if o.message_count > 0 {
+                println!("receiving data transfers");
+                self.poll_cqs(o, true)?;
+                println!("sending replies");
+                self.post_sends(o)?;
+                println!("data transfers complete");
+            }
+            Ok(())
+        });
+        // As cmatose: wait for the server's disconnects even after a failure.
+        let ret2 = self.disconnect_events(o);
+        ret.and(ret2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_follow_cmatose() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>().into_iter();
+        let o = parse(args("-s 169.254.77.1 -c 4 -C50 -p 7480")).unwrap();
+        assert_eq!(o.server_addr.as_deref(), Some("169.254.77.1"));
+        assert_eq!(
+            (o.connections, o.message_count, o.message_size, o.port),
+            (4, 50, 100, 7480)
+        );
+        let o = parse(args("-b 169.254.77.1 -S 0")).unwrap();
+        assert!(o.server_addr.is_none());
+        assert_eq!((o.message_size, o.message_count), (0, 0));
+        assert!(parse(args("-m")).is_err(), "migration is not supported");
+        assert!(parse(args("-c")).is_err(), "-c needs a value");
+    }
+}
