@@ -1,4 +1,4 @@
-//! `cargo xtask test`: host unit and doc tests, then the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
+//! `cargo xtask test`: host unit (examples' included) and doc tests, then the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
 //! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a QEMU guest unless
 //! the host has one), with a `guest: N passed, M failed` line that counts every item.
 
@@ -39,7 +39,7 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     let mut failures: Vec<String> = Vec::new();
     // Each chain stops at its first failing command.
     let mut host_steps: Vec<Vec<Command>> = [
-        &["test", "--workspace", "--lib", "--bins", "--no-fail-fast"][..],
+        &["test", "--workspace", "--lib", "--bins", "--examples", "--no-fail-fast"][..],
         &["test", "--doc", "-p", "uverbs"],
     ]
     .iter()
