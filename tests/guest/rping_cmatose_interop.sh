@@ -4,10 +4,11 @@
 # both ways, on the address of the guest's rxe_cm device ($UVERBS_CM_ADDR, a dummy netdev: the
 # CM cannot use loopback addresses).
 #
-# rping: C with C first, for the reference output; then Rust server <- C client, C server <-
-# Rust client, Rust with Rust, each `-C 10 -v -V` (the client checks every echo) and each
-# side's `-v` lines compared with the reference: the client's `ping data: ...` lines and the
-# server's `server ping data: ...` lines must be exactly the C programs' own.
+# rping, at the default 64 bytes and at 5000: C with C first, for the reference output; then
+# Rust server <- C client, C server <- Rust client, Rust with Rust, each `-C 10 -v -V` (the
+# client checks every echo) and each side's `-v` lines compared with the reference: the
+# client's `ping data: ...` lines and the server's `server ping data: ...` lines must be
+# exactly the C programs' own.
 # cmatose: Rust server <- ucmatose client, ucmatose server <- Rust client, Rust with Rust, each
 # `-c 4 -C 50`; both ends must report `return status 0`, and each Rust side must print the
 # very lines ucmatose prints in its role.
@@ -56,42 +57,49 @@ wait_listen() {
     return 1
 }
 
+# Shows a log, each line cut at 120 characters (rping -v prints whole buffers).
 show() {
     echo "---- $1:"
-    sed 's/^/    /' "$2"
+    cut -c1-120 "$2" | sed 's/^/    /'
 }
 
 failures=0
 
-# pair NAME PORT SERVER_COMMAND CLIENT_COMMAND: runs both, the server first; the logs are
-# $logs/PORT.server and $logs/PORT.client. Returns non-zero (and counts a failure) unless
-# both exit 0.
+# pair NAME PORT SERVER_COMMAND CLIENT_COMMAND: runs both, the server first; their stdout
+# goes to $logs/PORT.server and $logs/PORT.client, their stderr to the same with `.err` (kept
+# apart: the C programs write stdout through a full buffer and stderr at once, so a merged log
+# could have an stderr line inside a long stdout line). Returns non-zero (and counts a
+# failure) unless both exit 0.
 pair() {
     name=$1 port=$2
     slog=$logs/$port.server cl=$logs/$port.client
     : >"$cl"
-    timeout 240 sh -c "$3" >"$slog" 2>&1 &
+    : >"$cl.err"
+    timeout 240 sh -c "$3" >"$slog" 2>"$slog.err" &
     spid=$!
     crc=0
     if wait_listen "$port" "$spid"; then
-        timeout 240 sh -c "$4" >"$cl" 2>&1 || crc=$?
+        timeout 240 sh -c "$4" >"$cl" 2>"$cl.err" || crc=$?
     else
-        echo "server never listened on port $port" >"$cl"
+        echo "server never listened on port $port" >"$cl.err"
         crc=1
     fi
     src=0
     wait "$spid" || src=$?
+    ok=0
     if [ "$src" -eq 0 ] && [ "$crc" -eq 0 ]; then
         echo "ok: $name"
-        show server "$slog"
-        show client "$cl"
-        return 0
+    else
+        echo "FAIL: $name (server exit $src, client exit $crc)"
+        failures=$((failures + 1))
+        ok=1
     fi
-    echo "FAIL: $name (server exit $src, client exit $crc)"
-    show server "$slog"
-    show client "$cl"
-    failures=$((failures + 1))
-    return 1
+    for f in "$slog" "$slog.err" "$cl" "$cl.err"; do
+        if [ -s "$f" ]; then
+            show "${f#"$logs/$port."}" "$f"
+        fi
+    done
+    return $ok
 }
 
 # same WHAT EXPECTED ACTUAL: the two files are equal (a failure counted if not).
@@ -99,8 +107,8 @@ same() {
     if cmp -s "$2" "$3"; then
         echo "ok: $1 ($(wc -l <"$3") lines, as the C program's)"
     else
-        echo "FAIL: $1 differs from the C program's:"
-        diff "$2" "$3" | sed 's/^/    /' || true
+        echo "FAIL: $1 differs from the C program's: $(cmp "$2" "$3" 2>&1 || true)"
+        diff "$2" "$3" | cut -c1-120 | sed 's/^/    /' || true
         failures=$((failures + 1))
     fi
 }
@@ -109,50 +117,53 @@ same() {
 client_lines() { grep '^ping data: ' "$1" >"$2" || true; }
 server_lines() { grep '^server ping data: ' "$1" >"$2" || true; }
 
-ping_args="-C 10 -v -V"
-
-# rping: the reference, C with C.
-if pair "rping -s (C) <- rping -c (C), the reference" 7491 \
-    "rping -s -a $addr -p 7491 -v" "rping -c -a $addr -p 7491 $ping_args"; then
-    client_lines "$logs/7491.client" "$logs/ref.client"
-    server_lines "$logs/7491.server" "$logs/ref.server"
-    if [ "$(wc -l <"$logs/ref.client")" -ne 10 ] || [ "$(wc -l <"$logs/ref.server")" -ne 10 ]; then
-        echo "FAIL: the C reference did not print 10 pings on each side"
-        failures=$((failures + 1))
+# rping_suite SIZE_ARGS PORT: C with C for the reference, then Rust in each role and Rust with
+# Rust (ports PORT to PORT+3), each `-C 10 -v -V` with SIZE_ARGS on both sides.
+rping_suite() {
+    sz=$1 p=$2
+    ping_args="-C 10 -v -V $sz"
+    if pair "rping -s (C) <- rping -c (C), the reference ($ping_args)" "$p" \
+        "rping -s -a $addr -p $p -v $sz" "rping -c -a $addr -p $p $ping_args"; then
+        client_lines "$logs/$p.client" "$logs/ref.client"
+        server_lines "$logs/$p.server" "$logs/ref.server"
+        if [ "$(wc -l <"$logs/ref.client")" -ne 10 ] || [ "$(wc -l <"$logs/ref.server")" -ne 10 ]; then
+            echo "FAIL: the C reference did not print 10 pings on each side"
+            failures=$((failures + 1))
+        fi
+    else
+        echo "FAIL: no reference output; the rping comparisons ($ping_args) cannot run"
+        return
     fi
-else
-    echo "FAIL: no reference output; the rping comparisons cannot run"
-    exit 1
-fi
+    rping_pair "rping server (Rust) <- rping -c (C)" $((p + 1)) \
+        "$rping -s -a $addr -p $((p + 1)) -v $sz" "rping -c -a $addr -p $((p + 1)) $ping_args"
+    rping_pair "rping -s (C) <- rping client (Rust)" $((p + 2)) \
+        "rping -s -a $addr -p $((p + 2)) -v $sz" "$rping -c -a $addr -p $((p + 2)) $ping_args"
+    rping_pair "rping server (Rust) <- rping client (Rust)" $((p + 3)) \
+        "$rping -s -a $addr -p $((p + 3)) -v $sz" "$rping -c -a $addr -p $((p + 3)) $ping_args"
+}
 
-# rping: Rust in each role, and Rust with Rust.
+# Each Rust role's `-v` lines are the C program's (the reference's).
 rping_pair() {
-    if pair "$1" "$2" "$3" "$4"; then
+    if pair "$1 ($ping_args)" "$2" "$3" "$4"; then
         client_lines "$logs/$2.client" "$logs/$2.cv"
         server_lines "$logs/$2.server" "$logs/$2.sv"
         same "$1: client's ping data" "$logs/ref.client" "$logs/$2.cv"
         same "$1: server's ping data" "$logs/ref.server" "$logs/$2.sv"
     fi
 }
-rping_pair "rping server (Rust) <- rping -c (C)" 7492 \
-    "$rping -s -a $addr -p 7492 -v" "rping -c -a $addr -p 7492 $ping_args"
-rping_pair "rping -s (C) <- rping client (Rust)" 7493 \
-    "rping -s -a $addr -p 7493 -v" "$rping -c -a $addr -p 7493 $ping_args"
-rping_pair "rping server (Rust) <- rping client (Rust)" 7494 \
-    "$rping -s -a $addr -p 7494 -v" "$rping -c -a $addr -p 7494 $ping_args"
 
-# cmatose: each side's stdout lines (stderr is kept apart: cmatose writes nothing there when
-# it works, and a Rust error would show there).
+# rping's default 64 bytes, then 5000: RDMA READ and WRITE of several packets (MTU 1024).
+rping_suite "" 7491
+rping_suite "-S 5000" 7501
+
+# cmatose: both ends report `return status 0`.
 cm_args="-c 4 -C 50"
 cmatose_pair() {
-    if pair "$1" "$2" "$3 2>$logs/$2.server.err" "$4 2>$logs/$2.client.err"; then
+    if pair "$1" "$2" "$3" "$4"; then
         for side in server client; do
             if ! grep -qx "return status 0" "$logs/$2.$side"; then
                 echo "FAIL: $1: the $side did not report 'return status 0'"
                 failures=$((failures + 1))
-            fi
-            if [ -s "$logs/$2.$side.err" ]; then
-                show "$side's stderr" "$logs/$2.$side.err"
             fi
         done
     fi
@@ -168,4 +179,4 @@ same "cmatose server (Rust): its lines" "$logs/7496.server" "$logs/7495.server"
 same "cmatose client (Rust): its lines" "$logs/7495.client" "$logs/7496.client"
 
 [ "$failures" -eq 0 ] || exit 1
-echo "rping_cmatose_interop: all 7 pairings passed, every output compared"
+echo "rping_cmatose_interop: all 11 pairings passed, every output compared"
