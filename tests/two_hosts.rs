@@ -29,28 +29,14 @@ fn sh(cmd: &str) -> bool {
 /// The veth pair with an rxe device on each end; torn down on drop.
 struct Wire;
 
-const UP: &str = "set -e
-modprobe veth
-ip link add uvwa type veth peer name uvwb
-ip addr add 169.254.30.1/32 dev uvwa; ip addr add 169.254.30.2/32 dev uvwb
-for i in all default uvwa uvwb; do sysctl -qw net.ipv4.conf.$i.rp_filter=0 net.ipv4.conf.$i.accept_local=1; done
-sysctl -qw net.ipv4.conf.uvwa.arp_ignore=1 net.ipv4.conf.uvwb.arp_ignore=1
-ip link set uvwa up; ip link set uvwb up
-ip rule add pref 1000 lookup local; ip rule del pref 0 lookup local
-ip rule add pref 100 iif uvwa lookup local; ip rule add pref 100 iif uvwb lookup local
-ip rule add pref 200 to 169.254.30.2 lookup 200; ip route add 169.254.30.2 dev uvwa src 169.254.30.1 table 200
-ip rule add pref 200 to 169.254.30.1 lookup 201; ip route add 169.254.30.1 dev uvwb src 169.254.30.2 table 201
-rdma link add rxe_wa type rxe netdev uvwa; rdma link add rxe_wb type rxe netdev uvwb";
-
-const DOWN: &str = "rdma link delete rxe_wa; rdma link delete rxe_wb; ip link del uvwa
-ip rule del pref 100; ip rule del pref 100; ip rule del pref 200; ip rule del pref 200
-ip route flush table 200; ip route flush table 201
-ip rule show pref 0 | grep -q . || ip rule add pref 0 lookup local
-ip rule del pref 1000";
+/// The pair's set-up, shared with `tests/guest/rping_cmatose_interop.sh`.
+const UP: &str = include_str!("common/veth_up.sh");
+/// Its teardown.
+const DOWN: &str = include_str!("common/veth_down.sh");
 
 impl Wire {
     fn up() -> Self {
-        sh(&format!("{{ {DOWN} ; }} >/dev/null 2>&1"));
+        sh(&format!("{{\n{DOWN}\n}} >/dev/null 2>&1"));
         assert!(sh(UP), "setting up the veth pair with two rxe devices failed");
         Wire
     }
@@ -67,7 +53,7 @@ impl Wire {
 
 impl Drop for Wire {
     fn drop(&mut self) {
-        sh(&format!("{{ {DOWN} ; }} >/dev/null 2>&1"));
+        sh(&format!("{{\n{DOWN}\n}} >/dev/null 2>&1"));
     }
 }
 

@@ -12,6 +12,7 @@
 # cmatose: Rust server <- ucmatose client, ucmatose server <- Rust client, Rust with Rust, each
 # `-c 4 -C 50`; both ends must report `return status 0`, and each Rust side must print the
 # very lines ucmatose prints in its role.
+# Then the C/Rust pairings of both again across the veth pair of tests/two_hosts.rs.
 #
 # Runs in the test guest (`cargo xtask test`, or
 # `cargo xtask guest -- 'sh tests/guest/rping_cmatose_interop.sh'`) after
@@ -124,9 +125,10 @@ rping_suite() {
     ping_args="-C 10 -v -V $sz"
     if pair "rping -s (C) <- rping -c (C), the reference ($ping_args)" "$p" \
         "rping -s -a $addr -p $p -v $sz" "rping -c -a $addr -p $p $ping_args"; then
-        client_lines "$logs/$p.client" "$logs/ref.client"
-        server_lines "$logs/$p.server" "$logs/ref.server"
-        if [ "$(wc -l <"$logs/ref.client")" -ne 10 ] || [ "$(wc -l <"$logs/ref.server")" -ne 10 ]; then
+        ref=$logs/ref$p
+        client_lines "$logs/$p.client" "$ref.client"
+        server_lines "$logs/$p.server" "$ref.server"
+        if [ "$(wc -l <"$ref.client")" -ne 10 ] || [ "$(wc -l <"$ref.server")" -ne 10 ]; then
             echo "FAIL: the C reference did not print 10 pings on each side"
             failures=$((failures + 1))
         fi
@@ -142,13 +144,13 @@ rping_suite() {
         "$rping -s -a $addr -p $((p + 3)) -v $sz" "$rping -c -a $addr -p $((p + 3)) $ping_args"
 }
 
-# Each Rust role's `-v` lines are the C program's (the reference's).
+# Each Rust role's `-v` lines are the C program's (those of the reference run $ref).
 rping_pair() {
     if pair "$1 ($ping_args)" "$2" "$3" "$4"; then
         client_lines "$logs/$2.client" "$logs/$2.cv"
         server_lines "$logs/$2.server" "$logs/$2.sv"
-        same "$1: client's ping data" "$logs/ref.client" "$logs/$2.cv"
-        same "$1: server's ping data" "$logs/ref.server" "$logs/$2.sv"
+        same "$1: client's ping data" "$ref.client" "$logs/$2.cv"
+        same "$1: server's ping data" "$ref.server" "$logs/$2.sv"
     fi
 }
 
@@ -178,5 +180,37 @@ cmatose_pair "cmatose server (Rust) <- cmatose client (Rust)" 7497 \
 same "cmatose server (Rust): its lines" "$logs/7496.server" "$logs/7495.server"
 same "cmatose client (Rust): its lines" "$logs/7495.client" "$logs/7496.client"
 
+# Across a wire: the veth pair of tests/two_hosts.rs, servers on rxe_wb (169.254.30.2), clients
+# from rxe_wa (169.254.30.1), every packet leaving uvwa and arriving on uvwb. rping's lines are
+# compared with the dummy netdev's reference at the default size (the data does not depend on
+# the path).
+wa=169.254.30.1 wb=169.254.30.2
+veth_down() { sh tests/common/veth_down.sh >/dev/null 2>&1 || true; }
+trap 'veth_down; rm -rf "$logs"' EXIT
+veth_down
+if out=$(sh tests/common/veth_up.sh 2>&1); then
+    sent=$(cat /sys/class/net/uvwa/statistics/tx_packets)
+    ping_args="-C 10 -v -V" ref=$logs/ref7491
+    rping_pair "veth: rping server (Rust) <- rping -c (C)" 7511 \
+        "$rping -s -a $wb -p 7511 -v" "rping -c -I $wa -a $wb -p 7511 $ping_args"
+    rping_pair "veth: rping -s (C) <- rping client (Rust)" 7512 \
+        "rping -s -a $wb -p 7512 -v" "$rping -c -I $wa -a $wb -p 7512 $ping_args"
+    cmatose_pair "veth: cmatose server (Rust) <- ucmatose client (C)" 7513 \
+        "$cmatose -b $wb -p 7513 $cm_args" "ucmatose -b $wa -s $wb -p 7513 $cm_args"
+    cmatose_pair "veth: ucmatose server (C) <- cmatose client (Rust)" 7514 \
+        "ucmatose -b $wb -p 7514 $cm_args" "$cmatose -b $wa -s $wb -p 7514 $cm_args"
+    crossed=$(($(cat /sys/class/net/uvwa/statistics/tx_packets) - sent))
+    # At least the clients' messages: 2 x 10 x 2 (rping), 2 x 4 x 50 (cmatose).
+    if [ "$crossed" -ge 440 ]; then
+        echo "ok: veth: $crossed packets left uvwa"
+    else
+        echo "FAIL: veth: only $crossed packets left uvwa: the traffic did not cross the wire"
+        failures=$((failures + 1))
+    fi
+else
+    echo "FAIL: setting up the veth pair: $out"
+    failures=$((failures + 1))
+fi
+
 [ "$failures" -eq 0 ] || exit 1
-echo "rping_cmatose_interop: all 11 pairings passed, every output compared"
+echo "rping_cmatose_interop: all 15 pairings passed, every output compared"
