@@ -21,6 +21,16 @@ pub const PS_TCP: u16 = 0x0106;
 /// `RDMA_USER_CM_QUERY_ADDR`.
 pub const QUERY_ADDR: u32 = 0;
 
+/// SET_OPTION levels and names (`RDMA_OPTION_*`).
+pub mod option {
+    /// `RDMA_OPTION_ID`: options of the id itself.
+    pub const LEVEL_ID: u32 = 0;
+    pub const ID_TOS: u32 = 0;
+    pub const ID_REUSEADDR: u32 = 1;
+    pub const ID_AFONLY: u32 = 2;
+    pub const ID_ACK_TIMEOUT: u32 = 3;
+}
+
 /// Command numbers (the anonymous `enum` of `RDMA_USER_CM_CMD_*`).
 pub mod cmd {
     pub const CREATE_ID: u32 = 0;
@@ -33,6 +43,8 @@ pub mod cmd {
     pub const DISCONNECT: u32 = 10;
     pub const INIT_QP_ATTR: u32 = 11;
     pub const GET_EVENT: u32 = 12;
+    pub const SET_OPTION: u32 = 14;
+    pub const NOTIFY: u32 = 15;
     pub const MIGRATE_ID: u32 = 18;
     pub const QUERY: u32 = 19;
     pub const BIND: u32 = 20;
@@ -303,6 +315,28 @@ pub struct EventResp {
 }
 assert_layout!(EventResp, size 336, id @ 8, event @ 12, status @ 16, param @ 20, reserved @ 324, ece @ 328);
 
+/// `struct rdma_ucm_set_option`. The kernel only reads `optval` (`memdup_user` of `optlen`
+/// bytes), so an address there is never written through.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct SetOption {
+    pub optval: u64,
+    pub id: u32,
+    pub level: u32,
+    pub optname: u32,
+    pub optlen: u32,
+}
+assert_layout!(SetOption, size 24, optval @ 0, id @ 8, level @ 12, optname @ 16, optlen @ 20);
+
+/// `struct rdma_ucm_notify`: `event` is an `enum ib_event_type`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct Notify {
+    pub id: u32,
+    pub event: u32,
+}
+assert_layout!(Notify, size 8, id @ 0, event @ 4);
+
 /// `struct rdma_ucm_migrate_id`, written on the channel the id moves to.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
@@ -317,8 +351,9 @@ assert_layout!(MigrateId, size 16, response @ 0, id @ 8, fd @ 12);
 /// A command struct: its number, and where its `response` user pointer is, if it has one.
 ///
 /// # Safety
-/// Implementors hold no user address the kernel would access other than the field at
-/// `RESPONSE_AT`, which names a `Resp`.
+/// Implementors hold no user address the kernel writes through other than the field at
+/// `RESPONSE_AT`, which names a `Resp` (addresses the kernel only reads, as SET_OPTION's
+/// `optval`, cannot break this process's memory).
 pub unsafe trait UcmCommand: IntoBytes + Immutable {
     const CMD: u32;
     const VERB: Verb;
@@ -358,6 +393,8 @@ commands! {
     InitQpAttr => INIT_QP_ATTR, response @ 0 -> UverbsQpAttr;
     GetEvent => GET_EVENT, response @ 0 -> EventResp;
     MigrateId => MIGRATE_ID, response @ 0 -> EventsReportedResp;
+    SetOption => SET_OPTION;
+    Notify => NOTIFY;
 }
 
 /// Largest command body (ACCEPT).
@@ -438,6 +475,8 @@ super::layout_check::kernel_layouts! {
         GetEvent = "struct rdma_ucm_get_event" { response },
         EventResp = "struct rdma_ucm_event_resp" { uid, id, event, status, param, reserved, ece },
         MigrateId = "struct rdma_ucm_migrate_id" { response, id, fd },
+        SetOption = "struct rdma_ucm_set_option" { optval, id, level, optname, optlen },
+        Notify = "struct rdma_ucm_notify" { id, event },
     },
     values: {
         MAX_PRIVATE_DATA => "RDMA_MAX_PRIVATE_DATA",
@@ -458,6 +497,13 @@ super::layout_check::kernel_layouts! {
         cmd::QUERY => "RDMA_USER_CM_CMD_QUERY",
         cmd::BIND => "RDMA_USER_CM_CMD_BIND",
         cmd::RESOLVE_ADDR => "RDMA_USER_CM_CMD_RESOLVE_ADDR",
+        cmd::SET_OPTION => "RDMA_USER_CM_CMD_SET_OPTION",
+        cmd::NOTIFY => "RDMA_USER_CM_CMD_NOTIFY",
+        option::LEVEL_ID => "RDMA_OPTION_ID",
+        option::ID_TOS => "RDMA_OPTION_ID_TOS",
+        option::ID_REUSEADDR => "RDMA_OPTION_ID_REUSEADDR",
+        option::ID_AFONLY => "RDMA_OPTION_ID_AFONLY",
+        option::ID_ACK_TIMEOUT => "RDMA_OPTION_ID_ACK_TIMEOUT",
     },
 }
 
