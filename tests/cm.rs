@@ -896,3 +896,71 @@ fn notify_comm_est_establishes_the_passive_side_before_the_rtu() {
     drop(listener);
     assert_no_cm_ids();
 }
+
+/// IB_PATH: the path `QUERY` reports for a resolved route, set on a second id whose address
+/// is resolved, becomes that id's route (`ROUTE_RESOLVED` at once, no resolution) and
+/// carries a connection, its traffic class from the record. Refused (`EINVAL`) on an id
+/// whose route is resolved already.
+#[test]
+fn a_path_record_sets_the_route_instead_of_resolving_it() {
+    use nix::errno::Errno;
+    let addr = cm_addr(7509);
+    let listener = Listener::bind(addr).unwrap();
+    let ch = EventChannel::open().unwrap();
+    let mut first = ch.create_id().unwrap();
+    first.set_option(CmOption::Tos(0x20)).unwrap();
+    first.resolve_addr(None, addr, T).unwrap();
+    next_event(&ch, CmEventKind::ADDR_RESOLVED);
+    assert!(first.query_path().unwrap().is_empty(), "no route yet");
+    first.resolve_route(T).unwrap();
+    next_event(&ch, CmEventKind::ROUTE_RESOLVED);
+    let paths = first.query_path().unwrap();
+    println!("the resolved route: {paths:?}");
+    assert_eq!(paths.len(), 1);
+    let path = paths[0];
+    let IpAddr::V4(ip) = addr.ip() else {
+        panic!("UVERBS_CM_ADDR is IPv4")
+    };
+    let gid = ip.to_ipv6_mapped().octets();
+    assert_eq!((path.sgid, path.dgid), (gid, gid));
+    assert_eq!((path.pkey, path.traffic_class, path.reversible), (0xffff, 0x20, true));
+    assert_kernel_error(first.set_option(CmOption::IbPath(path)), "SET_OPTION", Errno::EINVAL);
+    drop(first);
+
+    thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = listener.get_request(T).unwrap();
+            let side = Side::new(&req.context().unwrap());
+            let mut conn = req.accept(side.qp(), &ConnParam::default(), T).unwrap();
+            conn.wait_disconnected(T).unwrap();
+        });
+        let mut id = ch.create_id().unwrap();
+        id.resolve_addr(None, addr, T).unwrap();
+        next_event(&ch, CmEventKind::ADDR_RESOLVED);
+        id.set_option(CmOption::IbPath(path)).unwrap();
+        let event = ch
+            .try_get_event()
+            .unwrap()
+            .expect("ROUTE_RESOLVED queued by the option");
+        assert_eq!(
+            (event.kind, event.status, event.uid),
+            (CmEventKind::ROUTE_RESOLVED, 0, id.uid())
+        );
+        let set = id.query_path().unwrap();
+        println!("the route set from the record: {set:?}");
+        assert_eq!(set.len(), 1);
+        assert_eq!((set[0].sgid, set[0].dgid, set[0].traffic_class), (gid, gid, 0x20));
+        let side = Side::new(&id.context().unwrap());
+        let mut qp = side.qp();
+        id.connect(&mut qp, &ConnParam::default()).unwrap();
+        next_event(&ch, CmEventKind::CONNECT_RESPONSE);
+        id.establish(&mut qp).unwrap();
+        let grh = qp.query().unwrap().attr.ah.and_then(|ah| ah.grh).unwrap();
+        assert_eq!((grh.dgid, grh.traffic_class), (gid, 0x20));
+        id.disconnect(&mut qp).unwrap();
+        next_event(&ch, CmEventKind::DISCONNECTED);
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}

@@ -3,9 +3,11 @@
 
 use super::event::ConnectRequest;
 use super::id::CmId;
+use super::path::{PathRecord, PRIMARY_BOTH_WAYS};
 use crate::error::{Error, Result};
 use crate::event::AsyncEventKind;
-use crate::sys::ucma::{self, option, Notify, SetOption};
+use crate::sys::ucma::{self, option, Notify, PathRecData, SetOption};
+use zerocopy::IntoBytes;
 
 /// An option of an id, for [`CmId::set_option`] (Linux 6.1's `ucma_set_option_id`). The
 /// kernel refuses an option the id's state no longer allows with `EINVAL`
@@ -32,36 +34,48 @@ pub enum CmOption {
     /// IB's field has 5 bits: at most 31. Set before resolving the route, it also sets the
     /// path's packet lifetime on RoCE.
     AckTimeout(u8),
+    /// The route from a path record instead of resolving it (`RDMA_OPTION_IB_PATH`, as
+    /// `rdma_set_option` with `IB_PATH_GMP | IB_PATH_PRIMARY | IB_PATH_BIDIRECTIONAL`): the
+    /// id's address must be resolved and its route not; `ROUTE_RESOLVED` is queued at once.
+    /// On RoCE the kernel takes the Ethernet fields from the resolved address.
+    IbPath(PathRecord),
 }
 
 /// IB's local ACK timeout field: 5 bits.
 const MAX_ACK_TIMEOUT: u8 = 31;
 
 impl CmOption {
-    /// The level, the name, and the value as the kernel reads it (`u8` or `int`).
-    fn encode(self) -> (u32, u32, Vec<u8>) {
+    /// The level, the name, and the value as the kernel reads it (`u8`, `int`, or
+    /// `struct ib_path_rec_data`).
+    fn encode(self) -> Result<(u32, u32, Vec<u8>)> {
         let int = |on: bool| i32::from(on).to_ne_bytes().to_vec();
-        match self {
+        Ok(match self {
             Self::Tos(tos) => (option::LEVEL_ID, option::ID_TOS, vec![tos]),
             Self::ReuseAddr(on) => (option::LEVEL_ID, option::ID_REUSEADDR, int(on)),
             Self::AfOnly(on) => (option::LEVEL_ID, option::ID_AFONLY, int(on)),
+            Self::AckTimeout(n) if n > MAX_ACK_TIMEOUT => {
+                return Err(Error::invalid(
+                    "set_option",
+                    format!("ACK timeout {n}: the IB field holds 0 to {MAX_ACK_TIMEOUT}"),
+                ))
+            }
             Self::AckTimeout(n) => (option::LEVEL_ID, option::ID_ACK_TIMEOUT, vec![n]),
-        }
+            Self::IbPath(path) => {
+                let data = PathRecData {
+                    flags: PRIMARY_BOTH_WAYS,
+                    reserved: 0,
+                    path_rec: path.pack("set_option")?,
+                };
+                (option::LEVEL_IB, option::IB_PATH, data.as_bytes().to_vec())
+            }
+        })
     }
 }
 
 impl CmId {
     /// Sets an option of the id (`rdma_set_option`).
     pub fn set_option(&mut self, option: CmOption) -> Result<()> {
-        if let CmOption::AckTimeout(n) = option {
-            if n > MAX_ACK_TIMEOUT {
-                return Err(Error::invalid(
-                    "set_option",
-                    format!("ACK timeout {n}: the IB field holds 0 to {MAX_ACK_TIMEOUT}"),
-                ));
-            }
-        }
-        let (level, optname, value) = option.encode();
+        let (level, optname, value) = option.encode()?;
         let req = SetOption {
             optval: value.as_ptr() as u64,
             id: self.kernel_id(),
@@ -104,10 +118,23 @@ mod tests {
     fn options_encode_as_the_kernel_reads_them() {
         let one = 1i32.to_ne_bytes().to_vec();
         let zero = 0i32.to_ne_bytes().to_vec();
-        assert_eq!(CmOption::Tos(0xb8).encode(), (0, 0, vec![0xb8]));
-        assert_eq!(CmOption::ReuseAddr(true).encode(), (0, 1, one.clone()));
-        assert_eq!(CmOption::ReuseAddr(false).encode(), (0, 1, zero));
-        assert_eq!(CmOption::AfOnly(true).encode(), (0, 2, one));
-        assert_eq!(CmOption::AckTimeout(14).encode(), (0, 3, vec![14]));
+        let encode = |o: CmOption| o.encode().unwrap();
+        assert_eq!(encode(CmOption::Tos(0xb8)), (0, 0, vec![0xb8]));
+        assert_eq!(encode(CmOption::ReuseAddr(true)), (0, 1, one.clone()));
+        assert_eq!(encode(CmOption::ReuseAddr(false)), (0, 1, zero));
+        assert_eq!(encode(CmOption::AfOnly(true)), (0, 2, one));
+        assert_eq!(encode(CmOption::AckTimeout(31)), (0, 3, vec![31]));
+        assert!(matches!(
+            CmOption::AckTimeout(32).encode(),
+            Err(Error::InvalidArgument { .. })
+        ));
+        let path = PathRecord {
+            pkey: 0xffff,
+            ..Default::default()
+        };
+        let (level, name, bytes) = encode(CmOption::IbPath(path));
+        assert_eq!((level, name, bytes.len()), (1, 1, 72));
+        assert_eq!(&bytes[..4], &0x2bu32.to_ne_bytes(), "GMP | PRIMARY | BIDIRECTIONAL");
+        assert_eq!(&bytes[8..], &path.pack("test").unwrap()[..]);
     }
 }

@@ -20,6 +20,17 @@ pub const SOCKADDR_STORAGE: usize = 128;
 pub const PS_TCP: u16 = 0x0106;
 /// `RDMA_USER_CM_QUERY_ADDR`.
 pub const QUERY_ADDR: u32 = 0;
+/// `RDMA_USER_CM_QUERY_PATH`.
+pub const QUERY_PATH: u32 = 1;
+/// Paths a route holds at most (primary and alternate: `num_pri_alt_paths`).
+pub const MAX_PATHS: usize = 2;
+
+/// `IB_PATH_*` (`rdma/ib_user_sa.h`): what a path record is for.
+pub mod path_flags {
+    pub const GMP: u32 = 1;
+    pub const PRIMARY: u32 = 1 << 1;
+    pub const BIDIRECTIONAL: u32 = (1 << 3) | (1 << 5);
+}
 
 /// SET_OPTION levels and names (`RDMA_OPTION_*`).
 pub mod option {
@@ -29,6 +40,9 @@ pub mod option {
     pub const ID_REUSEADDR: u32 = 1;
     pub const ID_AFONLY: u32 = 2;
     pub const ID_ACK_TIMEOUT: u32 = 3;
+    /// `RDMA_OPTION_IB`: options of the IB transport.
+    pub const LEVEL_IB: u32 = 1;
+    pub const IB_PATH: u32 = 1;
 }
 
 /// Command numbers (the anonymous `enum` of `RDMA_USER_CM_CMD_*`).
@@ -162,6 +176,34 @@ pub struct QueryAddrResp {
     pub reserved1: u32,
 }
 assert_layout!(QueryAddrResp, size 280, port_num @ 8, pkey @ 10, src_size @ 12, src_addr @ 16, dst_addr @ 144, ibdev_index @ 272);
+
+/// `struct ib_path_rec_data` (`rdma/ib_user_sa.h`): a path record in the SA's wire format
+/// (64 bytes, big-endian) and its `path_flags`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct PathRecData {
+    pub flags: u32,
+    pub reserved: u32,
+    pub path_rec: [u8; 64],
+}
+assert_layout!(PathRecData, size 72, flags @ 0, path_rec @ 8);
+
+/// `QUERY` with `RDMA_USER_CM_QUERY_PATH`: the same command as [`Query`], answered with
+/// [`QueryPathResp`].
+#[repr(transparent)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, Immutable)]
+pub struct QueryPath(pub Query);
+
+/// `struct rdma_ucm_query_path_resp` with room for [`MAX_PATHS`] paths (C's flexible
+/// `path_data[]`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct QueryPathResp {
+    pub num_paths: u32,
+    pub reserved: u32,
+    pub path_data: [PathRecData; MAX_PATHS],
+}
+assert_layout!(QueryPathResp, size 152, num_paths @ 0, path_data @ 8);
 
 /// `struct rdma_ucm_conn_param`.
 #[repr(C)]
@@ -385,6 +427,7 @@ commands! {
     ResolveAddr => RESOLVE_ADDR;
     ResolveRoute => RESOLVE_ROUTE;
     Query => QUERY, response @ 0 -> QueryAddrResp;
+    QueryPath => QUERY, response @ 0 -> QueryPathResp;
     Connect => CONNECT;
     Listen => LISTEN;
     Accept => ACCEPT;
@@ -476,6 +519,12 @@ super::layout_check::kernel_layouts! {
         EventResp = "struct rdma_ucm_event_resp" { uid, id, event, status, param, reserved, ece },
         MigrateId = "struct rdma_ucm_migrate_id" { response, id, fd },
         SetOption = "struct rdma_ucm_set_option" { optval, id, level, optname, optlen },
+        PathRecData = "struct ib_path_rec_data" { flags, reserved, path_rec },
+        QueryPathResp = "struct rdma_ucm_query_path_resp"
+            sized(format!("sizeof(struct rdma_ucm_query_path_resp) + {MAX_PATHS} * sizeof(struct ib_path_rec_data)"))
+        {
+            num_paths, reserved, path_data,
+        },
         Notify = "struct rdma_ucm_notify" { id, event },
     },
     values: {
@@ -504,6 +553,12 @@ super::layout_check::kernel_layouts! {
         option::ID_REUSEADDR => "RDMA_OPTION_ID_REUSEADDR",
         option::ID_AFONLY => "RDMA_OPTION_ID_AFONLY",
         option::ID_ACK_TIMEOUT => "RDMA_OPTION_ID_ACK_TIMEOUT",
+        option::LEVEL_IB => "RDMA_OPTION_IB",
+        option::IB_PATH => "RDMA_OPTION_IB_PATH",
+        QUERY_PATH => "RDMA_USER_CM_QUERY_PATH",
+        path_flags::GMP => "IB_PATH_GMP",
+        path_flags::PRIMARY => "IB_PATH_PRIMARY",
+        path_flags::BIDIRECTIONAL => "IB_PATH_BIDIRECTIONAL",
     },
 }
 
