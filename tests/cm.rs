@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::wire::{sh, Wire};
+use common::wire::{sh, Capture, Wire};
 use common::*;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
@@ -553,7 +553,8 @@ fn a_peer_that_never_answers_ends_in_a_typed_error_within_the_timeout() {
 
 /// Across the veth pair of `tests/two_hosts.rs`: a client on `rxe_wa` (169.254.30.1) and a
 /// listener on `rxe_wb` (169.254.30.2), each id bound to its own device (found by kernel
-/// index and node GUID), a message over the wire; then an address behind `uvwa` that nobody
+/// index and node GUID), a message over the wire, every RoCE packet of it with the client's
+/// TOS in its IP header (captured on `uvwb`); then an address behind `uvwa` that nobody
 /// answers ARP for ends in `ADDR_ERROR` within the timeout.
 ///
 /// The address is resolved with a short timeout, as rping does (2 s): on a veth pair the ARP
@@ -568,7 +569,9 @@ fn a_connection_crosses_the_veth_wire_and_an_unanswered_address_is_an_address_er
     let server_addr = SocketAddr::new(b, 7490);
     let listener = Listener::bind(server_addr).unwrap();
     let tx_before = wire.tx_packets();
+    let capture = Capture::on("uvwb");
     let resolve = Duration::from_secs(2);
+    let tos = 0x68;
     thread::scope(|s| {
         let server = s.spawn(|| {
             let req = listener.get_request(T).unwrap();
@@ -584,7 +587,8 @@ fn a_connection_crosses_the_veth_wire_and_an_unanswered_address_is_an_address_er
             conn.wait_disconnected(T).unwrap();
         });
         let start = std::time::Instant::now();
-        let connector = Connector::resolve_from(Some(SocketAddr::new(a, 0)), server_addr, resolve).unwrap();
+        let options = [CmOption::Tos(tos)];
+        let connector = Connector::resolve_with(Some(SocketAddr::new(a, 0)), server_addr, &options, resolve).unwrap();
         println!(
             "address and route resolved in {:?} (timeout {resolve:?})",
             start.elapsed()
@@ -602,6 +606,17 @@ fn a_connection_crosses_the_veth_wire_and_an_unanswered_address_is_an_address_er
     });
     let crossed = wire.tx_packets() - tx_before;
     assert!(crossed >= 4, "only {crossed} packets left uvwa");
+    // Every RoCE packet both ways (CM messages, the send, its ACK, the disconnect) carries
+    // the client's type of service in its IP header.
+    let seen = capture.roce_packets();
+    println!("{} RoCE packets on uvwb (source, TOS): {seen:x?}", seen.len());
+    for end in [a, b] {
+        assert!(
+            seen.iter().any(|(src, _)| IpAddr::V4(*src) == end),
+            "none from {end}: {seen:?}"
+        );
+    }
+    assert!(seen.iter().all(|(_, t)| *t == tos), "{seen:x?}");
     drop(listener);
 
     assert!(sh("ip route replace 169.254.31.0/24 dev uvwa src 169.254.30.1"));
@@ -761,9 +776,10 @@ fn afonly_decides_whether_an_ipv6_listener_takes_ipv4_requests() {
 }
 
 /// TOS and ACK_TIMEOUT: the client's type of service reaches both sides' paths (the
-/// passive side's from the REQ), each side's ACK timeout its own QP; without the options
-/// the traffic class is the port's default (0). ACK timeouts over 31 are refused before
-/// the kernel.
+/// passive side's from the REQ), each side's ACK timeout its own QP, and the client's, set
+/// before the route, its path's packet lifetime (timeout − 1, else 18); without the options
+/// the traffic class is the port's default (0). ACK timeouts over 31 are refused before the
+/// kernel.
 #[test]
 fn tos_and_ack_timeout_reach_the_connection() {
     let addr = cm_addr(7507);
@@ -800,6 +816,8 @@ fn tos_and_ack_timeout_reach_the_connection() {
         let side = Side::new(&plain.context().unwrap());
         let mut conn = plain.connect(side.qp(), &ConnParam::default(), T).unwrap();
         assert_eq!(traffic_class(conn.id()), Some(0), "the port's default_roce_tos");
+        let path = conn.id().query_path().unwrap()[0];
+        assert_eq!(path.packet_life_time, 18, "CMA_IBOE_PACKET_LIFETIME");
         server_checked.recv_timeout(T).unwrap();
         conn.disconnect(T).unwrap();
         drop(conn);
@@ -809,6 +827,12 @@ fn tos_and_ack_timeout_reach_the_connection() {
         let side = Side::new(&connector.context().unwrap());
         let mut conn = connector.connect(side.qp(), &ConnParam::default(), T).unwrap();
         assert_eq!(traffic_class(conn.id()), Some(tos));
+        let path = conn.id().query_path().unwrap()[0];
+        assert_eq!(
+            path.packet_life_time,
+            client_timeout - 1,
+            "set before the route: timeout - 1"
+        );
         let info = conn.qp_mut().query().unwrap();
         assert_eq!(info.attr.timeout, Some(client_timeout));
         assert_eq!(

@@ -67,6 +67,9 @@ pub struct Connector {
 
 impl Connector {
     /// Resolves `dst`'s address and route on a channel of its own, each step within `timeout`.
+    /// Where ARP completes inside the kernel's first lookup (a veth pair on one host), Linux
+    /// misses its own wake-up and the first resolution toward a new neighbour ends only at
+    /// `timeout`: keep it short there, as rping does (2 s; docs/kernel-facts.md).
     pub fn resolve(dst: SocketAddr, timeout: Duration) -> Result<Self> {
         Self::resolve_from(None, dst, timeout)
     }
