@@ -5,13 +5,14 @@
 
 mod common;
 
+use common::wire::{sh, Capture, Wire};
 use common::*;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::process::Command;
 use std::thread;
 use std::time::Duration;
-use uverbs::cm::{CmEventKind, ConnParam, Connector, EventChannel, Listener};
+use uverbs::cm::{CmEventKind, CmOption, ConnParam, Connector, EventChannel, Listener};
 use uverbs::*;
 
 const T: Duration = Duration::from_secs(20);
@@ -554,5 +555,443 @@ fn a_peer_that_never_answers_ends_in_a_typed_error_within_the_timeout() {
         "expected the connect to time out, got {result:?}"
     );
     assert!(took < 4 * short, "took {took:?}");
+    assert_no_cm_ids();
+}
+
+/// Across the veth pair of `tests/two_hosts.rs`: a client on `rxe_wa` (169.254.30.1) and a
+/// listener on `rxe_wb` (169.254.30.2), each id bound to its own device (found by kernel
+/// index and node GUID), a message over the wire, every RoCE packet of it with the client's
+/// TOS in its IP header (captured on `uvwb`); then an address behind `uvwa` that nobody
+/// answers ARP for ends in `ADDR_ERROR` within the timeout.
+///
+/// The address is resolved with a short timeout, as rping does (2 s): on a veth pair the ARP
+/// exchange completes inside the kernel's first neighbour lookup, before the resolution is
+/// queued, so the neighbour update that would wake it is missed and `ADDR_RESOLVED` comes
+/// only when the timeout expires (the kernel then looks again and succeeds). With the
+/// 20 s of the other steps the listener gave up first (docs/kernel-facts.md).
+#[test]
+fn a_connection_crosses_the_veth_wire_and_an_unanswered_address_is_an_address_error() {
+    let wire = Wire::up();
+    let (a, b): (IpAddr, IpAddr) = ("169.254.30.1".parse().unwrap(), "169.254.30.2".parse().unwrap());
+    let server_addr = SocketAddr::new(b, 7490);
+    let listener = Listener::bind(server_addr).unwrap();
+    let tx_before = wire.tx_packets();
+    let capture = Capture::on("uvwb");
+    let resolve = Duration::from_secs(2);
+    let tos = 0x68;
+    thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = listener.get_request(T).unwrap();
+            assert_eq!(req.device().unwrap().name, "rxe_wb");
+            let mut side = Side::new(&req.context().unwrap());
+            let mut qp = side.qp();
+            req.init_qp(&mut qp).unwrap();
+            side.post_recv(&mut qp, 1);
+            let mut conn = req.accept(qp, &ConnParam::default(), T).unwrap();
+            let wc = side.one();
+            wc.result().unwrap();
+            assert_eq!(&side.mr.as_slice()[..wc.byte_len as usize], b"across the wire");
+            conn.wait_disconnected(T).unwrap();
+        });
+        let start = std::time::Instant::now();
+        let options = [CmOption::Tos(tos)];
+        let connector = Connector::resolve_with(Some(SocketAddr::new(a, 0)), server_addr, &options, resolve).unwrap();
+        println!(
+            "address and route resolved in {:?} (timeout {resolve:?})",
+            start.elapsed()
+        );
+        assert_eq!(connector.id().device().unwrap().name, "rxe_wa");
+        let mut side = Side::new(&connector.context().unwrap());
+        let mut conn = connector.connect(side.qp(), &ConnParam::default(), T).unwrap();
+        side.mr.as_mut_slice()[..15].copy_from_slice(b"across the wire");
+        let sge = [side.mr.sge(0, 15).unwrap()];
+        // SAFETY: `mr` outlives the request; its completion is polled below.
+        unsafe { conn.qp_mut().post_send(&[SendWr::new(1, SendOp::Send, &sge)]).unwrap() };
+        side.one().result().unwrap();
+        conn.disconnect(T).unwrap();
+        server.join().unwrap();
+    });
+    let crossed = wire.tx_packets() - tx_before;
+    assert!(crossed >= 4, "only {crossed} packets left uvwa");
+    // Every RoCE packet both ways (CM messages, the send, its ACK, the disconnect) carries
+    // the client's type of service in its IP header.
+    let seen = capture.roce_packets();
+    println!("{} RoCE packets on uvwb (source, TOS): {seen:x?}", seen.len());
+    for end in [a, b] {
+        assert!(
+            seen.iter().any(|(src, _)| IpAddr::V4(*src) == end),
+            "none from {end}: {seen:?}"
+        );
+    }
+    assert!(seen.iter().all(|(_, t)| *t == tos), "{seen:x?}");
+    drop(listener);
+
+    assert!(sh("ip route replace 169.254.31.0/24 dev uvwa src 169.254.30.1"));
+    let short = Duration::from_secs(2);
+    let start = std::time::Instant::now();
+    let err = Connector::resolve("169.254.31.9:7491".parse().unwrap(), short).unwrap_err();
+    let took = start.elapsed();
+    sh("ip route del 169.254.31.0/24 dev uvwa");
+    println!("an address nobody answers: {err} after {took:?}");
+    assert!(
+        matches!(err, Error::CmEvent { verb: "resolve_addr", event: "ADDR_ERROR", status } if status < 0),
+        "{err}"
+    );
+    assert!(took < 3 * short, "took {took:?}");
+    drop(wire);
+    assert_no_cm_ids();
+}
+
+/// The next event on `ch`, which must be `kind` (with status 0).
+fn next_event(ch: &EventChannel, kind: CmEventKind) -> uverbs::cm::CmEvent {
+    let event = ch.get_event(Some(T)).unwrap();
+    assert_eq!((event.kind, event.status), (kind, 0), "{event:?}");
+    event
+}
+
+/// `err` is the kernel refusing `verb` with `errno`.
+fn assert_kernel_error<T: std::fmt::Debug>(r: Result<T>, verb: &str, errno: nix::errno::Errno) {
+    match r {
+        Err(Error::Kernel { verb: v, errno: e }) if v == verb && e == errno => {}
+        other => panic!("expected {verb} to fail with {errno}, got {other:?}"),
+    }
+}
+
+/// REUSEADDR: ids that all set it bind one address and port; without it the second bind
+/// is `EADDRINUSE`. Listening still needs the port alone (the kernel clears the option on
+/// listen), and the option can no longer be turned on then, nor off after a bind. A
+/// connection does not hold its listener's port: a new listener binds it, without the
+/// option, while an accepted connection lives.
+#[test]
+fn reuseaddr_shares_a_port_between_ids_until_one_listens() {
+    use nix::errno::Errno;
+    let addr = cm_addr(7500);
+    let ch = EventChannel::open().unwrap();
+    let (mut a, mut b) = (ch.create_id().unwrap(), ch.create_id().unwrap());
+    a.bind(addr).unwrap();
+    assert_kernel_error(b.bind(addr), "BIND", Errno::EADDRINUSE);
+    drop((a, b));
+
+    let (mut a, mut b) = (ch.create_id().unwrap(), ch.create_id().unwrap());
+    a.set_option(CmOption::ReuseAddr(true)).unwrap();
+    b.set_option(CmOption::ReuseAddr(true)).unwrap();
+    a.bind(addr).unwrap();
+    b.bind(addr).unwrap();
+    assert_kernel_error(a.listen(0), "LISTEN", Errno::EADDRINUSE);
+    assert_kernel_error(b.set_option(CmOption::ReuseAddr(false)), "SET_OPTION", Errno::EINVAL);
+    drop(b);
+    a.listen(0).unwrap();
+    assert_kernel_error(a.set_option(CmOption::ReuseAddr(true)), "SET_OPTION", Errno::EINVAL);
+    let mut c = ch.create_id().unwrap();
+    c.set_option(CmOption::ReuseAddr(true)).unwrap();
+    assert_kernel_error(c.bind(addr), "BIND", Errno::EADDRINUSE);
+    drop((a, c));
+
+    let addr = cm_addr(7501);
+    let listener = Listener::bind(addr).unwrap();
+    let (accepted, listener_back) = std::sync::mpsc::channel();
+    thread::scope(|s| {
+        let server = s.spawn(move || {
+            let req = listener.get_request(T).unwrap();
+            let side = Side::new(&req.context().unwrap());
+            let mut conn = req.accept(side.qp(), &ConnParam::default(), T).unwrap();
+            accepted.send(listener).unwrap();
+            conn.wait_disconnected(T).unwrap();
+        });
+        let connector = Connector::resolve(addr, T).unwrap();
+        let side = Side::new(&connector.context().unwrap());
+        let mut conn = connector.connect(side.qp(), &ConnParam::default(), T).unwrap();
+        drop(listener_back.recv_timeout(T).unwrap());
+        let again = Listener::bind(addr).unwrap();
+        assert_eq!(again.local_addr().unwrap(), addr);
+        conn.disconnect(T).unwrap();
+        server.join().unwrap();
+    });
+    assert_no_cm_ids();
+}
+
+/// AFONLY on IPv6 ids bound to `[::]`: set, such an id shares its port with an IPv4 one and
+/// its listener takes no IPv4 request: the REQ meets the IB CM's listen on the port, no RDMA
+/// CM listener matches it, and the kernel rejects it with reason 28 (consumer defined, not
+/// 8 as where nothing listens on the port) and no data, while nothing reaches the listener's
+/// channel. Cleared, the IPv4 bind is `EADDRNOTAVAIL` and an IPv4 client reaches the IPv6
+/// listener. After listening the option is refused.
+#[test]
+fn afonly_decides_whether_an_ipv6_listener_takes_ipv4_requests() {
+    use nix::errno::Errno;
+    let ch = EventChannel::open().unwrap();
+    let any6 = |port| SocketAddr::new("::".parse().unwrap(), port);
+    let any4 = |port| SocketAddr::new("0.0.0.0".parse().unwrap(), port);
+
+    let (mut six, mut four) = (ch.create_id().unwrap(), ch.create_id().unwrap());
+    six.set_option(CmOption::AfOnly(true)).unwrap();
+    six.bind(any6(7502)).unwrap();
+    four.bind(any4(7502)).unwrap();
+    drop((six, four));
+    let (mut six, mut four) = (ch.create_id().unwrap(), ch.create_id().unwrap());
+    six.set_option(CmOption::AfOnly(false)).unwrap();
+    six.bind(any6(7503)).unwrap();
+    assert_kernel_error(four.bind(any4(7503)), "BIND", Errno::EADDRNOTAVAIL);
+    drop((six, four));
+
+    // An IPv4 client against an IPv6 listener on the same port, each way.
+    let v4_client = |port: u16| -> Result<()> {
+        let connector = Connector::resolve(cm_addr(port), T)?;
+        let side = Side::new(&connector.context()?);
+        connector.connect(side.qp(), &ConnParam::default(), T).map(drop)
+    };
+    let only6 = Listener::bind_with(any6(7504), &[CmOption::AfOnly(true)]).unwrap();
+    match v4_client(7504) {
+        Err(Error::Rejected {
+            status: 28,
+            private_data,
+        }) => {
+            assert!(private_data.iter().all(|b| *b == 0), "{private_data:?}")
+        }
+        other => panic!("an AF-only IPv6 listener took an IPv4 request: {other:?}"),
+    }
+    assert!(only6.channel().try_get_event().unwrap().is_none());
+    let mut id = only6.channel().create_id().unwrap();
+    id.bind(any6(7505)).unwrap();
+    id.listen(0).unwrap();
+    assert_kernel_error(id.set_option(CmOption::AfOnly(false)), "SET_OPTION", Errno::EINVAL);
+    drop((id, only6));
+
+    let both = Listener::bind_with(any6(7506), &[CmOption::AfOnly(false)]).unwrap();
+    thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = both.get_request(T).unwrap();
+            let peer = req.query_addr().unwrap().dst.unwrap();
+            req.reject(b"seen by the IPv6 listener").unwrap();
+            peer
+        });
+        match v4_client(7506) {
+            Err(Error::Rejected {
+                status: 28,
+                private_data,
+            }) => {
+                assert_eq!(&private_data[..25], b"seen by the IPv6 listener")
+            }
+            other => panic!("expected the IPv6 listener's reject, got {other:?}"),
+        }
+        let peer = server.join().unwrap();
+        println!("the IPv6 listener saw the IPv4 client as {peer}");
+        assert_eq!(peer.ip(), cm_addr(0).ip());
+    });
+    drop(both);
+    assert_no_cm_ids();
+}
+
+/// TOS and ACK_TIMEOUT: the client's type of service reaches both sides' paths (the
+/// passive side's from the REQ), each side's ACK timeout its own QP, and the client's, set
+/// before the route, its path's packet lifetime (timeout − 1, else 18); without the options
+/// the traffic class is the port's default (0). ACK timeouts over 31 are refused before the
+/// kernel.
+#[test]
+fn tos_and_ack_timeout_reach_the_connection() {
+    let addr = cm_addr(7507);
+    let (tos, client_timeout, server_timeout) = (0x68, 18, 16);
+    let listener = Listener::bind(addr).unwrap();
+    let traffic_class = |id: &uverbs::cm::CmId| {
+        let rtr = id.qp_attr(QpState::Rtr).unwrap();
+        rtr.ah.and_then(|ah| ah.grh).map(|grh| grh.traffic_class)
+    };
+    let (checked, server_checked) = std::sync::mpsc::channel();
+    let server_listener = &listener;
+    thread::scope(|s| {
+        let server = s.spawn(move || {
+            for expect_tos in [0, tos] {
+                let mut req = server_listener.get_request(T).unwrap();
+                if expect_tos != 0 {
+                    req.set_option(CmOption::AckTimeout(server_timeout)).unwrap();
+                }
+                let side = Side::new(&req.context().unwrap());
+                let mut conn = req.accept(side.qp(), &ConnParam::default(), T).unwrap();
+                assert_eq!(traffic_class(conn.id()), Some(expect_tos));
+                if expect_tos != 0 {
+                    let rts = conn.id().qp_attr(QpState::Rts).unwrap();
+                    assert_eq!(rts.timeout, Some(server_timeout));
+                    let info = conn.qp_mut().query().unwrap();
+                    assert_eq!(info.attr.timeout, Some(server_timeout), "the passive QP's own");
+                }
+                // The CM answers INIT_QP_ATTR only until the peer's disconnect arrives.
+                checked.send(()).unwrap();
+                conn.wait_disconnected(T).unwrap();
+            }
+        });
+        let plain = Connector::resolve(addr, T).unwrap();
+        let side = Side::new(&plain.context().unwrap());
+        let mut conn = plain.connect(side.qp(), &ConnParam::default(), T).unwrap();
+        assert_eq!(traffic_class(conn.id()), Some(0), "the port's default_roce_tos");
+        let path = conn.id().query_path().unwrap()[0];
+        assert_eq!(path.packet_life_time, 18, "CMA_IBOE_PACKET_LIFETIME");
+        server_checked.recv_timeout(T).unwrap();
+        conn.disconnect(T).unwrap();
+        drop(conn);
+
+        let options = [CmOption::Tos(tos), CmOption::AckTimeout(client_timeout)];
+        let connector = Connector::resolve_with(None, addr, &options, T).unwrap();
+        let side = Side::new(&connector.context().unwrap());
+        let mut conn = connector.connect(side.qp(), &ConnParam::default(), T).unwrap();
+        assert_eq!(traffic_class(conn.id()), Some(tos));
+        let path = conn.id().query_path().unwrap()[0];
+        assert_eq!(
+            path.packet_life_time,
+            client_timeout - 1,
+            "set before the route: timeout - 1"
+        );
+        let info = conn.qp_mut().query().unwrap();
+        assert_eq!(info.attr.timeout, Some(client_timeout));
+        assert_eq!(
+            info.attr.ah.and_then(|ah| ah.grh).map(|grh| grh.traffic_class),
+            Some(tos),
+            "the QP's own path"
+        );
+        server_checked.recv_timeout(T).unwrap();
+        conn.disconnect(T).unwrap();
+        server.join().unwrap();
+    });
+    let ch = EventChannel::open().unwrap();
+    let mut id = ch.create_id().unwrap();
+    assert!(matches!(
+        id.set_option(CmOption::AckTimeout(32)),
+        Err(Error::InvalidArgument { .. })
+    ));
+    id.set_option(CmOption::AckTimeout(31)).unwrap();
+    drop((id, listener));
+    assert_no_cm_ids();
+}
+
+/// NOTIFY with COMM_EST: the client moves its QP to RTS and sends before its RTU; the
+/// server, holding the message, reports COMM_EST and gets `ESTABLISHED` at once; the late
+/// RTU is then ignored (the next event is the disconnect), and a second COMM_EST is
+/// `EISCONN`. An id bound to no device, a listener, and an event the CM does not take are
+/// `EINVAL`.
+#[test]
+fn notify_comm_est_establishes_the_passive_side_before_the_rtu() {
+    use nix::errno::Errno;
+    let addr = cm_addr(7508);
+    let listener = Listener::bind(addr).unwrap();
+    assert_kernel_error(
+        listener.channel().create_id().unwrap().notify(AsyncEventKind::COMM_EST),
+        "NOTIFY",
+        Errno::EINVAL,
+    );
+    let (got_it, send_rtu) = std::sync::mpsc::channel();
+    thread::scope(|s| {
+        let server = s.spawn(|| {
+            let mut event = next_event(listener.channel(), CmEventKind::CONNECT_REQUEST);
+            let req = event.take_request().unwrap();
+            let mut side = Side::new(&req.context().unwrap());
+            let mut qp = side.qp();
+            req.init_qp(&mut qp).unwrap();
+            side.post_recv(&mut qp, 1);
+            let mut id = req.accept_id(&mut qp, &ConnParam::default()).unwrap();
+            let wc = side.one();
+            wc.result().unwrap();
+            assert_eq!(&side.mr.as_slice()[..wc.byte_len as usize], b"before the RTU");
+            assert!(listener.channel().try_get_event().unwrap().is_none(), "no RTU yet");
+            id.notify(AsyncEventKind::COMM_EST).unwrap();
+            let established = next_event(listener.channel(), CmEventKind::ESTABLISHED);
+            assert_eq!(established.uid, id.uid());
+            assert_kernel_error(id.notify(AsyncEventKind::COMM_EST), "NOTIFY", Errno::EISCONN);
+            assert_kernel_error(id.notify(AsyncEventKind::SQ_DRAINED), "NOTIFY", Errno::EINVAL);
+            got_it.send(()).unwrap();
+            next_event(listener.channel(), CmEventKind::DISCONNECTED);
+            id.disconnect(&mut qp).unwrap();
+        });
+        let ch = EventChannel::open().unwrap();
+        let mut id = ch.create_id().unwrap();
+        id.resolve_addr(None, addr, T).unwrap();
+        next_event(&ch, CmEventKind::ADDR_RESOLVED);
+        id.resolve_route(T).unwrap();
+        next_event(&ch, CmEventKind::ROUTE_RESOLVED);
+        let mut side = Side::new(&id.context().unwrap());
+        let mut qp = side.qp();
+        id.connect(&mut qp, &ConnParam::default()).unwrap();
+        next_event(&ch, CmEventKind::CONNECT_RESPONSE);
+        for state in [QpState::Rtr, QpState::Rts] {
+            qp.modify(&id.qp_attr(state).unwrap()).unwrap();
+        }
+        side.mr.as_mut_slice()[..14].copy_from_slice(b"before the RTU");
+        let sge = [side.mr.sge(0, 14).unwrap()];
+        // SAFETY: `mr` outlives the request; its completion is polled below.
+        unsafe { qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]).unwrap() };
+        side.one().result().unwrap();
+        send_rtu.recv_timeout(T).unwrap();
+        id.establish(&mut qp).unwrap();
+        id.disconnect(&mut qp).unwrap();
+        next_event(&ch, CmEventKind::DISCONNECTED);
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}
+
+/// IB_PATH: the path `QUERY` reports for a resolved route, set on a second id whose address
+/// is resolved, becomes that id's route (`ROUTE_RESOLVED` at once, no resolution) and
+/// carries a connection, its traffic class from the record. Refused (`EINVAL`) on an id
+/// whose route is resolved already.
+#[test]
+fn a_path_record_sets_the_route_instead_of_resolving_it() {
+    use nix::errno::Errno;
+    let addr = cm_addr(7509);
+    let listener = Listener::bind(addr).unwrap();
+    let ch = EventChannel::open().unwrap();
+    let mut first = ch.create_id().unwrap();
+    first.set_option(CmOption::Tos(0x20)).unwrap();
+    first.resolve_addr(None, addr, T).unwrap();
+    next_event(&ch, CmEventKind::ADDR_RESOLVED);
+    assert!(first.query_path().unwrap().is_empty(), "no route yet");
+    first.resolve_route(T).unwrap();
+    next_event(&ch, CmEventKind::ROUTE_RESOLVED);
+    let paths = first.query_path().unwrap();
+    println!("the resolved route: {paths:?}");
+    assert_eq!(paths.len(), 1);
+    let path = paths[0];
+    let IpAddr::V4(ip) = addr.ip() else {
+        panic!("UVERBS_CM_ADDR is IPv4")
+    };
+    let gid = ip.to_ipv6_mapped().octets();
+    assert_eq!((path.sgid, path.dgid), (gid, gid));
+    assert_eq!((path.pkey, path.traffic_class, path.reversible), (0xffff, 0x20, true));
+    assert_kernel_error(first.set_option(CmOption::IbPath(path)), "SET_OPTION", Errno::EINVAL);
+    drop(first);
+
+    thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = listener.get_request(T).unwrap();
+            let side = Side::new(&req.context().unwrap());
+            let mut conn = req.accept(side.qp(), &ConnParam::default(), T).unwrap();
+            conn.wait_disconnected(T).unwrap();
+        });
+        let mut id = ch.create_id().unwrap();
+        id.resolve_addr(None, addr, T).unwrap();
+        next_event(&ch, CmEventKind::ADDR_RESOLVED);
+        id.set_option(CmOption::IbPath(path)).unwrap();
+        let event = ch
+            .try_get_event()
+            .unwrap()
+            .expect("ROUTE_RESOLVED queued by the option");
+        assert_eq!(
+            (event.kind, event.status, event.uid),
+            (CmEventKind::ROUTE_RESOLVED, 0, id.uid())
+        );
+        let set = id.query_path().unwrap();
+        println!("the route set from the record: {set:?}");
+        assert_eq!(set.len(), 1);
+        assert_eq!((set[0].sgid, set[0].dgid, set[0].traffic_class), (gid, gid, 0x20));
+        let side = Side::new(&id.context().unwrap());
+        let mut qp = side.qp();
+        id.connect(&mut qp, &ConnParam::default()).unwrap();
+        next_event(&ch, CmEventKind::CONNECT_RESPONSE);
+        id.establish(&mut qp).unwrap();
+        let grh = qp.query().unwrap().attr.ah.and_then(|ah| ah.grh).unwrap();
+        assert_eq!((grh.dgid, grh.traffic_class), (gid, 0x20));
+        id.disconnect(&mut qp).unwrap();
+        next_event(&ch, CmEventKind::DISCONNECTED);
+        server.join().unwrap();
+    });
+    drop(listener);
     assert_no_cm_ids();
 }

@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::wire::Wire;
 use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -17,45 +18,6 @@ use uverbs::*;
 
 const A: &str = "rxe_wa";
 const B: &str = "rxe_wb";
-
-fn sh(cmd: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The veth pair with an rxe device on each end; torn down on drop.
-struct Wire;
-
-/// The pair's set-up, shared with `tests/guest/rping_cmatose_interop.sh`.
-const UP: &str = include_str!("common/veth_up.sh");
-/// Its teardown.
-const DOWN: &str = include_str!("common/veth_down.sh");
-
-impl Wire {
-    fn up() -> Self {
-        sh(&format!("{{\n{DOWN}\n}} >/dev/null 2>&1"));
-        assert!(sh(UP), "setting up the veth pair with two rxe devices failed");
-        Wire
-    }
-
-    /// Packets sent by the A end's netdev so far.
-    fn tx_packets(&self) -> u64 {
-        std::fs::read_to_string("/sys/class/net/uvwa/statistics/tx_packets")
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    }
-}
-
-impl Drop for Wire {
-    fn drop(&mut self) {
-        sh(&format!("{{\n{DOWN}\n}} >/dev/null 2>&1"));
-    }
-}
 
 /// One end: a context on a device, its IPv4 RoCE v2 GID, PD, CQ, MR.
 struct Host {

@@ -4,6 +4,7 @@
 use super::channel::EventChannel;
 use super::event::{CmEvent, CmEventKind, ConnectRequest, PrivateData};
 use super::id::{CmId, ConnParam};
+use super::option::CmOption;
 use crate::context::Context;
 use crate::error::{Error, Result, Verb};
 use crate::qp::Qp;
@@ -66,14 +67,31 @@ pub struct Connector {
 
 impl Connector {
     /// Resolves `dst`'s address and route on a channel of its own, each step within `timeout`.
+    /// Where ARP completes inside the kernel's first lookup (a veth pair on one host), Linux
+    /// misses its own wake-up and the first resolution toward a new neighbour ends only at
+    /// `timeout`: keep it short there, as rping does (2 s; docs/kernel-facts.md).
     pub fn resolve(dst: SocketAddr, timeout: Duration) -> Result<Self> {
         Self::resolve_from(None, dst, timeout)
     }
 
     /// As [`Connector::resolve`], from the local address `src`.
     pub fn resolve_from(src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<Self> {
+        Self::resolve_with(src, dst, &[], timeout)
+    }
+
+    /// As [`Connector::resolve_from`], with `options` set on the id first (the route then
+    /// carries its type of service, the QP its ACK timeout).
+    pub fn resolve_with(
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        options: &[CmOption],
+        timeout: Duration,
+    ) -> Result<Self> {
         let channel = EventChannel::open()?;
         let mut id = channel.create_id()?;
+        for option in options {
+            id.set_option(*option)?;
+        }
         // The kernel ends each step with an event within `timeout`; waiting twice as long
         // lets its own error (ADDR_ERROR, ROUTE_ERROR, with the reason) arrive first.
         let wait = timeout.saturating_mul(2);
@@ -120,8 +138,17 @@ pub struct Listener {
 impl Listener {
     /// Binds `addr` and listens with the kernel's maximum backlog.
     pub fn bind(addr: SocketAddr) -> Result<Self> {
+        Self::bind_with(addr, &[])
+    }
+
+    /// As [`Listener::bind`], with `options` set on the id before it binds (e.g.
+    /// [`CmOption::AfOnly`] for an IPv6 listener).
+    pub fn bind_with(addr: SocketAddr, options: &[CmOption]) -> Result<Self> {
         let channel = EventChannel::open()?;
         let mut id = channel.create_id()?;
+        for option in options {
+            id.set_option(*option)?;
+        }
         id.bind(addr)?;
         id.listen(0)?;
         Ok(Self { id, channel })

@@ -178,6 +178,11 @@ impl CmId {
         self.id
     }
 
+    /// The fd of the channel the id is on, to write its commands to.
+    pub(super) fn channel_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.channel.fd()
+    }
+
     /// Binds to a local address (`rdma_bind_addr`); port 0 picks one. A device address binds
     /// the id to that device; `0.0.0.0` to none.
     pub fn bind(&mut self, addr: SocketAddr) -> Result<()> {
@@ -380,12 +385,17 @@ impl CmId {
     /// On `CONNECT_RESPONSE`: applies the CM's INIT attributes again (the access flags the
     /// answer allows: remote read and atomics need responder resources, which only the peer's
     /// reply settles), moves `qp` to RTR and RTS with the negotiated values and sends the RTU;
-    /// the connection is then established (`rdma_establish`). As librdmacm does: rping's
-    /// server reads the client's memory over such a connection.
+    /// the connection is then established (`rdma_establish`). Moves already made are skipped:
+    /// a caller may make them itself with [`CmId::qp_attr`] and send before the RTU. As
+    /// librdmacm does: rping's server reads the client's memory over such a connection.
     pub fn establish(&mut self, qp: &mut Qp) -> Result<()> {
-        self.move_qp(qp, QpState::Init, None)?;
-        self.move_qp(qp, QpState::Rtr, None)?;
-        self.move_qp(qp, QpState::Rts, None)?;
+        if qp.state() != QpState::Rts {
+            if qp.state() != QpState::Rtr {
+                self.move_qp(qp, QpState::Init, None)?;
+                self.move_qp(qp, QpState::Rtr, None)?;
+            }
+            self.move_qp(qp, QpState::Rts, None)?;
+        }
         let req = Accept {
             uid: self.uid,
             conn_param: AbiConnParam::new_zeroed(),

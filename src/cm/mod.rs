@@ -25,8 +25,12 @@ mod channel;
 mod conn;
 mod event;
 mod id;
+mod option;
+mod path;
 
 pub use channel::EventChannel;
 pub use conn::{Connection, Connector, Listener};
 pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, PrivateData};
 pub use id::{AddrInfo, CmId, ConnParam, PrivateDataLimits};
+pub use option::CmOption;
+pub use path::PathRecord;

@@ -20,6 +20,30 @@ pub const SOCKADDR_STORAGE: usize = 128;
 pub const PS_TCP: u16 = 0x0106;
 /// `RDMA_USER_CM_QUERY_ADDR`.
 pub const QUERY_ADDR: u32 = 0;
+/// `RDMA_USER_CM_QUERY_PATH`.
+pub const QUERY_PATH: u32 = 1;
+/// Paths a route holds at most (primary and alternate: `num_pri_alt_paths`).
+pub const MAX_PATHS: usize = 2;
+
+/// `IB_PATH_*` (`rdma/ib_user_sa.h`): what a path record is for.
+pub mod path_flags {
+    pub const GMP: u32 = 1;
+    pub const PRIMARY: u32 = 1 << 1;
+    pub const BIDIRECTIONAL: u32 = (1 << 3) | (1 << 5);
+}
+
+/// SET_OPTION levels and names (`RDMA_OPTION_*`).
+pub mod option {
+    /// `RDMA_OPTION_ID`: options of the id itself.
+    pub const LEVEL_ID: u32 = 0;
+    pub const ID_TOS: u32 = 0;
+    pub const ID_REUSEADDR: u32 = 1;
+    pub const ID_AFONLY: u32 = 2;
+    pub const ID_ACK_TIMEOUT: u32 = 3;
+    /// `RDMA_OPTION_IB`: options of the IB transport.
+    pub const LEVEL_IB: u32 = 1;
+    pub const IB_PATH: u32 = 1;
+}
 
 /// Command numbers (the anonymous `enum` of `RDMA_USER_CM_CMD_*`).
 pub mod cmd {
@@ -33,6 +57,8 @@ pub mod cmd {
     pub const DISCONNECT: u32 = 10;
     pub const INIT_QP_ATTR: u32 = 11;
     pub const GET_EVENT: u32 = 12;
+    pub const SET_OPTION: u32 = 14;
+    pub const NOTIFY: u32 = 15;
     pub const MIGRATE_ID: u32 = 18;
     pub const QUERY: u32 = 19;
     pub const BIND: u32 = 20;
@@ -150,6 +176,34 @@ pub struct QueryAddrResp {
     pub reserved1: u32,
 }
 assert_layout!(QueryAddrResp, size 280, port_num @ 8, pkey @ 10, src_size @ 12, src_addr @ 16, dst_addr @ 144, ibdev_index @ 272);
+
+/// `struct ib_path_rec_data` (`rdma/ib_user_sa.h`): a path record in the SA's wire format
+/// (64 bytes, big-endian) and its `path_flags`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct PathRecData {
+    pub flags: u32,
+    pub reserved: u32,
+    pub path_rec: [u8; 64],
+}
+assert_layout!(PathRecData, size 72, flags @ 0, path_rec @ 8);
+
+/// `QUERY` with `RDMA_USER_CM_QUERY_PATH`: the same command as [`Query`], answered with
+/// [`QueryPathResp`].
+#[repr(transparent)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, Immutable)]
+pub struct QueryPath(pub Query);
+
+/// `struct rdma_ucm_query_path_resp` with room for [`MAX_PATHS`] paths (C's flexible
+/// `path_data[]`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct QueryPathResp {
+    pub num_paths: u32,
+    pub reserved: u32,
+    pub path_data: [PathRecData; MAX_PATHS],
+}
+assert_layout!(QueryPathResp, size 152, num_paths @ 0, path_data @ 8);
 
 /// `struct rdma_ucm_conn_param`.
 #[repr(C)]
@@ -303,6 +357,28 @@ pub struct EventResp {
 }
 assert_layout!(EventResp, size 336, id @ 8, event @ 12, status @ 16, param @ 20, reserved @ 324, ece @ 328);
 
+/// `struct rdma_ucm_set_option`. The kernel only reads `optval` (`memdup_user` of `optlen`
+/// bytes), so an address there is never written through.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct SetOption {
+    pub optval: u64,
+    pub id: u32,
+    pub level: u32,
+    pub optname: u32,
+    pub optlen: u32,
+}
+assert_layout!(SetOption, size 24, optval @ 0, id @ 8, level @ 12, optname @ 16, optlen @ 20);
+
+/// `struct rdma_ucm_notify`: `event` is an `enum ib_event_type`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct Notify {
+    pub id: u32,
+    pub event: u32,
+}
+assert_layout!(Notify, size 8, id @ 0, event @ 4);
+
 /// `struct rdma_ucm_migrate_id`, written on the channel the id moves to.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
@@ -317,8 +393,9 @@ assert_layout!(MigrateId, size 16, response @ 0, id @ 8, fd @ 12);
 /// A command struct: its number, and where its `response` user pointer is, if it has one.
 ///
 /// # Safety
-/// Implementors hold no user address the kernel would access other than the field at
-/// `RESPONSE_AT`, which names a `Resp`.
+/// Implementors hold no user address the kernel writes through other than the field at
+/// `RESPONSE_AT`, which names a `Resp` (addresses the kernel only reads, as SET_OPTION's
+/// `optval`, cannot break this process's memory).
 pub unsafe trait UcmCommand: IntoBytes + Immutable {
     const CMD: u32;
     const VERB: Verb;
@@ -350,6 +427,7 @@ commands! {
     ResolveAddr => RESOLVE_ADDR;
     ResolveRoute => RESOLVE_ROUTE;
     Query => QUERY, response @ 0 -> QueryAddrResp;
+    QueryPath => QUERY, response @ 0 -> QueryPathResp;
     Connect => CONNECT;
     Listen => LISTEN;
     Accept => ACCEPT;
@@ -358,6 +436,8 @@ commands! {
     InitQpAttr => INIT_QP_ATTR, response @ 0 -> UverbsQpAttr;
     GetEvent => GET_EVENT, response @ 0 -> EventResp;
     MigrateId => MIGRATE_ID, response @ 0 -> EventsReportedResp;
+    SetOption => SET_OPTION;
+    Notify => NOTIFY;
 }
 
 /// Largest command body (ACCEPT).
@@ -438,6 +518,14 @@ super::layout_check::kernel_layouts! {
         GetEvent = "struct rdma_ucm_get_event" { response },
         EventResp = "struct rdma_ucm_event_resp" { uid, id, event, status, param, reserved, ece },
         MigrateId = "struct rdma_ucm_migrate_id" { response, id, fd },
+        SetOption = "struct rdma_ucm_set_option" { optval, id, level, optname, optlen },
+        PathRecData = "struct ib_path_rec_data" { flags, reserved, path_rec },
+        QueryPathResp = "struct rdma_ucm_query_path_resp"
+            sized(format!("sizeof(struct rdma_ucm_query_path_resp) + {MAX_PATHS} * sizeof(struct ib_path_rec_data)"))
+        {
+            num_paths, reserved, path_data,
+        },
+        Notify = "struct rdma_ucm_notify" { id, event },
     },
     values: {
         MAX_PRIVATE_DATA => "RDMA_MAX_PRIVATE_DATA",
@@ -458,6 +546,19 @@ super::layout_check::kernel_layouts! {
         cmd::QUERY => "RDMA_USER_CM_CMD_QUERY",
         cmd::BIND => "RDMA_USER_CM_CMD_BIND",
         cmd::RESOLVE_ADDR => "RDMA_USER_CM_CMD_RESOLVE_ADDR",
+        cmd::SET_OPTION => "RDMA_USER_CM_CMD_SET_OPTION",
+        cmd::NOTIFY => "RDMA_USER_CM_CMD_NOTIFY",
+        option::LEVEL_ID => "RDMA_OPTION_ID",
+        option::ID_TOS => "RDMA_OPTION_ID_TOS",
+        option::ID_REUSEADDR => "RDMA_OPTION_ID_REUSEADDR",
+        option::ID_AFONLY => "RDMA_OPTION_ID_AFONLY",
+        option::ID_ACK_TIMEOUT => "RDMA_OPTION_ID_ACK_TIMEOUT",
+        option::LEVEL_IB => "RDMA_OPTION_IB",
+        option::IB_PATH => "RDMA_OPTION_IB_PATH",
+        QUERY_PATH => "RDMA_USER_CM_QUERY_PATH",
+        path_flags::GMP => "IB_PATH_GMP",
+        path_flags::PRIMARY => "IB_PATH_PRIMARY",
+        path_flags::BIDIRECTIONAL => "IB_PATH_BIDIRECTIONAL",
     },
 }
 

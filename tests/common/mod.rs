@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod srq;
+pub mod wire;
 
 use std::time::{Duration, Instant};
 use uverbs::*;

@@ -1,4 +1,4 @@
-# Sets up the veth pair of tests/two_hosts.rs (which reads this file) and
+# Sets up the veth pair of tests/common/wire.rs (which reads this file) and
 # tests/guest/rping_cmatose_interop.sh: uvwa (169.254.30.1, rxe_wa) and uvwb (169.254.30.2,
 # rxe_wb), both in the initial namespace, with policy routing that sends the traffic for each
 # address out of the other end's veth. Undone by veth_down.sh.
