@@ -327,11 +327,12 @@ unsafe impl QpQueues for RxeQp {
         kernel(&[], &mut [])
     }
 
-    /// The kernel flushed or dropped rxe's completions with the QP.
+    /// The ring's free slots, from the kernel's consumer index as of now.
     fn send_room(&mut self) -> u32 {
         self.sq.free()
     }
 
+    /// The kernel flushed or dropped rxe's completions with the QP.
     fn destroyed(&mut self) {}
 }
 
