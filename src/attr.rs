@@ -65,6 +65,17 @@ impl QpState {
     }
 }
 
+open_enum! {
+    /// Path migration state of a connected QP (`enum ibv_mig_state`), as MODIFY_QP and
+    /// QUERY_QP carry it (one byte): whether the hardware has migrated to the alternate path
+    /// or is armed to.
+    MigState {
+        MIGRATED = 0,
+        REARM = 1,
+        ARMED = 2,
+    }
+}
+
 bitflags::bitflags! {
     /// Which attributes a QP modify or query names: `enum ibv_qp_attr_mask`, the same bits as
     /// the kernel's `enum ib_qp_attr_mask` that MODIFY_QP and QUERY_QP carry.

@@ -62,8 +62,8 @@ struct ReadmeDoctests;
 
 pub use ah::Ah;
 pub use attr::{
-    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState, QpAttrMask,
-    QpCap, QpState, QpType, SrqAttrMask, Transport,
+    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, MigState, Mtu, PortAttr, PortState,
+    QpAttrMask, QpCap, QpState, QpType, SrqAttrMask, Transport,
 };
 pub use batch::Batch;
 pub use context::{open, Context, Gid};
@@ -76,7 +76,7 @@ pub use mw::{Mw, MwType};
 pub use owned::{Completion, Reaped, Refused};
 pub use pd::Pd;
 pub use providers::providers;
-pub use qp::{ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
+pub use qp::{AltPath, ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{AhRef, MwBind, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};

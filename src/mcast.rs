@@ -7,7 +7,9 @@ use crate::sys::abi::{self, AttachMcast};
 
 impl Qp {
     /// Attaches this (UD) QP to the multicast group `gid` (and, on InfiniBand, `lid`; 0 on
-    /// RoCE). The kernel refuses other QP types.
+    /// RoCE). The kernel refuses other QP types. On RoCE the group's datagrams come in through
+    /// the IP stack: rxe hands them to the QPs only once the netdev has joined the group's IP
+    /// address (say `ip addr add 239.1.2.3/32 dev eth0 autojoin`); attaching does not join.
     pub fn attach_mcast(&self, gid: &[u8; 16], lid: u16) -> Result<()> {
         self.mcast("ATTACH_MCAST", abi::cmd::ATTACH_MCAST, gid, lid)
     }

@@ -280,6 +280,11 @@ pub unsafe trait QpQueues: Send {
     /// See [`crate::Qp::post_send`].
     unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()>;
 
+    /// How many more send requests the send queue takes now: those posted that the device
+    /// has not completed count against its depth. The device only ever frees more. Must not
+    /// block, allocate or make a system call.
+    fn send_room(&mut self) -> u32;
+
     /// Writes `wrs` into the receive queue in order; same error contract as `post_send`.
     ///
     /// # Safety

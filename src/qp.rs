@@ -1,6 +1,6 @@
 //! Queue pairs: creation, the state machine (modify/query) and posting.
 
-use crate::attr::{AhAttr, GlobalRoute, Mtu, QpAttrMask, QpCap, QpState, QpType};
+use crate::attr::{AhAttr, GlobalRoute, MigState, Mtu, QpAttrMask, QpCap, QpState, QpType};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
@@ -79,6 +79,21 @@ fn dest_from_abi(d: &QpDest) -> AhAttr {
     }
 }
 
+/// The alternate path of a connected QP ([`QpAttrMask::ALT_PATH`]), which the device
+/// migrates to when the primary path fails. Linux accepts alternate paths on InfiniBand ports
+/// only: on RoCE (rxe) MODIFY_QP refuses them with EINVAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AltPath {
+    /// Address vector of the alternate path.
+    pub ah: AhAttr,
+    /// P_Key index on the alternate port.
+    pub pkey_index: u16,
+    /// Alternate port; the kernel requires it to equal `ah.port_num`.
+    pub port_num: u8,
+    /// Local ack timeout on the alternate path (4.096 µs × 2^timeout).
+    pub timeout: u8,
+}
+
 /// QP attributes for `modify`: each `Some` field is set, and sets its [`QpAttrMask`] bit, so
 /// the mask can never disagree with the values.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,10 +134,14 @@ pub struct QpAttr {
     pub max_dest_rd_atomic: Option<u8>,
     /// Destination QP number.
     pub dest_qpn: Option<u32>,
+    /// Alternate path.
+    pub alt_path: Option<AltPath>,
+    /// Path migration state; a value must fit the kernel's one byte.
+    pub path_mig_state: Option<MigState>,
 }
 
 impl QpAttr {
-    fn to_abi(&self, qp_handle: u32) -> ModifyQp {
+    fn to_abi(&self, qp_handle: u32) -> Result<ModifyQp> {
         let mut m = ModifyQp {
             qp_handle,
             ..Default::default()
@@ -150,6 +169,8 @@ impl QpAttr {
         set(QpAttrMask::SQ_PSN, self.sq_psn.is_some());
         set(QpAttrMask::MAX_DEST_RD_ATOMIC, self.max_dest_rd_atomic.is_some());
         set(QpAttrMask::DEST_QPN, self.dest_qpn.is_some());
+        set(QpAttrMask::ALT_PATH, self.alt_path.is_some());
+        set(QpAttrMask::PATH_MIG_STATE, self.path_mig_state.is_some());
         m.qp_state = self.state.map_or(0, |s| s as u8);
         m.cur_qp_state = self.cur_state.map_or(0, |s| s as u8);
         m.en_sqd_async_notify = self.en_sqd_async_notify.map_or(0, u8::from);
@@ -168,7 +189,21 @@ impl QpAttr {
         m.sq_psn = self.sq_psn.unwrap_or(0);
         m.max_dest_rd_atomic = self.max_dest_rd_atomic.unwrap_or(0);
         m.dest_qp_num = self.dest_qpn.unwrap_or(0);
-        m
+        if let Some(alt) = self.alt_path {
+            m.alt_dest = dest_to_abi(alt.ah);
+            m.alt_pkey_index = alt.pkey_index;
+            m.alt_port_num = alt.port_num;
+            m.alt_timeout = alt.timeout;
+        }
+        if let Some(mig) = self.path_mig_state {
+            m.path_mig_state = u8::try_from(mig.0).map_err(|_| {
+                Error::invalid(
+                    "MODIFY_QP",
+                    format!("path migration state {} does not fit in a byte", mig.0),
+                )
+            })?;
+        }
+        Ok(m)
     }
 }
 
@@ -443,7 +478,7 @@ impl Qp {
     /// Changes attributes and/or state (MODIFY_QP).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         self.owner.check("MODIFY_QP")?;
-        let req = attr.to_abi(self.handle);
+        let req = attr.to_abi(self.handle)?;
         let ctx = &self.pd.ctx;
         self.queues.modify(attr.state, &mut |drv_in, drv_out| {
             cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out)
@@ -485,6 +520,13 @@ impl Qp {
                 sq_psn: Some(r.sq_psn),
                 max_dest_rd_atomic: Some(r.max_dest_rd_atomic),
                 dest_qpn: Some(r.dest_qp_num),
+                alt_path: Some(AltPath {
+                    ah: dest_from_abi(&r.alt_dest),
+                    pkey_index: r.alt_pkey_index,
+                    port_num: r.alt_port_num,
+                    timeout: r.alt_timeout,
+                }),
+                path_mig_state: Some(MigState(r.path_mig_state.into())),
             },
             cap: cap_from_abi(r.cap),
             sq_sig_all: r.sq_sig_all != 0,
@@ -604,6 +646,13 @@ impl Qp {
         unsafe { self.queues.post_send(SendList::new(wrs)) }
     }
 
+    /// How many more send requests fit in the send queue now: its depth less those posted
+    /// and not yet completed by the device (which only ever frees more). A list of at most
+    /// this many is never refused with [`WrReject::QueueFull`] (no system call).
+    pub fn send_room(&mut self) -> u32 {
+        self.queues.send_room()
+    }
+
     /// Posts `wrs` to the receive queue (no system call).
     ///
     /// The safe alternative is [`Qp::recv_buf`].
@@ -685,6 +734,10 @@ unsafe impl QpQueues for NoQueues {
 
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
         Err(Error::invalid("post_recv", "the QP is being dropped"))
+    }
+
+    fn send_room(&mut self) -> u32 {
+        0
     }
 
     fn modify(&mut self, _: Option<QpState>, _: KernelCall<'_, ()>) -> Result<()> {

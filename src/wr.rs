@@ -45,11 +45,12 @@ pub struct Remote {
 
 open_enum! {
     /// `enum ibv_wr_opcode`, as far as [`SendOp`] goes: the same values as the kernel's
-    /// `enum ib_uverbs_wr_opcode` (the two part from 11 on).
+    /// `enum ib_uverbs_wr_opcode` (the two part at 11 to 14; `ATOMIC_WRITE` is 15 in both,
+    /// in the kernel's since Linux 6.2).
     WrOpcode {
         RDMA_WRITE = 0, RDMA_WRITE_WITH_IMM = 1, SEND = 2, SEND_WITH_IMM = 3, RDMA_READ = 4,
         ATOMIC_CMP_AND_SWP = 5, ATOMIC_FETCH_AND_ADD = 6, LOCAL_INV = 7, BIND_MW = 8,
-        SEND_WITH_INV = 9,
+        SEND_WITH_INV = 9, ATOMIC_WRITE = 15,
     }
 }
 
@@ -121,6 +122,15 @@ pub enum SendOp {
     },
     /// Binds a memory window ([`crate::Mw::bind`]). Takes no buffers.
     BindMw(MwBind),
+    /// Atomic write (IBA 1.5, RC only): `value` lands at the target as one 8-byte write that
+    /// no peer sees half done. Takes no buffers: the request carries the value. Linux added
+    /// it to rxe in 6.2; older kernels complete it with `LOC_QP_OP_ERR` (docs/kernel-facts.md).
+    AtomicWrite {
+        /// Target (8-byte aligned; the responder checks).
+        remote: Remote,
+        /// The bytes written, in the order given (no byte-order conversion).
+        value: [u8; 8],
+    },
 }
 
 impl SendOp {
@@ -137,6 +147,7 @@ impl SendOp {
             Self::SendWithInv { .. } => WrOpcode::SEND_WITH_INV,
             Self::LocalInv { .. } => WrOpcode::LOCAL_INV,
             Self::BindMw(_) => WrOpcode::BIND_MW,
+            Self::AtomicWrite { .. } => WrOpcode::ATOMIC_WRITE,
         };
         opcode.0
     }
@@ -263,6 +274,8 @@ impl<'a> SendWr<'a> {
             }
             // Memory window operations carry no data.
             SendOp::LocalInv { .. } | SendOp::BindMw(_) => qp_type != QpType::Ud && self.sg_list.is_empty(),
+            // The value travels in the request.
+            SendOp::AtomicWrite { .. } => qp_type == QpType::Rc && self.sg_list.is_empty(),
         };
         if !allowed {
             return Err(WrReject::OpcodeNotSupported);
@@ -350,6 +363,25 @@ mod tests {
             SendFlags::SIGNALED | SendFlags::INLINE
         );
         assert_eq!(wr.set_flags(SendFlags::INLINE).flags, SendFlags::INLINE);
+    }
+
+    #[test]
+    fn atomic_write_is_for_rc_and_carries_its_value_instead_of_buffers() {
+        let op = SendOp::AtomicWrite {
+            remote: Remote { addr: 8, rkey: 1 },
+            value: *b"01234567",
+        };
+        assert_eq!(op.wr_opcode(), 15);
+        let wr = SendWr::new(1, op, &[]);
+        assert_eq!(wr.check_transport(QpType::Rc), Ok(()));
+        for qp_type in [QpType::Uc, QpType::Ud] {
+            assert_eq!(wr.check_transport(qp_type), Err(WrReject::OpcodeNotSupported));
+        }
+        let sge = [Sge::default()];
+        assert_eq!(
+            SendWr::new(1, op, &sge).check_transport(QpType::Rc),
+            Err(WrReject::OpcodeNotSupported)
+        );
     }
 }
 

@@ -144,3 +144,40 @@ fn atomics_without_remote_atomic_access_fail_with_rem_access_err() {
     assert_eq!((c.wr_id, c.status), (5, WcStatus::REM_ACCESS_ERR), "{c:?}");
     assert_eq!(remote_u64(&no_atomic, 0), 0, "remote memory unchanged");
 }
+
+/// Atomic write: Linux 6.1's rdma_rxe (the test guest's) has no atomic write, so the request
+/// completes with `LOC_QP_OP_ERR` and the target keeps its value, as with rdma-core's C
+/// provider (docs/kernel-facts.md). mlx5 has none either: the provider refuses it.
+#[test]
+fn atomic_write_is_posted_and_the_6_1_kernel_refuses_it() {
+    let mut p = Pair::new();
+    p.b.mr.write(64, &7u64.to_ne_bytes()).unwrap();
+    let op = SendOp::AtomicWrite {
+        remote: Remote {
+            addr: p.b.mr.addr() + 64,
+            rkey: p.b.mr.rkey(),
+        },
+        value: 42u64.to_ne_bytes(),
+    };
+    // SAFETY: the request names no local memory.
+    let posted = unsafe { p.a.qp.post_send(&[SendWr::new(5, op, &[])]) };
+    match driver(&p.ctx) {
+        Driver::Rxe => {
+            posted.unwrap();
+            let c = poll_n(&mut p.a.cq, 1, 1)[0];
+            assert_eq!((c.wr_id, c.status), (5, WcStatus::LOC_QP_OP_ERR), "{c:?}");
+        }
+        Driver::Mlx5 => match posted.unwrap_err() {
+            Error::WorkRequest { reason, .. } => assert_eq!(reason, WrReject::OpcodeNotSupported),
+            e => panic!("{e}"),
+        },
+    }
+    assert_eq!(remote_u64(&p.b.mr, 64), 7, "the target is unchanged");
+    // It carries its value: with buffers the core refuses it before the device.
+    let sge = [p.a.mr.sge(0, 8).unwrap()];
+    let with_buffers = SendWr::new(6, op, &sge);
+    match unsafe { p.a.qp.post_send(&[with_buffers]) }.unwrap_err() {
+        Error::WorkRequest { reason, .. } => assert_eq!(reason, WrReject::OpcodeNotSupported, "it takes no buffers"),
+        e => panic!("{e}"),
+    }
+}

@@ -176,3 +176,60 @@ fn gid_and_pkey_queries() {
     let port = ctx.query_port(1).unwrap();
     assert!(port.gid_tbl_len as usize >= table.len());
 }
+
+/// The path migration state goes to the kernel and comes back from query; an alternate path
+/// is InfiniBand's: Linux refuses it on RoCE ports with EINVAL (core/verbs.c
+/// `_ib_modify_qp`), at any transition.
+#[test]
+fn migration_state_round_trips_and_roce_refuses_alternate_paths() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let path = loopback_path(&ctx);
+    let cq = ctx.create_cq(16).unwrap();
+    let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let qpn = qp.qpn();
+    qp.to_init(1, AccessFlags::REMOTE_WRITE).unwrap();
+    qp.to_rtr(path, qpn, 0, Mtu::Mtu1024).unwrap();
+    let rts = QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(0),
+        timeout: Some(14),
+        retry_cnt: Some(6),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(1),
+        path_mig_state: Some(MigState::REARM),
+        ..Default::default()
+    };
+    if ctx.query_port(1).unwrap().needs_grh() {
+        let alt = AltPath {
+            ah: path,
+            pkey_index: 0,
+            port_num: 1,
+            timeout: 14,
+        };
+        let with_alt = QpAttr {
+            alt_path: Some(alt),
+            ..rts.clone()
+        };
+        let err = qp.modify(&with_alt).unwrap_err();
+        assert_eq!(err.errno(), Some(nix::errno::Errno::EINVAL), "{err}");
+        assert_eq!(qp.state(), QpState::Rtr);
+    }
+    qp.modify(&rts).unwrap();
+    let a = qp.query().unwrap().attr;
+    assert_eq!((a.state, a.path_mig_state), (Some(QpState::Rts), Some(MigState::REARM)));
+    qp.modify(&QpAttr {
+        path_mig_state: Some(MigState::ARMED),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(qp.query().unwrap().attr.path_mig_state, Some(MigState::ARMED));
+    // The kernel takes one byte.
+    let err = qp
+        .modify(&QpAttr {
+            path_mig_state: Some(MigState(256)),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+}

@@ -390,3 +390,46 @@ fn dropping_in_any_order_leaves_no_fd_or_mapping() {
     }
     assert_eq!(kernel_footprint(), before, "after dropping QPs first");
 }
+
+/// `Qp::send_room`: the send queue's depth on a fresh QP, less each request the device has not
+/// completed. Sends to a peer without receives wait (RNR, retried forever) and keep their
+/// slots until the peer posts receives; a full queue refuses the next request.
+#[test]
+fn send_room_counts_the_requests_the_device_still_holds() {
+    let mut p = Pair::with(PairOpts {
+        cap: QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        ..Default::default()
+    });
+    // The whole queue: at least the depth granted. rdma_rxe 6.1 reports the depth asked (8)
+    // and makes a ring of 16 slots, 15 usable (docs/kernel-facts.md).
+    let depth = p.a.qp.send_room();
+    assert!(depth >= p.a.qp.cap().max_send_wr, "{depth} {:?}", p.a.qp.cap());
+    assert!(p.b.qp.cap().max_recv_wr >= depth, "{:?}", p.b.qp.cap());
+    let sge = [p.a.mr.sge(0, MSG as u32).unwrap()];
+    let sends =
+        |ids: std::ops::Range<u64>| -> Vec<SendWr<'_>> { ids.map(|i| SendWr::new(i, SendOp::Send, &sge)).collect() };
+    // SAFETY: the buffer is only read by the device, and outlives the QP's use of it.
+    unsafe { p.a.qp.post_send(&sends(0..3)) }.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(p.a.qp.send_room(), depth - 3, "held while B has no receive");
+    unsafe { p.a.qp.post_send(&sends(3..u64::from(depth))) }.unwrap();
+    assert_eq!(p.a.qp.send_room(), 0);
+    match unsafe { p.a.qp.post_send(&sends(99..100)) }.unwrap_err() {
+        Error::WorkRequest { index, reason, .. } => assert_eq!((index, reason), (0, WrReject::QueueFull)),
+        e => panic!("{e}"),
+    }
+    for i in 0..u64::from(depth) {
+        let sge = p.b.mr.sge(i as usize * MSG, MSG as u32).unwrap();
+        unsafe { p.b.qp.post_recv(&[RecvWr::new(i, &[sge])]) }.unwrap();
+    }
+    let done = poll_n(&mut p.a.cq, depth as usize, 16);
+    assert!(done.iter().all(|c| c.is_success()), "{done:?}");
+    poll_n(&mut p.b.cq, depth as usize, 16);
+    assert_eq!(p.a.qp.send_room(), depth, "all slots free once completed");
+}

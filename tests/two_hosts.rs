@@ -207,6 +207,82 @@ fn ud_datagrams_cross_the_wire() {
     assert!(wire.tx_packets() - before >= 50);
 }
 
+/// Multicast across the wire: UD QPs on B attached to a group receive what A sends to the
+/// group's GID, each its own copy, and none after they detach. rxe passes a multicast
+/// datagram to the group's QPs only once the IP layer has taken it in, so B's netdev joins the
+/// group's IPv4 address (docs/kernel-facts.md).
+#[test]
+fn ud_multicast_reaches_the_attached_qps_across_the_wire() {
+    let _wire = Wire::up();
+    assert!(
+        sh("ip addr add 239.1.2.3/32 dev uvwb autojoin"),
+        "joining 239.1.2.3 on uvwb"
+    );
+    const QKEY: u32 = 0x0abc;
+    let group: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3];
+    let (mut a, mut b) = (host(A), host(B));
+    let ud = |h: &Host| {
+        let mut qp = h.pd.create_qp(&QpInit::new(QpType::Ud, &h.cq, &h.cq)).unwrap();
+        qp.ud_to_rts(1, QKEY).unwrap();
+        qp
+    };
+    let mut qa = ud(&a);
+    let qa_qpn = qa.qpn();
+    let mut members = [ud(&b), ud(&b)];
+    for qp in &members {
+        qp.attach_mcast(&group, 0).unwrap();
+    }
+    let ah = a.pd.create_ah(&a.gid.route_to(group)).unwrap();
+    let mut send = |a: &mut Host, round: u8| {
+        a.mr.bytes_mut()[..64].fill(round);
+        let src = [a.mr.sge(0, 64).unwrap()];
+        let dest = ah.ud_dest(0xff_ffff, QKEY);
+        unsafe { qa.post_send(&[SendWr::new(u64::from(round), SendOp::Send, &src).to(dest)]) }.unwrap();
+        assert!(poll_n(&mut a.cq, 1, 1)[0].is_success());
+    };
+    for (i, qp) in members.iter_mut().enumerate() {
+        for round in 0..2 {
+            let slot = (2 * i + round) * 1024;
+            let sge = b.mr.sge(slot, 1024).unwrap();
+            unsafe { qp.post_recv(&[RecvWr::new(slot as u64, &[sge])]) }.unwrap();
+        }
+    }
+    send(&mut a, 1);
+    let mut got: Vec<_> = poll_n(&mut b.cq, 2, 2)
+        .into_iter()
+        .map(|c| {
+            assert_eq!(
+                (c.status, c.byte_len, c.src_qp),
+                (WcStatus::SUCCESS, 40 + 64, qa_qpn),
+                "{c:?}"
+            );
+            let buf = &b.mr.bytes()[c.wr_id as usize..][..40 + 64];
+            assert!(buf[40..].iter().all(|&x| x == 1), "the payload after the GRH");
+            c.qp_num
+        })
+        .collect();
+    got.sort_unstable();
+    let mut want = [members[0].qpn(), members[1].qpn()];
+    want.sort_unstable();
+    assert_eq!(got, want, "one copy to each member");
+    assert_idle(&mut b.cq);
+
+    members[1].detach_mcast(&group, 0).unwrap();
+    send(&mut a, 2);
+    let c = poll_n(&mut b.cq, 1, 1)[0];
+    assert_eq!((c.status, c.qp_num), (WcStatus::SUCCESS, members[0].qpn()), "{c:?}");
+    // B's rxe hands a datagram to all the group's QPs at once: had the detached one been
+    // given a copy, it would be there by now.
+    assert_idle(&mut b.cq);
+    members[0].detach_mcast(&group, 0).unwrap();
+    send(&mut a, 3);
+    // Nothing to wait for: give the datagram time to cross (it took well under this above).
+    std::thread::sleep(Duration::from_secs(1));
+    assert_idle(&mut b.cq);
+    let err = members[0].detach_mcast(&group, 0).unwrap_err();
+    assert_eq!(err.errno(), Some(nix::errno::Errno::EINVAL), "{err}");
+}
+
 /// The peer end of `killed_peer_gives_retry_exceeded`, run in a child process.
 fn peer_process() {
     let b = host(B);

@@ -329,10 +329,10 @@ impl SendQueue {
     /// Checks `wr` against the queue's limits and room (`posted` this call so far).
     fn check(&self, wr: &SendWr<'_>, shared: &QpShared, posted: u32) -> Result<(), WrReject> {
         // Memory window operations and invalidation need UMR WQEs, which this provider does
-        // not write.
+        // not write; libmlx5 offers no atomic write.
         if matches!(
             wr.op,
-            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_)
+            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) | SendOp::AtomicWrite { .. }
         ) {
             return Err(WrReject::OpcodeNotSupported);
         }
@@ -393,7 +393,9 @@ impl SendQueue {
                 (opcode::ATOMIC_FA, 0)
             }
             // Refused by `check`: nothing is written.
-            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) => return 0,
+            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) | SendOp::AtomicWrite { .. } => {
+                return 0
+            }
         };
         if wr.flags.contains(SendFlags::INLINE) {
             // No bytes, no inline segment at all (libmlx5 `set_data_inl_seg`: size 0).
@@ -584,6 +586,10 @@ unsafe impl QpQueues for Mlx5Qp {
             self.db.set(SND_DBR, 0);
         }
         Ok(())
+    }
+
+    fn send_room(&mut self) -> u32 {
+        self.shared.send_room(self.sq.head, self.sq.max_post)
     }
 
     fn destroyed(&mut self) {

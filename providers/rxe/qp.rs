@@ -31,6 +31,13 @@ pub(super) fn create(ctx: &RxeContext, req: &QpRequest<'_>, kernel: CreateQpCall
         let min = size_of::<RecvWqe>() + cap.max_recv_sge as usize * size_of::<Sge>();
         Some(Producer::new(ctx.map(&resp.rq_mi, "CREATE_QP", min)?))
     };
+    // An atomic write carries its 8-byte value after the header, whatever the SGE count.
+    if sq.elem_size() < size_of::<SendWqe>() + 8 {
+        return Err(Error::malformed(
+            "CREATE_QP",
+            format!("send queue slots of {} bytes", sq.elem_size()),
+        ));
+    }
     // The kernel may grant more inline room than asked; what fits in a slot is the limit.
     let max_inline = cap.max_inline_data.min((sq.elem_size() - size_of::<SendWqe>()) as u32);
     let queues = Box::new(RxeQp {
@@ -255,6 +262,17 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             };
             write(arm, 0, 0)
         }
+        SendOp::AtomicWrite { remote, value } => {
+            write(rdma(remote), remote.addr, 0);
+            // The value takes the place of the SGEs (`dma.atomic_wr`), 8 bytes of payload.
+            // SAFETY: as above; `create` made sure every slot has 8 bytes after the header.
+            unsafe {
+                slot.add(size_of::<SendWqe>()).cast::<[u8; 8]>().write(value);
+                let dma = &raw mut (*slot.cast::<SendWqe>().as_ptr()).dma;
+                (*dma).length = 8;
+                (*dma).resid = 8;
+            }
+        }
     }
 }
 
@@ -307,6 +325,11 @@ unsafe impl QpQueues for RxeQp {
     /// The kernel resets rxe's rings itself and has no driver data for MODIFY_QP.
     fn modify(&mut self, _next: Option<QpState>, kernel: KernelCall<'_, ()>) -> Result<()> {
         kernel(&[], &mut [])
+    }
+
+    /// The ring's free slots, from the kernel's consumer index as of now.
+    fn send_room(&mut self) -> u32 {
+        self.sq.free()
     }
 
     /// The kernel flushed or dropped rxe's completions with the QP.
@@ -499,6 +522,52 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// An atomic write as rdma-core's rxe writes it: opcode 15, the RDMA arm, and the value
+    /// in place of the SGEs as 8 bytes of payload.
+    #[test]
+    fn atomic_write_carries_its_value_as_the_payload() {
+        let remote = Remote {
+            addr: 0x1000_2008,
+            rkey: 0x77,
+        };
+        let op = SendOp::AtomicWrite {
+            remote,
+            value: *b"ABCDEFGH",
+        };
+        let slot = written(&SendWr::new(3, op, &[]), 0);
+        let mut raw = [0u64; 15];
+        raw[..2].copy_from_slice(&[remote.addr, u64::from(remote.rkey)]);
+        let want = SendWqe {
+            wr_id: 3,
+            reserved: 0,
+            opcode: 15,
+            send_flags: SendFlags::SIGNALED.bits(),
+            ex: 0,
+            wr: WrArm { raw },
+            status: 0,
+            state: 0,
+            iova: remote.addr,
+            mask: 0,
+            first_psn: 0,
+            last_psn: 0,
+            ack_length: 0,
+            ssn: 0,
+            has_rd_atomic: 0,
+            dma: DmaInfo {
+                length: 8,
+                resid: 8,
+                cur_sge: 0,
+                num_sge: 0,
+                sge_offset: 0,
+                reserved: 0,
+            },
+        };
+        let (header, tail) = slot.0.split_at(size_of::<SendWqe>());
+        assert_eq!(header, header_bytes(&want));
+        assert_eq!(&tail[..8], b"ABCDEFGH");
+        assert!(tail[8..].iter().all(|&b| b == 0xa5), "nothing past the value");
     }
 }
 

@@ -84,6 +84,13 @@ impl ProdIndex {
         Some(self.prod)
     }
 
+    /// How many slots are free after the private producer index, from the consumer's index
+    /// as of now (Acquire, as in `next_free`). One slot always stays empty.
+    pub(super) fn free(&mut self, consumer: &impl Word) -> u32 {
+        self.cons = consumer.load(Ordering::Acquire) & self.mask;
+        self.cons.wrapping_sub(self.prod).wrapping_sub(1) & self.mask
+    }
+
     /// Counts the slot from `next_free` as filled (still private).
     #[inline]
     pub(super) fn advance(&mut self) {
@@ -317,6 +324,11 @@ impl Producer {
         Some(self.queue.slot(index))
     }
 
+    /// How many more entries fit now (see [`ProdIndex::free`]).
+    pub(super) fn free(&mut self) -> u32 {
+        self.index.free(self.queue.consumer())
+    }
+
     /// Counts the slot from `next_slot` as filled (still private).
     #[inline]
     pub(super) fn advance(&mut self) {
@@ -420,20 +432,24 @@ pub(super) mod tests {
     fn producer_fills_to_capacity_then_reports_full() {
         let q = Queue::new(heap_ring(6, 8), "test", 1).unwrap();
         let mut p = Producer::new(q);
+        assert_eq!(p.free(), 7);
         for _ in 0..7 {
             assert!(p.next_slot().is_some());
             p.advance();
         }
         assert!(p.next_slot().is_none(), "one slot stays empty");
+        assert_eq!(p.free(), 0);
         p.publish();
         assert_eq!(p.queue.producer().load(Ordering::Relaxed), 7);
         // The kernel consumes two; two more fit.
         p.queue.consumer().store(2, Ordering::Release);
+        assert_eq!(p.free(), 2);
         for _ in 0..2 {
             assert!(p.next_slot().is_some());
             p.advance();
         }
         assert!(p.next_slot().is_none());
+        assert_eq!(p.free(), 0, "across the wrap");
     }
 
     #[test]

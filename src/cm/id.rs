@@ -638,6 +638,8 @@ fn qp_attr_from_abi(r: &UverbsQpAttr) -> Result<QpAttr> {
         sq_psn: has(QpAttrMask::SQ_PSN).then_some(r.sq_psn),
         max_dest_rd_atomic: has(QpAttrMask::MAX_DEST_RD_ATOMIC).then_some(r.max_dest_rd_atomic),
         dest_qpn: has(QpAttrMask::DEST_QPN).then_some(r.dest_qp_num),
+        alt_path: None,
+        path_mig_state: None,
     })
 }
 

@@ -305,6 +305,7 @@ unsafe impl ProviderContext for StubContext {
             queues: Box::new(StubQp {
                 qpn: created.qpn,
                 qp_type: request.qp_type,
+                max_send_wr: cap.max_send_wr,
                 send_cq,
                 qps: self.qps.clone(),
                 log: self.log.clone(),
@@ -449,6 +450,8 @@ unsafe impl CqRing for StubCq {
 struct StubQp {
     qpn: u32,
     qp_type: QpType,
+    /// Its send queue's depth, all of it always free: sends complete as they are posted.
+    max_send_wr: u32,
     send_cq: Arc<CqShared>,
     qps: QpTable,
     log: HookLog,
@@ -483,6 +486,11 @@ unsafe impl crate::provider::QpQueues for StubQp {
 
     unsafe fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
         Ok(())
+    }
+
+    /// Sends complete as they are posted (as long as the send CQ has room).
+    fn send_room(&mut self) -> u32 {
+        self.max_send_wr
     }
 
     fn modify(&mut self, next: Option<QpState>, kernel: KernelCall<'_, ()>) -> Result<()> {

@@ -5,6 +5,10 @@
 # memory, error statuses) must be identical. Needs an rxe device (the test guest's rxe0, GID
 # 1 = ::ffff:127.0.0.1), cc and libibverbs-dev, and the provider built beforehand:
 #   cargo build -p uverbs-libibverbs
+# dropin_mcast runs across a wire instead: a veth pair with an rxe device on each end (as in
+# tests/two_hosts.rs), the sender on rxe_wa and the receivers on rxe_wb, whose netdev joins the
+# group's IPv4 address (rxe hands a multicast datagram to its QPs only if the IP layer takes
+# it in: docs/kernel-facts.md). Needs root, as the test guest runs.
 # One PASS or FAIL line per program; the last line counts them.
 set -eu
 
@@ -37,8 +41,44 @@ if ! command -v cc >/dev/null 2>&1 || [ ! -f /usr/include/infiniband/verbs.h ]; 
     exit 1
 fi
 
+# The veth pair for dropin_mcast (tests/two_hosts.rs sets up the same one), and the group
+# 239.1.2.3 (dropin_mcast's) joined on the receiving end.
+wire_down() {
+    rdma link delete rxe_wa; rdma link delete rxe_wb; ip link del uvwa
+    ip rule del pref 100; ip rule del pref 100; ip rule del pref 200; ip rule del pref 200
+    ip route flush table 200; ip route flush table 201
+    ip rule show pref 0 | grep -q . || ip rule add pref 0 lookup local
+    ip rule del pref 1000
+}
+wire_up() {
+    modprobe veth
+    ip link add uvwa type veth peer name uvwb
+    ip addr add 169.254.30.1/32 dev uvwa && ip addr add 169.254.30.2/32 dev uvwb || return 1
+    for i in all default uvwa uvwb; do
+        sysctl -qw net.ipv4.conf.$i.rp_filter=0 net.ipv4.conf.$i.accept_local=1 || return 1
+    done
+    sysctl -qw net.ipv4.conf.uvwa.arp_ignore=1 net.ipv4.conf.uvwb.arp_ignore=1 &&
+        ip link set uvwa up && ip link set uvwb up &&
+        ip rule add pref 1000 lookup local && ip rule del pref 0 lookup local &&
+        ip rule add pref 100 iif uvwa lookup local && ip rule add pref 100 iif uvwb lookup local &&
+        ip rule add pref 200 to 169.254.30.2 lookup 200 &&
+        ip route add 169.254.30.2 dev uvwa src 169.254.30.1 table 200 &&
+        ip rule add pref 200 to 169.254.30.1 lookup 201 &&
+        ip route add 169.254.30.1 dev uvwb src 169.254.30.2 table 201 &&
+        rdma link add rxe_wa type rxe netdev uvwa && rdma link add rxe_wb type rxe netdev uvwb &&
+        ip addr add 239.1.2.3/32 dev uvwb autojoin || return 1
+    # Until the IPv4 GIDs (index 1) are there.
+    for _ in $(seq 100); do
+        grep -q ffff /sys/class/infiniband/rxe_wa/ports/1/gids/1 2>/dev/null &&
+            grep -q ffff /sys/class/infiniband/rxe_wb/ports/1/gids/1 2>/dev/null && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+wired=0
+trap 'rm -rf "$work"; [ $wired -eq 0 ] || wire_down >/dev/null 2>&1' EXIT
 # libibverbs loads `<path>-rdmav34.so` for an absolute RDMAV_DRIVERS entry `<path>`.
 ln -s "$(cd "$(dirname "$lib")" && pwd)/libuverbs_rxe.so" "$work/libuverbs_rxe-rdmav34.so"
 
@@ -49,11 +89,25 @@ for c in "$src"/dropin_*.c; do
         fail "$name: does not compile"
         continue
     fi
+    args=$dev
+    if [ "$name" = dropin_mcast ]; then
+        wire_down >/dev/null 2>&1 || true
+        wired=1
+        if ! wire_up >"$work/wire.out" 2>&1; then
+            fail "$name: setting up the veth pair with rxe_wa and rxe_wb failed"
+            continue
+        fi
+        args="rxe_wb rxe_wa"
+    fi
     crc=0
-    timeout 120 "$work/$name" $dev >"$work/c.txt" 2>"$work/c_stderr.out" || crc=$?
+    timeout 120 "$work/$name" $args >"$work/c.txt" 2>"$work/c_stderr.out" || crc=$?
     rrc=0
-    timeout 120 env RDMAV_DRIVERS="$work/libuverbs_rxe" UVERBS_PROVIDER_VERBOSE=1 DROPIN_STRICT=1 "$work/$name" $dev \
+    timeout 120 env RDMAV_DRIVERS="$work/libuverbs_rxe" UVERBS_PROVIDER_VERBOSE=1 DROPIN_STRICT=1 "$work/$name" $args \
         >"$work/rust.txt" 2>"$work/rust_stderr.out" || rrc=$?
+    if [ "$name" = dropin_mcast ]; then
+        wire_down >/dev/null 2>&1 || true
+        wired=0
+    fi
     # Lines where rdma-core v44 does not do what its man pages say (bugs, most fixed upstream
     # since) are not compared; the program checks them itself on the drop-in (DROPIN_STRICT).
     grep -v "^v44-differs: " "$work/c.txt" >"$work/c.cmp" || true
@@ -61,7 +115,7 @@ for c in "$src"/dropin_*.c; do
     if [ $crc -ne 0 ] || ! grep -q "^$name: OK" "$work/c.txt"; then
         cp "$work/c.txt" "$work/c_stdout.out"
         fail "$name: the reference run on the C provider failed (rc=$crc)"
-    elif [ $rrc -ne 0 ] || ! grep -q "^uverbs_rxe: opened $dev" "$work/rust_stderr.out"; then
+    elif [ $rrc -ne 0 ] || ! grep -q "^uverbs_rxe: opened ${args%% *}" "$work/rust_stderr.out"; then
         cp "$work/rust.txt" "$work/rust_stdout.out"
         fail "$name: the run on the drop-in failed (rc=$rrc)"
     elif ! cmp -s "$work/c.cmp" "$work/rust.cmp"; then

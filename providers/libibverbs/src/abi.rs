@@ -457,7 +457,7 @@ pub struct ibv_qp_ex {
     pub wr_start: QpExFn<unsafe extern "C" fn(X)>,
     pub wr_complete: QpExFn<unsafe extern "C" fn(X) -> c_int>,
     pub wr_abort: QpExFn<unsafe extern "C" fn(X)>,
-    pub wr_atomic_write: OpaqueFn,
+    pub wr_atomic_write: QpExFn<unsafe extern "C" fn(X, u32, u64, *const c_void)>,
 }
 assert_layout!(ibv_qp_ex, size 352, comp_mask @ 160, wr_id @ 168, wr_flags @ 176,
     wr_atomic_cmp_swp @ 184, wr_local_inv @ 208, wr_send @ 240, wr_send_tso @ 264,

@@ -8,7 +8,8 @@
 use std::path::Path;
 use std::process::Command;
 use uverbs::{
-    AccessFlags, Mtu, QpAttrMask, QpState, QpType, SendFlags, SrqAttrMask, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, MigState, Mtu, QpAttrMask, QpState, QpType, SendFlags, SrqAttrMask, WcFlags, WcOpcode, WcStatus,
+    WrOpcode,
 };
 
 /// `(verbs.h name, value in the core)` of every enum value the core names that this provider
@@ -36,6 +37,7 @@ fn core_values() -> Vec<(String, usize)> {
             WrOpcode(raw32).name().map(|n| format!("IBV_WR_{n}")),
             WcOpcode(raw32).name().map(|n| format!("IBV_WC_{n}")),
             WcStatus(raw32).name().map(|n| format!("IBV_WC_{n}")),
+            MigState(raw32).name().map(|n| format!("IBV_MIG_{n}")),
             QpType::from_raw(raw).map(|t| format!("IBV_QPT_{t:?}")),
             QpState::from_raw(raw).map(|s| format!("IBV_QPS_{s:?}")),
             Mtu::from_raw(raw).map(|m| format!("IBV_MTU_{}", m.bytes())),

@@ -2,8 +2,8 @@
 //! `post_send`, `post_recv`.
 
 use crate::abi::{
-    ibv_ah_attr, ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex,
-    ibv_recv_wr, ibv_send_wr, qp_init_attr_mask, send_ops, verbs_qp, VERBS_QP_EX,
+    ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_recv_wr,
+    ibv_send_wr, qp_init_attr_mask, send_ops, verbs_qp, VERBS_QP_EX,
 };
 use crate::ah::{ah_from, ah_to, Ah};
 use crate::cq::{cq_ref, Cq};
@@ -18,7 +18,7 @@ use libc::c_int;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
-use uverbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
+use uverbs::{AccessFlags, AltPath, MigState, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
 
 /// A QP: `verbs_qp`, then the `uverbs` QP, the objects whose use counts it holds, and the
 /// `ibv_wr_*` batch being built (see [`crate::qp_ex`]).
@@ -171,7 +171,7 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpE
     drop(srq_guard);
     drop(g2);
     drop(g1);
-    let qp = match created {
+    let mut qp = match created {
         Ok(qp) => qp,
         Err(e) => return ffi::fail_null("create_qp", &e),
     };
@@ -197,7 +197,8 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpE
     }
     if let QpEx::WithSendOps(ops) = ex {
         set_send_ops(&mut vqp.qp_ex, ops);
-        builder = WrBuilder::new(&attr.cap);
+        // A fresh QP's room is its whole send queue.
+        builder = WrBuilder::new(&attr.cap, qp.send_room());
     }
     p.users.fetch_add(1, Ordering::AcqRel);
     scq.users.fetch_add(1, Ordering::AcqRel);
@@ -260,6 +261,9 @@ fn set_send_ops(x: &mut ibv_qp_ex, ops: u64) {
     if asked(send_ops::BIND_MW) {
         x.wr_bind_mw = Some(qp_ex::wr_bind_mw);
     }
+    if asked(send_ops::ATOMIC_WRITE) {
+        x.wr_atomic_write = Some(qp_ex::wr_atomic_write);
+    }
     x.wr_set_ud_addr = Some(qp_ex::wr_set_ud_addr);
     x.wr_set_inline_data = Some(qp_ex::wr_set_inline_data);
     x.wr_set_inline_data_list = Some(qp_ex::wr_set_inline_data_list);
@@ -315,13 +319,13 @@ pub unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
 fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, String> {
     // `enum ibv_qp_attr_mask` is an int of bits; any bit pattern is a mask.
     let mask = QpAttrMask::from_bits_retain(mask as u32);
-    let expressible = QpAttrMask::all()
-        - (QpAttrMask::ALT_PATH | QpAttrMask::PATH_MIG_STATE | QpAttrMask::CAP | QpAttrMask::RATE_LIMIT);
+    // The rate limit (and any bit past it) needs MODIFY_QP_EX, which rdma-core v44's rxe
+    // never sends: its `ibv_cmd_modify_qp` refuses them with EOPNOTSUPP, as here.
+    let expressible = QpAttrMask::all() - (QpAttrMask::CAP | QpAttrMask::RATE_LIMIT);
     let refused = mask.difference(expressible);
     if !refused.is_empty() {
         return Err(format!(
-            "attribute mask bits {:#x} (alternate path, migration state, caps and rate limit \
-             are not supported)",
+            "attribute mask bits {:#x} (caps, rate limit and unknown bits are not supported)",
             refused.bits()
         ));
     }
@@ -358,6 +362,14 @@ fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, String> {
         sq_psn: has(QpAttrMask::SQ_PSN).then_some(a.sq_psn),
         max_dest_rd_atomic: has(QpAttrMask::MAX_DEST_RD_ATOMIC).then_some(a.max_dest_rd_atomic),
         dest_qpn: has(QpAttrMask::DEST_QPN).then_some(a.dest_qp_num),
+        alt_path: has(QpAttrMask::ALT_PATH).then(|| AltPath {
+            ah: ah_from(&a.alt_ah_attr),
+            pkey_index: a.alt_pkey_index,
+            port_num: a.alt_port_num,
+            timeout: a.alt_timeout,
+        }),
+        // The kernel takes one byte; the core refuses (EINVAL) values that do not fit.
+        path_mig_state: has(QpAttrMask::PATH_MIG_STATE).then_some(MigState(a.path_mig_state as u32)),
     })
 }
 
@@ -394,11 +406,12 @@ pub unsafe extern "C" fn query_qp(
             Err(e) => return ffi::fail("query_qp", &e),
         };
         let i = &info.attr;
+        let alt = i.alt_path;
         let out = ibv_qp_attr {
             qp_state: i.state.map_or(0, |s| s as c_int),
             cur_qp_state: i.cur_state.map_or(0, |s| s as c_int),
             path_mtu: i.path_mtu.map_or(0, |v| v as c_int),
-            path_mig_state: 0,
+            path_mig_state: i.path_mig_state.map_or(0, |m| m.0 as c_int),
             qkey: i.qkey.unwrap_or(0),
             rq_psn: i.rq_psn.unwrap_or(0),
             sq_psn: i.sq_psn.unwrap_or(0),
@@ -406,9 +419,9 @@ pub unsafe extern "C" fn query_qp(
             qp_access_flags: i.access.map_or(0, |a| a.bits()),
             cap: info.cap,
             ah_attr: i.ah.as_ref().map(ah_to).unwrap_or_default(),
-            alt_ah_attr: ibv_ah_attr::default(),
+            alt_ah_attr: alt.map(|p| ah_to(&p.ah)).unwrap_or_default(),
             pkey_index: i.pkey_index.unwrap_or(0),
-            alt_pkey_index: 0,
+            alt_pkey_index: alt.map_or(0, |p| p.pkey_index),
             en_sqd_async_notify: u8::from(i.en_sqd_async_notify.unwrap_or(false)),
             sq_draining: u8::from(info.sq_draining),
             max_rd_atomic: i.max_rd_atomic.unwrap_or(0),
@@ -418,8 +431,8 @@ pub unsafe extern "C" fn query_qp(
             timeout: i.timeout.unwrap_or(0),
             retry_cnt: i.retry_cnt.unwrap_or(0),
             rnr_retry: i.rnr_retry.unwrap_or(0),
-            alt_port_num: 0,
-            alt_timeout: 0,
+            alt_port_num: alt.map_or(0, |p| p.port_num),
+            alt_timeout: alt.map_or(0, |p| p.timeout),
             rate_limit: 0,
         };
         // SAFETY: the caller's output structs; `qp` is live.

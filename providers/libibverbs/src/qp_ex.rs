@@ -8,7 +8,10 @@
 //! as soon as the setter returns), and `ibv_wr_complete` posts the lot with one
 //! `uverbs::Qp::post_send`: one doorbell, no allocation. As in the C provider, the first
 //! error (a full send queue, too many SGEs, too much inline data) is kept, the rest of the
-//! batch ignored, and `ibv_wr_complete` returns it without posting anything.
+//! batch ignored, and `ibv_wr_complete` returns it without posting anything. The send queue
+//! is full for a builder when the batch already holds as many requests as the queue has
+//! free slots at that moment (`uverbs::Qp::send_room`, read again only when the room known
+//! runs out), the C provider's test.
 
 use crate::abi::{ibv_ah, ibv_data_buf, ibv_mw, ibv_mw_bind_info, ibv_qp_ex, ibv_sge, send_ops};
 use crate::ah::Ah;
@@ -16,8 +19,7 @@ use crate::qp::Qp;
 use libc::{c_int, c_void, size_t};
 use uverbs::{QpCap, Remote, SendFlags, SendOp, SendWr, Sge};
 
-/// The `ibv_wr_*` builders of each transport, as rdma-core v44's rxe offers them, less those
-/// the core cannot post.
+/// The `ibv_wr_*` builders of each transport, as rdma-core v44's rxe offers them.
 pub(crate) const RC_OPS: u64 = send_ops::RDMA_WRITE
     | send_ops::RDMA_WRITE_WITH_IMM
     | send_ops::SEND
@@ -27,7 +29,8 @@ pub(crate) const RC_OPS: u64 = send_ops::RDMA_WRITE
     | send_ops::ATOMIC_FETCH_AND_ADD
     | send_ops::LOCAL_INV
     | send_ops::BIND_MW
-    | send_ops::SEND_WITH_INV;
+    | send_ops::SEND_WITH_INV
+    | send_ops::ATOMIC_WRITE;
 pub(crate) const UC_OPS: u64 = send_ops::RDMA_WRITE
     | send_ops::RDMA_WRITE_WITH_IMM
     | send_ops::SEND
@@ -49,6 +52,8 @@ pub(crate) struct WrBuilder {
     inline: Vec<u8>,
     max_sge: usize,
     max_inline: usize,
+    /// Free send queue slots as last read; read again when the batch reaches it.
+    room: usize,
     /// The first error of the batch (errno), or 0.
     err: c_int,
 }
@@ -67,14 +72,17 @@ impl WrBuilder {
             inline: Vec::new(),
             max_sge: 0,
             max_inline: 0,
+            room: 0,
             err: 0,
         }
     }
 
-    /// Room for a full send queue of `cap`. The vectors never grow past this capacity, so
-    /// what points into them stays valid.
-    pub(crate) fn new(cap: &QpCap) -> Self {
-        let wrs = cap.max_send_wr as usize;
+    /// Room for a full send queue of `depth` requests (those an empty queue takes: rdma_rxe
+    /// 6.1 reports the depth asked at create, 8 say, for a ring that takes 15) with `cap`'s
+    /// SGEs and inline data. The vectors never grow past this capacity, so what points into
+    /// them stays valid.
+    pub(crate) fn new(cap: &QpCap, depth: u32) -> Self {
+        let wrs = depth.max(cap.max_send_wr) as usize;
         let max_sge = cap.max_send_sge as usize;
         let max_inline = cap.max_inline_data as usize;
         Self {
@@ -84,6 +92,7 @@ impl WrBuilder {
             inline: Vec::with_capacity(wrs * max_inline),
             max_sge,
             max_inline,
+            room: 0,
             err: 0,
         }
     }
@@ -92,6 +101,7 @@ impl WrBuilder {
         self.wrs.clear();
         self.sges.clear();
         self.inline.clear();
+        self.room = 0;
         self.err = 0;
     }
 
@@ -179,11 +189,15 @@ unsafe fn builder<'a>(qpx: *mut ibv_qp_ex) -> (&'a Qp, &'a mut WrBuilder) {
 /// As for [`builder`].
 unsafe fn build(qpx: *mut ibv_qp_ex, op: SendOp) {
     // SAFETY: per the contract.
-    let (_, b) = unsafe { builder(qpx) };
+    let (q, b) = unsafe { builder(qpx) };
     if b.err != 0 {
         return;
     }
-    if b.wrs.len() == b.wrs.capacity() {
+    if b.wrs.len() >= b.room {
+        // SAFETY: the lock is held (the contract), so this thread alone uses the QP.
+        b.room = unsafe { (*q.qp.held_value()).send_room() } as usize;
+    }
+    if b.wrs.len() >= b.room || b.wrs.len() == b.wrs.capacity() {
         // The send queue is full, as the C provider says.
         b.err = libc::ENOSPC;
         return;
@@ -295,6 +309,19 @@ pub(crate) unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
     unsafe { build(qpx, SendOp::LocalInv { rkey }) }
 }
 
+/// Writes the 8 bytes at `value` to the peer's `addr` in one piece (RC).
+pub(crate) unsafe extern "C" fn wr_atomic_write(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64, value: *const c_void) {
+    // SAFETY: the caller's 8 bytes (the ibv_wr_atomic_write contract), read unaligned as the C
+    // provider's memcpy does.
+    let value = unsafe { value.cast::<[u8; 8]>().read_unaligned() };
+    let op = SendOp::AtomicWrite {
+        remote: remote(rkey, addr),
+        value,
+    };
+    // SAFETY: as in `wr_send`.
+    unsafe { build(qpx, op) }
+}
+
 /// Binds `mw` (type 2) under `rkey`; the program sets `mw->rkey` itself once it completed.
 pub(crate) unsafe extern "C" fn wr_bind_mw(
     qpx: *mut ibv_qp_ex,
@@ -388,13 +415,14 @@ mod tests {
     use super::*;
 
     fn builder(max_send_wr: u32, max_send_sge: u32, max_inline_data: u32) -> WrBuilder {
-        WrBuilder::new(&QpCap {
+        let cap = QpCap {
             max_send_wr,
             max_recv_wr: 0,
             max_send_sge,
             max_recv_sge: 0,
             max_inline_data,
-        })
+        };
+        WrBuilder::new(&cap, max_send_wr)
     }
 
     fn push(b: &mut WrBuilder, wr_id: u64) {

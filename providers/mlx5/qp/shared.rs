@@ -153,6 +153,12 @@ impl<C: Cells> QpShared<C> {
         request.wrapping_sub(self.poller.sq.load(Ordering::Acquire)) >= max
     }
 
+    /// Poster: how many more sends fit after request `head` (free-running) without putting
+    /// more than `max` outstanding.
+    pub(in crate::providers::mlx5) fn send_room(&self, head: u32, max: u32) -> u32 {
+        max.saturating_sub(head.wrapping_sub(self.poller.sq.load(Ordering::Acquire)))
+    }
+
     /// Poster: records send request `request`, whose WQE takes `blocks` basic blocks from
     /// `block`. The entries of the blocks after the first get a request number far outside
     /// any outstanding window, so a CQE naming them (or one left from before a RESET) is

@@ -1314,6 +1314,11 @@ impl Model {
         if mask & qp_attr::DEST_QPN != 0 {
             a.dest_qp_num = req.dest_qp_num;
         }
+        // hw/mlx5/qp.c:4136-4149 __mlx5_ib_modify_qp: the context's pm_state takes the three
+        // known migration states (others leave it as it was); qp.c:4921 reports it back.
+        if mask & qp_attr::PATH_MIG_STATE != 0 && req.path_mig_state <= 2 {
+            a.path_mig_state = req.path_mig_state;
+        }
         if new == qps::RESET {
             // The hardware forgets its ring positions; user space resets its own.
             qp.sq_ci = 0;
@@ -1355,6 +1360,7 @@ impl Model {
             qp_state: qp.state,
             cur_qp_state: qp.state,
             path_mtu: a.path_mtu,
+            path_mig_state: a.path_mig_state,
             max_rd_atomic: a.max_rd_atomic,
             max_dest_rd_atomic: a.max_dest_rd_atomic,
             min_rnr_timer: a.min_rnr_timer,

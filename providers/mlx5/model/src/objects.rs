@@ -79,6 +79,8 @@ pub struct QpAttrs {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    /// `enum ib_mig_state` (0, MIGRATED, until a modify names another).
+    pub path_mig_state: u8,
     pub dest: crate::abi::QpDest,
 }
 
