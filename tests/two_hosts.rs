@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::wire::Wire;
+use common::wire::{sh, Wire};
 use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

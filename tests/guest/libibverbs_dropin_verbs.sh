@@ -41,32 +41,12 @@ if ! command -v cc >/dev/null 2>&1 || [ ! -f /usr/include/infiniband/verbs.h ]; 
     exit 1
 fi
 
-# The veth pair for dropin_mcast (tests/two_hosts.rs sets up the same one), and the group
-# 239.1.2.3 (dropin_mcast's) joined on the receiving end.
-wire_down() {
-    rdma link delete rxe_wa; rdma link delete rxe_wb; ip link del uvwa
-    ip rule del pref 100; ip rule del pref 100; ip rule del pref 200; ip rule del pref 200
-    ip route flush table 200; ip route flush table 201
-    ip rule show pref 0 | grep -q . || ip rule add pref 0 lookup local
-    ip rule del pref 1000
-}
+# The veth pair for dropin_mcast (tests/common/veth_up.sh, shared with tests/two_hosts.rs),
+# and the group 239.1.2.3 (dropin_mcast's) joined on the receiving end.
+common=$(cd "$(dirname "$0")/../common" && pwd)
+wire_down() { sh "$common/veth_down.sh"; }
 wire_up() {
-    modprobe veth
-    ip link add uvwa type veth peer name uvwb
-    ip addr add 169.254.30.1/32 dev uvwa && ip addr add 169.254.30.2/32 dev uvwb || return 1
-    for i in all default uvwa uvwb; do
-        sysctl -qw net.ipv4.conf.$i.rp_filter=0 net.ipv4.conf.$i.accept_local=1 || return 1
-    done
-    sysctl -qw net.ipv4.conf.uvwa.arp_ignore=1 net.ipv4.conf.uvwb.arp_ignore=1 &&
-        ip link set uvwa up && ip link set uvwb up &&
-        ip rule add pref 1000 lookup local && ip rule del pref 0 lookup local &&
-        ip rule add pref 100 iif uvwa lookup local && ip rule add pref 100 iif uvwb lookup local &&
-        ip rule add pref 200 to 169.254.30.2 lookup 200 &&
-        ip route add 169.254.30.2 dev uvwa src 169.254.30.1 table 200 &&
-        ip rule add pref 200 to 169.254.30.1 lookup 201 &&
-        ip route add 169.254.30.1 dev uvwb src 169.254.30.2 table 201 &&
-        rdma link add rxe_wa type rxe netdev uvwa && rdma link add rxe_wb type rxe netdev uvwb &&
-        ip addr add 239.1.2.3/32 dev uvwb autojoin || return 1
+    sh "$common/veth_up.sh" && ip addr add 239.1.2.3/32 dev uvwb autojoin || return 1
     # Until the IPv4 GIDs (index 1) are there.
     for _ in $(seq 100); do
         grep -q ffff /sys/class/infiniband/rxe_wa/ports/1/gids/1 2>/dev/null &&
