@@ -178,7 +178,6 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             max_sge: geo.cap.max_send_sge,
             max_inline: geo.cap.max_inline_data,
             qpn: created.qpn,
-            last_start: 0,
         },
         rq: RecvQueue {
             base: buf.base(),
@@ -276,16 +275,14 @@ struct SendQueue {
     max_sge: u32,
     max_inline: u32,
     qpn: u32,
-    /// The last WQE's byte position in the ring: the doorbell carries its first 8 bytes, a
-    /// BlueFlame copy all of it.
-    last_start: usize,
 }
 
 /// The send ring as one call of `post_send` writes it: its base and size less one, read once.
 #[derive(Clone, Copy)]
 struct Ring {
     base: NonNull<u8>,
-    mask: usize,
+    /// The ring's size less one segment: masks a position to its segment's.
+    seg_mask: usize,
 }
 
 impl Ring {
@@ -294,15 +291,30 @@ impl Ring {
     #[inline(always)]
     fn seg(self, pos: usize, words: Words) {
         debug_assert_eq!(pos % SEG, 0, "segments start on segment boundaries");
-        let at = pos & self.mask & !(SEG - 1);
-        // SAFETY: `at` is a multiple of SEG below the ring's size, itself a multiple of SEG,
-        // so the segment lies inside the ring (page-aligned, so the words are aligned), which
-        // no Rust reference covers.
+        let at = pos & self.seg_mask;
+        // SAFETY: `at` is a multiple of SEG below the ring's size, itself a multiple of SEG
+        // (`seg_mask`), so the segment lies inside the ring (page-aligned, so the words are
+        // aligned), which no Rust reference covers.
         unsafe {
             let to = self.base.as_ptr().add(at).cast::<u64>();
             to.write(words[0]);
             to.add(1).write(words[1]);
         }
+    }
+
+    /// The 8-byte word at byte `at` (unmasked, a multiple of 8), in the ring's byte order.
+    #[inline(always)]
+    fn word(self, at: usize) -> u64 {
+        let at = at & (self.seg_mask | 8);
+        // SAFETY: `at` is 8-aligned and below the ring's size, a multiple of 8; the poster,
+        // which alone writes the ring, is the caller.
+        unsafe { self.base.as_ptr().add(at).cast::<u64>().read() }
+    }
+
+    /// `len` bytes of the ring from byte `start` (a multiple of 8), as 8-byte words in the
+    /// ring's byte order, wrapping at the ring's end.
+    fn words(self, start: usize, len: usize) -> impl ExactSizeIterator<Item = u64> {
+        (0..len / 8).map(move |i| self.word(start + 8 * i))
     }
 
     /// Copies `len` bytes from `from` to byte `pos` (unmasked), splitting at the ring's end;
@@ -311,9 +323,10 @@ impl Ring {
     /// # Safety
     /// `from` must be readable for `len` bytes.
     unsafe fn copy(self, mut pos: usize, mut from: *const u8, mut len: usize) -> usize {
+        let mask = self.seg_mask | (SEG - 1);
         while len > 0 {
-            let at = pos & self.mask;
-            let n = len.min(self.mask + 1 - at);
+            let at = pos & mask;
+            let n = len.min(mask + 1 - at);
             // SAFETY: `at + n` stays inside the ring; the source per our contract; the ring
             // is user memory no Rust reference covers.
             unsafe {
@@ -326,46 +339,65 @@ impl Ring {
         pos
     }
 
-    /// Writes `wr` as the WQE at byte `start`, basic block `pi`; returns its size in
-    /// 16-byte units (`ds`).
+    /// Writes `wr` (not inline) as the WQE at byte `start`, basic block `pi`; returns its size
+    /// in 16-byte units (`ds`).
     ///
     /// # Safety
-    /// `wr` passed [`SendQueue::check`] and the transport rules; inline requests' SGEs name
-    /// readable memory.
+    /// `wr` passed [`SendQueue::check`] and the transport rules.
     #[inline(always)]
     unsafe fn write(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+        // SAFETY: forwarded contract; no inline data.
+        unsafe { self.write_as::<false>(wr, qpn, pi, start) }
+    }
+
+    /// [`Self::write`] for an inline request, out of line.
+    ///
+    /// # Safety
+    /// As for [`Self::write`]; the SGEs name readable memory.
+    #[inline(never)]
+    unsafe fn write_inline(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { self.write_as::<true>(wr, qpn, pi, start) }
+    }
+
+    /// Writes the WQE, its data inline when `INLINE`.
+    ///
+    /// # Safety
+    /// As for [`Self::write_inline`].
+    #[inline(always)]
+    unsafe fn write_as<const INLINE: bool>(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
         let mut pos = start + SEG;
         // One dispatch on the operation: its opcode and immediate data, the segments before
-        // the data, and whether the data is the gather list (not an atomic's result).
-        let (op, imm, gather) = match wr.op {
-            SendOp::Send => (opcode::SEND, 0, true),
-            SendOp::SendWithImm { imm } => (opcode::SEND_IMM, imm, true),
+        // the data, and whether it is an atomic (whose data is its result's one SGE).
+        let (op, imm, atomic) = match wr.op {
+            SendOp::Send => (opcode::SEND, 0, false),
+            SendOp::SendWithImm { imm } => (opcode::SEND_IMM, imm, false),
             SendOp::RdmaWrite(r) => {
                 self.seg(pos, wqe::raddr_words(r.addr, r.rkey));
                 pos += SEG;
-                (opcode::RDMA_WRITE, 0, true)
+                (opcode::RDMA_WRITE, 0, false)
             }
             SendOp::RdmaWriteWithImm(r, imm) => {
                 self.seg(pos, wqe::raddr_words(r.addr, r.rkey));
                 pos += SEG;
-                (opcode::RDMA_WRITE_IMM, imm, true)
+                (opcode::RDMA_WRITE_IMM, imm, false)
             }
             SendOp::RdmaRead(r) => {
                 self.seg(pos, wqe::raddr_words(r.addr, r.rkey));
                 pos += SEG;
-                (opcode::RDMA_READ, 0, true)
+                (opcode::RDMA_READ, 0, false)
             }
             SendOp::CompareSwap { remote, compare, swap } => {
                 self.seg(pos, wqe::raddr_words(remote.addr, remote.rkey));
                 self.seg(pos + SEG, wqe::atomic_words(swap, compare));
                 pos += 2 * SEG;
-                (opcode::ATOMIC_CS, 0, false)
+                (opcode::ATOMIC_CS, 0, true)
             }
             SendOp::FetchAdd { remote, add } => {
                 self.seg(pos, wqe::raddr_words(remote.addr, remote.rkey));
                 self.seg(pos + SEG, wqe::atomic_words(add, 0));
                 pos += 2 * SEG;
-                (opcode::ATOMIC_FA, 0, false)
+                (opcode::ATOMIC_FA, 0, true)
             }
             // Refused by `check`: nothing is written.
             SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) => return 0,
@@ -386,14 +418,14 @@ impl Ring {
                 imm: imm.to_be(),
             }),
         );
-        if !gather {
+        if atomic {
             // An atomic's one SGE (the transport rules): the device writes exactly the 8-byte
             // old value.
             if let Some(sge) = wr.sg_list.first() {
                 self.seg(pos, wqe::data_words(8, sge.lkey, sge.addr));
                 pos += SEG;
             }
-        } else if wr.flags.contains(SendFlags::INLINE) {
+        } else if INLINE {
             // SAFETY: forwarded contract.
             pos = unsafe { self.inline(pos, wr) };
         } else {
@@ -520,19 +552,8 @@ impl SendQueue {
     fn ring(&self) -> Ring {
         Ring {
             base: self.base,
-            mask: self.mask,
+            seg_mask: self.mask & !(SEG - 1),
         }
-    }
-
-    /// `len` bytes of the ring from byte `start` (a multiple of 8), as 8-byte words in the
-    /// ring's byte order, wrapping at the ring's end.
-    fn words(&self, start: usize, len: usize) -> impl ExactSizeIterator<Item = u64> + '_ {
-        (0..len / 8).map(move |i| {
-            let at = (start + 8 * i) & self.mask;
-            // SAFETY: `at` is inside the ring and 8-aligned (the ring's size is a multiple
-            // of 64); the poster, which alone writes the ring, is the caller.
-            unsafe { self.base.as_ptr().add(at).cast::<u64>().read() }
-        })
     }
 }
 
@@ -563,69 +584,13 @@ impl RecvQueue {
 // after the kernel destroy; MODIFY_QP's carry no address.
 unsafe impl QpQueues for Mlx5Qp {
     unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
-        // What every request needs, read once: locals stay in registers across the ring
-        // writes, which the compiler cannot tell apart from the queue's fields.
-        let sq = &self.sq;
-        let (ring, qpn, head) = (sq.ring(), sq.qpn, sq.head);
-        let tables = self.shared.send_tables();
-        let mut cur_post = sq.cur_post;
-        let mut posted = 0u32;
-        // Requests known to fit; the poller's tail is loaded again only when they run out.
-        let mut free = 0u32;
-        let mut last = None;
-        let mut rejected = None;
-        for wr in wrs.iter(self.qp_type) {
-            let checked = wr.and_then(|wr| {
-                sq.check(wr)?;
-                if posted == free {
-                    free = self.shared.sends_free(head, sq.max_post);
-                    if posted == free {
-                        return Err(WrReject::QueueFull);
-                    }
-                }
-                Ok(wr)
-            });
-            let wr = match checked {
-                Ok(wr) => wr,
-                Err(reason) => {
-                    rejected = Some(reason);
-                    break;
-                }
-            };
-            let start = (cur_post as usize * SEND_WQE_BB) & ring.mask;
-            // SAFETY: checked above; inline memory is the caller's contract.
-            let ds = unsafe { ring.write(wr, qpn, cur_post, start) };
-            let blocks = (ds * SEG).div_ceil(SEND_WQE_BB) as u32;
-            tables.record(cur_post, blocks, head.wrapping_add(posted), wr.wr_id);
-            cur_post = cur_post.wrapping_add(blocks);
-            posted += 1;
-            last = Some((wr, start));
-        }
-        if let Some((wr, start)) = last {
-            self.sq.cur_post = cur_post;
-            self.sq.head = head.wrapping_add(posted);
-            self.sq.last_start = start;
-            self.shared.publish_sends(self.sq.head);
-            self.db.set(SND_DBR, cur_post & 0xffff);
-            // The record and the WQEs must be in memory before the device hears the doorbell.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            // BlueFlame (the WQE itself through the UAR, sparing the device its fetch) on
-            // libmlx5's terms: a lone request (inline, or any with `prefer_bf`) of more than
-            // the control segment that fits the buffer (qp.c post_send_db).
-            if posted == 1 && self.doorbell.bf_size > 0 {
-                let inline = wr.flags.contains(SendFlags::INLINE) && !wr.sg_list.is_empty();
-                self.ring_or_copy(inline || self.ctx.prefer_bf);
-            } else {
-                self.ring_doorbell();
+        // A lone request has its own copy of the loop, which the compiler straightens.
+        // SAFETY: forwarded contract.
+        unsafe {
+            match wrs.len() {
+                1 => self.post_sends::<true>(wrs),
+                _ => self.post_list(wrs),
             }
-        }
-        match rejected {
-            None => Ok(()),
-            Some(reason) => Err(Error::WorkRequest {
-                verb: "post_send",
-                index: posted as usize,
-                reason,
-            }),
         }
     }
 
@@ -682,29 +647,114 @@ unsafe impl QpQueues for Mlx5Qp {
 }
 
 impl Mlx5Qp {
-    /// The 8-byte doorbell: the first 8 bytes of the last WQE.
+    /// [`QpQueues::post_send`]; with `LONE`, `wrs` holds one request.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send`].
     #[inline(always)]
-    fn ring_doorbell(&mut self) {
-        let ctrl = self.sq.words(self.sq.last_start, 8).next().unwrap_or_default();
-        // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive.
-        unsafe { self.doorbell.ring(ctrl) };
+    unsafe fn post_sends<const LONE: bool>(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
+        // What every request needs, read once: locals stay in registers across the ring
+        // writes, which the compiler cannot tell apart from the queue's fields.
+        let sq = &self.sq;
+        let (ring, qpn, head) = (sq.ring(), sq.qpn, sq.head);
+        let tables = self.shared.send_tables();
+        let mut cur_post = sq.cur_post;
+        let mut posted = 0u32;
+        // Requests known to fit; the poller's tail is loaded again only when they run out.
+        let mut free = 0u32;
+        let mut last = None;
+        let mut rejected = None;
+        for wr in wrs.iter(self.qp_type) {
+            let checked = wr.and_then(|wr| {
+                sq.check(wr)?;
+                if posted == free {
+                    free = self.shared.sends_free(head, sq.max_post);
+                    if posted == free {
+                        return Err(WrReject::QueueFull);
+                    }
+                }
+                Ok(wr)
+            });
+            let wr = match checked {
+                Ok(wr) => wr,
+                Err(reason) => {
+                    rejected = Some(reason);
+                    break;
+                }
+            };
+            let start = (cur_post as usize * SEND_WQE_BB) & ring.seg_mask;
+            // SAFETY: checked above; inline memory is the caller's contract.
+            let ds = unsafe {
+                match wr.flags.contains(SendFlags::INLINE) {
+                    false => ring.write(wr, qpn, cur_post, start),
+                    true => ring.write_inline(wr, qpn, cur_post, start),
+                }
+            };
+            let blocks = (ds * SEG).div_ceil(SEND_WQE_BB) as u32;
+            tables.record(cur_post, blocks, head.wrapping_add(posted), wr.wr_id);
+            cur_post = cur_post.wrapping_add(blocks);
+            posted += 1;
+            last = Some((wr, start));
+            if LONE {
+                break;
+            }
+        }
+        if let Some((wr, start)) = last {
+            self.sq.cur_post = cur_post;
+            self.sq.head = head.wrapping_add(posted);
+            self.shared.publish_sends(self.sq.head);
+            self.db.set(SND_DBR, cur_post & 0xffff);
+            // The record and the WQEs must be in memory before the device hears the doorbell.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            // BlueFlame (the WQE itself through the UAR, sparing the device its fetch) on
+            // libmlx5's terms: a lone request (inline, or any with `prefer_bf`) of more than
+            // the control segment that fits the buffer (qp.c post_send_db).
+            // The doorbell carries the first 8 bytes of the last WQE.
+            let ctrl = ring.word(start);
+            if posted == 1 && self.doorbell.bf_size > 0 {
+                let inline = wr.flags.contains(SendFlags::INLINE) && !wr.sg_list.is_empty();
+                self.ring_or_copy(ring, start, ctrl, inline || self.ctx.prefer_bf);
+            } else {
+                // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive.
+                unsafe { self.doorbell.ring(ctrl) };
+            }
+        }
+        match rejected {
+            None => Ok(()),
+            Some(reason) => Err(Error::WorkRequest {
+                verb: "post_send",
+                index: posted as usize,
+                reason,
+            }),
+        }
     }
 
-    /// A lone request's doorbell: a BlueFlame copy of the last WQE when `wanted` and it is
-    /// more than its control segment and fits the buffer, else the 8-byte doorbell.
+    /// [`QpQueues::post_send`] of a list, out of line.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send`].
     #[inline(never)]
-    fn ring_or_copy(&mut self, wanted: bool) {
-        let sq = &self.sq;
-        let ctrl = sq.words(sq.last_start, 8).next().unwrap_or_default();
+    unsafe fn post_list(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_sends::<false>(wrs) }
+    }
+
+    /// A lone request's doorbell: a BlueFlame copy of its WQE (at byte `start`, beginning
+    /// with `ctrl`) when `wanted` and the WQE is more than its control segment and fits the
+    /// buffer, else the 8-byte doorbell.
+    #[inline(never)]
+    fn ring_or_copy(&mut self, ring: Ring, start: usize, ctrl: u64, wanted: bool) {
         let ds = (u64::from_be(ctrl) & 0xff) as usize;
         let bytes = ds * SEG;
+        // SAFETY (both): `self.ctx`, whose `bfreg` made the doorbell, is alive; the copy is
+        // `bf_size` bytes at most, rounded up to whole basic blocks.
         if wanted && ds > 1 && bytes <= self.doorbell.bf_size {
-            let words = sq.words(sq.last_start, bytes.next_multiple_of(SEND_WQE_BB));
-            // SAFETY: as in `ring_doorbell`; the copy is `bf_size` bytes at most, rounded up
-            // to whole basic blocks.
-            unsafe { self.doorbell.copy(words) };
+            unsafe {
+                self.doorbell
+                    .copy(ring.words(start, bytes.next_multiple_of(SEND_WQE_BB)))
+            };
         } else {
-            self.ring_doorbell();
+            unsafe { self.doorbell.ring(ctrl) };
         }
     }
 
@@ -734,18 +784,25 @@ mod tests {
             max_sge: 4,
             max_inline: 100,
             qpn: 0x1c0,
-            last_start: 0,
         }
     }
 
-    /// Writes `wr` as the WQE at the queue's `cur_post`; returns its `ds`.
+    /// Writes `wr` as the WQE at the queue's `cur_post`; returns its byte position and `ds`.
     ///
     /// # Safety
     /// As for [`Ring::write`].
-    unsafe fn write(sq: &mut SendQueue, wr: &SendWr<'_>) -> usize {
-        sq.last_start = (sq.cur_post as usize * SEND_WQE_BB) & sq.mask;
+    unsafe fn write(sq: &SendQueue, wr: &SendWr<'_>) -> (usize, usize) {
+        let start = (sq.cur_post as usize * SEND_WQE_BB) & sq.mask;
         // SAFETY: forwarded.
-        unsafe { sq.ring().write(wr, sq.qpn, sq.cur_post, sq.last_start) }
+        let ring = sq.ring();
+        // SAFETY: forwarded.
+        let ds = unsafe {
+            match wr.flags.contains(SendFlags::INLINE) {
+                false => ring.write(wr, sq.qpn, sq.cur_post, start),
+                true => ring.write_inline(wr, sq.qpn, sq.cur_post, start),
+            }
+        };
+        (start, ds)
     }
 
     /// The ring's bytes.
@@ -759,7 +816,7 @@ mod tests {
     #[test]
     fn send_wqe_matches_the_libmlx5_capture() {
         let buf = Buffer::new(4096, "test").unwrap();
-        let mut sq = send_queue(&buf, 4);
+        let sq = send_queue(&buf, 4);
         let sges = [
             Sge {
                 addr: 0x1122_3344_5566_7788,
@@ -774,12 +831,12 @@ mod tests {
         ];
         let wr = SendWr::new(1, SendOp::Send, &sges);
         // SAFETY: no inline data; the queue is empty.
-        assert_eq!(unsafe { write(&mut sq, &wr) }, 2);
+        assert_eq!(unsafe { write(&sq, &wr) }, (0, 2));
         let bytes = ring(&buf, 4);
         assert_eq!(&bytes[..16], &[0, 0, 0, 0x0a, 0, 1, 0xc0, 2, 0, 0, 0, 8, 0, 0, 0, 0]);
         assert_eq!(&bytes[16..32], &wqe::data_seg(100, 0xabcd, 0x1122_3344_5566_7788));
-        let doorbell = sq.words(sq.last_start, 8).next().map(u64::to_ne_bytes);
-        assert_eq!(doorbell.as_ref().map(|w| &w[..]), Some(&bytes[..8]));
+        // What the doorbell carries.
+        assert_eq!(sq.ring().word(0).to_ne_bytes(), bytes[..8]);
     }
 
     /// An inline RDMA write of 90 bytes (ds 8, two blocks) posted at the last block of the
@@ -799,7 +856,7 @@ mod tests {
         let remote = Remote { addr: 0x1000, rkey: 7 };
         let wr = SendWr::new(9, SendOp::RdmaWrite(remote), &sges).set_flags(SendFlags::INLINE);
         // SAFETY: the inline SGE names `data`.
-        assert_eq!(unsafe { write(&mut sq, &wr) }, 8);
+        assert_eq!(unsafe { write(&sq, &wr) }, (3 * SEND_WQE_BB, 8));
         let bytes = ring(&buf, blocks);
         let mut wqe = bytes[3 * SEND_WQE_BB..].to_vec();
         wqe.extend_from_slice(&bytes[..SEND_WQE_BB]);
@@ -808,9 +865,9 @@ mod tests {
         assert_eq!(&wqe[32..36], &wqe::inline_header(90));
         assert_eq!(&wqe[36..126], &data[..]);
         // What a BlueFlame copy of it carries: its two blocks, in order across the end.
-        assert_eq!(sq.last_start, 3 * SEND_WQE_BB);
         let copied: Vec<u8> = sq
-            .words(sq.last_start, 2 * SEND_WQE_BB)
+            .ring()
+            .words(3 * SEND_WQE_BB, 2 * SEND_WQE_BB)
             .flat_map(u64::to_ne_bytes)
             .collect();
         assert_eq!(copied, wqe);
@@ -830,8 +887,9 @@ mod tests {
         for sges in [&[][..], &empty[..]] {
             let wr = SendWr::new(1, SendOp::Send, sges).set_flags(SendFlags::INLINE);
             // SAFETY: no inline byte is read.
-            assert_eq!(unsafe { write(&mut sq, &wr) }, 1);
-            assert_eq!(ring(&buf, 4)[sq.last_start + 7], 1, "ds");
+            let (start, ds) = unsafe { write(&sq, &wr) };
+            assert_eq!(ds, 1);
+            assert_eq!(ring(&buf, 4)[start + wqe::CTRL_DS_BYTE], 1, "ds");
             sq.cur_post += 1;
         }
     }
