@@ -746,14 +746,13 @@ impl Mlx5Qp {
     fn ring_or_copy(&mut self, ring: Ring, start: usize, ctrl: u64, wanted: bool) {
         let ds = (u64::from_be(ctrl) & 0xff) as usize;
         let bytes = ds * SEG;
-        // SAFETY (both): `self.ctx`, whose `bfreg` made the doorbell, is alive; the copy is
-        // `bf_size` bytes at most, rounded up to whole basic blocks.
         if wanted && ds > 1 && bytes <= self.doorbell.bf_size {
-            unsafe {
-                self.doorbell
-                    .copy(ring.words(start, bytes.next_multiple_of(SEND_WQE_BB)))
-            };
+            let words = ring.words(start, bytes.next_multiple_of(SEND_WQE_BB));
+            // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive; the copy is
+            // `bf_size` bytes at most, rounded up to whole basic blocks.
+            unsafe { self.doorbell.copy(words) };
         } else {
+            // SAFETY: as above.
             unsafe { self.doorbell.ring(ctrl) };
         }
     }
