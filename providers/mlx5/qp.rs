@@ -12,7 +12,7 @@ use super::{abi, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
-use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr};
+use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -429,11 +429,17 @@ impl Ring {
             // SAFETY: forwarded contract.
             pos = unsafe { self.inline(pos, wr) };
         } else {
-            for sge in wr.sg_list {
+            // Zero-length SGEs take no segment (libmlx5 skips them too). One buffer, the
+            // common case, without the loop.
+            let mut gather = |sge: &Sge| {
                 if sge.length != 0 {
                     self.seg(pos, wqe::data_words(sge.length, sge.lkey, sge.addr));
                     pos += SEG;
                 }
+            };
+            match wr.sg_list {
+                [sge] => gather(sge),
+                sges => sges.iter().for_each(gather),
             }
         }
         let ds = (pos - start) / SEG;
@@ -770,7 +776,7 @@ impl Mlx5Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wr::{Remote, Sge};
+    use crate::wr::Remote;
 
     /// A send queue of `blocks` basic blocks on heap memory.
     fn send_queue(buf: &Buffer, blocks: usize) -> SendQueue {
