@@ -277,7 +277,7 @@ struct SendQueue {
     qpn: u32,
 }
 
-/// The send ring as one call of `post_send` writes it: its base and size less one, read once.
+/// The send ring as one call of `post_send` writes it: its base and segment mask, read once.
 #[derive(Clone, Copy)]
 struct Ring {
     base: NonNull<u8>,
