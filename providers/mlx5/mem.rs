@@ -178,24 +178,10 @@ impl UarPage {
         offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len)
     }
 
-    /// Copies `words` (already in the device's byte order) to `offset` with 8-byte stores in
-    /// order (a BlueFlame copy); a range that does not fit is ignored (offsets are checked
-    /// when they are chosen).
-    pub(super) fn copy64(&self, offset: usize, words: impl ExactSizeIterator<Item = [u8; 8]>) {
-        let len = words.len() * 8;
-        if len == 0 || !self.fits(offset) || !self.fits(offset + len - 8) {
-            return;
-        }
-        for (i, w) in words.enumerate() {
-            // SAFETY: `fits` at both ends keeps every aligned word inside the mapping.
-            unsafe {
-                self.base
-                    .as_ptr()
-                    .add(offset + 8 * i)
-                    .cast::<u64>()
-                    .write_volatile(u64::from_ne_bytes(w))
-            };
-        }
+    /// The page's first byte: for registers whose offsets were checked with [`Self::fits`]
+    /// once, written while the page is mapped (`Ctx::bfreg`).
+    pub(super) fn base(&self) -> NonNull<u8> {
+        self.base
     }
 
     /// Stores `bytes` (already in the device's byte order) at `offset` as one 8-byte write;

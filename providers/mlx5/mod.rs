@@ -175,9 +175,11 @@ impl Ctx {
         let toggle = (self.bf_reg_size / 2) as usize;
         let uar = self.uars.get(page)?;
         let bf_size = if index == 0 { 0 } else { self.bf_buf_size };
-        let fits = |at: usize| uar.fits(at) && (bf_size == 0 || uar.fits(at + bf_size - 8));
+        // A BlueFlame copy is whole basic blocks: up to `bf_size` rounded up to one.
+        let copy = bf_size.next_multiple_of(wqe::SEND_WQE_BB);
+        let fits = |at: usize| uar.fits(at) && (copy == 0 || uar.fits(at + copy - 8));
         (fits(offset) && fits(offset ^ toggle)).then_some(qp::SendDoorbell {
-            page,
+            page: uar.base(),
             offset,
             toggle,
             bf_size,

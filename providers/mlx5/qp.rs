@@ -7,12 +7,12 @@
 use super::cq::{CqShared, Mlx5Cq};
 use super::mem::{Buffer, Doorbell};
 use super::srq::{Mlx5Srq, SrqShared};
-use super::wqe::{self, ctrl_flags, opcode, Ctrl, SEG, SEND_WQE_BB};
+use super::wqe::{self, ctrl_flags, opcode, Ctrl, Words, SEG, SEND_WQE_BB};
 use super::{abi, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
-use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr};
+use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -178,10 +178,6 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             max_sge: geo.cap.max_send_sge,
             max_inline: geo.cap.max_inline_data,
             qpn: created.qpn,
-            last_ctrl: [0; 8],
-            last_start: 0,
-            last_ds: 0,
-            last_inline: false,
         },
         rq: RecvQueue {
             base: buf.base(),
@@ -217,14 +213,53 @@ impl Drop for UserIndex {
     }
 }
 
-/// Where a QP's send doorbell goes: a UAR page and the bfreg's offset in it.
+/// Where a QP's send doorbell goes: a bfreg in one of the context's UAR pages, checked by
+/// `Ctx::bfreg` to lie inside it (both halves, and with BlueFlame a whole copy from either).
 pub(super) struct SendDoorbell {
-    pub(super) page: usize,
+    /// The UAR page's first byte; mapped as long as the context is.
+    pub(super) page: NonNull<u8>,
+    /// The half the next doorbell goes to.
     pub(super) offset: usize,
     /// The two halves of the bfreg alternate (libmlx5 toggles them on every ring).
     pub(super) toggle: usize,
     /// Bytes of a BlueFlame buffer; 0: no BlueFlame.
     pub(super) bf_size: usize,
+}
+
+impl SendDoorbell {
+    /// Rings: `ctrl` (the first 8 bytes of the last WQE) to the current half, then the other
+    /// half's turn.
+    ///
+    /// # Safety
+    /// The context whose `bfreg` made this is alive (its UAR pages are mapped).
+    #[inline(always)]
+    unsafe fn ring(&mut self, ctrl: u64) {
+        // SAFETY: `bfreg` checked that 8 bytes at either half lie in the page, mapped (our
+        // contract); a device register, written with one volatile 8-byte store.
+        unsafe { self.page.as_ptr().add(self.offset).cast::<u64>().write_volatile(ctrl) };
+        self.offset ^= self.toggle;
+    }
+
+    /// A BlueFlame copy: `words` (at most `bf_size` bytes rounded up to whole basic blocks)
+    /// to the current half with 8-byte stores in order, then the other half's turn.
+    ///
+    /// # Safety
+    /// As for [`Self::ring`].
+    unsafe fn copy(&mut self, words: impl ExactSizeIterator<Item = u64>) {
+        debug_assert!(words.len() * 8 <= self.bf_size.next_multiple_of(SEND_WQE_BB));
+        for (i, word) in words.enumerate() {
+            // SAFETY: `bfreg` checked the whole copy from either half lies in the page; the
+            // caller keeps to its length; mapped per our contract.
+            unsafe {
+                self.page
+                    .as_ptr()
+                    .add(self.offset + 8 * i)
+                    .cast::<u64>()
+                    .write_volatile(word)
+            };
+        }
+        self.offset ^= self.toggle;
+    }
 }
 
 /// The poster's view of the send queue.
@@ -240,60 +275,227 @@ struct SendQueue {
     max_sge: u32,
     max_inline: u32,
     qpn: u32,
-    /// The first 8 bytes of the last WQE's control segment: what the UAR doorbell carries.
-    last_ctrl: [u8; 8],
-    /// The last WQE's byte position in the ring, its size in 16-byte units, and whether it
-    /// was an inline request with SGEs (libmlx5's condition for a BlueFlame copy).
-    last_start: usize,
-    last_ds: usize,
-    last_inline: bool,
 }
 
-/// Writes a WQE's segments, wrapping at the ring's end.
-struct WqeWriter<'a> {
-    sq: &'a SendQueue,
-    /// Byte position, unmasked.
-    pos: usize,
+/// The send ring as one call of `post_send` writes it: its base and segment mask, read once.
+#[derive(Clone, Copy)]
+struct Ring {
+    base: NonNull<u8>,
+    /// The ring's size less one segment: masks a position to its segment's.
+    seg_mask: usize,
 }
 
-impl WqeWriter<'_> {
-    /// Writes one segment at the current position, which is a whole number of segments
-    /// into the ring: a ring of whole basic blocks never ends inside it.
+impl Ring {
+    /// Stores a segment at byte `pos` (unmasked), a whole number of segments into the ring:
+    /// a ring of whole basic blocks never ends inside one.
     #[inline(always)]
-    fn seg(&mut self, seg: [u8; SEG]) {
-        debug_assert_eq!(self.pos % SEG, 0, "segments start on segment boundaries");
-        let at = self.pos & self.sq.mask & !(SEG - 1);
-        // SAFETY: `at` is a multiple of SEG below the ring's size, itself a multiple of SEG, so
-        // the segment lies inside the ring, which no Rust reference covers.
-        unsafe { self.sq.base.as_ptr().add(at).cast::<[u8; SEG]>().write_unaligned(seg) };
-        self.pos += SEG;
+    fn seg(self, pos: usize, words: Words) {
+        debug_assert_eq!(pos % SEG, 0, "segments start on segment boundaries");
+        let at = pos & self.seg_mask;
+        // SAFETY: `at` is a multiple of SEG below the ring's size, itself a multiple of SEG
+        // (`seg_mask`), so the segment lies inside the ring (page-aligned, so the words are
+        // aligned), which no Rust reference covers.
+        unsafe {
+            let to = self.base.as_ptr().add(at).cast::<u64>();
+            to.write(words[0]);
+            to.add(1).write(words[1]);
+        }
     }
 
-    /// Copies `bytes` to the ring at the current position.
-    fn put(&mut self, bytes: &[u8]) {
-        // SAFETY: the source is a slice the caller owns, readable for its length.
-        unsafe { self.copy(bytes.as_ptr(), bytes.len()) }
+    /// The 8-byte word at byte `at` (unmasked, a multiple of 8), in the ring's byte order.
+    #[inline(always)]
+    fn word(self, at: usize) -> u64 {
+        let at = at & (self.seg_mask | 8);
+        // SAFETY: `at` is 8-aligned and below the ring's size, a multiple of 8; the poster,
+        // which alone writes the ring, is the caller.
+        unsafe { self.base.as_ptr().add(at).cast::<u64>().read() }
     }
 
-    /// Copies `len` bytes from `from`, splitting at the ring's end.
+    /// `len` bytes of the ring from byte `start` (a multiple of 8), as 8-byte words in the
+    /// ring's byte order, wrapping at the ring's end.
+    fn words(self, start: usize, len: usize) -> impl ExactSizeIterator<Item = u64> {
+        (0..len / 8).map(move |i| self.word(start + 8 * i))
+    }
+
+    /// Copies `len` bytes from `from` to byte `pos` (unmasked), splitting at the ring's end;
+    /// returns the position after them.
     ///
     /// # Safety
     /// `from` must be readable for `len` bytes.
-    unsafe fn copy(&mut self, mut from: *const u8, mut len: usize) {
+    unsafe fn copy(self, mut pos: usize, mut from: *const u8, mut len: usize) -> usize {
+        let mask = self.seg_mask | (SEG - 1);
         while len > 0 {
-            let at = self.pos & self.sq.mask;
-            let n = len.min(self.sq.mask + 1 - at);
+            let at = pos & mask;
+            let n = len.min(mask + 1 - at);
             // SAFETY: `at + n` stays inside the ring; the source per our contract; the ring
             // is user memory no Rust reference covers.
             unsafe {
-                std::ptr::copy_nonoverlapping(from, self.sq.base.as_ptr().add(at), n);
+                std::ptr::copy_nonoverlapping(from, self.base.as_ptr().add(at), n);
                 from = from.add(n);
             }
-            self.pos += n;
+            pos += n;
             len -= n;
         }
+        pos
+    }
+
+    /// Writes `wr` (not inline) as the WQE at byte `start`, basic block `pi`; returns its size
+    /// in 16-byte units (`ds`).
+    ///
+    /// # Safety
+    /// `wr` passed [`SendQueue::check`] and the transport rules.
+    #[inline(always)]
+    unsafe fn write(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+        // SAFETY: forwarded contract; no inline data.
+        unsafe { self.write_as::<false>(wr, qpn, pi, start) }
+    }
+
+    /// [`Self::write`] for an inline request, out of line.
+    ///
+    /// # Safety
+    /// As for [`Self::write`]; the SGEs name readable memory.
+    #[inline(never)]
+    unsafe fn write_inline(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { self.write_as::<true>(wr, qpn, pi, start) }
+    }
+
+    /// Writes the WQE, its data inline when `INLINE`.
+    ///
+    /// # Safety
+    /// As for [`Self::write_inline`].
+    #[inline(always)]
+    unsafe fn write_as<const INLINE: bool>(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+        let mut pos = start + SEG;
+        // One dispatch on the operation: its opcode and immediate data, the segments before
+        // the data, and whether it is an atomic (whose data is its result's one SGE).
+        let (op, imm, atomic) = match wr.op {
+            SendOp::Send => (opcode::SEND, 0, false),
+            SendOp::SendWithImm { imm } => (opcode::SEND_IMM, imm, false),
+            SendOp::RdmaWrite(r) => {
+                self.seg(pos, wqe::raddr_words(r.addr, r.rkey));
+                pos += SEG;
+                (opcode::RDMA_WRITE, 0, false)
+            }
+            SendOp::RdmaWriteWithImm(r, imm) => {
+                self.seg(pos, wqe::raddr_words(r.addr, r.rkey));
+                pos += SEG;
+                (opcode::RDMA_WRITE_IMM, imm, false)
+            }
+            SendOp::RdmaRead(r) => {
+                self.seg(pos, wqe::raddr_words(r.addr, r.rkey));
+                pos += SEG;
+                (opcode::RDMA_READ, 0, false)
+            }
+            SendOp::CompareSwap { remote, compare, swap } => {
+                self.seg(pos, wqe::raddr_words(remote.addr, remote.rkey));
+                self.seg(pos + SEG, wqe::atomic_words(swap, compare));
+                pos += 2 * SEG;
+                (opcode::ATOMIC_CS, 0, true)
+            }
+            SendOp::FetchAdd { remote, add } => {
+                self.seg(pos, wqe::raddr_words(remote.addr, remote.rkey));
+                self.seg(pos + SEG, wqe::atomic_words(add, 0));
+                pos += 2 * SEG;
+                (opcode::ATOMIC_FA, 0, true)
+            }
+            // Refused by `check`: nothing is written.
+            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) | SendOp::AtomicWrite { .. } => {
+                return 0
+            }
+        };
+        // The control segment before the data, its size (`ds`) patched in after it: only
+        // `start` stays live across the data.
+        self.seg(
+            start,
+            wqe::ctrl_words(&Ctrl {
+                pi: pi as u16,
+                opcode: op,
+                opmod: 0,
+                qpn,
+                fm_ce_se: FM_CE_SE[(wr.flags.bits() & CTRL_FLAG_BITS) as usize],
+                ds: 0,
+                signature: 0,
+                // The WQE carries immediate data in network order (`SendOp::imm_data`).
+                imm: imm.to_be(),
+            }),
+        );
+        if atomic {
+            // An atomic's one SGE (the transport rules): the device writes exactly the 8-byte
+            // old value.
+            if let Some(sge) = wr.sg_list.first() {
+                self.seg(pos, wqe::data_words(8, sge.lkey, sge.addr));
+                pos += SEG;
+            }
+        } else if INLINE {
+            // SAFETY: forwarded contract.
+            pos = unsafe { self.inline(pos, wr) };
+        } else {
+            // Zero-length SGEs take no segment (libmlx5 skips them too). One buffer, the
+            // common case, without the loop.
+            let mut gather = |sge: &Sge| {
+                if sge.length != 0 {
+                    self.seg(pos, wqe::data_words(sge.length, sge.lkey, sge.addr));
+                    pos += SEG;
+                }
+            };
+            match wr.sg_list {
+                [sge] => gather(sge),
+                sges => sges.iter().for_each(gather),
+            }
+        }
+        let ds = (pos - start) / SEG;
+        // SAFETY: `start` is a WQE's position in the ring (below its size), whose control
+        // segment is 16 bytes.
+        unsafe { self.base.as_ptr().add(start + wqe::CTRL_DS_BYTE).write(ds as u8) };
+        ds
+    }
+
+    /// Writes `wr`'s gather list as inline data at `pos`; returns the position after the
+    /// segment. No bytes, no inline segment at all (libmlx5 `set_data_inl_seg`: size 0).
+    ///
+    /// # Safety
+    /// The SGEs name readable memory; their total fits the WQE (`check`).
+    unsafe fn inline(self, pos: usize, wr: &SendWr<'_>) -> usize {
+        let len = wr.total_len() as u32;
+        if len == 0 {
+            return pos;
+        }
+        let header = wqe::inline_header(len);
+        // SAFETY: the header is a local array.
+        let mut at = unsafe { self.copy(pos, header.as_ptr(), header.len()) };
+        for sge in wr.sg_list {
+            // SAFETY: inline SGEs name readable memory (our contract); the length was checked
+            // against the WQE's room.
+            at = unsafe { self.copy(at, sge.addr as *const u8, sge.length as usize) };
+        }
+        at.next_multiple_of(SEG)
     }
 }
+
+/// The `SendFlags` bits that map to the control segment's `fm_ce_se`.
+const CTRL_FLAG_BITS: u32 = SendFlags::FENCE.bits() | SendFlags::SIGNALED.bits() | SendFlags::SOLICITED.bits();
+const _: () = assert!(CTRL_FLAG_BITS == 7, "FM_CE_SE is indexed by the three low flag bits");
+
+/// `fm_ce_se` by a request's fence, signaled and solicited flags ([`CTRL_FLAG_BITS`]).
+const FM_CE_SE: [u8; 8] = {
+    let mut table = [0; 8];
+    let mut flags = 0;
+    while flags < 8 {
+        let f = flags as u32;
+        if f & SendFlags::SIGNALED.bits() != 0 {
+            table[flags] |= ctrl_flags::CQ_UPDATE;
+        }
+        if f & SendFlags::SOLICITED.bits() != 0 {
+            table[flags] |= ctrl_flags::SOLICITED;
+        }
+        if f & SendFlags::FENCE.bits() != 0 {
+            table[flags] |= ctrl_flags::FENCE;
+        }
+        flags += 1;
+    }
+    table
+};
 
 /// The poster's view of the receive queue.
 struct RecvQueue {
@@ -326,8 +528,9 @@ struct Mlx5Qp {
 unsafe impl Send for Mlx5Qp {}
 
 impl SendQueue {
-    /// Checks `wr` against the queue's limits and room (`posted` this call so far).
-    fn check(&self, wr: &SendWr<'_>, shared: &QpShared, posted: u32) -> Result<(), WrReject> {
+    /// Checks `wr` against the queue's limits (the room is the caller's).
+    #[inline(always)]
+    fn check(&self, wr: &SendWr<'_>) -> Result<(), WrReject> {
         // Memory window operations and invalidation need UMR WQEs, which this provider does
         // not write; libmlx5 offers no atomic write.
         if matches!(
@@ -350,114 +553,15 @@ impl SendQueue {
                 max: self.max_sge,
             });
         }
-        if shared.send_full(self.head.wrapping_add(posted), self.max_post) {
-            return Err(WrReject::QueueFull);
-        }
         Ok(())
     }
 
-    /// Writes `wr` as the WQE at `cur_post`; returns the basic blocks it took.
-    ///
-    /// # Safety
-    /// `wr` passed [`Self::check`]; inline requests' SGEs name readable memory.
-    unsafe fn write(&mut self, wr: &SendWr<'_>) -> u32 {
-        let start = (self.cur_post as usize * SEND_WQE_BB) & self.mask;
-        let mut w = WqeWriter {
-            sq: self,
-            pos: start + SEG,
-        };
-        let (op, imm) = match wr.op {
-            SendOp::Send => (opcode::SEND, 0),
-            // The WQE carries immediate data in network order (`SendOp::imm_data`).
-            SendOp::SendWithImm { imm } => (opcode::SEND_IMM, imm.to_be()),
-            SendOp::RdmaWrite(r) => {
-                w.seg(wqe::raddr_seg(r.addr, r.rkey));
-                (opcode::RDMA_WRITE, 0)
-            }
-            SendOp::RdmaWriteWithImm(r, imm) => {
-                w.seg(wqe::raddr_seg(r.addr, r.rkey));
-                (opcode::RDMA_WRITE_IMM, imm.to_be())
-            }
-            SendOp::RdmaRead(r) => {
-                w.seg(wqe::raddr_seg(r.addr, r.rkey));
-                (opcode::RDMA_READ, 0)
-            }
-            SendOp::CompareSwap { remote, compare, swap } => {
-                w.seg(wqe::raddr_seg(remote.addr, remote.rkey));
-                w.seg(wqe::atomic_seg(swap, compare));
-                (opcode::ATOMIC_CS, 0)
-            }
-            SendOp::FetchAdd { remote, add } => {
-                w.seg(wqe::raddr_seg(remote.addr, remote.rkey));
-                w.seg(wqe::atomic_seg(add, 0));
-                (opcode::ATOMIC_FA, 0)
-            }
-            // Refused by `check`: nothing is written.
-            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) | SendOp::AtomicWrite { .. } => {
-                return 0
-            }
-        };
-        if wr.flags.contains(SendFlags::INLINE) {
-            // No bytes, no inline segment at all (libmlx5 `set_data_inl_seg`: size 0).
-            let len = wr.total_len() as u32;
-            if len > 0 {
-                w.put(&wqe::inline_header(len));
-                for sge in wr.sg_list {
-                    // SAFETY: inline SGEs name readable memory (our contract); the length
-                    // was checked against the WQE's room.
-                    unsafe { w.copy(sge.addr as *const u8, sge.length as usize) };
-                }
-                w.pos = w.pos.next_multiple_of(SEG);
-            }
-        } else if wr.op.is_atomic() {
-            // The device writes exactly the 8-byte old value.
-            let sge = wr.sg_list[0];
-            w.seg(wqe::data_seg(8, sge.lkey, sge.addr));
-        } else {
-            for sge in wr.sg_list.iter().filter(|s| s.length != 0) {
-                w.seg(wqe::data_seg(sge.length, sge.lkey, sge.addr));
-            }
+    /// The ring, for one call's writes.
+    fn ring(&self) -> Ring {
+        Ring {
+            base: self.base,
+            seg_mask: self.mask & !(SEG - 1),
         }
-        let ds = (w.pos - start) / SEG;
-        let mut fm_ce_se = 0;
-        for (flag, bit) in [
-            (SendFlags::SIGNALED, ctrl_flags::CQ_UPDATE),
-            (SendFlags::SOLICITED, ctrl_flags::SOLICITED),
-            (SendFlags::FENCE, ctrl_flags::FENCE),
-        ] {
-            if wr.flags.contains(flag) {
-                fm_ce_se |= bit;
-            }
-        }
-        let ctrl = wqe::ctrl_seg(&Ctrl {
-            pi: self.cur_post as u16,
-            opcode: op,
-            opmod: 0,
-            qpn: self.qpn,
-            fm_ce_se,
-            ds: ds as u8,
-            signature: 0,
-            imm,
-        });
-        let mut at_start = WqeWriter { sq: self, pos: start };
-        at_start.seg(ctrl);
-        self.last_ctrl.copy_from_slice(&ctrl[..8]);
-        (self.last_start, self.last_ds) = (start, ds);
-        self.last_inline = wr.flags.contains(SendFlags::INLINE) && !wr.sg_list.is_empty();
-        (ds * SEG).div_ceil(SEND_WQE_BB) as u32
-    }
-}
-
-impl SendQueue {
-    /// `len` bytes of the ring from byte `start` (a multiple of 8), as 8-byte words,
-    /// wrapping at the ring's end.
-    fn words(&self, start: usize, len: usize) -> impl ExactSizeIterator<Item = [u8; 8]> + '_ {
-        (0..len / 8).map(move |i| {
-            let at = (start + 8 * i) & self.mask;
-            // SAFETY: `at` is inside the ring and 8-aligned (the ring's size is a multiple
-            // of 64); the poster, which alone writes the ring, is the caller.
-            unsafe { self.base.as_ptr().add(at).cast::<[u8; 8]>().read() }
-        })
     }
 }
 
@@ -488,56 +592,13 @@ impl RecvQueue {
 // after the kernel destroy; MODIFY_QP's carry no address.
 unsafe impl QpQueues for Mlx5Qp {
     unsafe fn post_send(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
-        let mut posted = 0u32;
-        let mut rejected = None;
-        for (index, wr) in wrs.iter(self.qp_type).enumerate() {
-            let checked = wr.and_then(|wr| {
-                self.sq.check(wr, &self.shared, posted)?;
-                Ok(wr)
-            });
-            let wr = match checked {
-                Ok(wr) => wr,
-                Err(reason) => {
-                    rejected = Some((index, reason));
-                    break;
-                }
-            };
-            // SAFETY: checked above; inline memory is the caller's contract.
-            let blocks = unsafe { self.sq.write(wr) };
-            self.shared
-                .record_send(self.sq.cur_post, blocks, self.sq.head.wrapping_add(posted), wr.wr_id);
-            self.sq.cur_post = self.sq.cur_post.wrapping_add(blocks);
-            posted += 1;
-        }
-        if posted > 0 {
-            self.sq.head = self.sq.head.wrapping_add(posted);
-            self.shared.publish_sends(self.sq.head);
-            self.db.set(SND_DBR, self.sq.cur_post & 0xffff);
-            // The record and the WQEs must be in memory before the device hears the doorbell.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            let d = &mut self.doorbell;
-            if let Some(uar) = self.ctx.uars.get(d.page) {
-                // BlueFlame (the WQE itself through the UAR, sparing the device its fetch)
-                // on libmlx5's terms: a lone request (inline, or any with `prefer_bf`) of
-                // more than the control segment that fits the buffer (qp.c post_send_db).
-                let sq = &self.sq;
-                let bytes = sq.last_ds * SEG;
-                let wanted = sq.last_inline || self.ctx.prefer_bf;
-                if posted == 1 && d.bf_size > 0 && wanted && sq.last_ds > 1 && bytes <= d.bf_size {
-                    uar.copy64(d.offset, sq.words(sq.last_start, bytes.next_multiple_of(SEND_WQE_BB)));
-                } else {
-                    uar.write64(d.offset, sq.last_ctrl);
-                }
+        // A lone request has its own copy of the loop, which the compiler straightens.
+        // SAFETY: forwarded contract.
+        unsafe {
+            match wrs.len() {
+                1 => self.post_sends::<true>(wrs),
+                _ => self.post_list(wrs),
             }
-            d.offset ^= d.toggle;
-        }
-        match rejected {
-            None => Ok(()),
-            Some((index, reason)) => Err(Error::WorkRequest {
-                verb: "post_send",
-                index,
-                reason,
-            }),
         }
     }
 
@@ -589,7 +650,7 @@ unsafe impl QpQueues for Mlx5Qp {
     }
 
     fn send_room(&mut self) -> u32 {
-        self.shared.send_room(self.sq.head, self.sq.max_post)
+        self.shared.sends_free(self.sq.head, self.sq.max_post)
     }
 
     fn destroyed(&mut self) {
@@ -598,6 +659,116 @@ unsafe impl QpQueues for Mlx5Qp {
 }
 
 impl Mlx5Qp {
+    /// [`QpQueues::post_send`]; with `LONE`, `wrs` holds one request.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send`].
+    #[inline(always)]
+    unsafe fn post_sends<const LONE: bool>(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
+        // What every request needs, read once: locals stay in registers across the ring
+        // writes, which the compiler cannot tell apart from the queue's fields.
+        let sq = &self.sq;
+        let (ring, qpn, head) = (sq.ring(), sq.qpn, sq.head);
+        let tables = self.shared.send_tables();
+        let mut cur_post = sq.cur_post;
+        let mut posted = 0u32;
+        // Requests known to fit; the poller's tail is loaded again only when they run out.
+        let mut free = 0u32;
+        let mut last = None;
+        let mut rejected = None;
+        for wr in wrs.iter(self.qp_type) {
+            let checked = wr.and_then(|wr| {
+                sq.check(wr)?;
+                if posted == free {
+                    free = self.shared.sends_free(head, sq.max_post);
+                    if posted == free {
+                        return Err(WrReject::QueueFull);
+                    }
+                }
+                Ok(wr)
+            });
+            let wr = match checked {
+                Ok(wr) => wr,
+                Err(reason) => {
+                    rejected = Some(reason);
+                    break;
+                }
+            };
+            let start = (cur_post as usize * SEND_WQE_BB) & ring.seg_mask;
+            // SAFETY: checked above; inline memory is the caller's contract.
+            let ds = unsafe {
+                match wr.flags.contains(SendFlags::INLINE) {
+                    false => ring.write(wr, qpn, cur_post, start),
+                    true => ring.write_inline(wr, qpn, cur_post, start),
+                }
+            };
+            let blocks = (ds * SEG).div_ceil(SEND_WQE_BB) as u32;
+            tables.record(cur_post, blocks, head.wrapping_add(posted), wr.wr_id);
+            cur_post = cur_post.wrapping_add(blocks);
+            posted += 1;
+            last = Some((wr, start));
+            if LONE {
+                break;
+            }
+        }
+        if let Some((wr, start)) = last {
+            self.sq.cur_post = cur_post;
+            self.sq.head = head.wrapping_add(posted);
+            self.shared.publish_sends(self.sq.head);
+            self.db.set(SND_DBR, cur_post & 0xffff);
+            // The record and the WQEs must be in memory before the device hears the doorbell.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            // BlueFlame (the WQE itself through the UAR, sparing the device its fetch) on
+            // libmlx5's terms: a lone request (inline, or any with `prefer_bf`) of more than
+            // the control segment that fits the buffer (qp.c post_send_db).
+            // The doorbell carries the first 8 bytes of the last WQE.
+            let ctrl = ring.word(start);
+            if posted == 1 && self.doorbell.bf_size > 0 {
+                let inline = wr.flags.contains(SendFlags::INLINE) && !wr.sg_list.is_empty();
+                self.ring_or_copy(ring, start, ctrl, inline || self.ctx.prefer_bf);
+            } else {
+                // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive.
+                unsafe { self.doorbell.ring(ctrl) };
+            }
+        }
+        match rejected {
+            None => Ok(()),
+            Some(reason) => Err(Error::WorkRequest {
+                verb: "post_send",
+                index: posted as usize,
+                reason,
+            }),
+        }
+    }
+
+    /// [`QpQueues::post_send`] of a list, out of line.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send`].
+    #[inline(never)]
+    unsafe fn post_list(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_sends::<false>(wrs) }
+    }
+
+    /// A lone request's doorbell: a BlueFlame copy of its WQE (at byte `start`, beginning
+    /// with `ctrl`) when `wanted` and the WQE is more than its control segment and fits the
+    /// buffer, else the 8-byte doorbell.
+    #[inline(never)]
+    fn ring_or_copy(&mut self, ring: Ring, start: usize, ctrl: u64, wanted: bool) {
+        let ds = (u64::from_be(ctrl) & 0xff) as usize;
+        let bytes = ds * SEG;
+        if wanted && ds > 1 && bytes <= self.doorbell.bf_size {
+            let words = ring.words(start, bytes.next_multiple_of(SEND_WQE_BB));
+            // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive; the copy is
+            // `bf_size` bytes at most, rounded up to whole basic blocks.
+            unsafe { self.doorbell.copy(words) };
+        } else {
+            // SAFETY: as above.
+            unsafe { self.doorbell.ring(ctrl) };
+        }
+    }
+
     /// Removes the QP's CQEs from both CQs (once when they are one), and with `unlink` the
     /// QP from their tables.
     fn scrub(&self, unlink: bool) {
@@ -611,7 +782,7 @@ impl Mlx5Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wr::{Remote, Sge};
+    use crate::wr::Remote;
 
     /// A send queue of `blocks` basic blocks on heap memory.
     fn send_queue(buf: &Buffer, blocks: usize) -> SendQueue {
@@ -624,11 +795,25 @@ mod tests {
             max_sge: 4,
             max_inline: 100,
             qpn: 0x1c0,
-            last_ctrl: [0; 8],
-            last_start: 0,
-            last_ds: 0,
-            last_inline: false,
         }
+    }
+
+    /// Writes `wr` as the WQE at the queue's `cur_post`; returns its byte position and `ds`.
+    ///
+    /// # Safety
+    /// As for [`Ring::write`].
+    unsafe fn write(sq: &SendQueue, wr: &SendWr<'_>) -> (usize, usize) {
+        let start = (sq.cur_post as usize * SEND_WQE_BB) & sq.mask;
+        // SAFETY: forwarded.
+        let ring = sq.ring();
+        // SAFETY: forwarded.
+        let ds = unsafe {
+            match wr.flags.contains(SendFlags::INLINE) {
+                false => ring.write(wr, sq.qpn, sq.cur_post, start),
+                true => ring.write_inline(wr, sq.qpn, sq.cur_post, start),
+            }
+        };
+        (start, ds)
     }
 
     /// The ring's bytes.
@@ -642,7 +827,7 @@ mod tests {
     #[test]
     fn send_wqe_matches_the_libmlx5_capture() {
         let buf = Buffer::new(4096, "test").unwrap();
-        let mut sq = send_queue(&buf, 4);
+        let sq = send_queue(&buf, 4);
         let sges = [
             Sge {
                 addr: 0x1122_3344_5566_7788,
@@ -657,11 +842,12 @@ mod tests {
         ];
         let wr = SendWr::new(1, SendOp::Send, &sges);
         // SAFETY: no inline data; the queue is empty.
-        assert_eq!(unsafe { sq.write(&wr) }, 1);
+        assert_eq!(unsafe { write(&sq, &wr) }, (0, 2));
         let bytes = ring(&buf, 4);
         assert_eq!(&bytes[..16], &[0, 0, 0, 0x0a, 0, 1, 0xc0, 2, 0, 0, 0, 8, 0, 0, 0, 0]);
         assert_eq!(&bytes[16..32], &wqe::data_seg(100, 0xabcd, 0x1122_3344_5566_7788));
-        assert_eq!(sq.last_ctrl, bytes[..8]);
+        // What the doorbell carries.
+        assert_eq!(sq.ring().word(0).to_ne_bytes(), bytes[..8]);
     }
 
     /// An inline RDMA write of 90 bytes (ds 8, two blocks) posted at the last block of the
@@ -681,7 +867,7 @@ mod tests {
         let remote = Remote { addr: 0x1000, rkey: 7 };
         let wr = SendWr::new(9, SendOp::RdmaWrite(remote), &sges).set_flags(SendFlags::INLINE);
         // SAFETY: the inline SGE names `data`.
-        assert_eq!(unsafe { sq.write(&wr) }, 2);
+        assert_eq!(unsafe { write(&sq, &wr) }, (3 * SEND_WQE_BB, 8));
         let bytes = ring(&buf, blocks);
         let mut wqe = bytes[3 * SEND_WQE_BB..].to_vec();
         wqe.extend_from_slice(&bytes[..SEND_WQE_BB]);
@@ -690,8 +876,11 @@ mod tests {
         assert_eq!(&wqe[32..36], &wqe::inline_header(90));
         assert_eq!(&wqe[36..126], &data[..]);
         // What a BlueFlame copy of it carries: its two blocks, in order across the end.
-        assert_eq!((sq.last_start, sq.last_ds, sq.last_inline), (3 * SEND_WQE_BB, 8, true));
-        let copied: Vec<u8> = sq.words(sq.last_start, 2 * SEND_WQE_BB).flatten().collect();
+        let copied: Vec<u8> = sq
+            .ring()
+            .words(3 * SEND_WQE_BB, 2 * SEND_WQE_BB)
+            .flat_map(u64::to_ne_bytes)
+            .collect();
         assert_eq!(copied, wqe);
     }
 
@@ -709,8 +898,9 @@ mod tests {
         for sges in [&[][..], &empty[..]] {
             let wr = SendWr::new(1, SendOp::Send, sges).set_flags(SendFlags::INLINE);
             // SAFETY: no inline byte is read.
-            assert_eq!(unsafe { sq.write(&wr) }, 1);
-            assert_eq!(sq.last_ctrl[7], 1, "ds");
+            let (start, ds) = unsafe { write(&sq, &wr) };
+            assert_eq!(ds, 1);
+            assert_eq!(ring(&buf, 4)[start + wqe::CTRL_DS_BYTE], 1, "ds");
             sq.cur_post += 1;
         }
     }

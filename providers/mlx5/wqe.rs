@@ -1,6 +1,7 @@
 //! Work queue entry segments, big-endian as the device reads them (`mlx5dv.h`'s
-//! `struct mlx5_wqe_*_seg`). Each encoder returns the segment's bytes; the queues copy them
-//! into their rings, 16 bytes at a time, wrapping at the ring's end.
+//! `struct mlx5_wqe_*_seg`). Each encoder returns the segment as two 8-byte words in the
+//! device's byte order (the send queue stores them) and as bytes (the receive queues and the
+//! checks against `mlx5dv.h`); the queues write whole segments, wrapping at the ring's end.
 
 /// Bytes in one segment unit: a WQE's size is counted in these (`ds`).
 pub const SEG: usize = 16;
@@ -50,25 +51,50 @@ pub struct Ctrl {
     pub imm: u32,
 }
 
-/// `struct mlx5_wqe_ctrl_seg` (16 bytes; `dci_stream_channel_id` zero).
-pub fn ctrl_seg(c: &Ctrl) -> [u8; SEG] {
+/// A 16-byte segment as the two 8-byte words a ring holds, each already in the device's
+/// byte order: storing them in native order puts the segment's bytes in place. The posting
+/// path writes these; the byte forms below are their bytes.
+pub type Words = [u64; 2];
+
+/// The bytes of a segment in word form.
+pub fn bytes(words: Words) -> [u8; SEG] {
     let mut s = [0; SEG];
-    let opmod_idx_opcode = u32::from(c.opmod) << 24 | u32::from(c.pi) << 8 | u32::from(c.opcode);
-    s[0..4].copy_from_slice(&opmod_idx_opcode.to_be_bytes());
-    s[4..8].copy_from_slice(&(c.qpn << 8 | u32::from(c.ds)).to_be_bytes());
-    s[8] = c.signature;
-    s[11] = c.fm_ce_se;
-    s[12..16].copy_from_slice(&c.imm.to_ne_bytes());
+    s[..8].copy_from_slice(&words[0].to_ne_bytes());
+    s[8..].copy_from_slice(&words[1].to_ne_bytes());
     s
 }
 
+/// The byte of a control segment that holds `ds` (the low byte of `qpn_ds`).
+pub const CTRL_DS_BYTE: usize = 7;
+
+/// `struct mlx5_wqe_ctrl_seg` (`dci_stream_channel_id` zero): `opmod_idx_opcode` and `qpn_ds`
+/// (the QPN's low 24 bits), then `signature`, `fm_ce_se` and the immediate data.
+#[inline(always)]
+pub fn ctrl_words(c: &Ctrl) -> Words {
+    let first = u64::from(c.opmod) << 56
+        | u64::from(c.pi) << 40
+        | u64::from(c.opcode) << 32
+        | u64::from(c.qpn & 0xff_ffff) << 8
+        | u64::from(c.ds);
+    let second = u64::from(c.signature) << 56 | u64::from(c.fm_ce_se) << 32 | u64::from(u32::from_be(c.imm));
+    [first.to_be(), second.to_be()]
+}
+
+/// `struct mlx5_wqe_ctrl_seg` (16 bytes).
+#[cfg(test)]
+pub fn ctrl_seg(c: &Ctrl) -> [u8; SEG] {
+    bytes(ctrl_words(c))
+}
+
 /// `struct mlx5_wqe_data_seg`: one scatter/gather entry.
+#[inline(always)]
+pub fn data_words(length: u32, lkey: u32, addr: u64) -> Words {
+    [(u64::from(length) << 32 | u64::from(lkey)).to_be(), addr.to_be()]
+}
+
+/// `struct mlx5_wqe_data_seg`, bytes.
 pub fn data_seg(length: u32, lkey: u32, addr: u64) -> [u8; SEG] {
-    let mut s = [0; SEG];
-    s[0..4].copy_from_slice(&length.to_be_bytes());
-    s[4..8].copy_from_slice(&lkey.to_be_bytes());
-    s[8..16].copy_from_slice(&addr.to_be_bytes());
-    s
+    bytes(data_words(length, lkey, addr))
 }
 
 /// The data segment that ends a receive WQE with fewer entries than its room.
@@ -77,20 +103,28 @@ pub fn rq_terminator() -> [u8; SEG] {
 }
 
 /// `struct mlx5_wqe_raddr_seg`: the remote address of an RDMA operation or atomic.
+#[inline(always)]
+pub fn raddr_words(raddr: u64, rkey: u32) -> Words {
+    [raddr.to_be(), (u64::from(rkey) << 32).to_be()]
+}
+
+/// `struct mlx5_wqe_raddr_seg`, bytes.
+#[cfg(test)]
 pub fn raddr_seg(raddr: u64, rkey: u32) -> [u8; SEG] {
-    let mut s = [0; SEG];
-    s[0..8].copy_from_slice(&raddr.to_be_bytes());
-    s[8..12].copy_from_slice(&rkey.to_be_bytes());
-    s
+    bytes(raddr_words(raddr, rkey))
 }
 
 /// `struct mlx5_wqe_atomic_seg`: the operands of a compare-and-swap (`swap_add` = swap) or
 /// fetch-and-add (`swap_add` = add, `compare` 0).
+#[inline(always)]
+pub fn atomic_words(swap_add: u64, compare: u64) -> Words {
+    [swap_add.to_be(), compare.to_be()]
+}
+
+/// `struct mlx5_wqe_atomic_seg`, bytes.
+#[cfg(test)]
 pub fn atomic_seg(swap_add: u64, compare: u64) -> [u8; SEG] {
-    let mut s = [0; SEG];
-    s[0..8].copy_from_slice(&swap_add.to_be_bytes());
-    s[8..16].copy_from_slice(&compare.to_be_bytes());
-    s
+    bytes(atomic_words(swap_add, compare))
 }
 
 /// `struct mlx5_wqe_inl_data_seg`: the 4-byte header of `len` bytes of inline data, which

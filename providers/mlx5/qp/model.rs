@@ -145,7 +145,7 @@ fn post<C: Cells>(w: &World<C>, queue: Queue, per_doorbell: u32) {
         while posted < per_doorbell && head + posted < REQUESTS {
             let request = head + posted;
             let full = match queue {
-                Queue::Send { .. } => w.qp.send_full(request, SLOTS),
+                Queue::Send { .. } => w.qp.sends_free(request, SLOTS) == 0,
                 Queue::Recv => w.qp.recv_full(request, SLOTS),
             };
             if full {
@@ -153,7 +153,7 @@ fn post<C: Cells>(w: &World<C>, queue: Queue, per_doorbell: u32) {
             }
             match queue {
                 // One basic block per WQE: the request's first block is its number.
-                Queue::Send { .. } => w.qp.record_send(request, 1, request, wr_id(request)),
+                Queue::Send { .. } => w.qp.send_tables().record(request, 1, request, wr_id(request)),
                 Queue::Recv => w.qp.record_recv(request, wr_id(request)),
             }
             posted += 1;

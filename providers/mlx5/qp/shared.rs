@@ -147,29 +147,32 @@ impl<C: Cells> QpShared<C> {
         }
     }
 
-    /// Poster: whether request `request` (free-running) would put more than `max` sends
-    /// outstanding.
-    pub(in crate::providers::mlx5) fn send_full(&self, request: u32, max: u32) -> bool {
-        request.wrapping_sub(self.poller.sq.load(Ordering::Acquire)) >= max
-    }
-
-    /// Poster: how many more sends fit after request `head` (free-running) without putting
-    /// more than `max` outstanding.
-    pub(in crate::providers::mlx5) fn send_room(&self, head: u32, max: u32) -> u32 {
+    /// Poster: how many more sends fit with `head` posted and at most `max` outstanding. The
+    /// poller only frees entries, so the answer stays true (if pessimistic) while the poster
+    /// posts nothing.
+    pub(in crate::providers::mlx5) fn sends_free(&self, head: u32, max: u32) -> u32 {
         max.saturating_sub(head.wrapping_sub(self.poller.sq.load(Ordering::Acquire)))
     }
 
-    /// Poster: records send request `request`, whose WQE takes `blocks` basic blocks from
-    /// `block`. The entries of the blocks after the first get a request number far outside
-    /// any outstanding window, so a CQE naming them (or one left from before a RESET) is
-    /// refused, never matched to an older request.
+    /// Poster, one request at a time (the CQ's tests and hostile harness post this way):
+    /// whether request `request` (free-running) would put more than `max` sends outstanding.
+    #[cfg(any(test, feature = "test-support"))]
+    pub(in crate::providers::mlx5) fn send_full(&self, request: u32, max: u32) -> bool {
+        self.sends_free(request, max) == 0
+    }
+
+    /// Poster, one request at a time: [`SendTables::record`].
+    #[cfg(any(test, feature = "test-support"))]
     pub(in crate::providers::mlx5) fn record_send(&self, block: u32, blocks: u32, request: u32, wr_id: u64) {
-        let mask = self.sq_wrid.len() - 1;
-        let i = block as usize & mask;
-        self.sq_wrid[i].set(wr_id);
-        self.sq_request[i].set(request);
-        for b in 1..blocks {
-            self.sq_request[(i + b as usize) & mask].set(request.wrapping_add(NO_REQUEST));
+        self.send_tables().record(block, blocks, request, wr_id);
+    }
+
+    /// Poster: the send tables, their addresses read once for a run of requests.
+    pub(in crate::providers::mlx5) fn send_tables(&self) -> SendTables<'_, C> {
+        SendTables {
+            wrid: &self.sq_wrid,
+            request: &self.sq_request,
+            mask: self.sq_wrid.len() - 1,
         }
     }
 
@@ -245,6 +248,43 @@ impl<C: Cells> QpShared<C> {
     }
 }
 
+/// The poster's view of the send tables ([`QpShared::send_tables`]).
+pub(in crate::providers::mlx5) struct SendTables<'a, C: Cells = Atomics> {
+    wrid: &'a [C::WrId],
+    request: &'a [C::Request],
+    /// Both tables' length less one (a power of two less one).
+    mask: usize,
+}
+
+impl<C: Cells> SendTables<'_, C> {
+    /// Records send request `request`, whose WQE takes `blocks` basic blocks from `block`.
+    /// The entries of the blocks after the first get a request number far outside any
+    /// outstanding window, so a CQE naming them (or one left from before a RESET) is
+    /// refused, never matched to an older request.
+    #[inline(always)]
+    pub(in crate::providers::mlx5) fn record(&self, block: u32, blocks: u32, request: u32, wr_id: u64) {
+        let i = block as usize & self.mask;
+        // SAFETY: `i` is masked by the length less one, and both tables have that length (at
+        // least 1: `QpShared::new`).
+        unsafe {
+            self.wrid.get_unchecked(i).set(wr_id);
+            self.request.get_unchecked(i).set(request);
+        }
+        if blocks > 1 {
+            self.refuse_after(i, blocks, request);
+        }
+    }
+
+    /// The entries of a WQE's blocks after its first (`i`).
+    #[cold]
+    fn refuse_after(&self, i: usize, blocks: u32, request: u32) {
+        for b in 1..blocks as usize {
+            // SAFETY: as in `record`.
+            unsafe { self.request.get_unchecked((i + b) & self.mask) }.set(request.wrapping_add(NO_REQUEST));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,7 +295,7 @@ mod tests {
     fn completions_follow_the_posted_tables() {
         let shared: QpShared = QpShared::new(8, 4, None);
         for (request, block) in [(0u32, 0u32), (1, 2), (2, 3)] {
-            shared.record_send(block, 1, request, 100 + u64::from(request));
+            shared.send_tables().record(block, 1, request, 100 + u64::from(request));
         }
         assert_eq!(shared.complete_send(0), Err(BadCqe::WqeCounter), "nothing published");
         shared.publish_sends(3);
@@ -263,15 +303,17 @@ mod tests {
         assert_eq!(shared.poller.sq.load(Ordering::Relaxed), 2);
         assert_eq!(shared.complete_send(2), Err(BadCqe::WqeCounter), "already completed");
         assert_eq!(shared.complete_send(0x0b), Ok(102), "masked to block 3");
-        assert!(!shared.send_full(3, 1));
+        assert_eq!(shared.sends_free(3, 2), 2, "every request completed");
+        assert_eq!(shared.sends_free(4, 2), 1);
+        assert_eq!(shared.sends_free(5, 2), 0);
         // A two-block WQE: a CQE naming its second block is refused.
-        shared.record_send(4, 2, 3, 103);
+        shared.send_tables().record(4, 2, 3, 103);
         shared.publish_sends(4);
         assert_eq!(shared.complete_send(5), Err(BadCqe::WqeCounter));
         assert_eq!(shared.complete_send(4), Ok(103));
         // After a RESET, an entry of before it names nothing.
         shared.reset();
-        shared.record_send(0, 1, 0, 200);
+        shared.send_tables().record(0, 1, 0, 200);
         shared.publish_sends(1);
         assert_eq!(shared.complete_send(2), Err(BadCqe::WqeCounter));
         assert_eq!(shared.complete_send(0), Ok(200));
