@@ -474,8 +474,9 @@ fn create_qp_buffer_must_be_mapped() {
 fn create_qp_types_handles_and_dynamic_uars() {
     let (env, pd, cq) = qp_env();
     let u = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    // Raw packet QPs: check_qp_type takes them, the model does not (EOPNOTSUPP).
     assert_eq!(
-        env.create_qp_with(Env::qp_cmd(pd, cq, 4), u.as_bytes()),
+        env.create_qp_with(Env::qp_cmd(pd, cq, 8), u.as_bytes()),
         Err(EOPNOTSUPP)
     );
     // Unknown CQ or PD: the lookup's ENOENT.
@@ -568,6 +569,126 @@ fn modify_qp_rules() {
         }),
         Err(EINVAL)
     );
+}
+
+#[test]
+fn ud_qps_are_created_like_rc_and_modified_with_a_qkey() {
+    let (env, pd, cq) = qp_env();
+    // qp.c:2747: UD passes check_qp_type and goes through create_user_qp's rules.
+    let mut bad = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    bad.sq_wqe_count = 12;
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd, cq, abi::qpt::UD), bad.as_bytes()),
+        Err(EINVAL)
+    );
+    let (qp, _) = env
+        .create_qp_with(
+            Env::qp_cmd(pd, cq, abi::qpt::UD),
+            Env::mlx5_qp(QP_BUF, DB + 64, 1).as_bytes(),
+        )
+        .unwrap();
+    let init = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT;
+    // verbs.c:1395-1397: RESET -> INIT needs the Q_Key; access flags are RC/UC's.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) = (init, qps::INIT, 1)),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) =
+            (init | qp_attr::QKEY | qp_attr::ACCESS_FLAGS, qps::INIT, 1)),
+        Err(EINVAL)
+    );
+    env.modify(qp, |m| {
+        (m.attr_mask, m.qp_state, m.port_num, m.qkey) = (init | qp_attr::QKEY, qps::INIT, 1, 0x1111_1111)
+    })
+    .unwrap();
+    // :1445, :1470: RTR needs nothing and takes no path.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) =
+            (qp_attr::STATE | qp_attr::AV, qps::RTR)),
+        Err(EINVAL)
+    );
+    env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::RTR))
+        .unwrap();
+    // :1497: RTS needs the SQ PSN; :1549: RTS -> RTS may change the Q_Key.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::RTS)),
+        Err(EINVAL)
+    );
+    env.modify(qp, |m| {
+        (m.attr_mask, m.qp_state) = (qp_attr::STATE | qp_attr::SQ_PSN, qps::RTS)
+    })
+    .unwrap();
+    env.modify(qp, |m| {
+        (m.attr_mask, m.qp_state, m.qkey) = (qp_attr::STATE | qp_attr::QKEY, qps::RTS, 0x2222)
+    })
+    .unwrap();
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) =
+            (qp_attr::STATE | qp_attr::TIMEOUT, qps::RTS)),
+        Err(EINVAL)
+    );
+    let q = abi::QueryQp {
+        response: RESP,
+        qp_handle: qp,
+        attr_mask: 0,
+    };
+    env.write(cmd::QUERY_QP, q.as_bytes(), &[], 32).unwrap();
+    let r: abi::QueryQpResp = env.resp();
+    assert_eq!((r.qkey, r.qp_state), (0x2222, qps::RTS));
+}
+
+impl Env {
+    fn create_ah(&self, pd: u32, f: impl FnOnce(&mut abi::AhAttr)) -> Result<u32, Errno> {
+        let mut req = abi::CreateAh {
+            response: RESP,
+            user_handle: 0x5,
+            pd_handle: pd,
+            reserved: 0,
+            attr: abi::AhAttr {
+                dlid: 7,
+                port_num: 1,
+                ..Default::default()
+            },
+        };
+        f(&mut req.attr);
+        self.write(cmd::CREATE_AH, req.as_bytes(), &[], 1)?;
+        Ok(u32::from_ne_bytes(self.resp::<[u8; 4]>()))
+    }
+}
+
+#[test]
+fn create_ah_rules_as_the_core_and_mlx5_on_infiniband() {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    // uverbs_cmd.c:2427 a bad port (before the PD), :2432 an unknown PD.
+    assert_eq!(env.create_ah(pd + 5, |a| a.port_num = 2), Err(EINVAL));
+    assert_eq!(env.create_ah(pd + 5, |_| {}), Err(ENOENT));
+    // cache.c:1232: a GRH naming a GID beyond the table.
+    assert_eq!(env.create_ah(pd, |a| (a.is_global, a.sgid_index) = (1, 1)), Err(EINVAL));
+    // The core response needs its 4 bytes (verify_hdr: ENOSPC).
+    let req = abi::CreateAh {
+        response: RESP,
+        pd_handle: pd,
+        attr: abi::AhAttr {
+            port_num: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(env.write(cmd::CREATE_AH, req.as_bytes(), &[], 0), Err(ENOSPC));
+    // An IB AH, with or without a GRH, takes no driver data back (ah.c:106 is RoCE's).
+    let plain = env.create_ah(pd, |_| {}).unwrap();
+    let global = env.create_ah(pd, |a| (a.is_global, a.hop_limit) = (1, 64)).unwrap();
+    assert_ne!(plain, global);
+    // verbs.c:544: the AH holds its PD.
+    assert_eq!(env.write(cmd::DEALLOC_PD, &pd.to_ne_bytes(), &[], 0), Err(EBUSY));
+    env.write(cmd::DESTROY_AH, &plain.to_ne_bytes(), &[], 0).unwrap();
+    assert_eq!(env.write(cmd::DESTROY_AH, &plain.to_ne_bytes(), &[], 0), Err(ENOENT));
+    // The ioctl AH_DESTROY runs the same handler.
+    env.ioctl(6, 0, &[obj(0, u64::from(global))]).unwrap();
+    assert_eq!(env.ioctl(6, 0, &[obj(0, u64::from(global))]).map(drop), Err(ENOENT));
+    env.write(cmd::DEALLOC_PD, &pd.to_ne_bytes(), &[], 0).unwrap();
 }
 
 // ---- mmap and ioctl ------------------------------------------------------------------------
@@ -1423,8 +1544,9 @@ fn ioctl_qp_creation_flags_as_check_creation_flags() {
     // uverbs_std_types_qp.c:56-59: SCATTER_FCS and CVLAN_STRIPPING only on raw packet QPs.
     assert_eq!(with(4, 1 << 8), Err(EINVAL));
     assert_eq!(with(4, 1 << 9), Err(EINVAL));
-    // Other creation flags pass the core on UD, every one on a driver QP (:50); the model's
-    // write handler then refuses the type (UD and driver QPs are not modelled).
+    // Other creation flags pass the core on UD, every one on a driver QP (:50); the driver
+    // then refuses the capabilities the model lacks (hw/mlx5/qp.c:2997-3000), and the
+    // model has no driver QPs.
     assert_eq!(with(4, 1 << 1), Err(EOPNOTSUPP));
     assert_eq!(with(0xff, 1 << 8), Err(EOPNOTSUPP));
     // :53-54: none on RC; a 64-bit flag beyond the known ones is EINVAL (:194-202).
