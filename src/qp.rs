@@ -601,7 +601,7 @@ impl Qp {
             });
         }
         // SAFETY: forwarded caller contract.
-        unsafe { self.queues.post_send(SendList::new(wrs)) }
+        unsafe { self.queues.post_send(SendList::new(wrs, self.pd.context_id())) }
     }
 
     /// Posts `wrs` to the receive queue (no system call).

@@ -1,5 +1,7 @@
-//! mlx5 queue pairs (RC, UC): one user buffer, the receive queue first and the send queue
-//! after it, a doorbell record, and the 8-byte UAR doorbell of the bfreg the kernel chose.
+//! mlx5 queue pairs (RC, UC, UD): one user buffer, the receive queue first and the send
+//! queue after it, a doorbell record, and the 8-byte UAR doorbell of the bfreg the kernel
+//! chose. A UD send carries its AH's address vector in a datagram segment after the control
+//! segment.
 //!
 //! The poster and the CQ's poller share [`QpShared`] (`qp/shared.rs`): the request counters
 //! and the work-request id tables.
@@ -8,7 +10,7 @@ use super::cq::{CqShared, Mlx5Cq};
 use super::mem::{Buffer, Doorbell};
 use super::srq::{Mlx5Srq, SrqShared};
 use super::wqe::{self, ctrl_flags, opcode, Ctrl, SEG, SEND_WQE_BB};
-use super::{abi, Ctx};
+use super::{abi, ah, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
@@ -26,8 +28,10 @@ pub(super) use shared::QpShared;
 /// Doorbell record words (`MLX5_RCV_DBR`, `MLX5_SND_DBR`).
 const RCV_DBR: usize = 0;
 const SND_DBR: usize = 1;
-/// Bytes of the segments before the data of the largest request: control, remote address.
+/// Bytes of the segments before the data of the largest request: control, then remote
+/// address (RC, UC) or the datagram segment (UD).
 const SQ_HEADER: usize = 2 * SEG;
+const UD_SQ_HEADER: usize = SEG + ah::AV_SIZE;
 
 /// The queue geometry a QP is created with, from the capabilities asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +47,15 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(asked: QpCap, ctx: &Ctx) -> Result<Self> {
+    fn new(asked: QpCap, qp_type: QpType, ctx: &Ctx) -> Result<Self> {
         let invalid = |what: String| Error::invalid("create_qp", what);
-        let data = (asked.max_send_sge as usize * SEG).max(2 * SEG); // atomics: operands + 1 SGE
+        let sges = asked.max_send_sge as usize * SEG;
+        let (header, data) = match qp_type {
+            QpType::Ud => (UD_SQ_HEADER, sges.max(SEG)),
+            _ => (SQ_HEADER, sges.max(2 * SEG)), // atomics: operands + 1 SGE
+        };
         let inline = wqe::inline_units(asked.max_inline_data as usize) * SEG;
-        let sq_wqe_size = (SQ_HEADER + data.max(inline)).next_multiple_of(SEND_WQE_BB);
+        let sq_wqe_size = (header + data.max(inline)).next_multiple_of(SEND_WQE_BB);
         if sq_wqe_size > usize::from(ctx.max_sq_desc_sz) {
             return Err(invalid(format!(
                 "{} send SGEs / {} inline bytes need {sq_wqe_size}-byte WQEs; the device takes {}",
@@ -78,7 +86,7 @@ impl Geometry {
                     asked.max_recv_wr
                 ))
             })?;
-        let room = sq_wqe_size - SQ_HEADER;
+        let room = sq_wqe_size - header;
         let cap = QpCap {
             max_send_wr: sq_blocks / blocks_per_wqe,
             max_recv_wr: rq_slots,
@@ -121,12 +129,6 @@ fn cq_half(cq: &dyn crate::provider::CqRing) -> Result<Arc<CqShared>> {
 }
 
 pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'_>) -> Result<ProviderQp> {
-    if req.qp_type == QpType::Ud {
-        return Err(Error::Unsupported {
-            verb: "create_qp",
-            what: "UD QPs on mlx5 (not built yet)",
-        });
-    }
     let srq = req.srq.map(srq_half).transpose()?;
     let (send_cq, recv_cq) = (cq_half(req.send_cq)?, cq_half(req.recv_cq)?);
     // On an SRQ the receive capabilities asked for are not the QP's to size.
@@ -138,7 +140,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
         },
         None => req.cap,
     };
-    let mut geo = Geometry::new(asked, ctx)?;
+    let mut geo = Geometry::new(asked, req.qp_type, ctx)?;
     if srq.is_some() {
         // No receive queue of its own (the driver's `qp_has_rq` is false: both sizes 0).
         (geo.rq_slots, geo.rq_shift, geo.cap.max_recv_wr, geo.cap.max_recv_sge) = (0, 0, 0, 0);
@@ -178,6 +180,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             max_sge: geo.cap.max_send_sge,
             max_inline: geo.cap.max_inline_data,
             qpn: created.qpn,
+            datagram: req.qp_type == QpType::Ud,
             last_ctrl: [0; 8],
             last_start: 0,
             last_ds: 0,
@@ -240,6 +243,8 @@ struct SendQueue {
     max_sge: u32,
     max_inline: u32,
     qpn: u32,
+    /// UD: every send carries a datagram segment.
+    datagram: bool,
     /// The first 8 bytes of the last WQE's control segment: what the UAR doorbell carries.
     last_ctrl: [u8; 8],
     /// The last WQE's byte position in the ring, its size in 16-byte units, and whether it
@@ -359,7 +364,8 @@ impl SendQueue {
     /// Writes `wr` as the WQE at `cur_post`; returns the basic blocks it took.
     ///
     /// # Safety
-    /// `wr` passed [`Self::check`]; inline requests' SGEs name readable memory.
+    /// `wr` passed [`Self::check`]; inline requests' SGEs name readable memory; a UD
+    /// request's AH came from this provider's `create_ah`.
     unsafe fn write(&mut self, wr: &SendWr<'_>) -> u32 {
         let start = (self.cur_post as usize * SEND_WQE_BB) & self.mask;
         let mut w = WqeWriter {
@@ -395,6 +401,15 @@ impl SendQueue {
             // Refused by `check`: nothing is written.
             SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) => return 0,
         };
+        // On UD only sends reach here, each with its destination (`SendList::iter`).
+        if let Some(dest) = wr.ud.filter(|_| self.datagram) {
+            // SAFETY: the AH is this provider's (our contract) and lives while the request
+            // borrows it.
+            let av = unsafe { ah::vector(dest.ah.provider_data()) };
+            for seg in av.datagram_seg(dest.remote_qpn, dest.remote_qkey) {
+                w.seg(seg);
+            }
+        }
         if wr.flags.contains(SendFlags::INLINE) {
             // No bytes, no inline segment at all (libmlx5 `set_data_inl_seg`: size 0).
             let len = wr.total_len() as u32;
@@ -500,7 +515,8 @@ unsafe impl QpQueues for Mlx5Qp {
                     break;
                 }
             };
-            // SAFETY: checked above; inline memory is the caller's contract.
+            // SAFETY: checked above; inline memory is the caller's contract; a UD request's
+            // AH is of this QP's context (`SendList::iter`), so this provider made it.
             let blocks = unsafe { self.sq.write(wr) };
             self.shared
                 .record_send(self.sq.cur_post, blocks, self.sq.head.wrapping_add(posted), wr.wr_id);
@@ -618,6 +634,7 @@ mod tests {
             max_sge: 4,
             max_inline: 100,
             qpn: 0x1c0,
+            datagram: false,
             last_ctrl: [0; 8],
             last_start: 0,
             last_ds: 0,
