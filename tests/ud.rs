@@ -144,3 +144,30 @@ fn ud_without_a_grh_leaves_its_room_alone_and_a_wrong_qkey_is_dropped() {
     assert!(buf[340..].iter().all(|&b| b == 0xee), "nothing past it");
     assert_idle(&mut rcq);
 }
+
+/// An address handle names a destination for its own context's provider only: a UD request
+/// carrying another context's AH is refused before it reaches the queue.
+#[test]
+fn an_ah_of_another_context_is_refused() {
+    let (ctx, other) = (open_test_device(), open_test_device());
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let mut qp = ud_qp(&pd, &cq);
+    let foreign = other
+        .alloc_pd()
+        .unwrap()
+        .create_ah(&loopback_path_with_grh(&other).0)
+        .unwrap();
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 8).unwrap()];
+    let wr = SendWr::new(1, SendOp::Send, &sge).to(foreign.ud_dest(qp.qpn(), QKEY));
+    // SAFETY: refused before anything is queued.
+    match unsafe { qp.post_send(&[wr]) } {
+        Err(Error::WorkRequest {
+            index: 0,
+            reason: WrReject::ForeignAh,
+            ..
+        }) => {}
+        other => panic!("expected ForeignAh, got {other:?}"),
+    }
+}

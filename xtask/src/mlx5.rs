@@ -264,13 +264,17 @@ pub fn test_step() -> Vec<Checked> {
     // The Rust core with the Rust mlx5 provider on the model.
     let rust = build_rust_examples();
     check(
-        "Rust demo (Rust mlx5 provider): RC send/recv, RDMA write and read".into(),
+        "Rust demo (Rust mlx5 provider): RC send/recv, RDMA write and read, UD".into(),
         &mut |dir| {
             let (demo, _) = rust.clone()?;
             let text = step.output(dir, "demo", &[demo.as_str()])?;
-            match text.contains("every payload checked") && text.contains("bytes match") {
+            let lines = ["every payload checked", "bytes match", "UD: 10 datagrams"];
+            match lines.iter().all(|l| text.contains(l)) {
                 true => Ok(()),
-                false => Err(format!("the demo exited 0 without its RC lines:\n{}", tail(&text, 20))),
+                false => Err(format!(
+                    "the demo exited 0 without its RC and UD lines:\n{}",
+                    tail(&text, 20)
+                )),
             }
         },
     );
