@@ -197,10 +197,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     _ => return Err(format!("script: opcode {op}").into()),
                 };
                 // On the UD QP: remote QPN, remote Q_Key, AH number.
-                let ud = match retired {
-                    Some(_) => Some((compare as usize, remote.addr as u32, remote.rkey)),
-                    None => None,
-                };
+                let ud = retired
+                    .as_ref()
+                    .map(|_| (compare as usize, remote.addr as u32, remote.rkey));
                 sends.push(Send {
                     wr_id,
                     op,
