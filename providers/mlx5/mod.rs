@@ -231,8 +231,8 @@ impl UserIndices {
 
 struct Mlx5Context(Arc<Ctx>);
 
-// SAFETY: the driver bytes passed here name no user memory but ALLOC_PD's response buffer,
-// which lives across the call; the CQ and QP halves vouch for their own.
+// SAFETY: the driver bytes passed here name no user memory but ALLOC_PD's and CREATE_AH's
+// response buffers, which live across the calls; the CQ and QP halves vouch for their own.
 unsafe impl ProviderContext for Mlx5Context {
     fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
         let mut resp = abi::AllocPdResp::default();
