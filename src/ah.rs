@@ -58,7 +58,7 @@ impl Pd {
             "CREATE_AH",
             |kernel| {
                 ctx.provider
-                    .create_ah(&mut |drv_in, drv_out| kernel((), drv_in, drv_out))
+                    .create_ah(attr, &mut |drv_in, drv_out| kernel((), drv_in, drv_out))
             },
             |(), drv_in: &[u8], drv_out: &mut [u8]| {
                 let resp: CreateAhResp =
@@ -70,7 +70,10 @@ impl Pd {
         Ok(Ah {
             pd: self.inner.clone(),
             handle,
-            data: AhData { provider_data },
+            data: AhData {
+                provider_data,
+                context: self.inner.context_id(),
+            },
         })
     }
 }

@@ -181,6 +181,9 @@ pub enum WrReject {
     /// inline data on an operation the device writes, or gives buffers to a memory window
     /// operation), or the device's provider does not post it.
     OpcodeNotSupported,
+    /// The UD destination's address handle belongs to another device context (its
+    /// provider value means nothing to this QP's provider).
+    ForeignAh,
 }
 
 impl std::fmt::Display for WrReject {
@@ -199,6 +202,7 @@ impl std::fmt::Display for WrReject {
                 "atomics need an 8-byte aligned remote address and one 8-byte local buffer"
             ),
             Self::OpcodeNotSupported => write!(f, "opcode not supported on this QP type"),
+            Self::ForeignAh => write!(f, "the address handle belongs to another device context"),
         }
     }
 }

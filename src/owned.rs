@@ -236,7 +236,10 @@ impl Qp {
         // SAFETY: the buffer stays in `self.sends` until `reclaim` sees a completion of this
         // request or a later one from this QP's send CQ, or until the QP is destroyed: the
         // device is done with it by then (the module docs). No one else holds it meanwhile.
-        match unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) } {
+        match unsafe {
+            self.queues
+                .post_send(SendList::new(std::slice::from_ref(&wr), self.pd.context_id()))
+        } {
             Ok(()) => {
                 self.sends.commit();
                 Ok(())
@@ -287,7 +290,10 @@ impl Qp {
         })?;
         // SAFETY: INLINE: the provider copies `data` into the queue before returning (and
         // refuses operations the device would write into, checked by `SendList`).
-        unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) }
+        unsafe {
+            self.queues
+                .post_send(SendList::new(std::slice::from_ref(&wr), self.pd.context_id()))
+        }
     }
 
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]

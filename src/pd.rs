@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::sys::abi::{self, AllocPd, AllocPdResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::object;
+use crate::wr::ContextId;
 use std::sync::Arc;
 
 const METHOD_PD_DESTROY: u16 = 0;
@@ -12,6 +13,14 @@ const METHOD_PD_DESTROY: u16 = 0;
 pub(crate) struct PdInner {
     pub(crate) ctx: Arc<ContextInner>,
     pub(crate) handle: u32,
+}
+
+impl PdInner {
+    /// The context the PD, and everything made on it, belongs to.
+    #[inline]
+    pub(crate) fn context_id(&self) -> ContextId {
+        ContextId(Arc::as_ptr(&self.ctx) as usize)
+    }
 }
 
 impl Drop for PdInner {

@@ -643,7 +643,7 @@ impl Qp {
             });
         }
         // SAFETY: forwarded caller contract.
-        unsafe { self.queues.post_send(SendList::new(wrs)) }
+        unsafe { self.queues.post_send(SendList::new(wrs, self.pd.context_id())) }
     }
 
     /// How many more send requests fit in the send queue now: its depth less those posted

@@ -169,11 +169,18 @@ impl SendOp {
 }
 
 /// What a provider reads back from an address handle when posting: the value its
-/// `create_ah` returned. Kept inside the [`crate::Ah`].
+/// `create_ah` returned, and the context whose provider made it ([`ContextId`]). Kept
+/// inside the [`crate::Ah`].
 #[derive(Debug)]
 pub(crate) struct AhData {
     pub(crate) provider_data: u64,
+    pub(crate) context: ContextId,
 }
+
+/// Which device context an object belongs to: the address of its context's shared state,
+/// which outlives every object of the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ContextId(pub(crate) usize);
 
 /// An address handle as a work request names it (from [`crate::Ah::ud_dest`]), borrowed from
 /// the AH so the AH outlives the request. A reference, so `Option<UdDest>` costs no tag.
@@ -189,6 +196,12 @@ impl<'a> AhRef<'a> {
     #[inline]
     pub(crate) fn provider_data(self) -> u64 {
         self.0.provider_data
+    }
+
+    /// The context whose provider made the AH.
+    #[inline]
+    fn context(self) -> ContextId {
+        self.0.context
     }
 }
 
@@ -251,10 +264,10 @@ impl<'a> SendWr<'a> {
     }
 
     /// Checks the rules every transport imposes, whatever the device: which operations the
-    /// QP type allows, that UD sends have a destination, that inline data is not used where
-    /// the device must write, and atomic alignment.
+    /// QP type allows, that UD sends have a destination whose AH is of the QP's `context`,
+    /// that inline data is not used where the device must write, and atomic alignment.
     #[inline]
-    pub(crate) fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
+    fn check_transport(&self, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
         // One match on the operation: the transports that carry it, and what it asks of the
         // request.
         let inline = self.flags.contains(SendFlags::INLINE);
@@ -280,7 +293,10 @@ impl<'a> SendWr<'a> {
         if !allowed {
             return Err(WrReject::OpcodeNotSupported);
         }
-        Ok(())
+        match self.ud {
+            Some(dest) if qp_type == QpType::Ud && dest.ah.context() != context => Err(WrReject::ForeignAh),
+            _ => Ok(()),
+        }
     }
 
     /// Total bytes named by the scatter/gather list.
@@ -293,13 +309,14 @@ impl<'a> SendWr<'a> {
 /// after the core checked it against the transport rules every device shares
 /// ([`SendWr::check_transport`]) for the QP's transport, so a provider cannot skip them. The
 /// check runs as the provider walks the list, inside its own loop; the provider names the
-/// transport it was created with (`QpRequest::qp_type`), which keeps the list two words.
+/// transport it was created with (`QpRequest::qp_type`). The list knows the QP's context, so
+/// a UD request's AH is one the provider made.
 #[derive(Debug, Clone, Copy)]
-pub struct SendList<'l, 'a>(&'l [SendWr<'a>]);
+pub struct SendList<'l, 'a>(&'l [SendWr<'a>], ContextId);
 
 impl<'l, 'a> SendList<'l, 'a> {
-    pub(crate) fn new(wrs: &'l [SendWr<'a>]) -> Self {
-        Self(wrs)
+    pub(crate) fn new(wrs: &'l [SendWr<'a>], context: ContextId) -> Self {
+        Self(wrs, context)
     }
 
     /// How many requests the list holds.
@@ -318,7 +335,10 @@ impl<'l, 'a> SendList<'l, 'a> {
     /// it did not.
     #[inline]
     pub fn iter(self, qp_type: QpType) -> impl Iterator<Item = Result<&'l SendWr<'a>, WrReject>> {
-        self.0.iter().map(move |wr| wr.check_transport(qp_type).map(|()| wr))
+        let context = self.1;
+        self.0
+            .iter()
+            .map(move |wr| wr.check_transport(qp_type, context).map(|()| wr))
     }
 }
 
@@ -373,13 +393,14 @@ mod tests {
         };
         assert_eq!(op.wr_opcode(), 15);
         let wr = SendWr::new(1, op, &[]);
-        assert_eq!(wr.check_transport(QpType::Rc), Ok(()));
+        let context = ContextId(1);
+        assert_eq!(wr.check_transport(QpType::Rc, context), Ok(()));
         for qp_type in [QpType::Uc, QpType::Ud] {
-            assert_eq!(wr.check_transport(qp_type), Err(WrReject::OpcodeNotSupported));
+            assert_eq!(wr.check_transport(qp_type, context), Err(WrReject::OpcodeNotSupported));
         }
         let sge = [Sge::default()];
         assert_eq!(
-            SendWr::new(1, op, &sge).check_transport(QpType::Rc),
+            SendWr::new(1, op, &sge).check_transport(QpType::Rc, context),
             Err(WrReject::OpcodeNotSupported)
         );
     }

@@ -63,10 +63,9 @@ fn zoo(ctx: &Context) -> Vec<Box<dyn std::any::Any>> {
             ..QpInit::new(QpType::Rc, &cq, &cq)
         })
         .unwrap();
-    // UD QPs and address handles: not on mlx5 yet (`Error::Unsupported`, asserted).
     let uc = pd.create_qp(&QpInit::new(QpType::Uc, &cq, &cq)).unwrap();
-    let ud = unless_mlx5_lacks(ctx, "UD QP", pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)));
-    let ah = unless_mlx5_lacks(ctx, "address handle", pd.create_ah(&path));
+    let ud = pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)).unwrap();
+    let ah = pd.create_ah(&path).unwrap();
     let qpn = rc.qpn();
     rc.to_init(1, access).unwrap();
     rc.to_rtr(path, qpn, 0, Mtu::Mtu1024).unwrap();
@@ -133,12 +132,8 @@ fn everything_dropped_leaves_no_fd_mapping_or_kernel_object() {
             "{kind} not seen: {grew:?}"
         );
     }
-    let made = match driver(&open_test_device()) {
-        Driver::Rxe => "SRQ, RC/RC-on-SRQ/UC/UD QPs, AH",
-        Driver::Mlx5 => "RC/UC QPs (SRQ, UD QP and AH: Error::Unsupported)",
-    };
     figure(format_args!(
-        "{ROUNDS} rounds of context + PD, 2 MRs, CQ with channel, {made} and traffic: \
+        "{ROUNDS} rounds of context + PD, 2 MRs, CQ with channel, SRQ, RC/RC-on-SRQ/UC/UD QPs, AH and traffic: \
          while alive {} uverbs fds, {} mappings, kernel objects {}; after each drop back to {} fds ({} uverbs), {} mappings, kernel objects {:?}",
         during_fp.0,
         during_fp.1,

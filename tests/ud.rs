@@ -8,13 +8,13 @@ use uverbs::*;
 
 const QKEY: u32 = 0x1111_2222;
 
-/// A UD QP in RTS; `None` on mlx5, whose provider has no UD yet (asserted: `Error::Unsupported`).
-fn ud_qp(ctx: &Context, pd: &Pd, cq: &Cq) -> Option<Qp> {
+/// A UD QP in RTS.
+fn ud_qp(pd: &Pd, cq: &Cq) -> Qp {
     let mut init = QpInit::new(QpType::Ud, cq, cq);
     init.cap.max_inline_data = 64;
-    let mut qp = unless_mlx5_lacks(ctx, "UD QP", pd.create_qp(&init))?;
+    let mut qp = pd.create_qp(&init).expect("UD QP");
     qp.ud_to_rts(1, QKEY).expect("UD to RTS");
-    Some(qp)
+    qp
 }
 
 #[test]
@@ -22,12 +22,10 @@ fn ud_sends_carry_grh_src_qp_and_payload() {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
     let (mut scq, mut rcq) = (ctx.create_cq(64).unwrap(), ctx.create_cq(64).unwrap());
-    let Some(mut tx) = ud_qp(&ctx, &pd, &scq) else {
-        return;
-    };
-    let mut rx = ud_qp(&ctx, &pd, &rcq).unwrap();
-    let gid = loopback_gid(&ctx);
-    let ah = pd.create_ah(&path_to(&gid)).expect("create_ah");
+    let mut tx = ud_qp(&pd, &scq);
+    let mut rx = ud_qp(&pd, &rcq);
+    let (path, gid) = loopback_path_with_grh(&ctx);
+    let ah = pd.create_ah(&path).expect("create_ah");
     let mut mr = pd.alloc_mr(65536, AccessFlags::LOCAL_WRITE).unwrap();
 
     const N: u64 = 20;
@@ -83,9 +81,7 @@ fn ud_rejects_one_sided_operations_and_missing_destinations() {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
-    let Some(mut qp) = ud_qp(&ctx, &pd, &cq) else {
-        return;
-    };
+    let mut qp = ud_qp(&pd, &cq);
     let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let sge = [mr.sge(0, 8).unwrap()];
     let write = SendWr::new(1, SendOp::RdmaWrite(Remote { addr: 0, rkey: 0 }), &sge);
@@ -99,5 +95,79 @@ fn ud_rejects_one_sided_operations_and_missing_destinations() {
             }) => {}
             other => panic!("expected OpcodeNotSupported for {wr:?}, got {other:?}"),
         }
+    }
+}
+
+/// Without a global route, on InfiniBand: no GRH flag, the 40 bytes at the head of the buffer
+/// left as they were, `byte_len` still counting them; the source LID and QP in the
+/// completion; a send with a wrong Q_Key dropped at the receiver while the sender completes.
+/// On RoCE every packet needs a GRH: an AH without one is refused.
+#[test]
+fn ud_without_a_grh_leaves_its_room_alone_and_a_wrong_qkey_is_dropped() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let port = ctx.query_port(1).unwrap();
+    if port.needs_grh() {
+        let refused = pd.create_ah(&AhAttr {
+            port_num: 1,
+            ..Default::default()
+        });
+        assert!(refused.is_err(), "an AH without a GRH on RoCE: {refused:?}");
+        return;
+    }
+    let (mut scq, mut rcq) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
+    let mut tx = ud_qp(&pd, &scq);
+    let mut rx = ud_qp(&pd, &rcq);
+    let ah = pd.create_ah(&loopback_path(&ctx)).expect("create_ah");
+    let mut mr = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    mr.as_mut_slice()[4096..].fill(0xee);
+    for i in 0..2 {
+        let sge = mr.sge(4096 + i * 1024, 1024).unwrap();
+        // SAFETY: the buffer is read only after the completion.
+        unsafe { rx.post_recv(&[RecvWr::new(i as u64, &[sge])]) }.unwrap();
+    }
+    mr.as_mut_slice()[..300].fill(7);
+    let sge = [mr.sge(0, 300).unwrap()];
+    for (id, qkey) in [(1, QKEY ^ 1), (2, QKEY)] {
+        // SAFETY: the buffer is not rewritten.
+        unsafe { tx.post_send(&[SendWr::new(id, SendOp::Send, &sge).to(ah.ud_dest(rx.qpn(), qkey))]) }.unwrap();
+        let c = poll_n(&mut scq, 1, 1)[0];
+        assert_eq!((c.status, c.wr_id), (WcStatus::SUCCESS, id), "{c:?}");
+    }
+    let c = poll_n(&mut rcq, 1, 1)[0];
+    assert_eq!((c.status, c.wr_id, c.byte_len), (WcStatus::SUCCESS, 0, 340), "{c:?}");
+    assert_eq!((c.src_qp, c.slid), (tx.qpn(), port.lid), "{c:?}");
+    assert!(!c.wc_flags.contains(WcFlags::GRH), "{c:?}");
+    let buf = &mr.as_slice()[4096..4096 + 1024];
+    assert!(buf[..40].iter().all(|&b| b == 0xee), "the GRH room untouched");
+    assert!(buf[40..340].iter().all(|&b| b == 7), "the payload after it");
+    assert!(buf[340..].iter().all(|&b| b == 0xee), "nothing past it");
+    assert_idle(&mut rcq);
+}
+
+/// An address handle names a destination for its own context's provider only: a UD request
+/// carrying another context's AH is refused before it reaches the queue.
+#[test]
+fn an_ah_of_another_context_is_refused() {
+    let (ctx, other) = (open_test_device(), open_test_device());
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let mut qp = ud_qp(&pd, &cq);
+    let foreign = other
+        .alloc_pd()
+        .unwrap()
+        .create_ah(&loopback_path_with_grh(&other).0)
+        .unwrap();
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 8).unwrap()];
+    let wr = SendWr::new(1, SendOp::Send, &sge).to(foreign.ud_dest(qp.qpn(), QKEY));
+    // SAFETY: refused before anything is queued.
+    match unsafe { qp.post_send(&[wr]) } {
+        Err(Error::WorkRequest {
+            index: 0,
+            reason: WrReject::ForeignAh,
+            ..
+        }) => {}
+        other => panic!("expected ForeignAh, got {other:?}"),
     }
 }

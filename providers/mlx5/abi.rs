@@ -215,7 +215,6 @@ pub struct ModifyQpResp {
 assert_layout!(ModifyQpResp, size 16, response_length @ 0, dctn @ 4, ece_options @ 8, reserved @ 12);
 
 /// `struct mlx5_ib_create_ah_resp`: the destination MAC on RoCE.
-#[cfg_attr(not(test), allow(dead_code))] // address handles (UD) are not built yet (`create_ah`)
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
 pub struct CreateAhResp {

@@ -4,9 +4,11 @@
 //! Built: contexts with legacy UARs, PDs, CQs (poll, arm, resize), RC and UC QPs (every send
 //! operation, inline data, BlueFlame for a lone request as libmlx5 does, receives,
 //! RESET and destroy scrubbing), SRQs (post, limit arming, QPs on an SRQ; no resize: the
-//! kernel driver has none). Not yet: UD and address handles (`Error::Unsupported`).
+//! kernel driver has none), UD QPs with address handles on InfiniBand ports (RoCE ones:
+//! `Error::Unsupported`).
 
 mod abi;
+mod ah;
 mod cq;
 mod cqe;
 #[cfg(test)]
@@ -20,6 +22,7 @@ mod wqe;
 #[cfg(any(test, feature = "test-support"))]
 pub use cq::hostile as hostile_cqes;
 
+use crate::attr::AhAttr;
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result};
 use crate::provider::{
@@ -230,8 +233,8 @@ impl UserIndices {
 
 struct Mlx5Context(Arc<Ctx>);
 
-// SAFETY: the driver bytes passed here name no user memory but ALLOC_PD's response buffer,
-// which lives across the call; the CQ and QP halves vouch for their own.
+// SAFETY: the driver bytes passed here name no user memory but ALLOC_PD's and CREATE_AH's
+// response buffers, which live across the calls; the CQ and QP halves vouch for their own.
 unsafe impl ProviderContext for Mlx5Context {
     fn alloc_pd(&self, kernel: KernelCall<'_, ()>) -> Result<()> {
         let mut resp = abi::AllocPdResp::default();
@@ -254,13 +257,13 @@ unsafe impl ProviderContext for Mlx5Context {
         srq::create(&self.0, max_wr, max_sge, kernel)
     }
 
-    fn create_ah(&self, _kernel: KernelCall<'_, u32>) -> Result<u64> {
-        Err(Error::Unsupported {
-            verb: "create_ah",
-            what: "address handles on mlx5 (not built yet: UD QPs are not either)",
-        })
+    fn create_ah(&self, attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
+        ah::create(attr, kernel)
     }
 
-    /// `create_ah` never succeeds, so there is nothing to release.
-    fn destroy_ah(&self, _: u64) {}
+    fn destroy_ah(&self, provider_data: u64) {
+        // SAFETY: the core hands back `create_ah`'s value once, after the kernel destroyed
+        // the AH; no send names it any more (a request borrows its AH).
+        unsafe { ah::destroy(provider_data) }
+    }
 }

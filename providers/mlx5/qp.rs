@@ -1,5 +1,7 @@
-//! mlx5 queue pairs (RC, UC): one user buffer, the receive queue first and the send queue
-//! after it, a doorbell record, and the 8-byte UAR doorbell of the bfreg the kernel chose.
+//! mlx5 queue pairs (RC, UC, UD): one user buffer, the receive queue first and the send
+//! queue after it, a doorbell record, and the 8-byte UAR doorbell of the bfreg the kernel
+//! chose. A UD send carries its AH's address vector in a datagram segment after the control
+//! segment.
 //!
 //! The poster and the CQ's poller share [`QpShared`] (`qp/shared.rs`): the request counters
 //! and the work-request id tables.
@@ -8,7 +10,7 @@ use super::cq::{CqShared, Mlx5Cq};
 use super::mem::{Buffer, Doorbell};
 use super::srq::{Mlx5Srq, SrqShared};
 use super::wqe::{self, ctrl_flags, opcode, Ctrl, Words, SEG, SEND_WQE_BB};
-use super::{abi, Ctx};
+use super::{abi, ah, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
@@ -26,8 +28,10 @@ pub(super) use shared::QpShared;
 /// Doorbell record words (`MLX5_RCV_DBR`, `MLX5_SND_DBR`).
 const RCV_DBR: usize = 0;
 const SND_DBR: usize = 1;
-/// Bytes of the segments before the data of the largest request: control, remote address.
+/// Bytes of the segments before the data of the largest request: control, then remote
+/// address (RC, UC) or the datagram segment (UD).
 const SQ_HEADER: usize = 2 * SEG;
+const UD_SQ_HEADER: usize = SEG + ah::AV_SIZE;
 
 /// The queue geometry a QP is created with, from the capabilities asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +47,15 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(asked: QpCap, ctx: &Ctx) -> Result<Self> {
+    fn new(asked: QpCap, qp_type: QpType, ctx: &Ctx) -> Result<Self> {
         let invalid = |what: String| Error::invalid("create_qp", what);
-        let data = (asked.max_send_sge as usize * SEG).max(2 * SEG); // atomics: operands + 1 SGE
+        let sges = asked.max_send_sge as usize * SEG;
+        let (header, data) = match qp_type {
+            QpType::Ud => (UD_SQ_HEADER, sges.max(SEG)),
+            _ => (SQ_HEADER, sges.max(2 * SEG)), // atomics: operands + 1 SGE
+        };
         let inline = wqe::inline_units(asked.max_inline_data as usize) * SEG;
-        let sq_wqe_size = (SQ_HEADER + data.max(inline)).next_multiple_of(SEND_WQE_BB);
+        let sq_wqe_size = (header + data.max(inline)).next_multiple_of(SEND_WQE_BB);
         if sq_wqe_size > usize::from(ctx.max_sq_desc_sz) {
             return Err(invalid(format!(
                 "{} send SGEs / {} inline bytes need {sq_wqe_size}-byte WQEs; the device takes {}",
@@ -78,7 +86,7 @@ impl Geometry {
                     asked.max_recv_wr
                 ))
             })?;
-        let room = sq_wqe_size - SQ_HEADER;
+        let room = sq_wqe_size - header;
         let cap = QpCap {
             max_send_wr: sq_blocks / blocks_per_wqe,
             max_recv_wr: rq_slots,
@@ -121,12 +129,6 @@ fn cq_half(cq: &dyn crate::provider::CqRing) -> Result<Arc<CqShared>> {
 }
 
 pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'_>) -> Result<ProviderQp> {
-    if req.qp_type == QpType::Ud {
-        return Err(Error::Unsupported {
-            verb: "create_qp",
-            what: "UD QPs on mlx5 (not built yet)",
-        });
-    }
     let srq = req.srq.map(srq_half).transpose()?;
     let (send_cq, recv_cq) = (cq_half(req.send_cq)?, cq_half(req.recv_cq)?);
     // On an SRQ the receive capabilities asked for are not the QP's to size.
@@ -138,7 +140,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
         },
         None => req.cap,
     };
-    let mut geo = Geometry::new(asked, ctx)?;
+    let mut geo = Geometry::new(asked, req.qp_type, ctx)?;
     if srq.is_some() {
         // No receive queue of its own (the driver's `qp_has_rq` is false: both sizes 0).
         (geo.rq_slots, geo.rq_shift, geo.cap.max_recv_wr, geo.cap.max_recv_sge) = (0, 0, 0, 0);
@@ -178,6 +180,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             max_sge: geo.cap.max_send_sge,
             max_inline: geo.cap.max_inline_data,
             qpn: created.qpn,
+            datagram: req.qp_type == QpType::Ud,
         },
         rq: RecvQueue {
             base: buf.base(),
@@ -275,6 +278,8 @@ struct SendQueue {
     max_sge: u32,
     max_inline: u32,
     qpn: u32,
+    /// UD: every send carries a datagram segment.
+    datagram: bool,
 }
 
 /// The send ring as one call of `post_send` writes it: its base and segment mask, read once.
@@ -283,6 +288,8 @@ struct Ring {
     base: NonNull<u8>,
     /// The ring's size less one segment: masks a position to its segment's.
     seg_mask: usize,
+    /// UD: every send carries a datagram segment.
+    datagram: bool,
 }
 
 impl Ring {
@@ -404,6 +411,15 @@ impl Ring {
                 return 0
             }
         };
+        // A UD send's destination (`SendList::iter` gave each one with an AH of this QP's
+        // context): the AH's address vector with the key and QPN, after the control segment.
+        if let Some(dest) = wr.ud.filter(|_| self.datagram) {
+            // SAFETY: the AH is this provider's (its context is the QP's) and lives while the
+            // request borrows it.
+            let segs = unsafe { ah::vector(dest.ah.provider_data()) }.datagram_seg(dest.remote_qpn, dest.remote_qkey);
+            // SAFETY: `segs` is a local array of `AV_SIZE` bytes.
+            pos = unsafe { self.copy(pos, segs.as_ptr().cast(), ah::AV_SIZE) };
+        }
         // The control segment before the data, its size (`ds`) patched in after it: only
         // `start` stays live across the data.
         self.seg(
@@ -561,6 +577,7 @@ impl SendQueue {
         Ring {
             base: self.base,
             seg_mask: self.mask & !(SEG - 1),
+            datagram: self.datagram,
         }
     }
 }
@@ -795,6 +812,7 @@ mod tests {
             max_sge: 4,
             max_inline: 100,
             qpn: 0x1c0,
+            datagram: false,
         }
     }
 

@@ -42,23 +42,6 @@ pub fn driver(ctx: &Context) -> Driver {
     }
 }
 
-/// `result` where the provider has the feature; on mlx5, whose Rust provider does not have it
-/// yet (SRQs, UD QPs and address handles, CQ resize), asserts that it says so with
-/// `Error::Unsupported` and gives `None`. Once the provider gains the feature this fails,
-/// so the test gets its full form back.
-pub fn unless_mlx5_lacks<T: std::fmt::Debug>(ctx: &Context, what: &str, result: Result<T>) -> Option<T> {
-    match (driver(ctx), result) {
-        (Driver::Rxe, r) => Some(r.unwrap_or_else(|e| panic!("{what}: {e}"))),
-        (Driver::Mlx5, Err(Error::Unsupported { .. })) => {
-            eprintln!("{what}: Error::Unsupported on the mlx5 provider, as expected");
-            None
-        }
-        (Driver::Mlx5, other) => {
-            panic!("{what}: the mlx5 provider should refuse with Error::Unsupported, got {other:?}")
-        }
-    }
-}
-
 /// `byte_len` of a successful SEND or RDMA_WRITE completion of `len` bytes, at the requester.
 /// rxe reports the length. On mlx5 the field is undefined there (ibv_poll_cq(3) defines it at
 /// the requester for READ and atomics only, and libmlx5 leaves it unwritten): the Rust
@@ -111,6 +94,27 @@ pub fn loopback_path(ctx: &Context) -> AhAttr {
             dlid: port.lid,
             ..Default::default()
         },
+    }
+}
+
+/// The path from port 1 back to itself with a global route, and the GID it goes to: on RoCE
+/// (rxe) [`loopback_path`]'s; on InfiniBand (the mlx5 model) the port's LID with a GRH to
+/// its GID 0.
+pub fn loopback_path_with_grh(ctx: &Context) -> (AhAttr, Gid) {
+    let port = ctx.query_port(1).expect("query_port 1");
+    match port.needs_grh() {
+        true => {
+            let gid = loopback_gid(ctx);
+            (path_to(&gid), gid)
+        }
+        false => {
+            let gid = ctx.query_gid(1, 0).expect("GID 0");
+            let path = AhAttr {
+                dlid: port.lid,
+                ..path_to(&gid)
+            };
+            (path, gid)
+        }
     }
 }
 

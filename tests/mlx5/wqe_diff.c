@@ -1,19 +1,26 @@
 /*
  * The libmlx5 side of the differential (issue #16, acceptance 3 and 4): runs a script of
- * work requests through plain libibverbs on one RC QP in RTS, calling the mlx5 model's
+ * work requests through plain libibverbs on one RC QP in RTS, then on a UD QP, calling the mlx5 model's
  * trace step (uverbs_mlx5_model_step, found with dlsym) after each script step, and prints
  * every completion. tests/mlx5/wqe_diff.rs is the same program on the Rust core; xtask
  * (src/mlx5_diff.rs) writes the script and compares the two runs' traces and outputs.
  *
  * Script lines (numbers decimal or 0x hex):
  *   qp <max_send_wr> <max_recv_wr> <max_send_sge> <max_recv_sge> <max_inline> <cqe>
+ *   ud <max_send_wr> <max_recv_wr> <max_send_sge> <max_recv_sge> <max_inline> <cqe>
+ *                           a UD QP (Q_Key 0x11111111) on a CQ of its own, in RTS: the lines
+ *                           after it post to it (the RC QP stays)
+ *   A <dlid> <sl> <src_path_bits> <static_rate> <is_global> <hop_limit> <tclass> <flow_label>
+ *     <dgid high 64 bits> <dgid low 64 bits>
+ *                           an address handle (port 1, source GID 0), numbered from 0
  *   S <wr_id> <op> <flags> <imm> <raddr> <rkey> <compare> <swap_add> <nsge> {<addr> <len> <lkey>}
  *   P                       post the send requests since the last P
  *   R <wr_id> <nsge> {<addr> <len> <lkey>}
  *   Q                       post the receive requests since the last Q
  *   T <label>               trace step, then poll every completion the posts asked for
  * op: ibv_wr_opcode (0 WRITE, 1 WRITE_IMM, 2 SEND, 3 SEND_IMM, 4 READ, 5 CAS, 6 FAA);
- * flags: ibv_send_flags (1 FENCE, 2 SIGNALED, 4 SOLICITED, 8 INLINE); imm in host order. An
+ * flags: ibv_send_flags (1 FENCE, 2 SIGNALED, 4 SOLICITED, 8 INLINE); imm in host order. On
+ * the UD QP, <raddr> is the remote QPN, <rkey> the remote Q_Key and <compare> the AH's number. An
  * inline request's SGE addresses are offsets into a local pattern buffer; every other address
  * and key is used as given: while it traces, the model executes nothing (the QP is connected
  * to itself only because posting needs RTS) and completes each traced WQE with a CQE of its
@@ -33,6 +40,7 @@
 
 #define MAX_WR 64
 #define MAX_SGE 8
+#define MAX_AH 16
 
 static unsigned char pattern[4096];
 
@@ -79,8 +87,10 @@ int main(int argc, char **argv)
 	struct ibv_device **list;
 	struct ibv_context *ctx = NULL;
 	struct ibv_pd *pd;
-	struct ibv_cq *cq = NULL;
-	struct ibv_qp *qp = NULL;
+	struct ibv_cq *cq = NULL, *cqs[2];
+	struct ibv_qp *qp = NULL, *qps[2];
+	struct ibv_ah *ahs[MAX_AH];
+	int nqp = 0, nah = 0;
 	char line[4096];
 	FILE *script;
 	int (*step)(const char *);
@@ -135,6 +145,8 @@ int main(int argc, char **argv)
 			qp = ibv_create_qp(pd, &init);
 			if (!qp)
 				die("ibv_create_qp");
+			qps[nqp] = qp;
+			cqs[nqp++] = cq;
 			if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
 					  IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 				die("ibv_modify_qp INIT");
@@ -162,6 +174,64 @@ int main(int argc, char **argv)
 			if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 					  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
 				die("ibv_modify_qp RTS");
+		} else if (line[0] == 'u' && line[1] == 'd') {
+			struct ibv_qp_init_attr init = { .qp_type = IBV_QPT_UD };
+			struct ibv_qp_attr attr = {
+				.qp_state = IBV_QPS_INIT,
+				.port_num = 1,
+				.qkey = 0x11111111,
+			};
+			int cqe;
+
+			if (nqp != 1)
+				die("script: ud after one qp line");
+			p = line + 3;
+			init.cap.max_send_wr = num(&p);
+			init.cap.max_recv_wr = num(&p);
+			init.cap.max_send_sge = num(&p);
+			init.cap.max_recv_sge = num(&p);
+			init.cap.max_inline_data = num(&p);
+			cqe = num(&p);
+			cq = ibv_create_cq(ctx, cqe, NULL, NULL, 0);
+			if (!cq)
+				die("ibv_create_cq");
+			init.send_cq = init.recv_cq = cq;
+			qp = ibv_create_qp(pd, &init);
+			if (!qp)
+				die("ibv_create_qp UD");
+			qps[nqp] = qp;
+			cqs[nqp++] = cq;
+			if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+					  IBV_QP_PORT | IBV_QP_QKEY))
+				die("ibv_modify_qp UD INIT");
+			memset(&attr, 0, sizeof(attr));
+			attr.qp_state = IBV_QPS_RTR;
+			if (ibv_modify_qp(qp, &attr, IBV_QP_STATE))
+				die("ibv_modify_qp UD RTR");
+			attr.qp_state = IBV_QPS_RTS;
+			if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN))
+				die("ibv_modify_qp UD RTS");
+		} else if (line[0] == 'A') {
+			struct ibv_ah_attr a = { .port_num = 1 };
+			uint64_t hi, lo;
+
+			if (nah == MAX_AH)
+				die("script: too many AHs");
+			a.dlid = num(&p);
+			a.sl = num(&p);
+			a.src_path_bits = num(&p);
+			a.static_rate = num(&p);
+			a.is_global = num(&p);
+			a.grh.hop_limit = num(&p);
+			a.grh.traffic_class = num(&p);
+			a.grh.flow_label = num(&p);
+			hi = htobe64(num(&p));
+			lo = htobe64(num(&p));
+			memcpy(a.grh.dgid.raw, &hi, 8);
+			memcpy(a.grh.dgid.raw + 8, &lo, 8);
+			ahs[nah] = ibv_create_ah(pd, &a);
+			if (!ahs[nah++])
+				die("ibv_create_ah");
 		} else if (line[0] == 'S') {
 			struct ibv_send_wr *w = &swr[ns];
 			uint32_t imm;
@@ -175,7 +245,17 @@ int main(int argc, char **argv)
 			w->send_flags = num(&p);
 			imm = num(&p);
 			w->imm_data = htobe32(imm);
-			if (w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+			if (qp->qp_type == IBV_QPT_UD) {
+				uint64_t ah;
+
+				w->wr.ud.remote_qpn = num(&p);
+				w->wr.ud.remote_qkey = num(&p);
+				ah = num(&p);
+				if (ah >= (uint64_t)nah)
+					die("script: no such AH");
+				w->wr.ud.ah = ahs[ah];
+				num(&p);
+			} else if (w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 			    w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
 				w->wr.atomic.remote_addr = num(&p);
 				w->wr.atomic.rkey = num(&p);
@@ -270,10 +350,15 @@ int main(int argc, char **argv)
 			expected = 0;
 		}
 	}
-	if (qp && ibv_destroy_qp(qp))
-		die("ibv_destroy_qp");
-	if (cq && ibv_destroy_cq(cq))
-		die("ibv_destroy_cq");
+	for (i = 0; i < nah; i++)
+		if (ibv_destroy_ah(ahs[i]))
+			die("ibv_destroy_ah");
+	for (i = 0; i < nqp; i++)
+		if (ibv_destroy_qp(qps[i]))
+			die("ibv_destroy_qp");
+	for (i = 0; i < nqp; i++)
+		if (ibv_destroy_cq(cqs[i]))
+			die("ibv_destroy_cq");
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
 	ibv_free_device_list(list);

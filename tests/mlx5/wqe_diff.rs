@@ -8,15 +8,33 @@ use std::ffi::{c_char, c_int, CString};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use uverbs::{
-    AccessFlags, AhAttr, Cq, Mtu, QpCap, QpInit, QpType, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
+    AccessFlags, Ah, AhAttr, Cq, GlobalRoute, Mtu, QpCap, QpInit, QpType, RecvWr, Remote, SendFlags, SendOp, SendWr,
+    Sge, WorkCompletion,
 };
 
-/// One parsed send request: its fields, SGEs kept apart so the list can borrow them.
+/// The UD QP's Q_Key (as the C side's).
+const QKEY: u32 = 0x1111_1111;
+
+/// One parsed send request: its fields, SGEs kept apart so the list can borrow them, and on
+/// the UD QP its destination (AH number, remote QPN, remote Q_Key).
 struct Send {
     wr_id: u64,
     op: SendOp,
     flags: SendFlags,
     sges: Vec<Sge>,
+    ud: Option<(usize, u32, u32)>,
+}
+
+/// The capabilities and CQ size of a `qp` or `ud` line.
+fn caps(w: &mut std::str::SplitWhitespace<'_>) -> Result<(QpCap, u32), String> {
+    let cap = QpCap {
+        max_send_wr: num(w)? as u32,
+        max_recv_wr: num(w)? as u32,
+        max_send_sge: num(w)? as u32,
+        max_recv_sge: num(w)? as u32,
+        max_inline_data: num(w)? as u32,
+    };
+    Ok((cap, num(w)? as u32))
 }
 
 fn main() -> ExitCode {
@@ -84,14 +102,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .strip_prefix("qp ")
         .ok_or("script: qp line first")?
         .split_whitespace();
-    let cap = QpCap {
-        max_send_wr: num(&mut w)? as u32,
-        max_recv_wr: num(&mut w)? as u32,
-        max_send_sge: num(&mut w)? as u32,
-        max_recv_sge: num(&mut w)? as u32,
-        max_inline_data: num(&mut w)? as u32,
-    };
-    let mut cq: Cq = ctx.create_cq(num(&mut w)? as u32)?;
+    let (cap, cqe) = caps(&mut w)?;
+    let mut cq: Cq = ctx.create_cq(cqe)?;
     let mut init = QpInit::new(QpType::Rc, &cq, &cq);
     init.cap = cap;
     let mut qp = pd.create_qp(&init)?;
@@ -99,7 +111,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         1,
         AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
     )?;
-    let qpn = qp.qpn();
+    let mut qpn = qp.qpn();
     // Connected to itself: the model executes nothing while it traces.
     let ah = AhAttr {
         port_num: 1,
@@ -110,9 +122,48 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     qp.to_rts(0)?;
     let (mut sends, mut recvs): (Vec<Send>, Vec<(u64, Vec<Sge>)>) = (Vec::new(), Vec::new());
     let mut expected = 0usize;
+    // The RC QP and its CQ once a UD QP took over, and the AHs.
+    let mut retired = None;
+    let mut ahs: Vec<Ah> = Vec::new();
     for line in lines {
         let mut w = line.split_whitespace();
         match w.next() {
+            Some("ud") => {
+                let (cap, cqe) = caps(&mut w)?;
+                let ud_cq = ctx.create_cq(cqe)?;
+                let mut init = QpInit::new(QpType::Ud, &ud_cq, &ud_cq);
+                init.cap = cap;
+                let mut ud = pd.create_qp(&init)?;
+                ud.ud_to_rts(1, QKEY)?;
+                qpn = ud.qpn();
+                retired = Some((std::mem::replace(&mut qp, ud), std::mem::replace(&mut cq, ud_cq)));
+            }
+            Some("A") => {
+                let mut attr = AhAttr {
+                    port_num: 1,
+                    dlid: num(&mut w)? as u16,
+                    sl: num(&mut w)? as u8,
+                    src_path_bits: num(&mut w)? as u8,
+                    static_rate: num(&mut w)? as u8,
+                    grh: None,
+                };
+                let global = num(&mut w)? != 0;
+                let (hop_limit, traffic_class, flow_label) =
+                    (num(&mut w)? as u8, num(&mut w)? as u8, num(&mut w)? as u32);
+                let mut dgid = [0u8; 16];
+                dgid[..8].copy_from_slice(&num(&mut w)?.to_be_bytes());
+                dgid[8..].copy_from_slice(&num(&mut w)?.to_be_bytes());
+                if global {
+                    attr.grh = Some(GlobalRoute {
+                        dgid,
+                        sgid_index: 0,
+                        hop_limit,
+                        traffic_class,
+                        flow_label,
+                    });
+                }
+                ahs.push(pd.create_ah(&attr)?);
+            }
             Some("S") => {
                 let wr_id = num(&mut w)?;
                 let (op, flags, imm) = (num(&mut w)?, num(&mut w)? as u32, num(&mut w)? as u32);
@@ -145,13 +196,28 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     6 => SendOp::FetchAdd { remote, add: swap_add },
                     _ => return Err(format!("script: opcode {op}").into()),
                 };
-                sends.push(Send { wr_id, op, flags, sges });
+                // On the UD QP: remote QPN, remote Q_Key, AH number.
+                let ud = retired
+                    .as_ref()
+                    .map(|_| (compare as usize, remote.addr as u32, remote.rkey));
+                sends.push(Send {
+                    wr_id,
+                    op,
+                    flags,
+                    sges,
+                    ud,
+                });
             }
             Some("P") if !sends.is_empty() => {
-                let wrs: Vec<SendWr<'_>> = sends
-                    .iter()
-                    .map(|s| SendWr::new(s.wr_id, s.op, &s.sges).set_flags(s.flags))
-                    .collect();
+                let mut wrs = Vec::new();
+                for s in &sends {
+                    let mut wr = SendWr::new(s.wr_id, s.op, &s.sges).set_flags(s.flags);
+                    if let Some((ah, remote_qpn, remote_qkey)) = s.ud {
+                        let ah = ahs.get(ah).ok_or("script: no such AH")?;
+                        wr = wr.to(ah.ud_dest(remote_qpn, remote_qkey));
+                    }
+                    wrs.push(wr);
+                }
                 // SAFETY: inline SGEs name `pattern`, alive here; the others are never
                 // touched: while it traces, the model executes nothing.
                 let posted = match unsafe { qp.post_send(&wrs) } {
@@ -214,8 +280,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             _ => {}
         }
     }
-    drop(qp);
-    drop(cq);
+    // As the C side: the AHs, the QPs in the order made, then their CQs.
+    drop(ahs);
+    match retired {
+        Some((rc, rc_cq)) => {
+            drop(rc);
+            drop(qp);
+            drop(rc_cq);
+            drop(cq);
+        }
+        None => {
+            drop(qp);
+            drop(cq);
+        }
+    }
     println!("wqe_diff: done");
     Ok(())
 }

@@ -29,7 +29,7 @@ const MODEL_LIB: &str = "libuverbs_mlx5_model.so";
 const DEVICE: &str = "mlx5_0";
 /// Source of the C check program, compiled at test time (never part of the library).
 const VERBS_CHECK_C: &str = "tests/mlx5/verbs_check.c";
-/// ibv_rc_pingpong/ibv_uc_pingpong iterations per pair.
+/// ibv_rc_pingpong/ibv_uc_pingpong/ibv_ud_pingpong iterations per pair.
 const ITERS: &str = "10000";
 
 /// `cargo xtask mlx5 [--] <command...>`: builds the model and runs the shell command on it
@@ -149,7 +149,8 @@ pub struct Checked {
 
 /// The host step of `cargo xtask test` (when [`enabled`]): builds the model, then runs
 /// `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong pairs (`-s 1`, `-s 60`, `-s 4096`, `-e`),
-/// an ibv_uc_pingpong pair, an ibv_srq_pingpong pair and verbs_check (one process, and two
+/// an ibv_uc_pingpong pair, ibv_ud_pingpong pairs (without and with a GRH), an
+/// ibv_srq_pingpong pair and verbs_check (one process, and two
 /// processes) on it; then the
 /// Rust demo and the Rust rc_pingpong against ibv_rc_pingpong both ways (the Rust core and
 /// mlx5 provider, `--features mlx5`), then the integration tests of [`SUITE`] on that
@@ -204,13 +205,21 @@ pub fn test_step() -> Vec<Checked> {
     });
     // RoCE needs a GID (index 0 on the model); InfiniBand uses LIDs.
     let gid: &[&str] = if link == Link::Ethernet { &["-g", "0"] } else { &[] };
-    let pingpongs: [(&str, &[&str]); 5] = [
+    let mut pingpongs: Vec<(&str, &[&str])> = vec![
         ("ibv_rc_pingpong", &["-s", "1"]),
         ("ibv_rc_pingpong", &["-s", "60"]),
         ("ibv_rc_pingpong", &["-s", "4096"]),
         ("ibv_rc_pingpong", &["-e"]),
         ("ibv_uc_pingpong", &[]),
+        // UD through address handles (libmlx5 builds the address vector itself on
+        // InfiniBand); 40 bytes of GRH room ahead of every receive.
+        ("ibv_ud_pingpong", &[]),
     ];
+    if link != Link::Ethernet {
+        // With a GRH on InfiniBand: the AV asks for one, the receiver finds it in those 40
+        // bytes (RoCE always has one: the item above).
+        pingpongs.push(("ibv_ud_pingpong", &["-g", "0"]));
+    }
     for (program, extra) in pingpongs {
         let mut args: Vec<&str> = vec![program, "-d", DEVICE, "-n", ITERS];
         args.extend(gid);
@@ -255,13 +264,17 @@ pub fn test_step() -> Vec<Checked> {
     // The Rust core with the Rust mlx5 provider on the model.
     let rust = build_rust_examples();
     check(
-        "Rust demo (Rust mlx5 provider): RC send/recv, RDMA write and read".into(),
+        "Rust demo (Rust mlx5 provider): RC send/recv, RDMA write and read, UD".into(),
         &mut |dir| {
             let (demo, _) = rust.clone()?;
             let text = step.output(dir, "demo", &[demo.as_str()])?;
-            match text.contains("every payload checked") && text.contains("bytes match") {
+            let lines = ["every payload checked", "bytes match", "UD: 10 datagrams"];
+            match lines.iter().all(|l| text.contains(l)) {
                 true => Ok(()),
-                false => Err(format!("the demo exited 0 without its RC lines:\n{}", tail(&text, 20))),
+                false => Err(format!(
+                    "the demo exited 0 without its RC and UD lines:\n{}",
+                    tail(&text, 20)
+                )),
             }
         },
     );

@@ -1,10 +1,12 @@
 //! The mlx5 differential against libmlx5 (issue #16, acceptance 3, 4 and 5): one seeded
-//! script of work requests run by `tests/mlx5/wqe_diff.c` (libmlx5) and by the example
+//! script of work requests (on an RC QP, then on a UD QP through address handles) run by
+//! `tests/mlx5/wqe_diff.c` (libmlx5) and by the example
 //! `mlx5_wqe_diff` (`tests/mlx5/wqe_diff.rs`, the Rust mlx5 provider), each on the model
 //! with its trace on (`providers/mlx5/model/src/trace.rs`). Compared: the traced WQE bytes,
 //! doorbell records and UAR doorbell words (exactly), the completions (the `ibv_wc` fields
 //! libmlx5 defines), and the driver data of each command (equal but for the differences
-//! listed in [`ALLOWED`]). docs/mlx5-model.md says what is masked and why.
+//! listed in [`ALLOWED`], [`ABSENT_OR_ZERO`] and [`ONLY_RUST`]). docs/mlx5-model.md says
+//! what is masked and why.
 
 use crate::{paths, proc};
 use std::collections::BTreeMap;
@@ -140,6 +142,9 @@ pub const SEED: u64 = 0x5eed_0016;
 /// Script steps: each posts a send list and often a receive list, then traces and polls.
 /// Enough for the send counter (`dbrec[SND]`, 16 bits) to wrap.
 pub const STEPS: u32 = 5000;
+/// Steps on the UD QP after those (its own send counter wraps too), and its AHs.
+pub const UD_STEPS: u32 = 1500;
+const UD_AHS: u64 = 12;
 /// The QP's requested capabilities and the CQ size the script asks for.
 const MAX_SEND_WR: u32 = 64;
 const MAX_RECV_WR: u32 = 32;
@@ -169,6 +174,7 @@ impl Rng {
 
 /// ibv_wr_opcode values and ibv_send_flags bits the script uses.
 mod op {
+    pub const SEND: u64 = 2;
     pub const READ: u64 = 4;
     pub const CAS: u64 = 5;
     pub const FAA: u64 = 6;
@@ -253,9 +259,88 @@ pub fn script(seed: u64, steps: u32) -> String {
         }
         let _ = writeln!(s, "T {step}");
     }
+    ud_script(&mut r, &mut s, &mut wr_id);
     // One more trace: the consumer index record after the last polls.
     s.push_str("T end\n");
     s
+}
+
+/// The UD part of the script: a UD QP, address handles with random attributes (with and
+/// without a GRH, SLs, rates and path bits beyond what the fields hold), then steps of SEND
+/// and SEND_IMM lists to random QPNs and Q_Keys through them, inline or not, and receives.
+fn ud_script(r: &mut Rng, s: &mut String, wr_id: &mut u64) {
+    let _ = writeln!(
+        s,
+        "ud {MAX_SEND_WR} {MAX_RECV_WR} {MAX_SGE} {MAX_SGE} {MAX_INLINE} {CQE}"
+    );
+    for _ in 0..UD_AHS {
+        let _ = writeln!(
+            s,
+            "A {:#x} {} {} {} {} {} {} {:#x} {:#x} {:#x}",
+            r.next() as u16,
+            r.below(256),
+            r.below(256),
+            r.below(30),
+            r.below(2),
+            r.below(256),
+            r.below(256),
+            r.next() as u32,
+            r.next(),
+            r.next()
+        );
+    }
+    for step in 0..UD_STEPS {
+        let n = if r.chance(30) { 1 } else { 1 + r.below(32) };
+        for i in 0..n {
+            *wr_id += 1;
+            let opcode = op::SEND + r.below(2);
+            let mut flags = r.below(8) & (op::FENCE | op::SIGNALED | op::SOLICITED);
+            if i + 1 == n {
+                flags |= op::SIGNALED;
+            }
+            let inline = r.chance(45);
+            if inline {
+                flags |= op::INLINE;
+            }
+            let _ = write!(
+                s,
+                "S {wr_id:#x} {opcode} {flags} {:#x} {:#x} {:#x} {} 0",
+                r.next() as u32,
+                r.next() & 0xff_ffff,
+                r.next() as u32,
+                r.below(UD_AHS)
+            );
+            let nsge = r.below(u64::from(MAX_SGE) + 1);
+            let _ = write!(s, " {nsge}");
+            let mut left = r.below(u64::from(MAX_INLINE) + 1);
+            for k in 0..nsge {
+                if inline {
+                    let len = if k + 1 == nsge { left } else { r.below(left + 1) };
+                    left -= len;
+                    let _ = write!(s, " {} {len} {:#x}", r.below(4096 - len), r.next() as u32);
+                } else {
+                    let len = if r.chance(20) { 0 } else { r.below(4096) };
+                    let _ = write!(s, " {:#x} {len} {:#x}", r.next(), r.next() as u32);
+                }
+            }
+            s.push('\n');
+        }
+        s.push_str("P\n");
+        if r.chance(50) {
+            for _ in 0..1 + r.below(16) {
+                *wr_id += 1;
+                let nsge = r.below(u64::from(MAX_SGE) + 1);
+                let _ = write!(s, "R {wr_id:#x} {nsge}");
+                for _ in 0..nsge {
+                    let len = if r.chance(20) { 0 } else { 40 + r.below(4096) };
+                    let _ = write!(s, " {:#x} {len} {:#x}", r.next(), r.next() as u32);
+                }
+                s.push('\n');
+            }
+            s.push_str("Q\n");
+        }
+        let _ = writeln!(s, "T ud {step}");
+    }
 }
 
 /// The defined part of a completion line (`wc k=v ...`), as libmlx5 defines `ibv_wc`
@@ -421,6 +506,19 @@ pub const ABSENT_OR_ZERO: &[(&str, &str)] = &[(
      response is copied only when `resp.response_length` is set, in the ECE flows",
 )];
 
+/// Commands only this provider issues, with the kernel rule that makes them harmless. Their
+/// driver data must be empty and their driver response room at least what the kernel could
+/// write.
+pub const ONLY_RUST: &[(&str, usize, &str)] = &[(
+    "CREATE_AH",
+    16,
+    "on InfiniBand libmlx5 builds the address vector in user space and asks the kernel for \
+     nothing (verbs.c mlx5_create_ah: CREATE_AH on Ethernet ports only); the core always \
+     creates the kernel AH, which 6.1 allows on any port (core/uverbs_cmd.c:2408 \
+     ib_uverbs_create_ah; hw/mlx5/ah.c:93 mlx5_ib_create_ah reads no driver data and writes \
+     its 16-byte response only for RoCE AHs); the provider builds the same vector itself",
+)];
+
 /// One traced command: name, driver response length offered, driver data.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cmd {
@@ -535,6 +633,31 @@ pub fn compare_commands(c: &str, rust: &str) -> Result<Vec<String>, String> {
             }
         }
     }
+    for (name, outlen, why) in ONLY_RUST {
+        let (x, y) = (
+            a.iter().filter(|c| c.name == *name),
+            b.iter().filter(|c| c.name == *name),
+        );
+        if x.count() != 0 {
+            return Err(format!(
+                "{name}: libmlx5 issued it, which the allowance says it does not"
+            ));
+        }
+        let y: Vec<&Cmd> = y.collect();
+        if let Some(c) = y.iter().find(|c| !c.data.is_empty() || c.outlen < *outlen) {
+            return Err(format!(
+                "{name}: {} bytes of driver data and room for {} (want none and {outlen})",
+                c.data.len(),
+                c.outlen
+            ));
+        }
+        if !y.is_empty() {
+            report.push(format!(
+                "{name}: {} time(s), from the Rust provider only ({why})",
+                y.len()
+            ));
+        }
+    }
     Ok(report)
 }
 
@@ -575,6 +698,25 @@ mod tests {
             .collect();
         assert!(inline.contains(&0) && inline.contains(&u64::from(MAX_INLINE)));
         assert!(inline.iter().all(|&n| n <= u64::from(MAX_INLINE)));
+        // Then the UD QP, its AHs (with and without a GRH), sends through each.
+        let ud = s.split_once("\nud ").expect("a UD part").1;
+        let ahs: Vec<&str> = ud.lines().filter(|l| l.starts_with("A ")).collect();
+        assert_eq!(ahs.len() as u64, UD_AHS);
+        for global in ["0", "1"] {
+            assert!(
+                ahs.iter().any(|l| l.split(' ').nth(5) == Some(global)),
+                "is_global {global}"
+            );
+        }
+        let ud_sends: Vec<Vec<&str>> = ud
+            .lines()
+            .filter(|l| l.starts_with("S "))
+            .map(|l| l.split(' ').collect())
+            .collect();
+        assert!(ud_sends.iter().all(|w| w[2] == "2" || w[2] == "3"));
+        for ah in 0..UD_AHS {
+            assert!(ud_sends.iter().any(|w| w[7] == ah.to_string()), "AH {ah}");
+        }
     }
 
     #[test]
@@ -621,5 +763,14 @@ mod tests {
         let c = trace(qp("00000000", "0100000000000000"));
         let e = compare_commands(&a, &c).unwrap_err();
         assert!(e.contains("byte 20"), "{e}");
+        // CREATE_AH from the Rust provider only, with no driver data and room for the answer.
+        let ah = |outlen: usize| format!("cmd CREATE_AH outlen={outlen} \n");
+        let report = compare_commands(&a, &(b.clone() + &ah(16))).unwrap();
+        assert!(
+            report.iter().any(|l| l.starts_with("CREATE_AH: 1 time(s)")),
+            "{report:?}"
+        );
+        assert!(compare_commands(&a, &(b.clone() + &ah(8))).is_err());
+        assert!(compare_commands(&(a.clone() + &ah(16)), &(b + &ah(16))).is_err());
     }
 }

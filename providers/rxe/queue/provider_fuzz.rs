@@ -414,9 +414,10 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                         SendWr::new(wr_id, op, s).set_flags(flags)
                     })
                     .collect();
+                // No UD request: no AH for the context to match.
                 // SAFETY: every SGE names `buf`, alive and readable; nothing writes it (no
                 // device).
-                let result = unsafe { qp.post_send(SendList::new(&wrs)) };
+                let result = unsafe { qp.post_send(SendList::new(&wrs, crate::wr::ContextId(0))) };
                 sq_prod = check_posted(
                     f,
                     &sq,

@@ -15,6 +15,8 @@ pub mod cmd {
     pub const QUERY_PORT: u32 = 2;
     pub const ALLOC_PD: u32 = 3;
     pub const DEALLOC_PD: u32 = 4;
+    pub const CREATE_AH: u32 = 5;
+    pub const DESTROY_AH: u32 = 8;
     pub const REG_MR: u32 = 9;
     pub const DEREG_MR: u32 = 13;
     pub const CREATE_COMP_CHANNEL: u32 = 17;
@@ -115,6 +117,7 @@ pub mod access {
 pub mod qpt {
     pub const RC: u8 = 2;
     pub const UC: u8 = 3;
+    pub const UD: u8 = 4;
 }
 
 /// mlx5 send opcodes (mlx5dv.h `MLX5_OPCODE_*`).
@@ -244,7 +247,17 @@ QueryPortResp, 40, {
     flags: u8, reserved: u8,
 });
 abi_struct!(
-    /// `struct ib_uverbs_dealloc_pd`, `ib_uverbs_dereg_mr`: one handle.
+/// `struct ib_uverbs_ah_attr` (with its `ib_uverbs_global_route`).
+AhAttr, 32, {
+    dgid: [u8; 16], flow_label: u32, sgid_index: u8, hop_limit: u8, traffic_class: u8,
+    grh_reserved: u8, dlid: u16, sl: u8, src_path_bits: u8, static_rate: u8, is_global: u8,
+    port_num: u8, reserved: u8,
+});
+abi_struct!(
+    /// `struct ib_uverbs_create_ah`.
+    CreateAh, 56, { response: u64, user_handle: u64, pd_handle: u32, reserved: u32, attr: AhAttr });
+abi_struct!(
+    /// `struct ib_uverbs_dealloc_pd`, `ib_uverbs_dereg_mr`, `ib_uverbs_destroy_ah`: one handle.
     HandleOnly, 4, { handle: u32 });
 abi_struct!(
     /// `struct ib_uverbs_reg_mr`.

@@ -13,7 +13,7 @@ use crate::abi::{self, cqe_op, opcode, qps, syndrome};
 use crate::kernel::Model;
 use crate::mem::Memory;
 use crate::objects::{Arm, Cq, EventSink, Mr, Qp, Stall};
-use crate::wire::{Op, Request, Response};
+use crate::wire::{Datagram, Op, Request, Response};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,8 @@ struct Wqe {
     rkey: u32,
     swap_add: u64,
     compare: u64,
+    /// A UD send's address vector (`mlx5_wqe_datagram_seg`, 48 bytes).
+    av: Option<[u8; 48]>,
     segments: Vec<Segment>,
 }
 
@@ -94,6 +96,12 @@ impl Cqe {
         self.0[24..28].copy_from_slice(&(src_qp & 0xff_ffff).to_be_bytes());
         self
     }
+    /// A UD receive's `flags_rqpn` high byte: the service level (bits 24-27) and the GRH
+    /// type (bits 28-29, 1: an InfiniBand GRH; libmlx5 sets `IBV_WC_GRH` when non-zero).
+    fn datagram(mut self, d: &Datagram) -> Self {
+        self.0[24] = (d.sl & 0xf) | if d.grh.is_some() { 1 << 4 } else { 0 };
+        self
+    }
     fn solicited(mut self, yes: bool) -> Self {
         if yes {
             self.0[63] |= 2;
@@ -105,6 +113,11 @@ impl Cqe {
         self
     }
 }
+
+/// The largest UD message: one packet of the path MTU (4096; see [`Device::prepare`]).
+const UD_MTU: usize = 4096;
+/// The GRH at the head of every UD receive buffer.
+const GRH_LEN: usize = 40;
 
 /// The user index a CQE carries (`srqn_uidx`): the QP's with CQE version 1, else 0.
 fn uidx(qp: &Qp) -> u32 {
@@ -409,10 +422,16 @@ impl Device {
             rkey: 0,
             swap_add: 0,
             compare: 0,
+            av: None,
             segments: Vec::new(),
         };
+        let ud = qp.qp_type == abi::qpt::UD;
         let data_at = match op {
-            opcode::SEND | opcode::SEND_IMM | opcode::NOP => 16,
+            opcode::NOP => 16,
+            // A UD send's datagram segment follows the control segment.
+            opcode::SEND | opcode::SEND_IMM if ud => 64,
+            opcode::SEND | opcode::SEND_IMM => 16,
+            _ if ud => return bad(nbb, op),
             opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ => 32,
             opcode::ATOMIC_CS | opcode::ATOMIC_FA => 48,
             _ => return bad(nbb, op),
@@ -422,6 +441,9 @@ impl Device {
         }
         if wqe.len() < data_at {
             return bad(nbb, op);
+        }
+        if ud && data_at == 64 {
+            w.av = wqe[16..64].try_into().ok();
         }
         if data_at >= 32 {
             w.raddr = be64(&wqe[16..]);
@@ -551,6 +573,17 @@ impl Device {
             opcode::SEND | opcode::SEND_IMM => Op::Send {
                 imm,
                 solicited: wqe.solicited,
+                datagram: match &wqe.av {
+                    Some(av) => {
+                        // A UD message is one packet: at most the path MTU, 4096 for a UD
+                        // QP (hw/mlx5/qp.c:4164-4167) on a port whose active MTU is 4096.
+                        if data.len() > UD_MTU {
+                            return Err(fail(syndrome::LOCAL_LENGTH));
+                        }
+                        Some(Self::datagram(qp, av, data.len(), imm.is_some(), model.node_guid))
+                    }
+                    None => None,
+                },
                 data,
             },
             opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM => Op::Write {
@@ -590,11 +623,19 @@ impl Device {
                 }
             }
         };
+        // A UD send goes where its address vector says: `rlid`, and `dqp_dct`'s low 24 bits.
+        let (dlid, dst_qpn) = match &wqe.av {
+            Some(av) => (
+                u16::from_be_bytes([av[14], av[15]]),
+                u32::from_be_bytes([0, av[9], av[10], av[11]]),
+            ),
+            None => (qp.attrs.dest.dlid, qp.attrs.dest_qp_num),
+        };
         Ok(Some(Work {
             qp: h,
-            dlid: qp.attrs.dest.dlid,
+            dlid,
             request: Request {
-                dst_qpn: qp.attrs.dest_qp_num,
+                dst_qpn,
                 src_qpn: qp.qpn,
                 src_lid: model.lid,
                 op,
@@ -607,6 +648,42 @@ impl Device {
         }))
     }
 
+    /// The headers a UD send from `qp` carries, from its address vector
+    /// (`mlx5_wqe_av`: `qkey` at 0, `stat_rate_sl` at 12, `tclass` 26, `hop_limit` 27,
+    /// `grh_gid_fl` 28, `rgid` 32), for a payload of `len` bytes.
+    fn datagram(qp: &Qp, av: &[u8; 48], len: usize, imm: bool, node_guid: u64) -> Datagram {
+        let be32 = |at: usize| u32::from_be_bytes([av[at], av[at + 1], av[at + 2], av[at + 3]]);
+        // A Q_Key with its high bit set is a controlled one: the QP's own goes out instead.
+        let qkey = match be32(0) {
+            k if k & 0x8000_0000 != 0 => qp.attrs.qkey,
+            k => k,
+        };
+        let grh_gid_fl = be32(28);
+        // Bit 30 of `grh_gid_fl`: the address vector asks for a GRH (InfiniBand; RoCE
+        // always has one).
+        let grh = (grh_gid_fl & (1 << 30) != 0).then(|| {
+            let mut g = [0u8; GRH_LEN];
+            let flow = grh_gid_fl & 0xf_ffff;
+            g[0..4].copy_from_slice(&((6 << 28) | (u32::from(av[26]) << 20) | flow).to_be_bytes());
+            // PayLen: what follows the GRH (BTH 12, DETH 8, the immediate, the payload
+            // padded to 4, ICRC 4).
+            let paylen = 12 + 8 + if imm { 4 } else { 0 } + len.div_ceil(4) * 4 + 4;
+            g[4..6].copy_from_slice(&(paylen as u16).to_be_bytes());
+            g[6] = 0x1b;
+            g[7] = av[27];
+            // The source GID: the port's only one, fe80:: and the port GUID.
+            g[8..16].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
+            g[16..24].copy_from_slice(&node_guid.to_be_bytes());
+            g[24..40].copy_from_slice(&av[32..48]);
+            g
+        });
+        Datagram {
+            qkey,
+            sl: av[12] & 0xf,
+            grh,
+        }
+    }
+
     /// Finishes `work` with the responder's answer (`None`: the fabric could not deliver it).
     pub fn complete(model: &mut Model, work: Work, answer: Option<Response>, mem: &dyn Memory, now: Instant) {
         let h = work.qp;
@@ -616,10 +693,11 @@ impl Device {
         if qp.sq_ci != work.wqe_index || !matches!(qp.state, qps::RTS | qps::SQD) {
             return;
         }
-        let uc = qp.qp_type == abi::qpt::UC;
+        let unacknowledged = matches!(qp.qp_type, abi::qpt::UC | abi::qpt::UD);
         let answer = match answer {
-            // UC has no acknowledgements: whatever happened at the responder, the send is done.
-            _ if uc => Response::Ack,
+            // UC and UD have no acknowledgements: whatever happened at the responder (or if
+            // nothing took the packet), the send is done.
+            _ if unacknowledged => Response::Ack,
             Some(a) => a,
             None => Response::Dropped,
         };
@@ -699,8 +777,15 @@ impl Device {
         let Some((h, qp)) = model.qps.iter().find(|(_, q)| q.qpn == req.dst_qpn) else {
             return Response::Dropped;
         };
-        let connected = matches!(qp.state, qps::RTR | qps::RTS | qps::SQD) && qp.attrs.dest_qp_num == req.src_qpn;
-        if !connected {
+        let receiving = matches!(qp.state, qps::RTR | qps::RTS | qps::SQD);
+        let ud = qp.qp_type == abi::qpt::UD;
+        let accepted = match &req.op {
+            // A UD QP takes datagrams whose Q_Key is its own; the hardware drops the others
+            // (and counts a Q_Key violation).
+            Op::Send { datagram: Some(d), .. } => ud && receiving && d.qkey == qp.attrs.qkey,
+            _ => !ud && receiving && qp.attrs.dest_qp_num == req.src_qpn,
+        };
+        if !accepted {
             return Response::Dropped;
         }
         let rc = qp.qp_type == abi::qpt::RC;
@@ -712,7 +797,9 @@ impl Device {
         }
         let (pd, min_rnr) = (qp.pd, qp.attrs.min_rnr_timer);
         let result = match &req.op {
-            Op::Send { imm, solicited, data } => Self::receive(model, h, req, *imm, *solicited, Some(data), mem),
+            Op::Send {
+                imm, solicited, data, ..
+            } => Self::receive(model, h, req, *imm, *solicited, Some(data), mem),
             Op::Write {
                 raddr,
                 rkey,
@@ -863,6 +950,24 @@ impl Device {
             Err(()) => return Err(Response::Dropped),
         };
         let index = wqe.index;
+        // A UD receive buffer starts with room for the GRH: the hardware writes the GRH
+        // there when the packet carried one and leaves those bytes alone when not; the
+        // byte count includes them either way.
+        let datagram = match &req.op {
+            Op::Send { datagram: Some(d), .. } => Some(d),
+            _ => None,
+        };
+        let with_grh;
+        let (data, unwritten) = match (data, datagram) {
+            (Some(payload), Some(d)) => {
+                let mut bytes = Vec::with_capacity(GRH_LEN + payload.len());
+                bytes.extend_from_slice(d.grh.as_ref().unwrap_or(&[0; GRH_LEN]));
+                bytes.extend_from_slice(payload);
+                with_grh = bytes;
+                (Some(&with_grh), if d.grh.is_some() { 0 } else { GRH_LEN })
+            }
+            (data, _) => (data, 0),
+        };
         let local_error = |model: &mut Model, synd: u8, nak: u8| {
             Self::take_recv(model, h, &wqe, mem);
             if let Some(qp) = model.qps.get_mut(h) {
@@ -896,7 +1001,8 @@ impl Device {
                 let Some(host) = mr_covering(&model.mrs, lkey, pd, addr, take as u64, abi::access::LOCAL_WRITE) else {
                     return local_error(model, syndrome::LOCAL_PROT, syndrome::REMOTE_OP);
                 };
-                if mem.write(host, &data[at..at + take]).is_err() {
+                let from = unwritten.clamp(at, at + take);
+                if from < at + take && mem.write(host + (from - at) as u64, &data[from..at + take]).is_err() {
                     return local_error(model, syndrome::LOCAL_PROT, syndrome::REMOTE_OP);
                 }
                 at += take;
@@ -921,6 +1027,9 @@ impl Device {
             .solicited(solicited);
         if let Some(imm) = imm {
             cqe = cqe.imm(imm);
+        }
+        if let Some(d) = datagram {
+            cqe = cqe.datagram(d);
         }
         Self::post_for(model, h, false, cqe, mem);
         Ok(Response::Ack)

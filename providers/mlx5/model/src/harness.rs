@@ -294,6 +294,34 @@ pub(crate) const CQ_DB: u64 = DB;
 
 impl Pair {
     pub(crate) fn new(rnr_retry: u8) -> Self {
+        let (env, key, handles, qpn) = Self::qps(abi::qpt::RC);
+        env.connect(handles[0], qpn[1], rnr_retry);
+        env.connect(handles[1], qpn[0], rnr_retry);
+        Self::with(env, key, qpn)
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
+    /// Two UD QPs in RTS, each with Q_Key `qkey`.
+    pub(crate) fn ud(qkey: u32) -> Self {
+        let (env, key, handles, qpn) = Self::qps(abi::qpt::UD);
+        for qp in handles {
+            env.modify(qp, |m| {
+                m.attr_mask = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::QKEY;
+                (m.qp_state, m.port_num, m.qkey) = (qps::INIT, 1, qkey);
+            })
+            .unwrap();
+            env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::RTR))
+                .unwrap();
+            env.modify(qp, |m| {
+                (m.attr_mask, m.qp_state) = (qp_attr::STATE | qp_attr::SQ_PSN, qps::RTS)
+            })
+            .unwrap();
+        }
+        Self::with(env, key, qpn)
+    }
+
+    /// An MR over DATA, one CQ and two QPs of `qp_type` in RESET: `(env, key, handles, qpns)`.
+    fn qps(qp_type: u8) -> (Env, u32, [u32; 2], [u32; 2]) {
         let env = Env::new(false);
         let pd = env.alloc_pd();
         let (_, key) = env.reg_mr(pd, DATA, 0x8000, 0xf).unwrap();
@@ -303,14 +331,16 @@ impl Pair {
         for i in 0..2 {
             let (h, n) = env
                 .create_qp_with(
-                    Env::qp_cmd(pd, cq, abi::qpt::RC),
+                    Env::qp_cmd(pd, cq, qp_type),
                     Env::mlx5_qp(QP_BUFS[i], QP_DB[i], 1 + i as u32).as_bytes(),
                 )
                 .unwrap();
             (handles[i], qpn[i]) = (h, n);
         }
-        env.connect(handles[0], qpn[1], rnr_retry);
-        env.connect(handles[1], qpn[0], rnr_retry);
+        (env, key, handles, qpn)
+    }
+
+    fn with(env: Env, key: u32, qpn: [u32; 2]) -> Self {
         Self {
             env,
             key,
@@ -321,18 +351,22 @@ impl Pair {
     }
 
     #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
-    /// Posts one send WQE (64 bytes) on QP `i` and rings the doorbell record.
+    /// Posts one send WQE (its control segment, then `segs`, in 64-byte blocks) on QP `i`
+    /// and rings the doorbell record.
     pub(crate) fn post(&mut self, i: usize, opcode: u8, segs: &[u8], signaled: bool) {
         let idx = self.posted[i];
-        let mut wqe = [0u8; 64];
-        let ds = 1 + segs.len() / 16;
+        let ds = 1 + segs.len().div_ceil(16);
+        let mut wqe = vec![0u8; ds.div_ceil(4) * 64];
         wqe[0..4].copy_from_slice(&((u32::from(idx) << 8) | u32::from(opcode)).to_be_bytes());
         wqe[4..8].copy_from_slice(&((self.qpn[i] << 8) | ds as u32).to_be_bytes());
         wqe[11] = if signaled { abi::WQE_CTRL_CQ_UPDATE } else { 0 };
         wqe[16..16 + segs.len()].copy_from_slice(segs);
         let sq = QP_BUFS[i] + 8 * 16;
-        self.env.mem.write(sq + u64::from(idx % 16) * 64, &wqe).unwrap();
-        self.posted[i] += 1;
+        for (k, bb) in wqe.chunks(64).enumerate() {
+            let at = (idx + k as u16) % 16;
+            self.env.mem.write(sq + u64::from(at) * 64, bb).unwrap();
+        }
+        self.posted[i] += (wqe.len() / 64) as u16;
         self.env
             .mem
             .write(QP_DB[i] + abi::SND_DBR, &u32::from(self.posted[i]).to_be_bytes())
@@ -355,12 +389,21 @@ impl Pair {
     #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
     /// The CQEs written so far: (opcode, syndrome, byte_cnt).
     pub(crate) fn cqes(&self) -> Vec<(u8, u8, u32)> {
+        self.raw_cqes()
+            .iter()
+            .map(|c| (c[63] >> 4, c[55], u32::from_be_bytes(c[44..48].try_into().unwrap())))
+            .collect()
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
+    /// The CQEs written so far, whole.
+    pub(crate) fn raw_cqes(&self) -> Vec<[u8; 64]> {
         let mut out = Vec::new();
         for slot in 0..16u64 {
             let mut c = [0u8; 64];
             self.env.mem.read(CQ_BUF + slot * 64, &mut c).unwrap();
             if c[63] >> 4 != 0 || c[56..60] != [0; 4] {
-                out.push((c[63] >> 4, c[55], u32::from_be_bytes(c[44..48].try_into().unwrap())));
+                out.push(c);
             }
         }
         out

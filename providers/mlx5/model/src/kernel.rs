@@ -10,7 +10,7 @@
 use crate::abi::{self, cmd, qp_attr, qps, PAGE_SIZE};
 use crate::device::Device;
 use crate::mem::Memory;
-use crate::objects::{Cq, EventSink, Mr, Pd, Qp, QpAttrs, Srq, Table, Uar};
+use crate::objects::{Ah, Cq, EventSink, Mr, Pd, Qp, QpAttrs, Srq, Table, Uar};
 use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, ENOMEM, ENOSPC, EOPNOTSUPP, EPERM, EPROTONOSUPPORT};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -110,6 +110,7 @@ pub struct Model {
     pub cqs: Table<Cq>,
     pub qps: Table<Qp>,
     pub srqs: Table<Srq>,
+    pub ahs: Table<Ah>,
     pub uars: Table<Uar>,
     pub channels: HashMap<i32, (i32, Arc<dyn EventSink>)>,
     /// Core clock pages mapped: `(client address, the model's writable view of the page)`.
@@ -180,7 +181,8 @@ fn write_method(command: u32) -> Option<(usize, usize)> {
         }
         cmd::QUERY_DEVICE => (8, 176),
         cmd::QUERY_PORT => (16, 40),
-        cmd::DEALLOC_PD | cmd::DEREG_MR => (4, 0),
+        cmd::DEALLOC_PD | cmd::DEREG_MR | cmd::DESTROY_AH => (4, 0),
+        cmd::CREATE_AH => (56, 4),
         cmd::REG_MR => (40, 12),
         cmd::CREATE_CQ => (32, 8),
         cmd::RESIZE_CQ => (16, 8),
@@ -209,6 +211,7 @@ impl Model {
             cqs: Table::default(),
             qps: Table::default(),
             srqs: Table::default(),
+            ahs: Table::default(),
             uars: Table::default(),
             channels: HashMap::new(),
             clock_pages: Vec::new(),
@@ -245,6 +248,11 @@ impl Model {
         for h in self.cqs.handles() {
             if self.cqs.get(h).is_some_and(|c| c.ctx == fd) {
                 self.cqs.remove(h);
+            }
+        }
+        for h in self.ahs.handles() {
+            if self.ahs.get(h).is_some_and(|a| a.ctx == fd) {
+                self.ahs.remove(h);
             }
         }
         for h in self.mrs.handles() {
@@ -401,12 +409,14 @@ impl Model {
         // core/uverbs_main.c:98-99 ib_uverbs_get_ucontext_file: no ucontext yet is EINVAL
         // for the commands that create an object (core/rdma_core.c:265-270) or query the
         // device. Those that only look a handle up ask for none: their lookup finds nothing,
-        // ENOENT (core/rdma_core.c:325-327; DEALLOC_PD core/uverbs_cmd.c:478, DEREG_MR :906,
+        // ENOENT (core/rdma_core.c:325-327; DEALLOC_PD core/uverbs_cmd.c:478, DESTROY_AH :2487,
+        // DEREG_MR :906,
         // RESIZE_CQ :1135, DESTROY_CQ :1270, QUERY_QP :1671, MODIFY_QP after its attr_mask
         // check :1940, DESTROY_QP :1984).
         let looks_up_only = matches!(
             command,
             cmd::DEALLOC_PD
+                | cmd::DESTROY_AH
                 | cmd::DEREG_MR
                 | cmd::RESIZE_CQ
                 | cmd::DESTROY_CQ
@@ -423,6 +433,8 @@ impl Model {
             cmd::QUERY_PORT => self.query_port(&call, mem),
             cmd::ALLOC_PD => self.alloc_pd(&call, mem),
             cmd::DEALLOC_PD => self.dealloc_pd(&call),
+            cmd::CREATE_AH => self.create_ah(&call, mem),
+            cmd::DESTROY_AH => self.destroy_ah(&call),
             cmd::REG_MR => self.reg_mr(&call, mem, host),
             cmd::DEREG_MR => self.dereg_mr(&call),
             cmd::CREATE_COMP_CHANNEL => self.create_comp_channel(&call, mem, host),
@@ -686,6 +698,63 @@ impl Model {
             return Err(EBUSY);
         }
         self.pds.remove(handle);
+        Ok(())
+    }
+
+    // ---- AH ----------------------------------------------------------------------------
+
+    /// CREATE_AH (core/uverbs_cmd.c:2408 `ib_uverbs_create_ah`). libmlx5 sends it only on
+    /// an Ethernet port (it builds an InfiniBand address vector itself); the Rust provider
+    /// sends it on every port, as the kernel allows.
+    fn create_ah(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
+        crate::trace::command("CREATE_AH", &call.udata_in, call.udata_outlen);
+        let req: abi::CreateAh = decode(call.req);
+        // core/uverbs_cmd.c:2427: an invalid port is EINVAL, before the PD lookup.
+        if req.attr.port_num != 1 {
+            return Err(EINVAL);
+        }
+        // core/uverbs_cmd.c:2432: a PD handle naming nothing is the lookup's ENOENT.
+        if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
+            return Err(ENOENT);
+        }
+        // core/verbs.c:597 rdma_create_user_ah -> :451 rdma_check_ah_attr: the port is
+        // InfiniBand (core/uverbs_cmd.c:2438 rdma_ah_find_type gives an IB AH) and does not
+        // require a GRH (hw/mlx5/main.c:2894: only a port whose vport says so), so an AH
+        // without one is fine. With one, :463 rdma_get_gid_attr: an sgid index beyond the
+        // GID table (one entry) is EINVAL (core/cache.c:1232).
+        if req.attr.is_global != 0 && req.attr.sgid_index >= 1 {
+            return Err(EINVAL);
+        }
+        // hw/mlx5/ah.c:93 mlx5_ib_create_ah: an IB AH takes no driver data and returns none
+        // (the dmac response, :106-120, is for RoCE AHs only); the AH holds its PD
+        // (core/verbs.c:544).
+        let handle = self.ahs.insert(Ah {
+            ctx: call.ctx,
+            pd: req.pd_handle,
+            attr: req.attr,
+        });
+        if let Err(e) = call.respond_core(mem, &handle.to_ne_bytes()) {
+            self.ahs.remove(handle);
+            return Err(e);
+        }
+        if let Some(pd) = self.pds.get_mut(req.pd_handle) {
+            pd.users += 1;
+        }
+        Ok(())
+    }
+
+    /// DESTROY_AH (core/uverbs_cmd.c:2478), also the ioctl AH_DESTROY.
+    fn destroy_ah(&mut self, call: &Call<'_>) -> Result<(), Errno> {
+        crate::trace::command("DESTROY_AH", &call.udata_in, call.udata_outlen);
+        let handle = decode::<abi::HandleOnly>(call.req).handle;
+        // core/uverbs_cmd.c:2487 uobj_perform_destroy: an unknown handle is ENOENT
+        // (core/rdma_core.c:325-327).
+        let ah = self.ahs.get(handle).filter(|a| a.ctx == call.ctx).ok_or(ENOENT)?;
+        let pd = ah.pd;
+        self.ahs.remove(handle);
+        if let Some(pd) = self.pds.get_mut(pd) {
+            pd.users -= 1;
+        }
         Ok(())
     }
 
@@ -1007,9 +1076,12 @@ impl Model {
         if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
             return Err(ENOENT);
         }
-        // hw/mlx5/qp.c:3213 -> :2728 check_qp_type takes UD, raw packet, XRC and driver QPs
-        // too; the model runs RC and UC only (EOPNOTSUPP, the errno :2759 gives others).
-        if req.qp_type != abi::qpt::RC && req.qp_type != abi::qpt::UC {
+        // hw/mlx5/qp.c:3213 -> :2728 check_qp_type takes RC, UC and UD (:2745-2747), and
+        // raw packet, XRC and driver QPs too; the model runs RC, UC and UD only (EOPNOTSUPP,
+        // the errno :2759 gives others). A user UD QP goes through the same create_user_qp
+        // (:3280-3284) and so the same driver-data rules as RC; its create flags
+        // (:2966-2973, IPoIB LSO and source QPN) come only with the extended command.
+        if !matches!(req.qp_type, abi::qpt::RC | abi::qpt::UC | abi::qpt::UD) {
             return Err(EOPNOTSUPP);
         }
         let ctx = self.ctx(call.ctx)?;
@@ -1647,13 +1719,16 @@ fn resize_resp(cqe: u32) -> [u8; 8] {
     b
 }
 
-/// core/verbs.c:1692 `ib_modify_qp_is_ok` for RC and UC: whether `cur -> next` is a transition and
-/// `mask` holds every attribute it requires and no attribute it does not allow.
+/// core/verbs.c:1692 `ib_modify_qp_is_ok` for RC, UC and UD: whether `cur -> next` is a
+/// transition and `mask` holds every attribute it requires and no attribute it does not allow.
 pub fn modify_is_ok(cur: u8, next: u8, qp_type: u8, mask: u32) -> bool {
     use qp_attr as m;
     let rc = qp_type == abi::qpt::RC;
     if mask & m::CUR_STATE != 0 && !matches!(cur, qps::RTR | qps::RTS | qps::SQD | qps::SQE) {
         return false;
+    }
+    if qp_type == abi::qpt::UD {
+        return ud_modify_is_ok(cur, next, mask);
     }
     let (req, opt) = match (cur, next) {
         (_, qps::RESET) | (_, qps::ERR) => (0, 0),
@@ -1685,6 +1760,28 @@ pub fn modify_is_ok(cur: u8, next: u8, qp_type: u8, mask: u32) -> bool {
         }
         (qps::RTS, qps::SQD) => (0, m::EN_SQD_ASYNC_NOTIFY),
         (qps::SQE, qps::RTS) if !rc => (0, m::CUR_STATE | m::ACCESS_FLAGS),
+        _ => return false,
+    };
+    mask & req == req && mask & !(req | opt | m::STATE) == 0
+}
+
+/// core/verbs.c:1389 `qp_state_table`, the UD column: no path, a Q_Key instead.
+fn ud_modify_is_ok(cur: u8, next: u8, mask: u32) -> bool {
+    use qp_attr as m;
+    let (req, opt) = match (cur, next) {
+        (_, qps::RESET) | (_, qps::ERR) => (0, 0),
+        // :1395-1397
+        (qps::RESET, qps::INIT) => (m::PKEY_INDEX | m::PORT | m::QKEY, 0),
+        // :1424-1426
+        (qps::INIT, qps::INIT) => (0, m::PKEY_INDEX | m::PORT | m::QKEY),
+        // :1445, :1470-1471: nothing required.
+        (qps::INIT, qps::RTR) => (0, m::PKEY_INDEX | m::QKEY),
+        // :1497, :1515-1516
+        (qps::RTR, qps::RTS) => (m::SQ_PSN, m::CUR_STATE | m::QKEY),
+        // :1549-1550, :1595-1596, :1675-1676
+        (qps::RTS, qps::RTS) | (qps::SQD, qps::RTS) | (qps::SQE, qps::RTS) => (0, m::CUR_STATE | m::QKEY),
+        // :1579
+        (qps::RTS, qps::SQD) => (0, m::EN_SQD_ASYNC_NOTIFY),
         _ => return false,
     };
     mask & req == req && mask & !(req | opt | m::STATE) == 0

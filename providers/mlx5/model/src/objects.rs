@@ -165,6 +165,15 @@ pub struct Srq {
 }
 
 /// A dynamically allocated UAR page (`MLX5_IB_OBJECT_UAR`).
+/// An address handle: the kernel keeps only what CREATE_AH gave it (an mlx5 user AH lives
+/// in user space; the kernel object pins its PD).
+#[derive(Debug)]
+pub struct Ah {
+    pub ctx: i32,
+    pub pd: u32,
+    pub attr: crate::abi::AhAttr,
+}
+
 #[derive(Debug)]
 pub struct Uar {
     pub ctx: i32,

@@ -474,8 +474,9 @@ fn create_qp_buffer_must_be_mapped() {
 fn create_qp_types_handles_and_dynamic_uars() {
     let (env, pd, cq) = qp_env();
     let u = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    // Raw packet QPs: check_qp_type takes them, the model does not (EOPNOTSUPP).
     assert_eq!(
-        env.create_qp_with(Env::qp_cmd(pd, cq, 4), u.as_bytes()),
+        env.create_qp_with(Env::qp_cmd(pd, cq, 8), u.as_bytes()),
         Err(EOPNOTSUPP)
     );
     // Unknown CQ or PD: the lookup's ENOENT.
@@ -568,6 +569,126 @@ fn modify_qp_rules() {
         }),
         Err(EINVAL)
     );
+}
+
+#[test]
+fn ud_qps_are_created_like_rc_and_modified_with_a_qkey() {
+    let (env, pd, cq) = qp_env();
+    // qp.c:2747: UD passes check_qp_type and goes through create_user_qp's rules.
+    let mut bad = Env::mlx5_qp(QP_BUF, DB + 64, 1);
+    bad.sq_wqe_count = 12;
+    assert_eq!(
+        env.create_qp_with(Env::qp_cmd(pd, cq, abi::qpt::UD), bad.as_bytes()),
+        Err(EINVAL)
+    );
+    let (qp, _) = env
+        .create_qp_with(
+            Env::qp_cmd(pd, cq, abi::qpt::UD),
+            Env::mlx5_qp(QP_BUF, DB + 64, 1).as_bytes(),
+        )
+        .unwrap();
+    let init = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT;
+    // verbs.c:1395-1397: RESET -> INIT needs the Q_Key; access flags are RC/UC's.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) = (init, qps::INIT, 1)),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state, m.port_num) =
+            (init | qp_attr::QKEY | qp_attr::ACCESS_FLAGS, qps::INIT, 1)),
+        Err(EINVAL)
+    );
+    env.modify(qp, |m| {
+        (m.attr_mask, m.qp_state, m.port_num, m.qkey) = (init | qp_attr::QKEY, qps::INIT, 1, 0x1111_1111)
+    })
+    .unwrap();
+    // :1445, :1470: RTR needs nothing and takes no path.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) =
+            (qp_attr::STATE | qp_attr::AV, qps::RTR)),
+        Err(EINVAL)
+    );
+    env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::RTR))
+        .unwrap();
+    // :1497: RTS needs the SQ PSN; :1549: RTS -> RTS may change the Q_Key.
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) = (qp_attr::STATE, qps::RTS)),
+        Err(EINVAL)
+    );
+    env.modify(qp, |m| {
+        (m.attr_mask, m.qp_state) = (qp_attr::STATE | qp_attr::SQ_PSN, qps::RTS)
+    })
+    .unwrap();
+    env.modify(qp, |m| {
+        (m.attr_mask, m.qp_state, m.qkey) = (qp_attr::STATE | qp_attr::QKEY, qps::RTS, 0x2222)
+    })
+    .unwrap();
+    assert_eq!(
+        env.modify(qp, |m| (m.attr_mask, m.qp_state) =
+            (qp_attr::STATE | qp_attr::TIMEOUT, qps::RTS)),
+        Err(EINVAL)
+    );
+    let q = abi::QueryQp {
+        response: RESP,
+        qp_handle: qp,
+        attr_mask: 0,
+    };
+    env.write(cmd::QUERY_QP, q.as_bytes(), &[], 32).unwrap();
+    let r: abi::QueryQpResp = env.resp();
+    assert_eq!((r.qkey, r.qp_state), (0x2222, qps::RTS));
+}
+
+impl Env {
+    fn create_ah(&self, pd: u32, f: impl FnOnce(&mut abi::AhAttr)) -> Result<u32, Errno> {
+        let mut req = abi::CreateAh {
+            response: RESP,
+            user_handle: 0x5,
+            pd_handle: pd,
+            reserved: 0,
+            attr: abi::AhAttr {
+                dlid: 7,
+                port_num: 1,
+                ..Default::default()
+            },
+        };
+        f(&mut req.attr);
+        self.write(cmd::CREATE_AH, req.as_bytes(), &[], 1)?;
+        Ok(u32::from_ne_bytes(self.resp::<[u8; 4]>()))
+    }
+}
+
+#[test]
+fn create_ah_rules_as_the_core_and_mlx5_on_infiniband() {
+    let env = Env::new(false);
+    let pd = env.alloc_pd();
+    // uverbs_cmd.c:2427 a bad port (before the PD), :2432 an unknown PD.
+    assert_eq!(env.create_ah(pd + 5, |a| a.port_num = 2), Err(EINVAL));
+    assert_eq!(env.create_ah(pd + 5, |_| {}), Err(ENOENT));
+    // cache.c:1232: a GRH naming a GID beyond the table.
+    assert_eq!(env.create_ah(pd, |a| (a.is_global, a.sgid_index) = (1, 1)), Err(EINVAL));
+    // The core response needs its 4 bytes (verify_hdr: ENOSPC).
+    let req = abi::CreateAh {
+        response: RESP,
+        pd_handle: pd,
+        attr: abi::AhAttr {
+            port_num: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(env.write(cmd::CREATE_AH, req.as_bytes(), &[], 0), Err(ENOSPC));
+    // An IB AH, with or without a GRH, takes no driver data back (ah.c:106 is RoCE's).
+    let plain = env.create_ah(pd, |_| {}).unwrap();
+    let global = env.create_ah(pd, |a| (a.is_global, a.hop_limit) = (1, 64)).unwrap();
+    assert_ne!(plain, global);
+    // verbs.c:544: the AH holds its PD.
+    assert_eq!(env.write(cmd::DEALLOC_PD, &pd.to_ne_bytes(), &[], 0), Err(EBUSY));
+    env.write(cmd::DESTROY_AH, &plain.to_ne_bytes(), &[], 0).unwrap();
+    assert_eq!(env.write(cmd::DESTROY_AH, &plain.to_ne_bytes(), &[], 0), Err(ENOENT));
+    // The ioctl AH_DESTROY runs the same handler.
+    env.ioctl(6, 0, &[obj(0, u64::from(global))]).unwrap();
+    assert_eq!(env.ioctl(6, 0, &[obj(0, u64::from(global))]).map(drop), Err(ENOENT));
+    env.write(cmd::DEALLOC_PD, &pd.to_ne_bytes(), &[], 0).unwrap();
 }
 
 // ---- mmap and ioctl ------------------------------------------------------------------------
@@ -842,6 +963,113 @@ fn a_full_cq_raises_cq_err_and_is_not_overwritten() {
     let fd = m.contexts[&CTX].async_fd.unwrap();
     m.events_read(fd, &events[0]);
     assert_eq!(m.cqs.iter().next().unwrap().1.async_events, 1);
+}
+
+/// A UD send's datagram segment (`mlx5_wqe_av`) to `dqpn` at LID 7 with `qkey`, service
+/// level 5, and a GRH (traffic class 3, hop limit 64, flow label 0x12345, DGID 0xd0..) if
+/// `grh`; then one data segment.
+fn ud_segs(qkey: u32, dqpn: u32, grh: bool, data: [u8; 16]) -> Vec<u8> {
+    let mut av = [0u8; 48];
+    av[0..4].copy_from_slice(&qkey.to_be_bytes());
+    av[8..12].copy_from_slice(&(0x8000_0000 | dqpn).to_be_bytes());
+    av[12] = 5;
+    av[14..16].copy_from_slice(&7u16.to_be_bytes());
+    if grh {
+        av[26] = 3;
+        av[27] = 64;
+        av[28..32].copy_from_slice(&((1u32 << 30) | 0x1_2345).to_be_bytes());
+        for (k, b) in av[32..48].iter_mut().enumerate() {
+            *b = 0xd0 + k as u8;
+        }
+    }
+    let mut segs = av.to_vec();
+    segs.extend_from_slice(&data);
+    segs
+}
+
+#[test]
+fn a_ud_send_lands_after_the_grh_room_with_its_source_in_the_cqe() {
+    for grh in [false, true] {
+        let mut p = Pair::ud(0x1111_1111);
+        p.env.mem.write(DATA, &[0xab; 100]).unwrap();
+        p.env.mem.write(DATA + 0x1000, &[0xee; 200]).unwrap();
+        p.recv(1, DATA + 0x1000, 140);
+        let segs = ud_segs(0x1111_1111, p.qpn[1], grh, data_seg(100, p.key, DATA));
+        p.post(0, abi::opcode::SEND, &segs, true);
+        p.env.drive();
+        let cqes = p.raw_cqes();
+        assert_eq!(cqes.len(), 2, "grh {grh}");
+        let (req, resp) = if cqes[0][63] >> 4 == abi::cqe_op::REQ {
+            (cqes[0], cqes[1])
+        } else {
+            (cqes[1], cqes[0])
+        };
+        assert_eq!(req[63] >> 4, abi::cqe_op::REQ);
+        assert_eq!(resp[63] >> 4, abi::cqe_op::RESP_SEND);
+        // byte_cnt counts the 40 GRH bytes; flags_rqpn: GRH type, SL 5, the source QPN.
+        assert_eq!(u32::from_be_bytes(resp[44..48].try_into().unwrap()), 140);
+        let flags_rqpn = u32::from_be_bytes(resp[24..28].try_into().unwrap());
+        assert_eq!(flags_rqpn, (u32::from(grh) << 28) | (5 << 24) | p.qpn[0]);
+        assert_eq!(u16::from_be_bytes([resp[22], resp[23]]), 7);
+        let mut buf = [0u8; 200];
+        p.env.mem.read(DATA + 0x1000, &mut buf).unwrap();
+        assert_eq!(buf[40..140], [0xab; 100]);
+        assert_eq!(buf[140..], [0xee; 60]);
+        if grh {
+            // IPv6 version 6, traffic class 3, flow label; PayLen 12 + 8 + 100 + 4; next
+            // header 0x1b; hop limit; SGID fe80::<port GUID>; the DGID asked for.
+            assert_eq!(buf[0..4], ((6u32 << 28) | (3 << 20) | 0x1_2345).to_be_bytes());
+            assert_eq!(buf[4..8], [0, 124, 0x1b, 64]);
+            assert_eq!(buf[8..10], [0xfe, 0x80]);
+            assert_eq!(buf[16..24], 0x0002_c903_0000_0001u64.to_be_bytes());
+            assert_eq!(buf[24], 0xd0);
+            assert_eq!(buf[39], 0xdf);
+        } else {
+            assert_eq!(buf[..40], [0xee; 40]);
+        }
+    }
+}
+
+#[test]
+fn ud_sends_with_a_wrong_qkey_or_to_no_qp_are_dropped_and_still_complete() {
+    let mut p = Pair::ud(0x1111_1111);
+    p.recv(1, DATA + 0x1000, 100);
+    let seg = data_seg(8, p.key, DATA);
+    p.post(0, abi::opcode::SEND, &ud_segs(0x2222, p.qpn[1], false, seg), true);
+    p.post(
+        0,
+        abi::opcode::SEND,
+        &ud_segs(0x1111_1111, p.qpn[1] + 9, false, seg),
+        true,
+    );
+    p.env.drive();
+    // Both sends complete without error; nothing arrived, the receive is still posted.
+    let req = (abi::cqe_op::REQ, 0, 0);
+    assert_eq!(p.cqes(), vec![req, req]);
+    // A controlled Q_Key (high bit set) sends the QP's own: this one arrives.
+    p.post(0, abi::opcode::SEND, &ud_segs(0x8000_0000, p.qpn[1], false, seg), true);
+    p.env.drive();
+    assert!(p.cqes().contains(&(abi::cqe_op::RESP_SEND, 0, 48)));
+}
+
+#[test]
+fn ud_qps_take_only_sends_and_messages_of_one_mtu() {
+    let mut p = Pair::ud(7);
+    // An RDMA write on a UD QP is a local QP operation error.
+    let mut segs = raddr_seg(DATA, p.key).to_vec();
+    segs.extend_from_slice(&data_seg(8, p.key, DATA));
+    p.post(0, abi::opcode::RDMA_WRITE, &segs, true);
+    p.env.drive();
+    assert_eq!(p.cqes(), vec![(abi::cqe_op::REQ_ERR, abi::syndrome::LOCAL_QP_OP, 0)]);
+    let mut p = Pair::ud(7);
+    p.post(
+        0,
+        abi::opcode::SEND,
+        &ud_segs(7, p.qpn[1], false, data_seg(4097, p.key, DATA)),
+        true,
+    );
+    p.env.drive();
+    assert_eq!(p.cqes(), vec![(abi::cqe_op::REQ_ERR, abi::syndrome::LOCAL_LENGTH, 0)]);
 }
 
 #[test]
@@ -1423,8 +1651,9 @@ fn ioctl_qp_creation_flags_as_check_creation_flags() {
     // uverbs_std_types_qp.c:56-59: SCATTER_FCS and CVLAN_STRIPPING only on raw packet QPs.
     assert_eq!(with(4, 1 << 8), Err(EINVAL));
     assert_eq!(with(4, 1 << 9), Err(EINVAL));
-    // Other creation flags pass the core on UD, every one on a driver QP (:50); the model's
-    // write handler then refuses the type (UD and driver QPs are not modelled).
+    // Other creation flags pass the core on UD, every one on a driver QP (:50); the driver
+    // then refuses the capabilities the model lacks (hw/mlx5/qp.c:2997-3000), and the
+    // model has no driver QPs.
     assert_eq!(with(4, 1 << 1), Err(EOPNOTSUPP));
     assert_eq!(with(0xff, 1 << 8), Err(EOPNOTSUPP));
     // :53-54: none on RC; a 64-bit flag beyond the known ones is EINVAL (:194-202).

@@ -143,6 +143,8 @@ fn send_wqe(qp: &crate::objects::Qp, index: u16, mem: &dyn Memory) -> Option<Tra
     }
     let opcode = bytes[3];
     let data_at = match opcode {
+        // A UD send's data follows its 48-byte datagram segment.
+        abi::opcode::SEND | abi::opcode::SEND_IMM if qp.qp_type == abi::qpt::UD => 64,
         abi::opcode::RDMA_WRITE | abi::opcode::RDMA_WRITE_IMM | abi::opcode::RDMA_READ => 32,
         abi::opcode::ATOMIC_CS | abi::opcode::ATOMIC_FA => 48,
         _ => 16,

@@ -8,6 +8,8 @@ pub enum Op {
         imm: Option<u32>,
         solicited: bool,
         data: Vec<u8>,
+        /// What a UD send carries besides: `None` on a connected QP.
+        datagram: Option<Datagram>,
     },
     Write {
         raddr: u64,
@@ -32,6 +34,15 @@ pub enum Op {
         rkey: u32,
         add: u64,
     },
+}
+
+/// The headers of a UD send the receiver sees: the DETH's Q_Key, the LRH's service level
+/// and, when the address vector asks for one, the 40-byte GRH.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Datagram {
+    pub qkey: u32,
+    pub sl: u8,
+    pub grh: Option<[u8; 40]>,
 }
 
 /// One request packet.
@@ -128,7 +139,22 @@ impl Request {
         let mut w = Writer(Vec::new());
         w.u32(self.dst_qpn).u32(self.src_qpn).u16(self.src_lid);
         match &self.op {
-            Op::Send { imm, solicited, data } => w.u8(0).imm(*imm).u8(u8::from(*solicited)).bytes(data),
+            Op::Send {
+                imm,
+                solicited,
+                data,
+                datagram,
+            } => {
+                w.u8(0).imm(*imm).u8(u8::from(*solicited)).bytes(data);
+                match datagram {
+                    None => w.u8(0),
+                    Some(d) => w
+                        .u8(1)
+                        .u32(d.qkey)
+                        .u8(d.sl)
+                        .bytes(d.grh.as_ref().map_or(&[][..], |g| &g[..])),
+                }
+            }
             Op::Write {
                 raddr,
                 rkey,
@@ -162,6 +188,18 @@ impl Request {
                 imm: r.imm()?,
                 solicited: r.u8()? != 0,
                 data: r.bytes()?,
+                datagram: match r.u8()? {
+                    0 => None,
+                    1 => Some(Datagram {
+                        qkey: r.u32()?,
+                        sl: r.u8()?,
+                        grh: match r.bytes()? {
+                            g if g.is_empty() => None,
+                            g => Some(g.try_into().ok()?),
+                        },
+                    }),
+                    _ => return None,
+                },
             },
             1 => Op::Write {
                 raddr: r.u64()?,
@@ -257,6 +295,27 @@ mod tests {
                 imm: Some(7),
                 solicited: true,
                 data: vec![1, 2, 3],
+                datagram: None,
+            },
+            Op::Send {
+                imm: None,
+                solicited: false,
+                data: vec![4],
+                datagram: Some(Datagram {
+                    qkey: 0x1111_1111,
+                    sl: 3,
+                    grh: None,
+                }),
+            },
+            Op::Send {
+                imm: Some(1),
+                solicited: false,
+                data: vec![],
+                datagram: Some(Datagram {
+                    qkey: 5,
+                    sl: 0,
+                    grh: Some([9; 40]),
+                }),
             },
             Op::Write {
                 raddr: 9,

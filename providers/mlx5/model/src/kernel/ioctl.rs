@@ -90,7 +90,8 @@ enum Obj {
     Mr,
     Uar,
     Srq,
-    /// AH, XRCD, RWQ_IND_TBL: the model has none, so every handle names nothing.
+    Ah,
+    /// XRCD, RWQ_IND_TBL: the model has none, so every handle names nothing.
     Absent,
 }
 
@@ -227,7 +228,7 @@ const SRQ_CREATE: &[Spec] = &[
 ];
 /// core/uverbs_std_types.c:241 (PD), :193 (AH), core/uverbs_std_types_mr.c:365 (MR).
 const PD_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Pd))];
-const AH_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Absent))];
+const AH_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Ah))];
 const MR_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Mr))];
 /// hw/mlx5/main.c:3558 `MLX5_IB_METHOD_UAR_OBJ_ALLOC`, :3577 `_DESTROY`.
 const UAR_ALLOC: &[Spec] = &[
@@ -580,6 +581,7 @@ impl Model {
             Obj::Mr => self.mrs.get(h).is_some_and(|o| o.ctx == ctx),
             Obj::Uar => self.uars.get(h).is_some_and(|o| o.ctx == ctx),
             Obj::Srq => self.srqs.get(h).is_some_and(|o| o.ctx == ctx),
+            Obj::Ah => self.ahs.get(h).is_some_and(|o| o.ctx == ctx),
             Obj::Absent => false,
         };
         if found {
@@ -837,10 +839,13 @@ impl Model {
             }
         }
         // :208-215: a source QPN becomes IB_QP_CREATE_SOURCE_QPN, which mlx5 takes on UD QPs
-        // only (hw/mlx5/qp.c:2966-2974, else EOPNOTSUPP at :2997-3000). The model has no UD
-        // QPs; it answers here, before the driver's udata checks (qp.c:3227-3253), which 6.1
-        // runs first.
-        if b.has(11) {
+        // only (hw/mlx5/qp.c:2966-2974, else EOPNOTSUPP at :2997-3000). The creation flags
+        // the core let through are device capabilities (multicast loopback blocking, PCI end
+        // padding, IPoIB LSO, ...) the model has none of: hw/mlx5/qp.c:2912
+        // process_create_flag leaves them set and :2997-3000 answers EOPNOTSUPP. The model
+        // answers here, before the driver's udata checks (qp.c:3227-3253), which 6.1 runs
+        // first.
+        if b.has(11) || creation != 0 {
             return Err(EOPNOTSUPP);
         }
         let srq = b.handle(3);
@@ -932,8 +937,7 @@ impl Model {
         match object {
             object::PD => self.dealloc_pd(&call),
             object::MR => self.dereg_mr(&call),
-            // No AH exists in the model: its lookup already failed.
-            _ => Err(ENOENT),
+            _ => self.destroy_ah(&call),
         }
     }
 }

@@ -1,0 +1,153 @@
+//! mlx5 address handles: the 48-byte address vector (`struct mlx5_wqe_av`) every UD send
+//! copies into its datagram segment, built in user space as libmlx5 builds it for an
+//! InfiniBand port (`verbs.c` `mlx5_create_ah`). The AH's provider value is the address of
+//! its vector, boxed here and freed by [`destroy`].
+
+use super::abi;
+use super::wqe::SEG;
+use crate::attr::AhAttr;
+use crate::error::{Error, Result};
+use crate::provider::KernelCall;
+use zerocopy::IntoBytes;
+
+/// Bytes of an address vector: three segments.
+pub(super) const AV_SIZE: usize = 3 * SEG;
+
+/// `MLX5_EXTENDED_UD_AV`: set in every datagram segment's `dqp_dct` (libmlx5 always
+/// writes the extended form).
+const EXTENDED_UD_AV: u32 = 0x8000_0000;
+/// `grh_gid_fl` bit 30: the packet carries a GRH (InfiniBand; RoCE always has one).
+const GRH_PRESENT: u32 = 1 << 30;
+/// `IB_GRH_FLOWLABEL_MASK`.
+const FLOW_LABEL: u32 = 0xf_ffff;
+
+/// The bytes of a `struct mlx5_wqe_av` with the Q_Key and destination QP left 0: each send
+/// sets its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AddressVector([u8; AV_SIZE]);
+
+impl AddressVector {
+    /// libmlx5's vector for `attr` on an InfiniBand port: `fl_mlid` the source path bits,
+    /// `rlid` the destination LID, `stat_rate_sl` the mlx5 rate and the 4-bit SL; with a
+    /// GRH, `grh_gid_fl` (present, source GID index, flow label), traffic class, hop
+    /// limit and the destination GID.
+    pub(super) fn infiniband(attr: &AhAttr) -> Self {
+        let mut av = [0u8; AV_SIZE];
+        av[12] = (mlx5_rate(attr.static_rate) << 4) | (attr.sl & 0xf);
+        av[13] = attr.src_path_bits & 0x7f;
+        av[14..16].copy_from_slice(&attr.dlid.to_be_bytes());
+        if let Some(grh) = attr.grh {
+            av[26] = grh.traffic_class;
+            av[27] = grh.hop_limit;
+            let gid_fl = GRH_PRESENT | (u32::from(grh.sgid_index) << 20) | (grh.flow_label & FLOW_LABEL);
+            av[28..32].copy_from_slice(&gid_fl.to_be_bytes());
+            av[32..48].copy_from_slice(&grh.dgid);
+        }
+        Self(av)
+    }
+
+    /// The datagram segment of a send to `remote_qpn` with `remote_qkey` (libmlx5
+    /// `_set_datagram_seg`): the vector with the key and destination filled in, as three
+    /// segments.
+    pub(super) fn datagram_seg(&self, remote_qpn: u32, remote_qkey: u32) -> [[u8; SEG]; 3] {
+        let mut av = self.0;
+        av[0..4].copy_from_slice(&remote_qkey.to_be_bytes());
+        av[8..12].copy_from_slice(&(remote_qpn | EXTENDED_UD_AV).to_be_bytes());
+        let mut segs = [[0u8; SEG]; 3];
+        for (seg, bytes) in segs.iter_mut().zip(av.chunks_exact(SEG)) {
+            seg.copy_from_slice(bytes);
+        }
+        segs
+    }
+}
+
+/// `ibv_rate` to the mlx5 static rate (libmlx5 `ah_attr_to_mlx5_rate`, IB spec 1.3 table
+/// 224 on a best-effort basis): 0 (unlimited) for what the table does not name.
+fn mlx5_rate(rate: u8) -> u8 {
+    const TABLE: [u8; 24] = [
+        0, 0, 7, 8, 9, 10, 11, 12, 13, 14, 15, 11, 13, 15, 0, 9, 15, 0, 0, 9, 13, 0, 0, 0,
+    ];
+    TABLE.get(usize::from(rate)).copied().unwrap_or(0)
+}
+
+/// CREATE_AH with room for the driver's answer, then the vector, boxed; its address is the
+/// AH's provider value.
+pub(super) fn create(attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
+    let mut resp = abi::CreateAhResp::default();
+    kernel(&[], resp.as_mut_bytes())?;
+    // hw/mlx5/ah.c:106-120: the driver answers (the destination MAC, response_length 10)
+    // for a RoCE AH only; an InfiniBand AH leaves the buffer alone.
+    if resp.response_length != 0 {
+        return Err(Error::Unsupported {
+            verb: "create_ah",
+            what: "address handles on mlx5 RoCE ports (built for InfiniBand, the link layer of the model)",
+        });
+    }
+    let av = Box::new(AddressVector::infiniband(attr));
+    Ok(Box::into_raw(av) as u64)
+}
+
+/// The vector behind an AH's provider value.
+///
+/// # Safety
+/// `data` is a value [`create`] returned whose AH has not been destroyed; the vector is
+/// only read while that AH lives.
+pub(super) unsafe fn vector<'a>(data: u64) -> &'a AddressVector {
+    // SAFETY: per our contract, `data` is the address of a live boxed vector.
+    unsafe { &*(data as *const AddressVector) }
+}
+
+/// Frees the vector of an AH the kernel destroyed.
+///
+/// # Safety
+/// `data` is a value [`create`] returned, passed here once, after its last use.
+pub(super) unsafe fn destroy(data: u64) {
+    // SAFETY: per our contract, `data` came from `Box::into_raw` in `create` and is freed
+    // only here, once.
+    drop(unsafe { Box::from_raw(data as *mut AddressVector) });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attr::GlobalRoute;
+
+    /// Vectors as libmlx5 writes them (the bytes of `struct mlx5_wqe_av`).
+    #[test]
+    fn vectors_and_datagram_segments_have_libmlx5_bytes() {
+        let plain = AhAttr {
+            port_num: 1,
+            dlid: 0x1234,
+            sl: 0x1b,
+            src_path_bits: 0xff,
+            static_rate: 3,
+            grh: None,
+        };
+        let av = AddressVector::infiniband(&plain);
+        let mut want = [0u8; AV_SIZE];
+        (want[12], want[13], want[14], want[15]) = ((8 << 4) | 0xb, 0x7f, 0x12, 0x34);
+        assert_eq!(av.0, want);
+        let global = AhAttr {
+            static_rate: 99,
+            grh: Some(GlobalRoute {
+                dgid: [0xd0; 16],
+                flow_label: 0xfff_ffff,
+                sgid_index: 2,
+                hop_limit: 64,
+                traffic_class: 3,
+            }),
+            ..plain
+        };
+        let av = AddressVector::infiniband(&global);
+        assert_eq!(av.0[12], 0xb, "rates beyond the table are unlimited");
+        assert_eq!(av.0[26..32], [3, 64, 0x40, 0x2f, 0xff, 0xff]);
+        assert_eq!(av.0[32..48], [0xd0; 16]);
+        let segs = av.datagram_seg(0xab_cdef, 0x1111_2222);
+        assert_eq!(
+            segs[0],
+            [0x11, 0x11, 0x22, 0x22, 0, 0, 0, 0, 0x80, 0xab, 0xcd, 0xef, 0xb, 0x7f, 0x12, 0x34]
+        );
+        assert_eq!(segs[1][10..16], [3, 64, 0x40, 0x2f, 0xff, 0xff]);
+        assert_eq!(segs[2], [0xd0; 16]);
+    }
+}
