@@ -33,7 +33,10 @@
 //!    region has no remote write or atomic access (an [`crate::Mr`] cannot; `into_bufs` checks
 //!    the flags), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
 //!    post took it by value, so the caller cannot read, write, reuse or drop it (the
-//!    `compile_fail` examples below).
+//!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
+//!    puts it in the QP's slot for the request first, the request names the SGE in that box,
+//!    and the provider copies the SGE into its work queue entry before returning. If the
+//!    provider refused the request, nothing was posted and the buffer comes back at once.
 //! 2. **A `Buf` leaves the QP only once the device is done with it.** Each request gets an id
 //!    (its `wr_id`) that grows with every post on the QP's send queue (and another for its
 //!    receive queue); ids are unique in the process, never reused. A queue completes its
@@ -101,7 +104,7 @@
 
 use crate::attr::QpState;
 use crate::cq::Cq;
-use crate::error::{Error, Result, WrReject};
+use crate::error::{Error, Result, Verb, WrReject};
 use crate::mr::Buf;
 use crate::qp::Qp;
 use crate::wc::{WcStatus, WorkCompletion};
@@ -209,27 +212,15 @@ impl Qp {
         flags: SendFlags,
         dest: Option<UdDest<'_>>,
     ) -> std::result::Result<(), Refused> {
-        if let Err(error) = self.can_send() {
-            return Err(Refused { error, buf });
-        }
-        let sge = *buf.sge();
-        let id = match self.sends.claim(buf) {
+        // The queue is closed while the QP's state forbids sends: `next_id` fails then too.
+        let id = match self.owner.check("post_send").and_then(|()| self.send_id("send_buf")) {
             Ok(id) => id,
-            Err((reason, buf)) => {
-                return Err(Refused {
-                    error: Error::WorkRequest {
-                        verb: "send_buf",
-                        index: 0,
-                        reason,
-                    },
-                    buf,
-                })
-            }
+            Err(error) => return Err(Refused { error, buf }),
         };
         let wr = SendWr {
             wr_id: id,
             op,
-            sg_list: std::slice::from_ref(&sge),
+            sg_list: std::slice::from_ref(self.sends.claim(buf)),
             flags,
             ud: dest,
         };
@@ -263,7 +254,8 @@ impl Qp {
         flags: SendFlags,
         dest: Option<UdDest<'_>>,
     ) -> Result<()> {
-        self.can_send()?;
+        self.owner.check("post_send")?;
+        self.check_send_state()?;
         let length = u32::try_from(data.len()).map_err(|_| Error::WorkRequest {
             verb: "send_inline",
             index: 0,
@@ -293,25 +285,12 @@ impl Qp {
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]
     /// gives it back, its length set to the bytes received. Not for QPs on an SRQ.
     pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
-        if let Err(error) = self.can_recv() {
-            return Err(Refused { error, buf });
-        }
-        buf.open_to_capacity();
-        let sge = *buf.sge();
-        let id = match self.recvs.claim(buf) {
+        let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
             Ok(id) => id,
-            Err((reason, buf)) => {
-                return Err(Refused {
-                    error: Error::WorkRequest {
-                        verb: "recv_buf",
-                        index: 0,
-                        reason,
-                    },
-                    buf,
-                })
-            }
+            Err(error) => return Err(Refused { error, buf }),
         };
-        let wr = RecvWr::new(id, std::slice::from_ref(&sge));
+        buf.open_to_capacity();
+        let wr = RecvWr::new(id, std::slice::from_ref(self.recvs.claim(buf)));
         // SAFETY: as in `send_buf`, for the receive queue and its CQ.
         match unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) } {
             Ok(()) => {
@@ -361,9 +340,24 @@ impl Qp {
         (self.sends.len(), self.recvs.len())
     }
 
+    /// The id for the next request holding a buffer on the send queue: refused while the
+    /// QP's state forbids sends (the queue is closed then) or the queue is full.
     #[inline]
-    fn can_send(&self) -> Result<()> {
-        self.owner.check("post_send")?;
+    fn send_id(&mut self, verb: Verb) -> Result<u64> {
+        match self.sends.next_id() {
+            Ok(id) => Ok(id),
+            Err(reason) => Err(self.send_refusal(verb, reason)),
+        }
+    }
+
+    #[cold]
+    fn send_refusal(&self, verb: Verb, reason: WrReject) -> Error {
+        self.check_send_state()
+            .err()
+            .unwrap_or(Error::WorkRequest { verb, index: 0, reason })
+    }
+
+    fn check_send_state(&self) -> Result<()> {
         if self.state() < QpState::Rts {
             return Err(Error::WorkRequest {
                 verb: "post_send",
@@ -374,16 +368,26 @@ impl Qp {
         Ok(())
     }
 
+    /// As `send_id`, for the receive queue (closed in RESET, and on an SRQ: no room).
     #[inline]
-    fn can_recv(&self) -> Result<()> {
-        self.owner.check("post_recv")?;
-        if self.state() == QpState::Reset {
-            return Err(Error::WorkRequest {
-                verb: "post_recv",
-                index: 0,
-                reason: WrReject::WrongState(self.state()),
-            });
+    fn recv_id(&mut self) -> Result<u64> {
+        match self.recvs.next_id() {
+            Ok(id) => Ok(id),
+            Err(reason) => Err(self.recv_refusal(reason)),
         }
-        Ok(())
+    }
+
+    #[cold]
+    fn recv_refusal(&self, reason: WrReject) -> Error {
+        let reason = if self.state() == QpState::Reset {
+            WrReject::WrongState(self.state())
+        } else {
+            reason
+        };
+        Error::WorkRequest {
+            verb: "recv_buf",
+            index: 0,
+            reason,
+        }
     }
 }
