@@ -100,6 +100,44 @@ impl Held {
         }
     }
 
+    /// The next request's id, after `room` said there is one.
+    pub(crate) fn next_id_unchecked(&self) -> u64 {
+        self.next
+    }
+
+    /// How many requests may be taken now (at least 1), or why none (as `next_id`).
+    pub(crate) fn room(&mut self) -> std::result::Result<usize, WrReject> {
+        if self.next >= self.limit {
+            self.make_room()?;
+        }
+        Ok(usize::try_from(self.limit - self.next).unwrap_or(usize::MAX))
+    }
+
+    /// `claim` for the request `k` places after the next one (`k` below `room`), for a list;
+    /// `commit_n` then counts those the provider took and `unclaim_ahead` gives back the rest.
+    pub(crate) fn claim_ahead(&mut self, k: usize, buf: Buf) {
+        let at = (self.next as usize).wrapping_add(k) & self.mask;
+        // Free, as in `claim`.
+        std::mem::forget(self.slots[at].replace(buf));
+    }
+
+    /// The SGE of the buffer `claim_ahead(k, _)` placed.
+    pub(crate) fn sge_ahead(&self, k: usize) -> &Sge {
+        let at = (self.next as usize).wrapping_add(k) & self.mask;
+        self.slots[at].as_ref().map_or(&EMPTY_SGE, Buf::sge)
+    }
+
+    /// Counts `n` claimed requests.
+    pub(crate) fn commit_n(&mut self, n: usize) {
+        self.next += n as u64;
+    }
+
+    /// The buffer `claim_ahead(k, _)` placed, back.
+    pub(crate) fn unclaim_ahead(&mut self, k: usize) -> Option<Buf> {
+        let at = (self.next as usize).wrapping_add(k) & self.mask;
+        self.slots[at].take()
+    }
+
     /// Counts the claimed request: the provider took it.
     #[inline]
     pub(crate) fn commit(&mut self) {
