@@ -407,6 +407,19 @@ impl Qp {
         Some(buf)
     }
 
+    /// Every buffer the completions of `reaped` give back to this QP ([`Qp::reclaim`] for each
+    /// in turn), pushed onto `into` in the order given back; returns how many. Completions of
+    /// other QPs give nothing. No allocation while `into` has room.
+    pub fn reclaim_all(&mut self, reaped: &Reaped<'_>, into: &mut Vec<Buf>) -> usize {
+        let before = into.len();
+        for c in reaped.iter() {
+            while let Some(buf) = self.reclaim(c) {
+                into.push(buf);
+            }
+        }
+        into.len() - before
+    }
+
     /// How many requests of the safe posts the send and receive queues still count: those
     /// holding a buffer, and inline sends no completion has passed yet.
     pub fn held_bufs(&self) -> (usize, usize) {

@@ -2,8 +2,8 @@
 //! `Cq::poll` (with and without completions), `Cq::batch` iteration, `Qp::post_send` (single
 //! requests and lists, inline and not) and `Qp::post_recv` (single and lists) on a real device
 //! make zero allocations; so do the safe posts (`Qp::send_buf`, `send_buf_with`,
-//! `send_inline`, `recv_buf`, and lists with `send_bufs`) with `Cq::reap` and `Qp::reclaim`
-//! giving the buffers back.
+//! `send_inline`, `recv_buf`, and lists with `send_bufs`) with `Cq::reap`, `Qp::reclaim` and
+//! `Qp::reclaim_all` giving the buffers back.
 
 mod common;
 
@@ -261,12 +261,16 @@ fn safe_posts_and_reclaims_make_no_allocation() {
             // one); four receives.
             back += reclaim_into(&mut p.a.qp, &mut p.a.cq, 5, &mut sends, &mut wc);
             back += reclaim_into(&mut p.b.qp, &mut p.b.cq, 4, &mut recvs, &mut wc);
-            // Two writes as one list (one doorbell), both signaled.
+            // Two writes as one list (one doorbell), both signaled, given back in batches.
             p.a.qp
                 .send_bufs(SendOp::RdmaWrite(remote), &mut writes, SendFlags::SIGNALED)
                 .unwrap();
             posted += 2;
-            back += reclaim_into(&mut p.a.qp, &mut p.a.cq, 2, &mut writes, &mut wc);
+            let start = Instant::now();
+            while writes.len() < 2 {
+                back += p.a.qp.reclaim_all(&p.a.cq.reap(&mut wc), &mut writes);
+                assert!(start.elapsed() < TIMEOUT, "the writes' buffers did not come back");
+            }
             assert!(p.a.cq.reap(&mut wc).is_empty());
         }
         (posted, back)

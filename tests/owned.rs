@@ -362,18 +362,19 @@ fn dropping_a_qp_that_holds_buffers_releases_them_after_the_kernel_destroyed_it(
     assert_eq!(weak_probe.as_slice().len(), 64);
 }
 
-/// Reaps `cq` until `want` buffers came back from `qp`, returned in the order given back.
+/// Reaps `cq` until `want` buffers came back from `qp` (`Qp::reclaim_all`), returned in the
+/// order given back.
 fn reclaim_n(qp: &mut Qp, cq: &mut Cq, want: usize) -> Vec<Buf> {
     let mut wc = [WorkCompletion::default(); 16];
     let mut back = Vec::new();
     let start = Instant::now();
     while back.len() < want {
-        for c in cq.reap(&mut wc).iter() {
+        let reaped = cq.reap(&mut wc);
+        for c in reaped.iter() {
             assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
-            while let Some(buf) = qp.reclaim(c) {
-                back.push(buf);
-            }
         }
+        let before = back.len();
+        assert_eq!(qp.reclaim_all(&reaped, &mut back), back.len() - before);
         assert!(start.elapsed() < TIMEOUT, "{} of {want} buffers back", back.len());
     }
     back
