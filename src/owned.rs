@@ -36,10 +36,10 @@
 //!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
 //!    puts it in the QP's slot for the request first, the request names the SGE in that box,
 //!    and the provider copies the SGE into its work queue entry before returning. If the
-//!    provider rejected the request ([`crate::Error::WorkRequest`] names it), none of it was
-//!    queued and the buffer comes back at once; after any other error the provider may have
-//!    queued it (a doorbell that failed after the ring was published), so the QP keeps the
-//!    buffer as if it were posted.
+//!    provider rejected the request ([`crate::Error::WorkRequest`] names it; in a list,
+//!    [`Qp::send_bufs`], it and those after it), none of it was queued and the buffer comes
+//!    back at once; after any other error the provider may have queued it (a doorbell that
+//!    failed after the ring was published), so the QP keeps the buffer as if it were posted.
 //! 2. **A `Buf` leaves the QP only once the device is done with it.** Each request gets an id
 //!    (its `wr_id`) that grows with every post on the QP's send queue (and another for its
 //!    receive queue); ids are unique in the process, never reused. A queue completes its
