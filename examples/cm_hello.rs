@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 use uverbs::cm::{ConnParam, Connector, Listener};
-use uverbs::{AccessFlags, Cq, Mr, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, WorkCompletion};
+use uverbs::{AccessFlags, Buf, Cq, Qp, QpInit, QpType, SendOp, WcOpcode, WorkCompletion};
 
 /// rdma_server's and rdma_client's message size.
 const MSG: usize = 16;
@@ -35,10 +35,12 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The verbs objects of one end: the receive buffer at 0, the send buffer at `MSG`.
+/// The verbs objects of one end, its message buffers while the QP does not hold them, and a
+/// received message that completed while the end was waiting for its send.
 struct End {
     cq: Cq,
-    mr: Mr,
+    bufs: Vec<Buf>,
+    received: Option<Buf>,
 }
 
 impl End {
@@ -48,47 +50,68 @@ impl End {
         let mut init = QpInit::new(QpType::Rc, &cq, &cq);
         (init.cap.max_send_wr, init.cap.max_recv_wr) = (1, 1);
         let qp = pd.create_qp(&init)?;
-        let mr = pd.alloc_mr(2 * MSG, AccessFlags::LOCAL_WRITE)?;
-        Ok((Self { cq, mr }, qp))
+        let bufs = pd.alloc_mr(2 * MSG, AccessFlags::LOCAL_WRITE)?.into_bufs(MSG)?;
+        Ok((
+            Self {
+                cq,
+                bufs,
+                received: None,
+            },
+            qp,
+        ))
+    }
+
+    fn free_buf(&mut self) -> Result<Buf> {
+        self.bufs.pop().ok_or_else(|| "both buffers are posted".into())
     }
 
     fn post_recv(&mut self, qp: &mut Qp) -> Result<()> {
-        let sge = [self.mr.sge(0, MSG as u32)?];
-        // SAFETY: `mr` lives until the completion is polled (`wait`).
-        unsafe { qp.post_recv(&[RecvWr::new(1, &sge)])? };
+        let buf = self.free_buf()?;
+        qp.recv_buf(buf)?; // the QP holds it until its completion
         Ok(())
     }
 
     fn send(&mut self, qp: &mut Qp, text: &str) -> Result<()> {
-        let msg = &mut self.mr.as_mut_slice()[MSG..];
+        let mut buf = self.free_buf()?;
+        buf.set_len(MSG)?;
+        let msg = buf.as_mut_slice();
+        msg.fill(0);
         let n = text.len().min(MSG);
         msg[..n].copy_from_slice(&text.as_bytes()[..n]);
-        let sge = [self.mr.sge(MSG, MSG as u32)?];
-        // SAFETY: `mr` lives until the completion is polled (`wait`).
-        unsafe { qp.post_send(&[SendWr::new(2, SendOp::Send, &sge)])? };
-        self.wait(2)?;
+        qp.send_buf(SendOp::Send, buf)?;
+        let sent = self.wait(qp, WcOpcode::SEND)?;
+        self.bufs.push(sent);
         Ok(())
     }
 
-    /// Waits for the completion of request `wr_id`.
-    fn wait(&mut self, wr_id: u64) -> Result<WorkCompletion> {
+    /// Waits for the completion of the send (`WcOpcode::SEND`) or the receive (`RECV`) and
+    /// takes back its buffer (a receive's has the received bytes as its length). The two may
+    /// complete in either order.
+    fn wait(&mut self, qp: &mut Qp, opcode: WcOpcode) -> Result<Buf> {
+        if opcode == WcOpcode::RECV {
+            if let Some(buf) = self.received.take() {
+                return Ok(buf);
+            }
+        }
         let start = std::time::Instant::now();
         let mut wc = [WorkCompletion::default()];
         while start.elapsed() < TIMEOUT {
-            if self.cq.poll(&mut wc) == 1 {
-                wc[0].result()?;
-                if wc[0].wr_id != wr_id {
-                    return Err(format!("completion of request {}, expected {wr_id}", wc[0].wr_id).into());
+            if let Some(c) = self.cq.reap(&mut wc).iter().next() {
+                c.result()?;
+                let buf = qp.reclaim(c).ok_or("a completion that gives back no buffer")?;
+                if c.opcode == opcode {
+                    return Ok(buf);
                 }
-                return Ok(wc[0]);
+                if c.opcode == WcOpcode::RECV {
+                    self.received = Some(buf);
+                } else {
+                    self.bufs.push(buf);
+                }
+                continue;
             }
             std::thread::sleep(Duration::from_micros(100));
         }
-        Err(format!("no completion of request {wr_id} within {TIMEOUT:?}").into())
-    }
-
-    fn received(&self, wc: &WorkCompletion) -> Vec<u8> {
-        self.mr.as_slice()[..wc.byte_len as usize].to_vec()
+        Err(format!("no {opcode:?} completion within {TIMEOUT:?}").into())
     }
 }
 
@@ -101,10 +124,10 @@ fn serve(addr: SocketAddr) -> Result<Vec<u8>> {
     req.init_qp(&mut qp)?;
     end.post_recv(&mut qp)?;
     let mut conn = req.accept(qp, &ConnParam::default(), TIMEOUT)?;
-    let wc = end.wait(1)?;
+    let received = end.wait(conn.qp_mut(), WcOpcode::RECV)?;
     end.send(conn.qp_mut(), "rust cm server")?;
     conn.disconnect(TIMEOUT)?;
-    Ok(end.received(&wc))
+    Ok(received.as_slice().to_vec())
 }
 
 /// rdma_client's side: connect, send, receive the answer, disconnect.
@@ -115,7 +138,7 @@ fn connect(addr: SocketAddr) -> Result<Vec<u8>> {
     end.post_recv(&mut qp)?;
     let mut conn = connector.connect(qp, &ConnParam::default(), TIMEOUT)?;
     end.send(conn.qp_mut(), "rust cm client")?;
-    let wc = end.wait(1)?;
+    let received = end.wait(conn.qp_mut(), WcOpcode::RECV)?;
     conn.disconnect(TIMEOUT)?;
-    Ok(end.received(&wc))
+    Ok(received.as_slice().to_vec())
 }

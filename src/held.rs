@@ -4,6 +4,7 @@
 
 use crate::error::WrReject;
 use crate::mr::Buf;
+use crate::wr::Sge;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Set in every id given to a request here; a raw post must not use such `wr_id`s on a QP
@@ -11,6 +12,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const SAFE_ID: u64 = 1 << 63;
 /// Set in the ids of receive requests.
 const RECV_ID: u64 = 1 << 62;
+/// What `claim` would name if its slot were empty, which it never is.
+static EMPTY_SGE: Sge = Sge {
+    addr: 0,
+    length: 0,
+    lkey: 0,
+};
 /// Ids come in blocks of 2^32, handed out once each in the process.
 const BLOCK_BITS: u32 = 32;
 const MAX_BLOCKS: u64 = 1 << (62 - BLOCK_BITS);
@@ -21,83 +28,143 @@ static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
 /// empty for a request that holds no buffer (an inline send). A new block of ids starts only
 /// while nothing is held, which keeps the run gapless.
 pub(crate) struct Held {
+    /// A power of two long, at least 1 (so `id & mask` is always an index).
     slots: Box<[Option<Buf>]>,
-    /// `slots.len() - 1` (the length is a power of two, or 0).
+    /// `slots.len() - 1`.
     mask: usize,
+    /// How many requests it may count at once (0 for a QP on an SRQ; else `slots.len()`).
+    depth: u64,
     /// The next request's id; the oldest one still counted (`next` when none is).
     next: u64,
     oldest: u64,
     /// The end of the block `next` comes from.
     end: u64,
-    /// Requests that may be taken before the slow path: the smaller of the free slots and the
-    /// ids left in the block.
-    room: u64,
+    /// Requests below this id may be taken without the slow path: the smaller of the end of
+    /// the free slots and of the block, or `next` while the queue is closed.
+    limit: u64,
+    /// Whether the QP's state lets this queue take requests (kept by the QP).
+    open: bool,
     /// [`SAFE_ID`], and [`RECV_ID`] for a receive queue.
     kind: u64,
 }
 
 impl Held {
-    /// Room for `depth` requests (rounded up to a power of two).
+    /// Room for `depth` requests (rounded up to a power of two); closed.
     pub(crate) fn new(depth: u32, recv: bool) -> Self {
-        let cap = if depth == 0 {
-            0
-        } else {
-            depth.next_power_of_two() as usize
-        };
+        let cap = depth.max(1).next_power_of_two() as usize;
         Self {
             slots: (0..cap).map(|_| None).collect(),
-            mask: cap.saturating_sub(1),
+            mask: cap - 1,
+            depth: if depth == 0 { 0 } else { cap as u64 },
             next: 0,
             oldest: 0,
             end: 0,
-            room: 0,
+            limit: 0,
+            open: false,
             kind: SAFE_ID | if recv { RECV_ID } else { 0 },
         }
     }
 
-    /// Takes `buf` for request `self.next` (returned), if there is room; the post then calls
-    /// `commit`, or `unclaim` if the provider refused it.
+    /// Opens or closes the queue (the QP's state allows posting to it, or not).
+    pub(crate) fn set_open(&mut self, open: bool) {
+        self.open = open;
+        self.update_limit();
+    }
+
+    /// The id the next request gets, if the queue is open and has room for it; the post then
+    /// `claim`s the slot for its buffer. `QueueFull` when closed too: the QP then reports its
+    /// state instead.
     #[inline]
-    pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<u64, (WrReject, Buf)> {
-        if self.room == 0 {
-            if let Err(e) = self.make_room() {
-                return Err((e, buf));
-            }
+    pub(crate) fn next_id(&mut self) -> std::result::Result<u64, WrReject> {
+        if self.next >= self.limit {
+            self.make_room()?;
         }
-        let at = self.next as usize & self.mask;
-        // The slot is free (its last request was released): nothing to drop.
-        std::mem::forget(self.slots[at].replace(buf));
         Ok(self.next)
     }
 
+    /// Puts `buf` in the slot of the request `next_id` gave out and returns its SGE for the
+    /// request to name; then `commit` once the provider took the request, or `unclaim`.
+    #[inline]
+    #[allow(unsafe_code)] // indexes the ring unchecked
+    pub(crate) fn claim(&mut self, buf: Buf) -> &Sge {
+        let at = self.next as usize & self.mask;
+        // SAFETY: `mask` is `slots.len() - 1` and the length a power of two (`new`), so `at`
+        // is below the length.
+        let slot = unsafe { self.slots.get_unchecked_mut(at) };
+        // Free: `next_id` saw room, so the slot's last request (`depth` ago) was released.
+        std::mem::forget(slot.replace(buf));
+        match slot {
+            Some(buf) => buf.sge(),
+            // Never: just filled (and compiled away). An empty list would post nothing.
+            None => &EMPTY_SGE,
+        }
+    }
+
+    /// The next request's id, after `room` said there is one.
+    pub(crate) fn next_id_unchecked(&self) -> u64 {
+        self.next
+    }
+
+    /// How many requests may be taken now (at least 1), or why none (as `next_id`).
+    pub(crate) fn room(&mut self) -> std::result::Result<usize, WrReject> {
+        if self.next >= self.limit {
+            self.make_room()?;
+        }
+        Ok(usize::try_from(self.limit - self.next).unwrap_or(usize::MAX))
+    }
+
+    /// `claim` for the request `k` places after the next one (`k` below `room`), for a list;
+    /// `commit_n` then counts those the provider took and `unclaim_ahead` gives back the rest.
+    pub(crate) fn claim_ahead(&mut self, k: usize, buf: Buf) {
+        let at = (self.next as usize).wrapping_add(k) & self.mask;
+        // Free, as in `claim`.
+        std::mem::forget(self.slots[at].replace(buf));
+    }
+
+    /// The SGE of the buffer `claim_ahead(k, _)` placed.
+    pub(crate) fn sge_ahead(&self, k: usize) -> &Sge {
+        let at = (self.next as usize).wrapping_add(k) & self.mask;
+        self.slots[at].as_ref().map_or(&EMPTY_SGE, Buf::sge)
+    }
+
+    /// Counts `n` claimed requests.
+    pub(crate) fn commit_n(&mut self, n: usize) {
+        self.next += n as u64;
+    }
+
+    /// The buffer `claim_ahead(k, _)` placed, back.
+    pub(crate) fn unclaim_ahead(&mut self, k: usize) -> Option<Buf> {
+        let at = (self.next as usize).wrapping_add(k) & self.mask;
+        self.slots[at].take()
+    }
+
+    /// Counts the claimed request: the provider took it.
     #[inline]
     pub(crate) fn commit(&mut self) {
         self.next += 1;
-        self.room -= 1;
     }
 
+    /// The claimed buffer, back: the provider refused the request.
     pub(crate) fn unclaim(&mut self) -> Buf {
         let at = self.next as usize & self.mask;
         self.slots[at].take().expect("claimed just before")
     }
 
     /// The id for a request that holds no buffer (an inline send): counted like the others,
-    /// its slot left empty.
+    /// its slot left empty. Called once the request is known to be well formed (a gap in
+    /// the ids would do no harm, but holds nothing).
     #[inline]
     pub(crate) fn bare_id(&mut self) -> std::result::Result<u64, WrReject> {
-        if self.room == 0 {
-            self.make_room()?;
-        }
-        let id = self.next;
-        self.commit();
+        let id = self.next_id()?;
+        self.next += 1;
         Ok(id)
     }
 
-    /// Recomputes `room`, starting a new block of ids when the current one is used up and
-    /// nothing is held; `QueueFull` when there is none.
+    /// Recomputes `limit`, starting a new block of ids when the current one is used up and
+    /// nothing is held; `QueueFull` when there is no room (or the queue is closed).
     #[cold]
     fn make_room(&mut self) -> std::result::Result<(), WrReject> {
-        if self.next == self.end && self.next == self.oldest {
+        if self.open && self.depth > 0 && self.next == self.end && self.next == self.oldest {
             let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
             if block >= MAX_BLOCKS {
                 // 2^30 blocks of 2^32 requests each: never in practice, but never reused.
@@ -107,16 +174,19 @@ impl Held {
             self.oldest = self.next;
             self.end = self.next + (1 << BLOCK_BITS);
         }
-        self.update_room();
-        if self.room == 0 {
+        self.update_limit();
+        if self.next >= self.limit {
             return Err(WrReject::QueueFull);
         }
         Ok(())
     }
 
-    fn update_room(&mut self) {
-        let free = self.slots.len() as u64 - (self.next - self.oldest);
-        self.room = free.min(self.end - self.next);
+    fn update_limit(&mut self) {
+        self.limit = if self.open {
+            (self.oldest + self.depth).min(self.end)
+        } else {
+            self.next
+        };
     }
 
     /// How many requests it still counts (holding a buffer or not).
@@ -141,7 +211,7 @@ impl Held {
             let at = self.oldest as usize & self.mask;
             let held = self.oldest;
             self.oldest += 1;
-            self.update_room();
+            self.update_limit();
             if let Some(buf) = self.slots[at].take() {
                 return Some((held, buf));
             }
@@ -157,6 +227,7 @@ mod tests {
     #[test]
     fn ids_run_gapless_and_a_completion_releases_everything_up_to_it() {
         let mut h = Held::new(3, false); // rounded up to 4
+        h.set_open(true);
         let ids: Vec<u64> = (0..4).map(|_| h.bare_id().unwrap()).collect();
         assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
         assert!(ids.iter().all(|&id| h.owns(id)) && !h.is_recv());
@@ -176,9 +247,20 @@ mod tests {
     #[test]
     fn every_queue_draws_ids_no_other_queue_ever_had() {
         let (mut a, mut b) = (Held::new(4, false), Held::new(4, false));
+        a.set_open(true);
+        b.set_open(true);
         let (x, y) = (a.bare_id().unwrap(), b.bare_id().unwrap());
         assert_ne!(x >> BLOCK_BITS, y >> BLOCK_BITS, "different blocks");
+        let mut closed = Held::new(4, false);
+        assert_eq!(closed.bare_id(), Err(WrReject::QueueFull), "closed: the QP's state");
+        closed.set_open(true);
+        let id = closed.bare_id().unwrap();
+        closed.set_open(false);
+        assert_eq!(closed.bare_id(), Err(WrReject::QueueFull), "closed again");
+        closed.set_open(true);
+        assert_eq!(closed.bare_id(), Ok(id + 1), "reopened: the ids go on without a gap");
         let mut none = Held::new(0, true);
+        none.set_open(true);
         assert_eq!(none.bare_id(), Err(WrReject::QueueFull), "no slots (a QP on an SRQ)");
     }
 }

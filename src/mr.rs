@@ -303,7 +303,7 @@ impl Mr {
             .step_by(size)
             .map(|offset| {
                 let cap = cap.min((len - offset) as u32);
-                Buf {
+                Buf(Box::new(BufPart {
                     sge: Sge {
                         addr: iova + offset as u64,
                         length: cap,
@@ -311,7 +311,7 @@ impl Mr {
                     },
                     cap,
                     mr: mr.clone(),
-                }
+                }))
             })
             .collect())
     }
@@ -323,20 +323,31 @@ impl Mr {
 ///
 /// It has a capacity (its share of the region) and a length, the bytes a send or write
 /// gathers, a read fetches, or a receive delivered.
-pub struct Buf {
+///
+/// One pointer wide: posting moves a word, and the work request points at the SGE behind it.
+pub struct Buf(Box<BufPart>);
+
+/// What a [`Buf`] is. Boxed once by `into_bufs`, so a post or a completion moves no more than
+/// the pointer and the SGE keeps its address while the QP holds the buffer.
+#[repr(C)] // the SGE first: a request names it at the box's own address
+struct BufPart {
     /// The bytes `0..len` as a work request names them.
     sge: Sge,
     cap: u32,
     mr: Arc<Mr>,
 }
 
+// A post moves one word; a slot of the QP's ring holds one (`None` is the null pointer).
+const _: () = assert!(size_of::<Buf>() == size_of::<usize>());
+const _: () = assert!(size_of::<Option<Buf>>() == size_of::<usize>());
+
 impl std::fmt::Debug for Buf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Buf")
             .field("offset", &self.offset())
-            .field("len", &self.sge.length)
-            .field("cap", &self.cap)
-            .field("lkey", &self.sge.lkey)
+            .field("len", &self.0.sge.length)
+            .field("cap", &self.0.cap)
+            .field("lkey", &self.0.sge.lkey)
             .finish()
     }
 }
@@ -344,47 +355,47 @@ impl std::fmt::Debug for Buf {
 impl Buf {
     /// Where the buffer starts within its region.
     pub fn offset(&self) -> usize {
-        (self.sge.addr - self.mr.iova) as usize
+        (self.0.sge.addr - self.0.mr.iova) as usize
     }
 
     /// Its length: what a send or write takes, what a read fetches, what a receive delivered.
     pub fn len(&self) -> usize {
-        self.sge.length as usize
+        self.0.sge.length as usize
     }
 
     /// Whether the length is 0.
     pub fn is_empty(&self) -> bool {
-        self.sge.length == 0
+        self.0.sge.length == 0
     }
 
     /// Its share of the region: the most `len` may be, and what a receive may fill.
     pub fn capacity(&self) -> usize {
-        self.cap as usize
+        self.0.cap as usize
     }
 
     /// Sets the length, up to the capacity.
     pub fn set_len(&mut self, len: usize) -> Result<(), OutOfBounds> {
         match u32::try_from(len) {
-            Ok(l) if l <= self.cap => {
-                self.sge.length = l;
+            Ok(l) if l <= self.0.cap => {
+                self.0.sge.length = l;
                 Ok(())
             }
             _ => Err(OutOfBounds {
                 offset: self.offset(),
                 len,
-                mr_len: self.cap as usize,
+                mr_len: self.0.cap as usize,
             }),
         }
     }
 
     /// The region's local key.
     pub fn lkey(&self) -> u32 {
-        self.sge.lkey
+        self.0.sge.lkey
     }
 
     /// The bytes `0..len`.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the range lies in the region (`into_bufs` cut it so), which `self.mr` keeps
+        // SAFETY: the range lies in the region (`into_bufs` cut it so), which `self.0.mr` keeps
         // mapped; no other `Buf` covers it, no peer may write the region, and the device
         // touches it only while a QP holds this `Buf` (then no `&self` exists).
         unsafe { std::slice::from_raw_parts(self.ptr(), self.len()) }
@@ -406,24 +417,24 @@ impl Buf {
     /// The scatter/gather entry for the bytes `0..len`, while the buffer is posted.
     #[inline]
     pub(crate) fn sge(&self) -> &Sge {
-        &self.sge
+        &self.0.sge
     }
 
     /// The bytes `0..len` as a receive delivered `byte_len` of them (clamped to the capacity).
     #[inline]
     pub(crate) fn received(&mut self, byte_len: u32) {
-        self.sge.length = byte_len.min(self.cap);
+        self.0.sge.length = byte_len.min(self.0.cap);
     }
 
     /// For a receive, which may fill the whole capacity.
     #[inline]
     pub(crate) fn open_to_capacity(&mut self) {
-        self.sge.length = self.cap;
+        self.0.sge.length = self.0.cap;
     }
 
     fn ptr(&self) -> *mut u8 {
         // The offset is below the region's length, so this stays in the mapping.
-        self.mr.addr.wrapping_add(self.offset())
+        self.0.mr.addr.wrapping_add(self.offset())
     }
 }
 

@@ -33,7 +33,13 @@
 //!    region has no remote write or atomic access (an [`crate::Mr`] cannot; `into_bufs` checks
 //!    the flags), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
 //!    post took it by value, so the caller cannot read, write, reuse or drop it (the
-//!    `compile_fail` examples below).
+//!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
+//!    puts it in the QP's slot for the request first, the request names the SGE in that box,
+//!    and the provider copies the SGE into its work queue entry before returning. If the
+//!    provider rejected the request ([`crate::Error::WorkRequest`] names it; in a list,
+//!    [`Qp::send_bufs`], it and those after it), none of it was queued and the buffer comes
+//!    back at once; after any other error the provider may have queued it (a doorbell that
+//!    failed after the ring was published), so the QP keeps the buffer as if it were posted.
 //! 2. **A `Buf` leaves the QP only once the device is done with it.** Each request gets an id
 //!    (its `wr_id`) that grows with every post on the QP's send queue (and another for its
 //!    receive queue); ids are unique in the process, never reused. A queue completes its
@@ -101,7 +107,7 @@
 
 use crate::attr::QpState;
 use crate::cq::Cq;
-use crate::error::{Error, Result, WrReject};
+use crate::error::{Error, Result, Verb, WrReject};
 use crate::mr::Buf;
 use crate::qp::Qp;
 use crate::wc::{WcStatus, WorkCompletion};
@@ -162,13 +168,16 @@ impl Cq {
     }
 }
 
-/// A buffer the QP could not post, handed back with the reason.
+/// A post that failed, with the buffer if it was not posted.
 #[derive(Debug)]
 pub struct Refused {
     /// Why.
     pub error: Error,
-    /// The buffer, unposted.
-    pub buf: Buf,
+    /// The buffer, unposted: always, except after an error other than
+    /// [`Error::WorkRequest`] from the provider (such as a failed doorbell), when the request
+    /// may have been queued: then `None`, and the QP holds the buffer like a posted one until
+    /// a completion or the QP's destruction gives it back.
+    pub buf: Option<Buf>,
 }
 
 impl std::fmt::Display for Refused {
@@ -192,8 +201,8 @@ impl From<Refused> for Error {
 impl Qp {
     /// Posts `op` with `buf` as its local buffer, signaled: the bytes `0..buf.len()` are
     /// gathered for a send or write, or receive what a read or atomic fetches (8 bytes). The
-    /// QP holds `buf` until [`Qp::reclaim`] gives it back. On failure nothing was posted and
-    /// the buffer comes back in the [`Refused`].
+    /// QP holds `buf` until [`Qp::reclaim`] gives it back. On failure the buffer comes back in
+    /// the [`Refused`] unless the request may have been queued ([`Refused::buf`]).
     #[inline]
     pub fn send_buf(&mut self, op: SendOp, buf: Buf) -> std::result::Result<(), Refused> {
         self.send_buf_with(op, buf, SendFlags::SIGNALED, None)
@@ -209,27 +218,15 @@ impl Qp {
         flags: SendFlags,
         dest: Option<UdDest<'_>>,
     ) -> std::result::Result<(), Refused> {
-        if let Err(error) = self.can_send() {
-            return Err(Refused { error, buf });
-        }
-        let sge = *buf.sge();
-        let id = match self.sends.claim(buf) {
+        // The queue is closed while the QP's state forbids sends: `next_id` fails then too.
+        let id = match self.owner.check("post_send").and_then(|()| self.send_id("send_buf")) {
             Ok(id) => id,
-            Err((reason, buf)) => {
-                return Err(Refused {
-                    error: Error::WorkRequest {
-                        verb: "send_buf",
-                        index: 0,
-                        reason,
-                    },
-                    buf,
-                })
-            }
+            Err(error) => return Err(Refused { error, buf: Some(buf) }),
         };
         let wr = SendWr {
             wr_id: id,
             op,
-            sg_list: std::slice::from_ref(&sge),
+            sg_list: std::slice::from_ref(self.sends.claim(buf)),
             flags,
             ud: dest,
         };
@@ -244,12 +241,73 @@ impl Qp {
                 self.sends.commit();
                 Ok(())
             }
-            Err(error) => Err(Refused {
-                error,
-                buf: self.sends.unclaim(),
-            }),
+            Err(error) => {
+                let buf = if matches!(error, Error::WorkRequest { .. }) {
+                    Some(self.sends.unclaim())
+                } else {
+                    // The provider may have queued it: held like a posted one.
+                    self.sends.commit();
+                    None
+                };
+                Err(Refused { error, buf })
+            }
         }
     }
+
+    /// Posts one `op` per buffer of `bufs`, in order, taking them from its front: up to
+    /// [`Qp::BUF_LIST`] requests share a doorbell (the provider's list). Each request is posted
+    /// with `flags` as [`Qp::send_buf_with`] posts it (not for UD QPs), and the QP holds each
+    /// buffer until [`Qp::reclaim`] gives it back.
+    ///
+    /// On an [`Error::WorkRequest`], the requests before its `index` (counted from the first
+    /// buffer of this call) were posted and the buffers not posted are back in `bufs`, in
+    /// order; after another error from the provider the QP holds every buffer it was given
+    /// (as in [`Refused::buf`]). No allocation unless it fails.
+    pub fn send_bufs(&mut self, op: SendOp, bufs: &mut Vec<Buf>, flags: SendFlags) -> Result<()> {
+        self.owner.check("post_send")?;
+        let mut posted = 0;
+        while !bufs.is_empty() {
+            let room = match self.sends.room() {
+                Ok(room) => room,
+                Err(reason) => return Err(at_index(self.send_refusal("send_bufs", reason), posted)),
+            };
+            let n = bufs.len().min(Self::BUF_LIST).min(room);
+            for (k, buf) in bufs.drain(..n).enumerate() {
+                self.sends.claim_ahead(k, buf);
+            }
+            let (sends, first) = (&self.sends, self.sends.next_id_unchecked());
+            let wrs: [SendWr<'_>; Self::BUF_LIST] = std::array::from_fn(|k| SendWr {
+                wr_id: first + k as u64,
+                op,
+                sg_list: std::slice::from_ref(sends.sge_ahead(k)),
+                flags,
+                ud: None,
+            });
+            // SAFETY: as in `send_buf`, for each of the `n` requests: their buffers are in
+            // `self.sends` until completions give them back; those not posted come out again
+            // below, before anyone else can reach them.
+            let result = unsafe { self.queues.post_send(SendList::new(&wrs[..n])) };
+            // Only a work-request rejection says what was not queued; after any other error
+            // the provider may have queued them all, and the QP holds their buffers.
+            let taken = match &result {
+                Err(Error::WorkRequest { index, .. }) => (*index).min(n),
+                _ => n,
+            };
+            if taken < n {
+                let unposted: Vec<Buf> = (taken..n).filter_map(|k| self.sends.unclaim_ahead(k)).collect();
+                bufs.splice(0..0, unposted);
+            }
+            self.sends.commit_n(taken);
+            if let Err(e) = result {
+                return Err(at_index(e, posted));
+            }
+            posted += n;
+        }
+        Ok(())
+    }
+
+    /// The most requests [`Qp::send_bufs`] posts with one doorbell.
+    pub const BUF_LIST: usize = 32;
 
     /// Posts `op` (a send or RDMA write) with `data` copied into the request, signaled. The
     /// QP must allow that much inline data (`QpCap::max_inline_data`). Nothing is held: its
@@ -266,7 +324,8 @@ impl Qp {
         flags: SendFlags,
         dest: Option<UdDest<'_>>,
     ) -> Result<()> {
-        self.can_send()?;
+        self.owner.check("post_send")?;
+        self.check_send_state()?;
         let length = u32::try_from(data.len()).map_err(|_| Error::WorkRequest {
             verb: "send_inline",
             index: 0,
@@ -299,35 +358,28 @@ impl Qp {
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]
     /// gives it back, its length set to the bytes received. Not for QPs on an SRQ.
     pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
-        if let Err(error) = self.can_recv() {
-            return Err(Refused { error, buf });
-        }
-        buf.open_to_capacity();
-        let sge = *buf.sge();
-        let id = match self.recvs.claim(buf) {
+        let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
             Ok(id) => id,
-            Err((reason, buf)) => {
-                return Err(Refused {
-                    error: Error::WorkRequest {
-                        verb: "recv_buf",
-                        index: 0,
-                        reason,
-                    },
-                    buf,
-                })
-            }
+            Err(error) => return Err(Refused { error, buf: Some(buf) }),
         };
-        let wr = RecvWr::new(id, std::slice::from_ref(&sge));
+        buf.open_to_capacity();
+        let wr = RecvWr::new(id, std::slice::from_ref(self.recvs.claim(buf)));
         // SAFETY: as in `send_buf`, for the receive queue and its CQ.
         match unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 self.recvs.commit();
                 Ok(())
             }
-            Err(error) => Err(Refused {
-                error,
-                buf: self.recvs.unclaim(),
-            }),
+            Err(error) => {
+                let buf = if matches!(error, Error::WorkRequest { .. }) {
+                    Some(self.recvs.unclaim())
+                } else {
+                    // The provider may have queued it: held like a posted one.
+                    self.recvs.commit();
+                    None
+                };
+                Err(Refused { error, buf })
+            }
         }
     }
 
@@ -361,15 +413,43 @@ impl Qp {
         Some(buf)
     }
 
+    /// Every buffer the completions of `reaped` give back to this QP ([`Qp::reclaim`] for each
+    /// in turn), pushed onto `into` in the order given back; returns how many. Completions of
+    /// other QPs give nothing. No allocation while `into` has room.
+    pub fn reclaim_all(&mut self, reaped: &Reaped<'_>, into: &mut Vec<Buf>) -> usize {
+        let before = into.len();
+        for c in reaped.iter() {
+            while let Some(buf) = self.reclaim(c) {
+                into.push(buf);
+            }
+        }
+        into.len() - before
+    }
+
     /// How many requests of the safe posts the send and receive queues still count: those
     /// holding a buffer, and inline sends no completion has passed yet.
     pub fn held_bufs(&self) -> (usize, usize) {
         (self.sends.len(), self.recvs.len())
     }
 
+    /// The id for the next request holding a buffer on the send queue: refused while the
+    /// QP's state forbids sends (the queue is closed then) or the queue is full.
     #[inline]
-    fn can_send(&self) -> Result<()> {
-        self.owner.check("post_send")?;
+    fn send_id(&mut self, verb: Verb) -> Result<u64> {
+        match self.sends.next_id() {
+            Ok(id) => Ok(id),
+            Err(reason) => Err(self.send_refusal(verb, reason)),
+        }
+    }
+
+    #[cold]
+    fn send_refusal(&self, verb: Verb, reason: WrReject) -> Error {
+        self.check_send_state()
+            .err()
+            .unwrap_or(Error::WorkRequest { verb, index: 0, reason })
+    }
+
+    fn check_send_state(&self) -> Result<()> {
         if self.state() < QpState::Rts {
             return Err(Error::WorkRequest {
                 verb: "post_send",
@@ -380,16 +460,39 @@ impl Qp {
         Ok(())
     }
 
+    /// As `send_id`, for the receive queue (closed in RESET, and on an SRQ: no room).
     #[inline]
-    fn can_recv(&self) -> Result<()> {
-        self.owner.check("post_recv")?;
-        if self.state() == QpState::Reset {
-            return Err(Error::WorkRequest {
-                verb: "post_recv",
-                index: 0,
-                reason: WrReject::WrongState(self.state()),
-            });
+    fn recv_id(&mut self) -> Result<u64> {
+        match self.recvs.next_id() {
+            Ok(id) => Ok(id),
+            Err(reason) => Err(self.recv_refusal(reason)),
         }
-        Ok(())
+    }
+
+    #[cold]
+    fn recv_refusal(&self, reason: WrReject) -> Error {
+        let reason = if self.state() == QpState::Reset {
+            WrReject::WrongState(self.state())
+        } else {
+            reason
+        };
+        Error::WorkRequest {
+            verb: "recv_buf",
+            index: 0,
+            reason,
+        }
+    }
+}
+
+/// `e` with a work request's index counted from the start of a list of which `before` were
+/// posted by earlier doorbells.
+fn at_index(e: Error, before: usize) -> Error {
+    match e {
+        Error::WorkRequest { verb, index, reason } => Error::WorkRequest {
+            verb,
+            index: before + index,
+            reason,
+        },
+        e => e,
     }
 }

@@ -484,9 +484,16 @@ impl Qp {
             cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out)
         })?;
         if let Some(state) = attr.state {
-            self.state = state;
+            self.set_state(state);
         }
         Ok(())
+    }
+
+    /// Records the state, opening or closing the safe posts' queues (`crate::owned`) with it.
+    fn set_state(&mut self, state: QpState) {
+        self.state = state;
+        self.sends.set_open(state >= QpState::Rts);
+        self.recvs.set_open(state != QpState::Reset);
     }
 
     /// Reads back every attribute (QUERY_QP).
@@ -499,7 +506,7 @@ impl Qp {
         };
         let r: QueryQpResp = self.ctx().write_cmd("QUERY_QP", abi::cmd::QUERY_QP, &req)?;
         let state = qp_state(r.qp_state)?;
-        self.state = state;
+        self.set_state(state);
         let info = QpInfo {
             attr: QpAttr {
                 state: Some(state),

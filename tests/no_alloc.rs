@@ -2,7 +2,8 @@
 //! `Cq::poll` (with and without completions), `Cq::batch` iteration, `Qp::post_send` (single
 //! requests and lists, inline and not) and `Qp::post_recv` (single and lists) on a real device
 //! make zero allocations; so do the safe posts (`Qp::send_buf`, `send_buf_with`,
-//! `send_inline`, `recv_buf`) with `Cq::reap` and `Qp::reclaim` giving the buffers back.
+//! `send_inline`, `recv_buf`, and lists with `send_bufs`) with `Cq::reap`, `Qp::reclaim` and
+//! `Qp::reclaim_all` giving the buffers back.
 
 mod common;
 
@@ -219,8 +220,15 @@ fn safe_posts_and_reclaims_make_no_allocation() {
             .unwrap()
             .into_bufs(128)
             .unwrap();
+    // For the writes posted as a list (`send_bufs`).
+    let mut writes =
+        p.pd.alloc_mr(2 * 64, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .into_bufs(64)
+            .unwrap();
     sends.reserve(4);
     recvs.reserve(4);
+    writes.reserve(2);
     let payload = [0x5au8; 48];
     let mut wc = [WorkCompletion::default(); 16];
 
@@ -253,11 +261,25 @@ fn safe_posts_and_reclaims_make_no_allocation() {
             // one); four receives.
             back += reclaim_into(&mut p.a.qp, &mut p.a.cq, 5, &mut sends, &mut wc);
             back += reclaim_into(&mut p.b.qp, &mut p.b.cq, 4, &mut recvs, &mut wc);
+            // Two writes as one list (one doorbell), both signaled, given back in batches.
+            p.a.qp
+                .send_bufs(SendOp::RdmaWrite(remote), &mut writes, SendFlags::SIGNALED)
+                .unwrap();
+            posted += 2;
+            let start = Instant::now();
+            while writes.len() < 2 {
+                back += p.a.qp.reclaim_all(&p.a.cq.reap(&mut wc), &mut writes);
+                assert!(start.elapsed() < TIMEOUT, "the writes' buffers did not come back");
+            }
             assert!(p.a.cq.reap(&mut wc).is_empty());
         }
         (posted, back)
     });
-    assert_eq!((posted, back), (8 * ROUNDS, 8 * ROUNDS), "every buffer back each round");
+    assert_eq!(
+        (posted, back),
+        (10 * ROUNDS, 10 * ROUNDS),
+        "every buffer back each round"
+    );
     assert_eq!(
         calls, 0,
         "{calls} allocator calls in {ROUNDS} rounds of safe posting and reclaiming"

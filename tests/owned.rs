@@ -255,7 +255,7 @@ fn refused_posts_hand_the_buffer_back_and_failed_requests_still_return_it() {
         "{}",
         refused.error
     );
-    let buf = refused.buf;
+    let buf = refused.buf.expect("rejected before it was queued");
     assert_eq!(p.a.qp.held_bufs(), (0, 0));
     // A write with a bad rkey fails at the device: the error completion gives it back.
     let bad = Remote {
@@ -360,4 +360,116 @@ fn dropping_a_qp_that_holds_buffers_releases_them_after_the_kernel_destroyed_it(
     drop(b.qp);
     // The region is still alive through the one buffer kept here.
     assert_eq!(weak_probe.as_slice().len(), 64);
+}
+
+/// Reaps `cq` until `want` buffers came back from `qp` (`Qp::reclaim_all`), returned in the
+/// order given back.
+fn reclaim_n(qp: &mut Qp, cq: &mut Cq, want: usize) -> Vec<Buf> {
+    let mut wc = [WorkCompletion::default(); 16];
+    let mut back = Vec::new();
+    let start = Instant::now();
+    while back.len() < want {
+        let reaped = cq.reap(&mut wc);
+        for c in reaped.iter() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+        }
+        let before = back.len();
+        assert_eq!(qp.reclaim_all(&reaped, &mut back), back.len() - before);
+        assert!(start.elapsed() < TIMEOUT, "{} of {want} buffers back", back.len());
+    }
+    back
+}
+
+#[test]
+fn a_list_of_buffers_is_posted_a_doorbell_per_32_and_every_buffer_comes_back() {
+    const N: usize = 100;
+    let mut p = Pair::new();
+    for b in bufs(&p.pd, N, MSG) {
+        p.b.qp.recv_buf(b).unwrap();
+    }
+    let mut list = bufs(&p.pd, N, MSG);
+    for (seq, b) in list.iter_mut().enumerate() {
+        b.fill_from(&message(seq as u64)).unwrap();
+    }
+    // Only the last of each doorbell signaled would do too; every one is, to count them.
+    p.a.qp.send_bufs(SendOp::Send, &mut list, SendFlags::SIGNALED).unwrap();
+    assert!(list.is_empty());
+    assert_eq!(p.a.qp.held_bufs(), (N, 0));
+    let sent = reclaim_n(&mut p.a.qp, &mut p.a.cq, N);
+    for (seq, b) in sent.iter().enumerate() {
+        assert_eq!(b.as_slice(), message(seq as u64), "given back in posting order");
+    }
+    let received = reclaim_n(&mut p.b.qp, &mut p.b.cq, N);
+    for (seq, b) in received.iter().enumerate() {
+        assert_eq!(b.as_slice(), message(seq as u64), "received in order");
+    }
+    assert_eq!((p.a.qp.held_bufs(), p.b.qp.held_bufs()), ((0, 0), (0, 0)));
+}
+
+#[test]
+fn a_list_longer_than_the_queue_posts_what_fits_and_hands_the_rest_back_in_order() {
+    const N: usize = 80;
+    let mut p = Pair::with(PairOpts {
+        cap: QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        ..Default::default()
+    });
+    let remote = p.b.mr.remote(0).unwrap();
+    let mut list = bufs(&p.pd, N, 8);
+    for (seq, b) in list.iter_mut().enumerate() {
+        b.fill_from(&(seq as u64).to_le_bytes()).unwrap();
+    }
+    let mut posted = 0;
+    while posted < N {
+        let before = list.len();
+        match p
+            .a
+            .qp
+            .send_bufs(SendOp::RdmaWrite(remote), &mut list, SendFlags::SIGNALED)
+        {
+            Ok(()) => assert!(list.is_empty()),
+            Err(Error::WorkRequest {
+                index,
+                reason: WrReject::QueueFull,
+                ..
+            }) => {
+                assert!(index > 0, "the queue had room");
+                assert_eq!(list.len(), before - index, "the rest is back");
+            }
+            Err(e) => panic!("{e}"),
+        }
+        let n = before - list.len();
+        // What is left starts with the first buffer not posted.
+        if let Some(first) = list.first() {
+            assert_eq!(first.as_slice(), ((posted + n) as u64).to_le_bytes());
+        }
+        let back = reclaim_n(&mut p.a.qp, &mut p.a.cq, n);
+        for (k, b) in back.iter().enumerate() {
+            assert_eq!(b.as_slice(), ((posted + k) as u64).to_le_bytes());
+        }
+        posted += n;
+    }
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
+
+    // A QP that cannot send yet takes none of them.
+    let mut qp = p.pd.create_qp(&QpInit::new(QpType::Rc, &p.a.cq, &p.a.cq)).unwrap();
+    let mut list = bufs(&p.pd, 3, 8);
+    let e = qp.send_bufs(SendOp::Send, &mut list, SendFlags::SIGNALED).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WorkRequest {
+                index: 0,
+                reason: WrReject::WrongState(QpState::Reset),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!((list.len(), qp.held_bufs()), (3, (0, 0)));
 }

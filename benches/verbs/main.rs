@@ -552,14 +552,16 @@ fn bench_post_safe(o: &Opts, p: &mut Pair) {
     let mut bufs = region.into_bufs(8).unwrap_or_else(|e| fail(&format!("into_bufs: {e}")));
     let mut wc = [WorkCompletion::default(); 4];
     for r in -1..rounds as isize {
-        // In posting order: the last one signaled.
+        if bufs.len() != k {
+            fail("a buffer per request");
+        }
+        // In posting order: the last one signaled. Emptied in the loop, freed after it.
         let mut posting = std::mem::take(&mut bufs).into_iter();
         if r >= 0 {
             o.collect_on();
         }
         let t0 = Instant::now();
-        for i in 0..k {
-            let buf = posting.next().unwrap_or_else(|| fail("a buffer per request"));
+        for (i, buf) in posting.by_ref().enumerate() {
             let flags = if i == k - 1 {
                 SendFlags::SIGNALED
             } else {
@@ -573,6 +575,7 @@ fn bench_post_safe(o: &Opts, p: &mut Pair) {
         if r >= 0 {
             o.collect_off("post_safe", 1, k);
         }
+        drop(posting);
         let deadline = Instant::now() + Duration::from_secs(30);
         while bufs.len() < k {
             for c in p.a.cq.reap(&mut wc).iter() {
