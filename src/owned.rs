@@ -286,7 +286,7 @@ impl Qp {
             // SAFETY: as in `send_buf`, for each of the `n` requests: their buffers are in
             // `self.sends` until completions give them back; those not posted come out again
             // below, before anyone else can reach them.
-            let result = unsafe { self.queues.post_send(SendList::new(&wrs[..n])) };
+            let result = unsafe { self.queues.post_send(SendList::new(&wrs[..n], self.pd.context_id())) };
             // Only a work-request rejection says what was not queued; after any other error
             // the provider may have queued them all, and the QP holds their buffers.
             let taken = match &result {
