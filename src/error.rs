@@ -181,6 +181,10 @@ pub enum WrReject {
     /// inline data on an operation the device writes, or gives buffers to a memory window
     /// operation), or the device's provider does not post it.
     OpcodeNotSupported,
+    /// A request in libibverbs' layout ([`crate::CSendWr`]) that cannot be read: an unknown
+    /// operation, a negative or null scatter/gather list, or what its caller's slow path
+    /// refused (a UD send without an address handle, a bind without a window).
+    Malformed,
 }
 
 impl std::fmt::Display for WrReject {
@@ -199,6 +203,10 @@ impl std::fmt::Display for WrReject {
                 "atomics need an 8-byte aligned remote address and one 8-byte local buffer"
             ),
             Self::OpcodeNotSupported => write!(f, "opcode not supported on this QP type"),
+            Self::Malformed => write!(
+                f,
+                "unreadable request (unknown opcode, bad scatter/gather list, or no address handle or window)"
+            ),
         }
     }
 }

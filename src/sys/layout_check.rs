@@ -24,6 +24,13 @@ const NOT_KERNEL: &[(&str, &str, &str)] = &[
         "one cache line of a synthetic ring (tests, fuzzing)",
     ),
     ("providers/rxe/qp.rs", "Slot", "a test's stand-in for a ring slot"),
+    // libibverbs' `struct ibv_send_wr`, no kernel struct: the drop-in checks these against
+    // `<infiniband/verbs.h>` (its `abi.rs` names them as its own `ibv_send_wr` parts).
+    ("src/chain.rs", "CSendWr", "the head of libibverbs' struct ibv_send_wr"),
+    ("src/chain.rs", "CSendArm", "ibv_send_wr.wr"),
+    ("src/chain.rs", "CRdmaArm", "ibv_send_wr.wr.rdma"),
+    ("src/chain.rs", "CAtomicArm", "ibv_send_wr.wr.atomic"),
+    ("src/chain.rs", "CUdArm", "ibv_send_wr.wr.ud"),
 ];
 
 /// Folders scanned for `#[repr(C)]` items, and those left out: crates of their own (the
