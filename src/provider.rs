@@ -285,7 +285,7 @@ pub unsafe trait QpQueues: Send {
     /// [`QpQueues::post_send`] of a chain of requests in libibverbs' layout, `qp_type` being
     /// the QP's: the same order, doorbells and error contract, indices counted from the
     /// chain's first request. A provider reads each request as it writes it
-    /// ([`SendChain::next`]); this default gathers them into lists of up to 32 for
+    /// (`SendChain::next`); this default gathers them into lists of up to 32 for
     /// `post_send` instead.
     ///
     /// # Safety
