@@ -21,8 +21,9 @@ use std::ptr::NonNull;
 /// ```
 pub struct Batch<'a> {
     ring: &'a mut dyn CqRing,
-    /// The next completion to yield, and how many are left from it on, one after another.
-    next: NonNull<WorkCompletion>,
+    /// The next completion to yield, and how many are left from it on, one after another
+    /// (past the last, `next` may point anywhere: it is only read while `left` > 0).
+    next: *const WorkCompletion,
     left: usize,
     /// The part after the ring wrapped, until the batch moves on to it.
     wrapped: NonNull<WorkCompletion>,
@@ -49,7 +50,7 @@ impl<'a> Batch<'a> {
     pub(crate) fn new(ring: &'a mut dyn CqRing, run: ReadyRun) -> Self {
         Self {
             ring,
-            next: run.first,
+            next: run.first.as_ptr(),
             left: run.before_wrap,
             wrapped: run.wrapped,
             wrapped_len: run.len.saturating_sub(run.before_wrap),
@@ -69,12 +70,11 @@ impl<'a> Batch<'a> {
         let wc = self.next;
         self.left -= 1;
         // The address after the last completion is never read, so a wrapping add will do.
-        let after = wc.as_ptr().cast::<u8>().wrapping_add(self.stride);
-        self.next = NonNull::new(after.cast()).unwrap_or(NonNull::dangling());
+        self.next = wc.wrapping_byte_add(self.stride);
         // SAFETY: `wc` is one of the ready completions the provider described, which stay
         // unchanged while the batch holds the ring (`CqRing`'s contract); the borrow is tied
         // to `&mut self`, and the slots are handed back only when the batch drops.
-        Some(unsafe { wc.as_ref() })
+        Some(unsafe { &*wc })
     }
 
     /// Moves on to the part after the ring wrapped; `false` if there is none left.
@@ -83,7 +83,7 @@ impl<'a> Batch<'a> {
         if self.wrapped_len == 0 {
             return false;
         }
-        (self.next, self.left, self.wrapped_len) = (self.wrapped, self.wrapped_len, 0);
+        (self.next, self.left, self.wrapped_len) = (self.wrapped.as_ptr(), self.wrapped_len, 0);
         true
     }
 

@@ -184,6 +184,10 @@ pub enum WrReject {
     /// The UD destination's address handle belongs to another device context (its
     /// provider value means nothing to this QP's provider).
     ForeignAh,
+    /// A request in libibverbs' layout ([`crate::CSendWr`]) that cannot be read: an unknown
+    /// operation, a negative or null scatter/gather list, or what its caller's slow path
+    /// refused (a UD send without an address handle, a bind without a window).
+    Malformed,
 }
 
 impl std::fmt::Display for WrReject {
@@ -203,6 +207,10 @@ impl std::fmt::Display for WrReject {
             ),
             Self::OpcodeNotSupported => write!(f, "opcode not supported on this QP type"),
             Self::ForeignAh => write!(f, "the address handle belongs to another device context"),
+            Self::Malformed => write!(
+                f,
+                "unreadable request (unknown opcode, bad scatter/gather list, or no address handle or window)"
+            ),
         }
     }
 }

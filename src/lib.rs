@@ -24,6 +24,8 @@ pub mod aio;
 mod attr;
 #[allow(unsafe_code)] // reads ring memory in place, through the provider's pointers
 mod batch;
+#[allow(unsafe_code)] // reads send requests in libibverbs' layout through the caller's pointers
+mod chain;
 pub mod cm;
 mod context;
 mod cq;
@@ -66,6 +68,7 @@ pub use attr::{
     QpAttrMask, QpCap, QpState, QpType, SrqAttrMask, Transport,
 };
 pub use batch::Batch;
+pub use chain::{CAtomicArm, CRdmaArm, CSendArm, CSendWr, CUdArm, SlowDecode};
 pub use context::{open, Context, Gid};
 pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};

@@ -24,11 +24,13 @@
 pub mod stub;
 
 use crate::attr::{AhAttr, QpCap, QpState, QpType};
+use crate::chain::SendChain;
 use crate::device::{DeviceFile, DeviceInfo};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendList};
+use crate::wr::{RecvWr, SendList, SendWr};
 use std::any::Any;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -285,6 +287,60 @@ pub unsafe trait QpQueues: Send {
     /// has not completed count against its depth. The device only ever frees more. Must not
     /// block, allocate or make a system call.
     fn send_room(&mut self) -> u32;
+
+    /// [`QpQueues::post_send`] of a chain of requests in libibverbs' layout, `qp_type` being
+    /// the QP's: the same order, doorbells and error contract, indices counted from the
+    /// chain's first request. A provider reads each request as it writes it
+    /// (`SendChain::next`); this default gathers them into lists of up to 32 for
+    /// `post_send` instead.
+    ///
+    /// # Safety
+    /// See [`crate::Qp::post_send_chain`].
+    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType) -> Result<()> {
+        const BATCH: usize = 32;
+        let mut room = [const { MaybeUninit::<SendWr<'_>>::uninit() }; BATCH];
+        let mut before = 0;
+        loop {
+            let (mut n, mut refused) = (0, None);
+            while n < BATCH {
+                match chain.next(qp_type).map(|wr| wr.and_then(|wr| wr.to_send_wr(qp_type))) {
+                    None => break,
+                    Some(Ok(wr)) => {
+                        room[n].write(wr);
+                        n += 1;
+                    }
+                    Some(Err(reason)) => {
+                        refused = Some(reason);
+                        break;
+                    }
+                }
+            }
+            // SAFETY: the first `n` were written above (`MaybeUninit<T>` has `T`'s layout).
+            let wrs = unsafe { &*(std::ptr::from_ref(&room[..n]) as *const [SendWr<'_>]) };
+            if n > 0 {
+                // SAFETY: forwarded caller contract.
+                unsafe { self.post_send(SendList::new(wrs, chain.context())) }.map_err(|e| match e {
+                    Error::WorkRequest { verb, index, reason } => Error::WorkRequest {
+                        verb,
+                        index: before + index,
+                        reason,
+                    },
+                    e => e,
+                })?;
+            }
+            if let Some(reason) = refused {
+                return Err(Error::WorkRequest {
+                    verb: "post_send",
+                    index: before + n,
+                    reason,
+                });
+            }
+            if n < BATCH {
+                return Ok(());
+            }
+            before += n;
+        }
+    }
 
     /// Writes `wrs` into the receive queue in order; same error contract as `post_send`.
     ///

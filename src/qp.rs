@@ -1,6 +1,7 @@
 //! Queue pairs: creation, the state machine (modify/query) and posting.
 
 use crate::attr::{AhAttr, GlobalRoute, MigState, Mtu, QpAttrMask, QpCap, QpState, QpType};
+use crate::chain::{CSendWr, SendChain, SlowDecode};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
@@ -15,6 +16,7 @@ use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wr::{RecvWr, SendList, SendWr};
 use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
@@ -658,6 +660,33 @@ impl Qp {
     /// this many is never refused with [`WrReject::QueueFull`] (no system call).
     pub fn send_room(&mut self) -> u32 {
         self.queues.send_room()
+    }
+
+    /// [`Qp::post_send`] of a chain of requests in libibverbs' layout, read by the provider
+    /// as it writes each one into the send queue (no list of [`SendWr`] is built). `slow`
+    /// reads the requests the core cannot ([`SlowDecode`]). An error's index counts from
+    /// `first`.
+    ///
+    /// # Safety
+    /// [`Qp::post_send`]'s contract for every request of the chain; and every request from
+    /// `first` on, following `next` to a null one, must be live and unchanged for the call,
+    /// with its scatter/gather list (`num_sge` entries, when positive).
+    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    #[inline]
+    pub unsafe fn post_send_chain(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
+        self.owner.check("post_send")?;
+        if self.state < QpState::Rts {
+            return Err(Error::WorkRequest {
+                verb: "post_send",
+                index: 0,
+                reason: WrReject::WrongState(self.state),
+            });
+        }
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            self.queues
+                .post_send_chain(SendChain::new(first, slow, self.pd.context_id()), self.qp_type)
+        }
     }
 
     /// Posts `wrs` to the receive queue (no system call).

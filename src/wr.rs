@@ -267,7 +267,7 @@ impl<'a> SendWr<'a> {
     /// QP type allows, that UD sends have a destination whose AH is of the QP's `context`,
     /// that inline data is not used where the device must write, and atomic alignment.
     #[inline]
-    fn check_transport(&self, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
+    pub(crate) fn check_transport(&self, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
         // One match on the operation: the transports that carry it, and what it asks of the
         // request.
         let inline = self.flags.contains(SendFlags::INLINE);

@@ -5,6 +5,7 @@ use super::abi::{AtomicArm, CreateQpResp, DmaInfo, MwArm, RdmaArm, RecvWqe, Send
 use super::queue::Producer;
 use super::RxeContext;
 use crate::attr::{QpState, QpType};
+use crate::chain::{ChainWr, FastWr, SendChain, SlowWr};
 use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
@@ -111,20 +112,21 @@ struct RxeQp {
 }
 
 impl RxeQp {
-    /// Checks `wr` against the QP; for an inline request returns its total length.
-    #[inline]
-    fn check_send(&self, wr: &SendWr<'_>) -> Result<u32, WrReject> {
-        let sges = wr.sg_list.len();
+    /// Checks a request's scatter/gather list against the QP; for an inline request returns
+    /// its total length.
+    #[inline(always)]
+    fn check_limits(&self, sg_list: &[Sge], flags: SendFlags) -> Result<u32, WrReject> {
+        let sges = sg_list.len();
         if sges > self.max_send_sge as usize {
             return Err(WrReject::TooManySge {
                 given: sges,
                 max: self.max_send_sge,
             });
         }
-        if !wr.flags.contains(SendFlags::INLINE) {
+        if !flags.contains(SendFlags::INLINE) {
             return Ok(0);
         }
-        let len = wr.total_len();
+        let len: u64 = sg_list.iter().map(|s| u64::from(s.length)).sum();
         if len > u64::from(self.max_inline) {
             return Err(WrReject::InlineTooLong {
                 given: len as usize,
@@ -133,10 +135,185 @@ impl RxeQp {
         }
         Ok(len as u32)
     }
+
+    /// Publishes the `posted` requests just written and rings the doorbell if there are any;
+    /// then reports the request refused, if one was.
+    #[inline(always)]
+    fn finish(&mut self, posted: usize, rejected: Option<(usize, WrReject)>) -> Result<()> {
+        if posted > 0 {
+            self.sq.publish();
+            self.doorbell.ring(self.file.as_fd())?;
+        }
+        match rejected {
+            None => Ok(()),
+            Some((index, reason)) => Err(Error::WorkRequest {
+                verb: "post_send",
+                index,
+                reason,
+            }),
+        }
+    }
+}
+
+impl RxeQp {
+    /// Writes a request read in place into the next slot (not yet published).
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send`].
+    #[inline(always)]
+    unsafe fn post_fast(&mut self, wr: &FastWr<'_>) -> Result<(), WrReject> {
+        let inline_len = self.check_limits(wr.sg_list(), wr.flags())?;
+        let index = self.sq.next_index().ok_or(WrReject::QueueFull)?;
+        let slot = self.sq.slot(index);
+        // SAFETY: a free slot; `check_limits` bounded SGEs and inline data by what the kernel
+        // granted, which sized the slot; inline memory is the caller's contract.
+        unsafe { write_fast_wqe(slot, wr, inline_len) };
+        self.sq.advance();
+        Ok(())
+    }
+
+    /// [`RxeQp::post_fast`] for a request the core reads as a `SendWr`: out of line, so that
+    /// the loop keeps no `SendWr`.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send`].
+    #[inline(never)]
+    unsafe fn post_slow(&mut self, wr: SlowWr<'_>, qp_type: QpType) -> Result<(), WrReject> {
+        let wr = wr.read(qp_type)?;
+        let inline_len = self.check_limits(wr.sg_list, wr.flags)?;
+        let slot = self.sq.next_slot().ok_or(WrReject::QueueFull)?;
+        // SAFETY: as in `post_fast`.
+        unsafe { write_send_wqe(slot, &wr, inline_len) };
+        self.sq.advance();
+        Ok(())
+    }
+}
+
+/// Copies a request's payload after the header of the send slot at `slot`: the SGEs, or for
+/// an inline request (`inline_len` bytes, from `check_limits`) the bytes they name, in one pass
+/// that also sums the length. Returns the length and the SGE count for the header.
+///
+/// # Safety
+/// As for [`write_send_wqe`].
+#[inline(always)]
+unsafe fn copy_payload(slot: NonNull<u8>, sg_list: &[Sge], flags: SendFlags, inline_len: u32) -> (u32, u32) {
+    // SAFETY: per the contract the slot is free and large enough for what follows the header;
+    // slots are 64-byte aligned, so the SGE array after the 208-byte header is 16-aligned.
+    unsafe {
+        let tail = slot.add(size_of::<SendWqe>());
+        if flags.contains(SendFlags::INLINE) {
+            let mut to = tail.as_ptr();
+            for sge in sg_list {
+                let len = sge.length as usize;
+                std::ptr::copy_nonoverlapping(sge.addr as *const u8, to, len);
+                to = to.add(len);
+            }
+            (inline_len, 0)
+        } else if let [sge] = sg_list {
+            // The common case, without the loop's setup.
+            tail.cast::<Sge>().write(*sge);
+            (sge.length, 1)
+        } else {
+            let to = tail.cast::<Sge>().as_ptr();
+            let mut length = 0u32;
+            for (i, sge) in sg_list.iter().enumerate() {
+                to.add(i).write(*sge);
+                length = length.wrapping_add(sge.length);
+            }
+            (length, sg_list.len() as u32)
+        }
+    }
+}
+
+/// The 208-byte header of a send slot, for a request of `length` bytes in `num_sge` SGEs
+/// (0 when inline).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // the header's fields, each from its own place
+fn send_header(
+    wr_id: u64,
+    opcode: u32,
+    flags: SendFlags,
+    ex: u32,
+    arm: WrArm,
+    iova: u64,
+    length: u32,
+    num_sge: u32,
+) -> SendWqe {
+    SendWqe {
+        wr_id,
+        reserved: 0,
+        opcode,
+        send_flags: flags.bits(),
+        ex,
+        wr: arm,
+        status: 0,
+        state: 0,
+        iova,
+        mask: 0,
+        first_psn: 0,
+        last_psn: 0,
+        ack_length: 0,
+        ssn: 0,
+        has_rd_atomic: 0,
+        dma: DmaInfo {
+            length,
+            resid: length,
+            cur_sge: 0,
+            num_sge,
+            sge_offset: 0,
+            reserved: 0,
+        },
+    }
+}
+
+/// The arm of a header, zeroed.
+const ZEROED_ARM: WrArm = WrArm { raw: [0; 15] };
+
+/// Writes a request read in place from libibverbs' layout into the send slot at `slot`, as
+/// [`write_send_wqe`] writes the same request as a `SendWr` (byte for byte: a unit test
+/// compares them). The C opcode is rxe's; the arm and `iova` come from the C arm the opcode
+/// names, and `ex` from `imm_data` when the opcode has one.
+///
+/// # Safety
+/// As for [`write_send_wqe`].
+#[inline(always)]
+unsafe fn write_fast_wqe(slot: NonNull<u8>, wr: &FastWr<'_>, inline_len: u32) {
+    let flags = wr.flags();
+    let (mut arm, mut iova) = (ZEROED_ARM, 0);
+    if wr.is_rdma() {
+        let r = wr.rdma();
+        arm.rdma = RdmaArm {
+            remote_addr: r.remote_addr,
+            rkey: r.rkey,
+            reserved: 0,
+        };
+        iova = r.remote_addr;
+    } else if wr.is_atomic() {
+        let a = wr.atomic();
+        arm.atomic = AtomicArm {
+            remote_addr: a.remote_addr,
+            compare_add: a.compare_add,
+            swap: a.swap,
+            rkey: a.rkey,
+            reserved: 0,
+        };
+        iova = a.remote_addr;
+    }
+    // The header first, then the payload and the lengths it gives: fewer values live at once.
+    let header = send_header(wr.wr_id(), wr.opcode(), flags, wr.imm_or_rkey(), arm, iova, 0, 0);
+    let wqe = slot.cast::<SendWqe>().as_ptr();
+    // SAFETY: per the contract.
+    unsafe {
+        wqe.write(header);
+        let (length, num_sge) = copy_payload(slot, wr.sg_list(), flags, inline_len);
+        std::ptr::addr_of_mut!((*wqe).dma.length).write(length);
+        std::ptr::addr_of_mut!((*wqe).dma.resid).write(length);
+        std::ptr::addr_of_mut!((*wqe).dma.num_sge).write(num_sge);
+    }
 }
 
 /// Writes `wr` into the send slot at `slot`. `inline_len` is the total length of an inline
-/// request (from `check_send`).
+/// request (from `check_limits`).
 ///
 /// The SGEs (or inline bytes) are copied in one pass that also sums the length; then each
 /// operation stores its whole 208-byte header straight into the slot, its opcode, immediate
@@ -144,67 +321,22 @@ impl RxeQp {
 ///
 /// # Safety
 /// `slot` must be a free SQ slot large enough for the header plus the SGEs or inline data
-/// (checked by `check_send` against the slot size), and for inline requests every SGE must
+/// (checked by `check_limits` against the slot size), and for inline requests every SGE must
 /// name readable memory.
-#[inline]
+#[inline(always)]
 unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
-    let inline = wr.flags.contains(SendFlags::INLINE);
-    // SAFETY: per the contract the slot is free and large enough for what follows the header;
-    // slots are 64-byte aligned, so the SGE array after the 208-byte header is 16-aligned.
-    let (length, num_sge) = unsafe {
-        let tail = slot.add(size_of::<SendWqe>());
-        if inline {
-            let mut to = tail.as_ptr();
-            for sge in wr.sg_list {
-                let len = sge.length as usize;
-                std::ptr::copy_nonoverlapping(sge.addr as *const u8, to, len);
-                to = to.add(len);
-            }
-            (inline_len, 0)
-        } else {
-            let to = tail.cast::<Sge>().as_ptr();
-            let mut length = 0u32;
-            for (i, sge) in wr.sg_list.iter().enumerate() {
-                to.add(i).write(*sge);
-                length = length.wrapping_add(sge.length);
-            }
-            (length, wr.sg_list.len() as u32)
-        }
-    };
+    // SAFETY: per the contract.
+    let (length, num_sge) = unsafe { copy_payload(slot, wr.sg_list, wr.flags, inline_len) };
     // Inlined into every branch below, where `wr.op` is known.
     // `ex` is the immediate data (network order) or the rkey to invalidate (host order, as rxe
     // reads it).
     let write = |arm: WrArm, iova: u64, ex: u32| {
-        let header = SendWqe {
-            wr_id: wr.wr_id,
-            reserved: 0,
-            opcode: wr.op.wr_opcode(),
-            send_flags: wr.flags.bits(),
-            ex,
-            wr: arm,
-            status: 0,
-            state: 0,
-            iova,
-            mask: 0,
-            first_psn: 0,
-            last_psn: 0,
-            ack_length: 0,
-            ssn: 0,
-            has_rd_atomic: 0,
-            dma: DmaInfo {
-                length,
-                resid: length,
-                cur_sge: 0,
-                num_sge,
-                sge_offset: 0,
-                reserved: 0,
-            },
-        };
+        let header = send_header(wr.wr_id, wr.op.wr_opcode(), wr.flags, ex, arm, iova, length, num_sge);
         // SAFETY: as above.
         unsafe { slot.cast::<SendWqe>().write(header) };
     };
     // The arms, the bytes past the operation's fields zeroed.
-    let zeroed = WrArm { raw: [0; 15] };
+    let zeroed = ZEROED_ARM;
     let rdma = |r: Remote| {
         let mut arm = zeroed;
         arm.rdma = RdmaArm {
@@ -282,7 +414,7 @@ unsafe impl QpQueues for RxeQp {
         let mut rejected = None;
         let mut posted = 0;
         for (index, wr) in wrs.iter(self.qp_type).enumerate() {
-            let (wr, inline_len) = match wr.and_then(|wr| Ok((wr, self.check_send(wr)?))) {
+            let (wr, inline_len) = match wr.and_then(|wr| Ok((wr, self.check_limits(wr.sg_list, wr.flags)?))) {
                 Ok(checked) => checked,
                 Err(reason) => {
                     rejected = Some((index, reason));
@@ -293,24 +425,35 @@ unsafe impl QpQueues for RxeQp {
                 rejected = Some((index, WrReject::QueueFull));
                 break;
             };
-            // SAFETY: a free slot; `check_send` bounded SGEs and inline data by what the
+            // SAFETY: a free slot; `check_limits` bounded SGEs and inline data by what the
             // kernel granted, which sized the slot; inline memory is the caller's contract.
             unsafe { write_send_wqe(slot, wr, inline_len) };
             self.sq.advance();
             posted += 1;
         }
-        if posted > 0 {
-            self.sq.publish();
-            self.doorbell.ring(self.file.as_fd())?;
+        self.finish(posted, rejected)
+    }
+
+    /// The chain's requests go from the caller's structs to the slots: those read in place
+    /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`].
+    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType) -> Result<()> {
+        let mut rejected = None;
+        let mut posted = 0;
+        while let Some(wr) = chain.next(qp_type) {
+            // SAFETY: forwarded contract.
+            let step = wr.and_then(|wr| unsafe {
+                match wr {
+                    ChainWr::Fast(f) => self.post_fast(&f),
+                    ChainWr::Slow(s) => self.post_slow(s, qp_type),
+                }
+            });
+            if let Err(reason) = step {
+                rejected = Some((posted, reason));
+                break;
+            }
+            posted += 1;
         }
-        match rejected {
-            None => Ok(()),
-            Some((index, reason)) => Err(Error::WorkRequest {
-                verb: "post_send",
-                index,
-                reason,
-            }),
-        }
+        self.finish(posted, rejected)
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
@@ -568,6 +711,64 @@ mod tests {
         assert_eq!(header, header_bytes(&want));
         assert_eq!(&tail[..8], b"ABCDEFGH");
         assert!(tail[8..].iter().all(|&b| b == 0xa5), "nothing past the value");
+    }
+
+    /// A request read in place from libibverbs' layout is written byte for byte as the same
+    /// request as a `SendWr`, for every operation read in place, inline and not, whatever the
+    /// C fields its operation does not use hold.
+    #[test]
+    fn in_place_requests_are_written_as_their_send_wr() {
+        use crate::chain::{CAtomicArm, CSendArm, CSendWr};
+        use crate::wr::WrOpcode;
+        use std::ptr::NonNull;
+        unsafe fn never(_: NonNull<CSendWr>, _: QpType) -> Option<SendWr<'static>> {
+            unreachable!("every opcode here is read in place")
+        }
+        let sges = [Sge {
+            addr: DATA.as_ptr() as u64,
+            length: 8,
+            lkey: 9,
+        }];
+        for opcode in (0..10).filter(|&o| o != WrOpcode::BIND_MW.0) {
+            let atomic = opcode == WrOpcode::ATOMIC_CMP_AND_SWP.0 || opcode == WrOpcode::ATOMIC_FETCH_AND_ADD.0;
+            for inline in [false, true].into_iter().filter(|&i| !(i && (atomic || opcode == 4))) {
+                let flags = if inline {
+                    SendFlags::SIGNALED | SendFlags::INLINE
+                } else {
+                    SendFlags::SIGNALED
+                };
+                let local_inv = opcode == WrOpcode::LOCAL_INV.0;
+                let mut c = CSendWr {
+                    wr_id: 0xfeed,
+                    next: std::ptr::null_mut(),
+                    sg_list: sges.as_ptr().cast_mut(),
+                    num_sge: if local_inv { 0 } else { 1 },
+                    opcode,
+                    send_flags: flags.bits(),
+                    imm_data: 0x1234_5678,
+                    // Every byte set, used or not by the operation.
+                    wr: CSendArm {
+                        atomic: CAtomicArm {
+                            remote_addr: 0x1000_2000,
+                            compare_add: 0x3333,
+                            swap: 0x4444,
+                            rkey: 0x77,
+                        },
+                    },
+                };
+                // SAFETY: the test's one-request chain, live for the loop body.
+                let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), never, crate::wr::ContextId(0)) };
+                let Some(Ok(ChainWr::Fast(fast))) = chain.next(QpType::Rc) else {
+                    panic!("opcode {opcode}: not read in place");
+                };
+                let inline_len = if inline { 8 } else { 0 };
+                let mut slot = Slot([0xa5; 512]);
+                // SAFETY: as in `written`.
+                unsafe { write_fast_wqe(NonNull::from(&mut slot.0).cast(), &fast, inline_len) };
+                let want = written(&fast.to_send_wr(), inline_len);
+                assert_eq!(slot.0, want.0, "opcode {opcode}, inline {inline}");
+            }
+        }
     }
 }
 

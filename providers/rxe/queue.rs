@@ -329,6 +329,19 @@ impl Producer {
         self.index.free(self.queue.consumer())
     }
 
+    /// [`Producer::next_slot`] as the index for [`Producer::slot`]: an `Option` of a pointer
+    /// would be tested for null again where it is taken apart.
+    #[inline]
+    pub(super) fn next_index(&mut self) -> Option<u32> {
+        self.index.next_free(self.queue.consumer())
+    }
+
+    /// The slot of an index from [`Producer::next_index`].
+    #[inline]
+    pub(super) fn slot(&self, index: u32) -> NonNull<u8> {
+        self.queue.slot(index)
+    }
+
     /// Counts the slot from `next_slot` as filled (still private).
     #[inline]
     pub(super) fn advance(&mut self) {

@@ -25,6 +25,13 @@ const NOT_KERNEL: &[(&str, &str, &str)] = &[
     ),
     ("providers/rxe/qp.rs", "Slot", "a test's stand-in for a ring slot"),
     ("src/mr.rs", "BufPart", "a safe post's buffer, its SGE first"),
+    // libibverbs' `struct ibv_send_wr`, no kernel struct: the drop-in checks these against
+    // `<infiniband/verbs.h>` (its `abi.rs` names them as its own `ibv_send_wr` parts).
+    ("src/chain.rs", "CSendWr", "the head of libibverbs' struct ibv_send_wr"),
+    ("src/chain.rs", "CSendArm", "ibv_send_wr.wr"),
+    ("src/chain.rs", "CRdmaArm", "ibv_send_wr.wr.rdma"),
+    ("src/chain.rs", "CAtomicArm", "ibv_send_wr.wr.atomic"),
+    ("src/chain.rs", "CUdArm", "ibv_send_wr.wr.ud"),
 ];
 
 /// Folders scanned for `#[repr(C)]` items, and those left out: crates of their own (the

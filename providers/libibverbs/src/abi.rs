@@ -632,42 +632,14 @@ pub struct ibv_recv_wr {
 }
 assert_layout!(ibv_recv_wr, size 32, next @ 8, sg_list @ 16, num_sge @ 24);
 
-/// The `rdma` arm of `ibv_send_wr.wr`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ibv_send_wr_rdma {
-    pub remote_addr: u64,
-    pub rkey: u32,
-}
-
+/// The `rdma` arm of `ibv_send_wr.wr`: the core's (which reads it in place).
+pub type ibv_send_wr_rdma = uverbs::CRdmaArm;
 /// The `atomic` arm of `ibv_send_wr.wr`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ibv_send_wr_atomic {
-    pub remote_addr: u64,
-    pub compare_add: u64,
-    pub swap: u64,
-    pub rkey: u32,
-}
-
+pub type ibv_send_wr_atomic = uverbs::CAtomicArm;
 /// The `ud` arm of `ibv_send_wr.wr`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ibv_send_wr_ud {
-    pub ah: *mut c_void,
-    pub remote_qpn: u32,
-    pub remote_qkey: u32,
-}
-
+pub type ibv_send_wr_ud = uverbs::CUdArm;
 /// `ibv_send_wr.wr`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub union ibv_send_wr_wr {
-    pub rdma: ibv_send_wr_rdma,
-    pub atomic: ibv_send_wr_atomic,
-    pub ud: ibv_send_wr_ud,
-}
-assert_layout!(ibv_send_wr_wr, size 32);
+pub type ibv_send_wr_wr = uverbs::CSendArm;
 
 /// `struct ibv_send_wr`.
 #[repr(C)]
@@ -688,6 +660,9 @@ pub struct ibv_send_wr {
 }
 assert_layout!(ibv_send_wr, size 128, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 28,
     send_flags @ 32, imm_data @ 36, wr @ 40, remote_srqn @ 72, bind_mw @ 80);
+// The core reads the fields through `wr` in place, as its `CSendWr` (`uverbs::Qp::post_send_chain`).
+assert_layout!(uverbs::CSendWr, size 72, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 28,
+    send_flags @ 32, imm_data @ 36, wr @ 40);
 
 /// `ibv_send_wr.bind_mw`.
 #[repr(C)]

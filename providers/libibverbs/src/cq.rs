@@ -271,7 +271,9 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
         ffi::set_errno(libc::ENOENT);
         return libc::ENOENT;
     };
-    if let Some(wc) = batch.next().map(std::ptr::from_ref) {
+    // Tested as the reference it is: an `Option` of a raw pointer would be tested again.
+    if let Some(wc) = batch.next() {
+        let wc = std::ptr::from_ref(wc);
         // SAFETY: a completion of the batch in progress; `cq` is live.
         unsafe { set_current(cq, poll, wc) };
         return 0;

@@ -13,12 +13,13 @@ use crate::pd::{pd_ref, Pd};
 use crate::qp_ex::{self, WrBuilder};
 use crate::spin::SpinLock;
 use crate::srq::{srq_ref, Srq};
-use crate::wr::{batch_room, filled, nth, post_recv_list, send_op, sges, BATCH};
+use crate::wr::{nth, post_recv_list, send_op, sges};
 use libc::c_int;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
-use uverbs::{AccessFlags, AltPath, MigState, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
+use uverbs::{AccessFlags, AltPath, CSendWr, MigState, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
 
 /// A QP: `verbs_qp`, then the `uverbs` QP, the objects whose use counts it holds, and the
 /// `ibv_wr_*` batch being built (see [`crate::qp_ex`]).
@@ -30,7 +31,6 @@ pub struct Qp {
     send_cq: *const Cq,
     recv_cq: *const Cq,
     srq: *const Srq,
-    ud: bool,
     /// Used only under `qp`'s lock.
     pub(crate) builder: UnsafeCell<WrBuilder>,
 }
@@ -213,7 +213,6 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpE
         send_cq: scq,
         recv_cq: rcq,
         srq: srq.map_or(std::ptr::null(), |s| s as *const Srq),
-        ud: qp_type == QpType::Ud,
         builder: UnsafeCell::new(builder),
     });
     // SAFETY: `b` is live and not yet shared.
@@ -455,22 +454,35 @@ pub unsafe extern "C" fn query_qp(
 
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     // No `ffi::guard`: see the crate docs.
-    // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live for the
-    // call; `bad_wr` is writable.
-    unsafe { post_send_inner(qp_ref(qp), wr, bad_wr) }
+    let Some(first) = NonNull::new(wr.cast::<CSendWr>()) else {
+        return 0;
+    };
+    // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live and unchanged
+    // for the call with its SGE arrays and AHs (the ibv_post_send contract), whose buffers the
+    // caller keeps valid until completion, the contract `uverbs::Qp::post_send` asks for.
+    let posted = unsafe { qp_ref(qp).qp.lock().post_send_chain(first, slow_send_wr) };
+    match posted {
+        Ok(()) => 0,
+        // SAFETY: `wr` is the list posted; `bad_wr` is writable.
+        Err(e) => unsafe { reject_send(wr, bad_wr, &e) },
+    }
 }
 
-/// The `uverbs` form of a C send request, or `None` for one uverbs cannot express (unknown
-/// opcode, bad scatter/gather list, UD request without an AH).
+/// The `uverbs` form of a C send request the core does not read itself (any on a UD QP,
+/// memory window binds), or `None` for one uverbs cannot express (unknown opcode, bad
+/// scatter/gather list, UD request without an AH, bind without a window).
 ///
 /// # Safety
-/// `w`'s SGE array and AH must stay valid for `'a`.
-#[inline(always)]
-unsafe fn send_wr<'a>(q: &'a Qp, w: &ibv_send_wr) -> Option<SendWr<'a>> {
+/// `at` must be a live request of a list given to [`post_send`], whose SGE array, AH and MW
+/// stay valid for `'a`.
+unsafe fn slow_send_wr<'a>(at: NonNull<CSendWr>, qp_type: QpType) -> Option<SendWr<'a>> {
+    // SAFETY: `at` came from the caller's `ibv_send_wr` (`post_send`), whose prefix
+    // `CSendWr` is.
+    let w = unsafe { &*at.as_ptr().cast::<ibv_send_wr>() };
     // SAFETY: per the contract.
     let (op, sg) = (send_op(w)?, unsafe { sges(w.sg_list, w.num_sge) }?);
     let swr = SendWr::new(w.wr_id, op, sg).set_flags(SendFlags::from_bits_retain(w.send_flags));
-    if !q.ud {
+    if qp_type != QpType::Ud {
         return Some(swr);
     }
     // SAFETY: on UD QPs the `ud` arm is the one the caller filled.
@@ -483,89 +495,22 @@ unsafe fn send_wr<'a>(q: &'a Qp, w: &ibv_send_wr) -> Option<SendWr<'a>> {
     Some(swr.to(ah.ah.ud_dest(ud.remote_qpn, ud.remote_qkey)))
 }
 
-/// Reports a send request [`send_wr`] refused.
+/// Reports a refused or failed post: `bad_wr` names the request it stopped at (the first when
+/// the error names none).
 ///
 /// # Safety
-/// `bad_wr` must be writable.
+/// `wr` must be the list given to [`post_send`], `bad_wr` writable.
 #[cold]
-unsafe fn reject_send(wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
-    ffi::verbose(format_args!("post_send: unsupported opcode or bad scatter/gather list"));
-    // SAFETY: per the contract.
-    unsafe { *bad_wr = wr };
-    libc::EINVAL
-}
-
-unsafe fn post_send_inner(q: &Qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
-    // SAFETY: a non-null `wr` is a live element of the caller's list.
-    if !wr.is_null() && unsafe { (*wr).next }.is_null() {
-        // One request, the common case: nothing to gather.
-        // SAFETY: as above; its SGE array and AH are live for the call.
-        let Some(swr) = (unsafe { send_wr(q, &*wr) }) else {
-            // SAFETY: writable per the libibverbs contract.
-            return unsafe { reject_send(wr, bad_wr) };
-        };
-        // SAFETY: the C caller of ibv_post_send keeps the buffers its SGEs name valid until
-        // completion, the contract `uverbs::Qp::post_send` asks for.
-        return match unsafe { q.qp.lock().post_send(std::slice::from_ref(&swr)) } {
-            Ok(()) => 0,
-            Err(e) => {
-                // SAFETY: writable per the libibverbs contract.
-                unsafe { *bad_wr = wr };
-                ffi::fail("post_send", &e)
-            }
-        };
-    }
-    // SAFETY: forwarded contract.
-    unsafe { post_send_batches(q, wr, bad_wr) }
-}
-
-/// [`post_send`] of a list (or of nothing), in batches of up to [`BATCH`]: out of line, so
-/// that the one-request path does not pay for its stack and registers.
-///
-/// # Safety
-/// As for [`post_send`].
 #[inline(never)]
-unsafe fn post_send_batches(q: &Qp, mut wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
-    let mut guard = q.qp.lock();
-    let mut room = batch_room::<SendWr<'_>>();
-    while !wr.is_null() {
-        let first = wr;
-        let mut n = 0;
-        let mut rejected = false;
-        while !wr.is_null() && n < BATCH {
-            // SAFETY: a live element of the caller's list, whose SGE array and AH are live for
-            // the call.
-            let w = unsafe { &*wr };
-            // SAFETY: as above.
-            let Some(swr) = (unsafe { send_wr(q, w) }) else {
-                rejected = true;
-                break;
-            };
-            room[n].write(swr);
-            n += 1;
-            wr = w.next;
-        }
-        if n > 0 {
-            // SAFETY: the loop above wrote the first `n`. The C caller of ibv_post_send keeps
-            // the buffers its SGEs name valid until completion, the contract
-            // `uverbs::Qp::post_send` asks for.
-            if let Err(e) = unsafe { guard.post_send(filled(&room, n)) } {
-                let index = match e {
-                    uverbs::Error::WorkRequest { index, .. } => index.min(n - 1),
-                    _ => 0,
-                };
-                // SAFETY: the batch came from the `n` (> `index`) elements from `first`;
-                // `bad_wr` is writable per the libibverbs contract.
-                unsafe { *bad_wr = nth(first, index, |w| w.next) };
-                return ffi::fail("post_send", &e);
-            }
-        }
-        if rejected {
-            // SAFETY: writable per the libibverbs contract; `wr` is the rejected request.
-            return unsafe { reject_send(wr, bad_wr) };
-        }
-    }
-    0
+unsafe fn reject_send(wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr, e: &uverbs::Error) -> c_int {
+    let index = match *e {
+        uverbs::Error::WorkRequest { index, .. } => index,
+        _ => 0,
+    };
+    // SAFETY: the provider stopped at `index`, counted from `wr` along the list; `bad_wr` is
+    // writable per the libibverbs contract.
+    unsafe { *bad_wr = nth(wr, index, |w| w.next) };
+    ffi::fail("post_send", e)
 }
 
 /// `attach_mcast`: joins the QP to the multicast group `gid` (`lid` on InfiniBand).

@@ -1,0 +1,678 @@
+//! Send requests in libibverbs' layout (`struct ibv_send_wr`), read where they lie: a caller
+//! that holds its requests in that form (a libibverbs provider built on this crate) posts a
+//! chain of them without first building a [`SendWr`] list. Each request is read into a
+//! [`SendWr`] as the provider reaches it, inside the provider's own loop.
+
+use crate::attr::QpType;
+use crate::error::WrReject;
+use crate::sys::assert_layout;
+use crate::wr::{ContextId, Remote, SendFlags, SendOp, SendWr, Sge, WrOpcode};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// The leading fields of libibverbs' `struct ibv_send_wr` (verbs.h), through the `wr` union:
+/// all the core reads. The XRC and memory-window fields that follow in C are left to the
+/// caller's [`SlowDecode`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CSendWr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// The next request of the chain, or null.
+    pub next: *mut CSendWr,
+    /// `sg_list`: `num_sge` entries.
+    pub sg_list: *mut Sge,
+    /// `num_sge`.
+    pub num_sge: i32,
+    /// `opcode`, an `enum ibv_wr_opcode` ([`WrOpcode`]).
+    pub opcode: u32,
+    /// `send_flags` ([`SendFlags`] bits).
+    pub send_flags: u32,
+    /// `imm_data` (network byte order) or `invalidate_rkey` (host order).
+    pub imm_data: u32,
+    /// The `wr` union.
+    pub wr: CSendArm,
+}
+assert_layout!(CSendWr, size 72, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 28,
+    send_flags @ 32, imm_data @ 36, wr @ 40);
+
+/// `ibv_send_wr.wr`: the arm the opcode (and the QP type, for `ud`) selects.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CSendArm {
+    /// RDMA writes and reads.
+    pub rdma: CRdmaArm,
+    /// Atomics.
+    pub atomic: CAtomicArm,
+    /// Sends on UD QPs: `ah` is the caller's address handle.
+    pub ud: CUdArm,
+}
+assert_layout!(CSendArm, size 32);
+
+/// `ibv_send_wr.wr.rdma`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CRdmaArm {
+    /// `remote_addr`.
+    pub remote_addr: u64,
+    /// `rkey`.
+    pub rkey: u32,
+}
+
+/// `ibv_send_wr.wr.atomic`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CAtomicArm {
+    /// `remote_addr`.
+    pub remote_addr: u64,
+    /// `compare_add`.
+    pub compare_add: u64,
+    /// `swap`.
+    pub swap: u64,
+    /// `rkey`.
+    pub rkey: u32,
+}
+assert_layout!(CAtomicArm, size 32, compare_add @ 8, swap @ 16, rkey @ 24);
+
+/// `ibv_send_wr.wr.ud`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUdArm {
+    /// `ah`: the caller's `struct ibv_ah`.
+    pub ah: *mut std::ffi::c_void,
+    /// `remote_qpn`.
+    pub remote_qpn: u32,
+    /// `remote_qkey`.
+    pub remote_qkey: u32,
+}
+assert_layout!(CUdArm, size 16, remote_qpn @ 8, remote_qkey @ 12);
+
+/// Reads what the core cannot read itself: any request of a UD QP (its address handle is the
+/// caller's object) and operations other than sends, RDMA, atomics and invalidation (memory
+/// window binds name the caller's objects). `None` refuses the request
+/// ([`WrReject::Malformed`]).
+///
+/// # Safety
+/// Called with a live request of the chain given to [`crate::Qp::post_send_chain`], and the QP's
+/// type; what it returns must stay valid for `'a`.
+pub type SlowDecode<'a> = unsafe fn(NonNull<CSendWr>, QpType) -> Option<SendWr<'a>>;
+
+/// A chain of send requests in libibverbs' layout on its way to a provider; like
+/// [`crate::wr::SendList`], each request comes out of [`SendChain::next`] only after it passed
+/// the core's transport rules.
+#[derive(Clone, Copy)]
+pub struct SendChain<'a> {
+    next: *mut CSendWr,
+    slow: SlowDecode<'a>,
+    /// The QP's context: a UD request's AH must be of it.
+    context: ContextId,
+    _requests: PhantomData<&'a CSendWr>,
+}
+
+/// A request of a [`SendChain`]: read in place and checked, or to be read through the
+/// caller's slow path.
+#[derive(Clone, Copy)]
+pub enum ChainWr<'a> {
+    /// A send, RDMA, atomic or invalidate request of a connected QP, read in place.
+    Fast(FastWr<'a>),
+    /// Any other: [`SlowWr::read`] reads and checks it.
+    Slow(SlowWr<'a>),
+}
+
+/// A request of a [`SendChain`] the core does not read in place.
+#[derive(Clone, Copy)]
+pub struct SlowWr<'a> {
+    at: NonNull<CSendWr>,
+    slow: SlowDecode<'a>,
+    context: ContextId,
+}
+
+impl<'a> SlowWr<'a> {
+    /// The request as the caller's [`SlowDecode`] reads it, checked against the transport
+    /// rules of `qp_type`; out of line, to keep a `SendWr` out of the provider's loop.
+    #[inline(never)]
+    pub fn read(self, qp_type: QpType) -> Result<SendWr<'a>, WrReject> {
+        // SAFETY: a live request of the chain, as `SlowDecode` asks (`SendChain::new`).
+        let wr = unsafe { (self.slow)(self.at, qp_type) }.ok_or(WrReject::Malformed)?;
+        wr.check_transport(qp_type, self.context)?;
+        Ok(wr)
+    }
+}
+
+/// A send, RDMA, atomic or invalidate request (opcodes 0 to 7 and 9 of [`WrOpcode`]) of a
+/// connected QP, read in place from the caller's [`CSendWr`], its transport rules checked.
+#[derive(Clone, Copy)]
+pub struct FastWr<'a> {
+    c: &'a CSendWr,
+    sg_list: &'a [Sge],
+    /// `1 << opcode`, tested against the operation sets below.
+    bit: u32,
+}
+
+/// The operations [`FastWr`] carries, as bits `1 << opcode`.
+const FAST: u32 = 0b10_1111_1111;
+/// RDMA reads and atomics: RC only, never inline.
+const READ_OR_ATOMIC: u32 = 1 << WrOpcode::RDMA_READ.0 | ATOMIC;
+const ATOMIC: u32 = 1 << WrOpcode::ATOMIC_CMP_AND_SWP.0 | 1 << WrOpcode::ATOMIC_FETCH_AND_ADD.0;
+/// RDMA writes and reads: the `rdma` arm.
+const RDMA: u32 = 1 << WrOpcode::RDMA_WRITE.0 | 1 << WrOpcode::RDMA_WRITE_WITH_IMM.0 | 1 << WrOpcode::RDMA_READ.0;
+const LOCAL_INV: u32 = 1 << WrOpcode::LOCAL_INV.0;
+/// The operations whose `imm_data` field means something: immediate data or an rkey.
+const WITH_EX: u32 = 1 << WrOpcode::RDMA_WRITE_WITH_IMM.0
+    | 1 << WrOpcode::SEND_WITH_IMM.0
+    | 1 << WrOpcode::LOCAL_INV.0
+    | 1 << WrOpcode::SEND_WITH_INV.0;
+
+impl<'a> FastWr<'a> {
+    /// `wr_id`.
+    #[inline(always)]
+    pub fn wr_id(&self) -> u64 {
+        self.c.wr_id
+    }
+
+    /// The operation: one of 0 to 7 and 9.
+    #[inline(always)]
+    pub fn opcode(&self) -> u32 {
+        self.c.opcode
+    }
+
+    /// The flags.
+    #[inline(always)]
+    pub fn flags(&self) -> SendFlags {
+        SendFlags::from_bits_retain(self.c.send_flags)
+    }
+
+    /// The scatter/gather list.
+    #[inline(always)]
+    pub fn sg_list(&self) -> &'a [Sge] {
+        self.sg_list
+    }
+
+    /// Immediate data (network byte order) for the operations with immediate data, the rkey
+    /// to invalidate (host order) for those that invalidate, 0 for the rest.
+    #[inline(always)]
+    pub fn imm_or_rkey(&self) -> u32 {
+        if self.bit & WITH_EX != 0 {
+            self.c.imm_data
+        } else {
+            0
+        }
+    }
+
+    /// Whether this is an RDMA write or read ([`FastWr::rdma`] applies).
+    #[inline(always)]
+    pub fn is_rdma(&self) -> bool {
+        self.bit & RDMA != 0
+    }
+
+    /// Whether this is an atomic ([`FastWr::atomic`] applies).
+    #[inline(always)]
+    pub fn is_atomic(&self) -> bool {
+        self.bit & ATOMIC != 0
+    }
+
+    /// The `rdma` arm.
+    #[inline(always)]
+    pub fn rdma(&self) -> CRdmaArm {
+        // SAFETY: plain data; which arm applies is the opcode's business.
+        unsafe { self.c.wr.rdma }
+    }
+
+    /// The `atomic` arm, `swap` zeroed for a fetch-and-add (which has none).
+    #[inline(always)]
+    pub fn atomic(&self) -> CAtomicArm {
+        // SAFETY: as in `rdma`.
+        let mut a = unsafe { self.c.wr.atomic };
+        if self.c.opcode != WrOpcode::ATOMIC_CMP_AND_SWP.0 {
+            a.swap = 0;
+        }
+        a
+    }
+
+    /// The request as a [`SendWr`].
+    pub fn to_send_wr(self) -> SendWr<'a> {
+        let rdma = || {
+            let r = self.rdma();
+            Remote {
+                addr: r.remote_addr,
+                rkey: r.rkey,
+            }
+        };
+        let atomic = self.atomic();
+        let aremote = Remote {
+            addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+        };
+        let op = match WrOpcode(self.c.opcode) {
+            WrOpcode::RDMA_WRITE => SendOp::RdmaWrite(rdma()),
+            // C's `imm_data` is `__be32`; `SendOp` takes host order.
+            WrOpcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), u32::from_be(self.c.imm_data)),
+            WrOpcode::SEND => SendOp::Send,
+            WrOpcode::SEND_WITH_IMM => SendOp::SendWithImm {
+                imm: u32::from_be(self.c.imm_data),
+            },
+            WrOpcode::RDMA_READ => SendOp::RdmaRead(rdma()),
+            WrOpcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+                remote: aremote,
+                compare: atomic.compare_add,
+                swap: atomic.swap,
+            },
+            WrOpcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+                remote: aremote,
+                add: atomic.compare_add,
+            },
+            // `invalidate_rkey` shares `imm_data`'s place, in host order.
+            WrOpcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: self.c.imm_data },
+            _ => SendOp::LocalInv { rkey: self.c.imm_data },
+        };
+        SendWr {
+            wr_id: self.c.wr_id,
+            op,
+            sg_list: self.sg_list,
+            flags: self.flags(),
+            ud: None,
+        }
+    }
+
+    /// [`SendWr::check_transport`] for a request of a connected QP type `qp_type` (not UD), by
+    /// operation bits.
+    #[inline(always)]
+    fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
+        // Sends, writes and send with invalidate: every connected QP takes them.
+        if self.bit & (READ_OR_ATOMIC | LOCAL_INV) == 0 {
+            return Ok(());
+        }
+        if self.bit & LOCAL_INV != 0 {
+            // Memory window operations carry no data.
+            return match self.sg_list.is_empty() {
+                true => Ok(()),
+                false => Err(WrReject::OpcodeNotSupported),
+            };
+        }
+        // The device writes the local buffers: no inline data.
+        if qp_type != QpType::Rc || self.flags().contains(SendFlags::INLINE) {
+            return Err(WrReject::OpcodeNotSupported);
+        }
+        if self.bit & ATOMIC != 0 {
+            let sg = self.sg_list;
+            // (`remote_addr` is at the same place in both arms.)
+            if self.rdma().remote_addr % 8 != 0 || sg.len() != 1 || sg[0].length < 8 {
+                return Err(WrReject::BadAtomic);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'a> ChainWr<'a> {
+    /// The request as a checked [`SendWr`].
+    pub fn to_send_wr(self, qp_type: QpType) -> Result<SendWr<'a>, WrReject> {
+        match self {
+            Self::Fast(f) => Ok(f.to_send_wr()),
+            Self::Slow(s) => s.read(qp_type),
+        }
+    }
+}
+
+impl<'a> SendChain<'a> {
+    /// # Safety
+    /// Every request from `first` on, following `next` to a null one, must be live and
+    /// unchanged for `'a`, with its scatter/gather list (`num_sge` entries, when positive).
+    pub(crate) unsafe fn new(first: NonNull<CSendWr>, slow: SlowDecode<'a>, context: ContextId) -> Self {
+        Self {
+            next: first.as_ptr(),
+            slow,
+            context,
+            _requests: PhantomData,
+        }
+    }
+
+    /// The QP's context, for a [`crate::wr::SendList`] of the chain's requests.
+    pub(crate) fn context(&self) -> ContextId {
+        self.context
+    }
+
+    /// The next request, read in place and checked against the transport rules of
+    /// `qp_type` (or why it was refused), or for the slow path; `None` at the end of the
+    /// chain.
+    #[inline(always)]
+    #[allow(clippy::should_implement_trait)] // takes the QP type
+    pub fn next(&mut self, qp_type: QpType) -> Option<Result<ChainWr<'a>, WrReject>> {
+        let at = NonNull::new(self.next)?;
+        // SAFETY: a live request of the chain, unchanged for `'a` (`new`'s contract).
+        let c: &'a CSendWr = unsafe { &*at.as_ptr() };
+        self.next = c.next;
+        let bit = 1u32.checked_shl(c.opcode).unwrap_or(0);
+        if qp_type == QpType::Ud || bit & FAST == 0 {
+            return Some(Ok(ChainWr::Slow(SlowWr {
+                at,
+                slow: self.slow,
+                context: self.context,
+            })));
+        }
+        let sg_list: &'a [Sge] = match usize::try_from(c.num_sge) {
+            Ok(0) => &[],
+            // SAFETY: per `new`'s contract.
+            Ok(n) if !c.sg_list.is_null() => unsafe { std::slice::from_raw_parts(c.sg_list, n) },
+            _ => return Some(Err(WrReject::Malformed)),
+        };
+        let wr = FastWr { c, sg_list, bit };
+        Some(wr.check_transport(qp_type).map(|()| ChainWr::Fast(wr)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wr::{AhData, AhRef, UdDest};
+
+    fn blank(opcode: WrOpcode) -> CSendWr {
+        CSendWr {
+            wr_id: 7,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+            opcode: opcode.0,
+            send_flags: SendFlags::SIGNALED.bits(),
+            imm_data: 0x1234_5678u32.to_be(),
+            wr: if matches!(opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD) {
+                CSendArm {
+                    atomic: CAtomicArm {
+                        remote_addr: 0x1000,
+                        compare_add: 3,
+                        swap: 4,
+                        rkey: 0x77,
+                    },
+                }
+            } else {
+                CSendArm {
+                    rdma: CRdmaArm {
+                        remote_addr: 0x1000,
+                        rkey: 0x77,
+                    },
+                }
+            },
+        }
+    }
+
+    static AH: AhData = AhData {
+        provider_data: 5,
+        context: ContextId(0),
+    };
+
+    /// Whatever the slow path was asked for: a send with this wr_id (+ 100), to a UD
+    /// destination on UD QPs; it refuses wr_id 0.
+    unsafe fn slow_send(at: NonNull<CSendWr>, qp_type: QpType) -> Option<SendWr<'static>> {
+        // SAFETY: the test's live request.
+        let wr_id = unsafe { at.as_ref() }.wr_id;
+        let wr = SendWr::new(wr_id + 100, SendOp::Send, &[]);
+        let dest = UdDest {
+            ah: AhRef::new(&AH),
+            remote_qpn: 1,
+            remote_qkey: 2,
+        };
+        let wr = if qp_type == QpType::Ud { wr.to(dest) } else { wr };
+        (wr_id != 0).then_some(wr)
+    }
+
+    fn all(first: &mut CSendWr, qp_type: QpType) -> Vec<Result<SendWr<'static>, WrReject>> {
+        // SAFETY: the test's chain, live for the call; `'static` only stands for it here.
+        let mut chain = unsafe { SendChain::new(NonNull::from(first), slow_send, ContextId(0)) };
+        std::iter::from_fn(|| chain.next(qp_type))
+            .map(|r| r.and_then(|wr| wr.to_send_wr(qp_type)))
+            .collect()
+    }
+
+    /// Each operation the core reads itself comes out as the `SendOp` the C fields name, with
+    /// the immediate data in host order; the rest go to the slow path.
+    #[test]
+    fn reads_each_operation_from_the_c_fields() {
+        let remote = Remote {
+            addr: 0x1000,
+            rkey: 0x77,
+        };
+        let cases = [
+            (WrOpcode::RDMA_WRITE, Some(SendOp::RdmaWrite(remote))),
+            (
+                WrOpcode::RDMA_WRITE_WITH_IMM,
+                Some(SendOp::RdmaWriteWithImm(remote, 0x1234_5678)),
+            ),
+            (WrOpcode::SEND, Some(SendOp::Send)),
+            (WrOpcode::SEND_WITH_IMM, Some(SendOp::SendWithImm { imm: 0x1234_5678 })),
+            (WrOpcode::RDMA_READ, Some(SendOp::RdmaRead(remote))),
+            (
+                WrOpcode::SEND_WITH_INV,
+                Some(SendOp::SendWithInv {
+                    rkey: 0x1234_5678u32.to_be(),
+                }),
+            ),
+            (
+                WrOpcode::LOCAL_INV,
+                Some(SendOp::LocalInv {
+                    rkey: 0x1234_5678u32.to_be(),
+                }),
+            ),
+            (WrOpcode::BIND_MW, None),
+            (WrOpcode(15), None),
+        ];
+        for (opcode, want) in cases {
+            let mut c = blank(opcode);
+            let got = all(&mut c, QpType::Rc);
+            assert_eq!(got.len(), 1);
+            let wr = got[0].as_ref().expect("read");
+            match want {
+                Some(op) => {
+                    assert_eq!((wr.wr_id, wr.op, wr.flags), (7, op, SendFlags::SIGNALED), "{opcode:?}");
+                }
+                None => assert_eq!((wr.wr_id, wr.op), (107, SendOp::Send), "{opcode:?}: slow path"),
+            }
+        }
+        let sge = [Sge {
+            addr: 0x2000,
+            length: 8,
+            lkey: 1,
+        }];
+        let mut c = blank(WrOpcode::ATOMIC_CMP_AND_SWP);
+        c.sg_list = sge.as_ptr().cast_mut();
+        c.num_sge = 1;
+        let got = all(&mut c, QpType::Rc);
+        let wr = got[0].as_ref().expect("read");
+        assert_eq!(
+            wr.op,
+            SendOp::CompareSwap {
+                remote,
+                compare: 3,
+                swap: 4
+            }
+        );
+        assert_eq!(wr.sg_list, &sge);
+        let mut c = blank(WrOpcode::ATOMIC_FETCH_AND_ADD);
+        c.sg_list = sge.as_ptr().cast_mut();
+        c.num_sge = 1;
+        let got = all(&mut c, QpType::Rc);
+        assert_eq!(got[0].as_ref().expect("read").op, SendOp::FetchAdd { remote, add: 3 });
+    }
+
+    /// A chain is followed to its end; UD requests always take the slow path; bad lists,
+    /// refusals of the slow path and transport rules are reported per request.
+    #[test]
+    fn follows_the_chain_and_reports_each_refusal() {
+        let mut third = blank(WrOpcode::RDMA_READ);
+        third.send_flags |= SendFlags::INLINE.bits();
+        let mut second = blank(WrOpcode::SEND);
+        second.num_sge = -1;
+        second.next = &mut third;
+        let mut first = blank(WrOpcode::SEND);
+        first.num_sge = 2;
+        first.next = &mut second;
+        let got = all(&mut first, QpType::Rc);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].as_ref().err(), Some(&WrReject::Malformed), "sges named but null");
+        assert_eq!(got[1].as_ref().err(), Some(&WrReject::Malformed), "negative count");
+        assert_eq!(
+            got[2].as_ref().err(),
+            Some(&WrReject::OpcodeNotSupported),
+            "inline read"
+        );
+        let mut ud = blank(WrOpcode::RDMA_WRITE);
+        let got = all(&mut ud, QpType::Ud);
+        assert_eq!(got[0].as_ref().expect("slow path").wr_id, 107);
+        ud.wr_id = 0;
+        assert_eq!(all(&mut ud, QpType::Ud)[0].as_ref().err(), Some(&WrReject::Malformed));
+    }
+
+    /// The in-place check gives what `SendWr::check_transport` gives on the same request, for
+    /// every fast operation, connected QP type, inline or not, and atomic shapes good and bad.
+    #[test]
+    fn in_place_check_is_the_send_wr_check() {
+        let sges = [
+            Sge {
+                addr: 0x2000,
+                length: 8,
+                lkey: 1,
+            },
+            Sge {
+                addr: 0x3000,
+                length: 4,
+                lkey: 1,
+            },
+        ];
+        let mut compared = 0;
+        for opcode in (0..10).filter(|&o| o != WrOpcode::BIND_MW.0) {
+            for qp_type in [QpType::Rc, QpType::Uc] {
+                for inline in [false, true] {
+                    for (sg, addr) in [(0, 0x1000), (1, 0x1000), (1, 0x1004), (2, 0x1000)] {
+                        for short in [false, true] {
+                            let mut sge = sges;
+                            if short {
+                                sge[0].length = 4;
+                            }
+                            let mut c = blank(WrOpcode(opcode));
+                            c.sg_list = sge.as_ptr().cast_mut();
+                            c.num_sge = sg;
+                            if inline {
+                                c.send_flags |= SendFlags::INLINE.bits();
+                            }
+                            c.wr.atomic.remote_addr = addr;
+                            // SAFETY: the test's chain, live for the call.
+                            let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), slow_send, ContextId(0)) };
+                            let got = chain
+                                .next(qp_type)
+                                .expect("one request")
+                                .and_then(|wr| wr.to_send_wr(qp_type));
+                            let fast = FastWr {
+                                c: &c,
+                                sg_list: &sge[..sg as usize],
+                                bit: 1 << opcode,
+                            };
+                            let want = fast.to_send_wr();
+                            let want = want.check_transport(qp_type, ContextId(0)).map(|()| want);
+                            let case = format!("opcode {opcode} {qp_type:?} inline {inline} sges {sg} addr {addr:#x}");
+                            match (got, want) {
+                                (Ok(g), Ok(w)) => {
+                                    assert_eq!((g.wr_id, g.op, g.flags), (w.wr_id, w.op, w.flags), "{case}")
+                                }
+                                (g, w) => assert_eq!(g.err(), w.err(), "{case}"),
+                            }
+                            compared += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(compared, 9 * 2 * 2 * 4 * 2);
+    }
+
+    /// Records the `wr_id`s `post_send` takes, per call; refuses one of them as a full queue.
+    struct Recorder {
+        calls: Vec<Vec<u64>>,
+        full_at: Option<u64>,
+    }
+
+    // SAFETY: no kernel data; nothing is written anywhere.
+    unsafe impl crate::provider::QpQueues for Recorder {
+        unsafe fn post_send(&mut self, wrs: crate::wr::SendList<'_, '_>) -> crate::Result<()> {
+            let mut call = Vec::new();
+            let mut result = Ok(());
+            for (index, wr) in wrs.iter(QpType::Rc).enumerate() {
+                let wr = wr.expect("checked by the chain already");
+                if Some(wr.wr_id) == self.full_at {
+                    result = Err(crate::Error::WorkRequest {
+                        verb: "post_send",
+                        index,
+                        reason: WrReject::QueueFull,
+                    });
+                    break;
+                }
+                call.push(wr.wr_id);
+            }
+            self.calls.push(call);
+            result
+        }
+
+        unsafe fn post_recv(&mut self, _: &[crate::wr::RecvWr<'_>]) -> crate::Result<()> {
+            unreachable!("sends only")
+        }
+
+        fn send_room(&mut self) -> u32 {
+            unreachable!("sends only through post_send")
+        }
+
+        fn modify(
+            &mut self,
+            _: Option<crate::attr::QpState>,
+            _: crate::provider::KernelCall<'_, ()>,
+        ) -> crate::Result<()> {
+            unreachable!("sends only")
+        }
+
+        fn destroyed(&mut self) {}
+    }
+
+    /// The default `post_send_chain` (providers without an in-place writer): lists of 32, one
+    /// `post_send` each, and errors indexed from the chain's first request, whether the
+    /// provider refused a request or the chain did.
+    #[test]
+    fn default_post_send_chain_gathers_lists_and_counts_from_the_first() {
+        use crate::provider::QpQueues;
+        let post = |chain: &mut Vec<CSendWr>, full_at| {
+            for i in 1..chain.len() {
+                let next: *mut CSendWr = &mut chain[i];
+                chain[i - 1].next = next;
+            }
+            let mut qp = Recorder {
+                calls: Vec::new(),
+                full_at,
+            };
+            // SAFETY: the test's chain, live and unchanged for the call.
+            let result = unsafe {
+                let chain = SendChain::new(NonNull::from(&mut chain[0]), slow_send, ContextId(0));
+                qp.post_send_chain(chain, QpType::Rc)
+            };
+            let index = result.map_err(|e| match e {
+                crate::Error::WorkRequest { index, reason, .. } => (index, reason),
+                e => panic!("{e}"),
+            });
+            (qp.calls.iter().map(Vec::len).collect::<Vec<_>>(), index)
+        };
+        let sends = || -> Vec<CSendWr> {
+            (0..70)
+                .map(|i| CSendWr {
+                    wr_id: i,
+                    ..blank(WrOpcode::SEND)
+                })
+                .collect()
+        };
+        assert_eq!(post(&mut sends(), None), (vec![32, 32, 6], Ok(())));
+        assert_eq!(
+            post(&mut sends(), Some(40)),
+            (vec![32, 8], Err((40, WrReject::QueueFull)))
+        );
+        let mut chain = sends();
+        chain[50].num_sge = -1;
+        assert_eq!(post(&mut chain, None), (vec![32, 18], Err((50, WrReject::Malformed))));
+        let mut chain = sends();
+        chain[64].num_sge = -1;
+        assert_eq!(post(&mut chain, None), (vec![32, 32], Err((64, WrReject::Malformed))));
+    }
+}
