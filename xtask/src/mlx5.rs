@@ -336,6 +336,7 @@ pub fn test_step() -> Vec<Checked> {
 /// through RDMA netlink), `two_hosts` (rxe on a veth pair), `provider_contract` (its stub
 /// provider speaks rxe's driver ABI).
 const SUITE: &[(&str, &[&str], &[&str])] = &[
+    ("discovery", &[], &[]),
     ("rc", &[], &[]),
     ("uc", &[], &[]),
     ("atomics", &[], &[]),
