@@ -6,7 +6,7 @@ use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
-/// Not yet run on a device or on the mlx5 model: built only with the `mlx5` feature.
+/// Built with the `mlx5` feature (a default one).
 #[cfg(feature = "mlx5")]
 mod mlx5;
 mod rxe;
@@ -43,4 +43,95 @@ pub(crate) fn find(device: &DeviceInfo) -> Result<&'static dyn Provider> {
             driver_id: device.driver_id,
             known: PROVIDERS.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device as discovery describes it: `driver_id` from RDMA netlink, `None` without it.
+    fn device(name: &str, driver_id: Option<u32>, abi_version: u32) -> DeviceInfo {
+        DeviceInfo {
+            name: name.into(),
+            uverbs: "uverbs0".into(),
+            dev_path: "/dev/infiniband/uverbs0".into(),
+            dev_number: "231:192".into(),
+            abi_version,
+            driver_id,
+            kernel_index: Some(0),
+            parent_netdev: None,
+            node_guid: String::new(),
+        }
+    }
+
+    fn found(device: &DeviceInfo) -> Result<&'static str> {
+        find(device).map(|p| p.name())
+    }
+
+    #[test]
+    fn rxe_devices_get_rxe_by_driver_id_else_by_name() {
+        // `RDMA_DRIVER_RXE`, whatever the device is called.
+        assert_eq!(found(&device("roce_a", Some(14), 2)).unwrap(), "rxe");
+        assert_eq!(found(&device("rxe0", None, 2)).unwrap(), "rxe");
+        assert_eq!(found(&device("rxe0", None, 1)).unwrap(), "rxe");
+    }
+
+    #[cfg(feature = "mlx5")]
+    #[test]
+    fn mlx5_devices_get_mlx5_by_driver_id_else_by_name() {
+        // `RDMA_DRIVER_MLX5`, whatever the device is called; the mlx5 model has no netlink.
+        assert_eq!(found(&device("ib_a", Some(1), 1)).unwrap(), "mlx5");
+        assert_eq!(found(&device("mlx5_0", None, 1)).unwrap(), "mlx5");
+        assert_eq!(
+            providers().iter().map(|p| p.name()).collect::<Vec<_>>(),
+            ["rxe", "mlx5"]
+        );
+    }
+
+    /// The error names the device, its driver id and what this build has.
+    fn assert_no_provider(device: &DeviceInfo, known: &str) {
+        match find(device) {
+            Err(Error::NoProvider {
+                device: name,
+                driver_id,
+                known: listed,
+            }) => {
+                assert_eq!(
+                    (name.as_str(), driver_id, listed.as_str()),
+                    (device.name.as_str(), device.driver_id, known)
+                );
+            }
+            other => panic!(
+                "{}: expected NoProvider, got {:?}",
+                device.name,
+                other.map(|p| p.name())
+            ),
+        }
+    }
+
+    #[cfg(feature = "mlx5")]
+    #[test]
+    fn a_device_no_provider_drives_gets_the_no_provider_error() {
+        let known = "rxe, mlx5";
+        // `RDMA_DRIVER_EFA` and `RDMA_DRIVER_MLX4`, and an id past the kernel's list.
+        assert_no_provider(&device("efa_0", Some(17), 1), known);
+        assert_no_provider(&device("mlx4_0", Some(2), 1), known);
+        assert_no_provider(&device("dev0", Some(999), 1), known);
+        // A name neither provider claims, without netlink.
+        assert_no_provider(&device("hfi1_0", None, 1), known);
+        // The driver id decides over the name.
+        assert_no_provider(&device("mlx5_0", Some(17), 1), known);
+        assert_no_provider(&device("rxe0", Some(17), 2), known);
+        // The right driver at an ABI version its provider does not speak.
+        assert_no_provider(&device("mlx5_0", Some(1), 2), known);
+        assert_no_provider(&device("rxe0", Some(14), 3), known);
+    }
+
+    #[cfg(not(feature = "mlx5"))]
+    #[test]
+    fn without_the_mlx5_feature_an_mlx5_device_gets_the_no_provider_error() {
+        assert_no_provider(&device("mlx5_0", Some(1), 1), "rxe");
+        assert_no_provider(&device("mlx5_0", None, 1), "rxe");
+        assert_no_provider(&device("efa_0", Some(17), 1), "rxe");
+    }
 }

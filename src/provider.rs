@@ -385,3 +385,117 @@ pub(crate) fn create_object<A, C: Copy, R>(
         }
     }
 }
+
+#[cfg(test)]
+#[allow(unsafe_code)] // a test provider implementing the unsafe trait
+mod tests {
+    use super::*;
+    use crate::chain::{CRdmaArm, CSendArm, CSendWr};
+    use crate::error::WrReject;
+    use crate::wr::{ContextId, SendFlags, WrOpcode};
+
+    /// A signaled send with no buffers, in libibverbs' layout.
+    fn send() -> CSendWr {
+        CSendWr {
+            wr_id: 0,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+            opcode: WrOpcode::SEND.0,
+            send_flags: SendFlags::SIGNALED.bits(),
+            imm_data: 0,
+            wr: CSendArm {
+                rdma: CRdmaArm {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+            },
+        }
+    }
+
+    /// Sends of a connected QP are read in place: the slow path is never taken.
+    unsafe fn never(_: NonNull<CSendWr>, _: QpType) -> Option<SendWr<'static>> {
+        unreachable!("sends are read in place")
+    }
+
+    /// Records the `wr_id`s `post_send` takes, per call; refuses one of them as a full queue.
+    struct Recorder {
+        calls: Vec<Vec<u64>>,
+        full_at: Option<u64>,
+    }
+
+    // SAFETY: no kernel data; nothing is written anywhere.
+    unsafe impl QpQueues for Recorder {
+        unsafe fn post_send(&mut self, wrs: crate::wr::SendList<'_, '_>) -> crate::Result<()> {
+            let mut call = Vec::new();
+            let mut result = Ok(());
+            for (index, wr) in wrs.iter(QpType::Rc).enumerate() {
+                let wr = wr.expect("checked by the chain already");
+                if Some(wr.wr_id) == self.full_at {
+                    result = Err(crate::Error::WorkRequest {
+                        verb: "post_send",
+                        index,
+                        reason: WrReject::QueueFull,
+                    });
+                    break;
+                }
+                call.push(wr.wr_id);
+            }
+            self.calls.push(call);
+            result
+        }
+
+        unsafe fn post_recv(&mut self, _: &[crate::wr::RecvWr<'_>]) -> crate::Result<()> {
+            unreachable!("sends only")
+        }
+
+        fn send_room(&mut self) -> u32 {
+            unreachable!("sends only through post_send")
+        }
+
+        fn modify(&mut self, _: Option<crate::attr::QpState>, _: KernelCall<'_, ()>) -> crate::Result<()> {
+            unreachable!("sends only")
+        }
+
+        fn destroyed(&mut self) {}
+    }
+
+    /// The default `post_send_chain` (providers without an in-place writer): lists of 32, one
+    /// `post_send` each, and errors indexed from the chain's first request, whether the
+    /// provider refused a request or the chain did.
+    #[test]
+    fn default_post_send_chain_gathers_lists_and_counts_from_the_first() {
+        let post = |chain: &mut Vec<CSendWr>, full_at| {
+            for i in 1..chain.len() {
+                let next: *mut CSendWr = &mut chain[i];
+                chain[i - 1].next = next;
+            }
+            let mut qp = Recorder {
+                calls: Vec::new(),
+                full_at,
+            };
+            // SAFETY: the test's chain, live and unchanged for the call.
+            let result = unsafe {
+                let chain = SendChain::new(NonNull::from(&mut chain[0]), never, ContextId(0));
+                qp.post_send_chain(chain, QpType::Rc)
+            };
+            let index = result.map_err(|e| match e {
+                crate::Error::WorkRequest { index, reason, .. } => (index, reason),
+                e => panic!("{e}"),
+            });
+            (qp.calls.iter().map(Vec::len).collect::<Vec<_>>(), index)
+        };
+        let sends = || -> Vec<CSendWr> { (0..70).map(|i| CSendWr { wr_id: i, ..send() }).collect() };
+        assert_eq!(post(&mut sends(), None), (vec![32, 32, 6], Ok(())));
+        assert_eq!(
+            post(&mut sends(), Some(40)),
+            (vec![32, 8], Err((40, WrReject::QueueFull)))
+        );
+        let mut chain = sends();
+        chain[50].num_sge = -1;
+        assert_eq!(post(&mut chain, None), (vec![32, 18], Err((50, WrReject::Malformed))));
+        let mut chain = sends();
+        chain[64].num_sge = -1;
+        assert_eq!(post(&mut chain, None), (vec![32, 32], Err((64, WrReject::Malformed))));
+    }
+}

@@ -349,6 +349,7 @@ pub fn test_step() -> Vec<Checked> {
 /// through RDMA netlink), `two_hosts` (rxe on a veth pair), `provider_contract` (its stub
 /// provider speaks rxe's driver ABI).
 const SUITE: &[(&str, &[&str], &[&str])] = &[
+    ("discovery", &[], &[]),
     ("rc", &[], &[]),
     ("uc", &[], &[]),
     ("atomics", &[], &[]),
@@ -374,7 +375,8 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
 type ItemFn<'a> = dyn FnMut(&Path) -> std::result::Result<(), String> + 'a;
 
 /// Builds the integration tests with `--features mlx5` and runs each of [`SUITE`] on the model
-/// (the Rust core with the Rust mlx5 provider), one item per test binary, `--test-threads=1`.
+/// (the Rust core with the Rust mlx5 provider), one item per test binary, `--test-threads=1`;
+/// then `tests/discovery.rs` built without the mlx5 feature.
 fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
     let mut c = crate::testrun::cargo();
     c.args([
@@ -403,11 +405,39 @@ fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut 
                 .chain(args.iter().copied())
                 .collect();
             let text = step.output(dir, name, &argv)?;
-            match text.contains("test result: ok.") {
-                true => Ok(()),
-                false => Err(format!("no `test result: ok.` line:\n{}", tail(&text, 20))),
-            }
+            passed(&text)
         });
+    }
+    // The model's device is one that a build without the mlx5 provider has no provider for:
+    // `uverbs::open` must say so with `Error::NoProvider`.
+    check(
+        "tests/discovery.rs without the mlx5 feature (no provider)".into(),
+        &mut |dir| {
+            let mut c = crate::testrun::cargo();
+            let args = [
+                "--no-default-features",
+                "--test",
+                "discovery",
+                "--no-run",
+                "--message-format=json",
+            ];
+            c.args(["test", "-p", "uverbs"]).args(args);
+            let bins = crate::json::cargo_executables(&mut c).map_err(|e| e.to_string())?;
+            let exe = bins
+                .iter()
+                .find(|e| e.is("test") && e.name == "discovery")
+                .ok_or("cargo built no test `discovery`")?;
+            let text = step.output(dir, "discovery", &[exe.path.as_str(), "--test-threads=1"])?;
+            passed(&text)
+        },
+    );
+}
+
+/// Whether a test binary's output says every test passed.
+fn passed(text: &str) -> std::result::Result<(), String> {
+    match text.contains("test result: ok.") {
+        true => Ok(()),
+        false => Err(format!("no `test result: ok.` line:\n{}", tail(text, 20))),
     }
 }
 

@@ -1,0 +1,84 @@
+//! Which provider `uverbs::open` gives each device: the one of its kernel driver (RDMA
+//! netlink's driver id; without netlink, as on the mlx5 model, the device name), or, where
+//! this build has none (`--no-default-features` leaves mlx5 out), `Error::NoProvider`. Runs on
+//! rxe in the guest and on the mlx5 model (`cargo xtask mlx5 --step`, which also runs it built
+//! without the mlx5 feature). Devices of other drivers are the unit tests of
+//! `providers/mod.rs`: no test machine has one.
+
+use uverbs::*;
+
+/// `RDMA_DRIVER_MLX5` and `RDMA_DRIVER_RXE` in the kernel's `enum rdma_driver_id`.
+const DRIVER_MLX5: u32 = 1;
+const DRIVER_RXE: u32 = 14;
+
+/// The provider a device's kernel driver calls for, as rdma-core picks its C provider.
+fn drivers_provider(device: &DeviceInfo) -> &'static str {
+    match device.driver_id {
+        Some(DRIVER_RXE) => "rxe",
+        Some(DRIVER_MLX5) => "mlx5",
+        Some(id) => panic!("{}: driver id {id} is neither rxe's nor mlx5's", device.name),
+        None if device.name.starts_with("mlx5_") => "mlx5",
+        None if device.name.contains("rxe") => "rxe",
+        None => panic!("{}: no driver id and a name of neither driver", device.name),
+    }
+}
+
+/// The provider this build has for `device`'s driver, if any.
+fn built_provider(device: &DeviceInfo) -> Option<&'static str> {
+    let provider = drivers_provider(device);
+    (provider != "mlx5" || cfg!(feature = "mlx5")).then_some(provider)
+}
+
+#[test]
+fn every_device_gets_the_provider_of_its_driver_or_the_no_provider_error() {
+    let devices = uverbs::devices().unwrap();
+    assert!(!devices.is_empty(), "no RDMA device: run with `cargo xtask test`");
+    for device in &devices {
+        // `open` takes the first provider that matches (providers/mod.rs): here the only one.
+        let matching: Vec<_> = uverbs::providers()
+            .iter()
+            .filter(|p| p.matches(device))
+            .map(|p| p.name())
+            .collect();
+        assert_eq!(matching, Vec::from_iter(built_provider(device)), "{device:?}");
+        match (built_provider(device), device.open()) {
+            (Some(_), Ok(ctx)) => {
+                assert_eq!(ctx.device(), device);
+                // The provider's context works: a PD and a CQ through its driver data.
+                let _pd = ctx.alloc_pd().unwrap();
+                let mut cq = ctx.create_cq(4).unwrap();
+                let mut wc = [WorkCompletion::default(); 4];
+                assert_eq!(cq.poll(&mut wc), 0);
+            }
+            (
+                None,
+                Err(Error::NoProvider {
+                    device: name,
+                    driver_id,
+                    known,
+                }),
+            ) => {
+                assert_eq!((name.as_str(), driver_id), (device.name.as_str(), device.driver_id));
+                assert_eq!(known, "rxe");
+                eprintln!("{}: Error::NoProvider, as a build without mlx5 must say", device.name);
+            }
+            (expected, result) => panic!("{}: expected {expected:?}, got {result:?}", device.name),
+        }
+    }
+}
+
+#[test]
+fn open_by_name_opens_that_device_and_an_unknown_name_is_no_device() {
+    for device in uverbs::devices().unwrap() {
+        if built_provider(&device).is_some() {
+            assert_eq!(uverbs::open(Some(&device.name)).unwrap().device(), &device);
+        }
+    }
+    match uverbs::open(Some("no_such_device")) {
+        Err(Error::NoDevice { name, reason }) => {
+            assert_eq!(name.as_deref(), Some("no_such_device"));
+            assert!(reason.starts_with("present: "), "{reason}");
+        }
+        other => panic!("expected Error::NoDevice, got {other:?}"),
+    }
+}
