@@ -23,7 +23,7 @@ use zerocopy::IntoBytes;
 mod model;
 mod shared;
 
-pub(super) use shared::QpShared;
+pub(super) use shared::{QpShared, SendRun};
 
 /// Doorbell record words (`MLX5_RCV_DBR`, `MLX5_SND_DBR`).
 const RCV_DBR: usize = 0;

@@ -171,10 +171,11 @@ fn post<C: Cells>(w: &World<C>, queue: Queue, per_doorbell: u32) {
     }
 }
 
-/// The device and the library polling, one CQE at a time: the device executes the requests
-/// the doorbell record covers, in order, with a CQE for each signaled one (each receive); the
-/// poll turns each CQE into its `wr_id` through the tables.
-fn execute_and_poll<C: Cells>(w: &World<C>, queue: Queue) {
+/// The device and the library polling, one CQE at a time, or with `runs` the sends' CQEs
+/// ready as one run: the device executes the requests the doorbell record covers, in order,
+/// with a CQE for each signaled one (each receive); the poll turns each CQE into its `wr_id`
+/// through the tables.
+fn execute_and_poll<C: Cells>(w: &World<C>, queue: Queue, runs: bool) {
     let (mut executed, mut completed) = (0, 0);
     let mut cqes = std::collections::VecDeque::new();
     while completed < REQUESTS {
@@ -184,8 +185,32 @@ fn execute_and_poll<C: Cells>(w: &World<C>, queue: Queue) {
             }
             executed += 1;
         }
-        let Some(counter) = cqes.pop_front() else {
+        if cqes.is_empty() {
             loom::thread::yield_now();
+            continue;
+        }
+        if let (Queue::Send { .. }, true) = (queue, runs) {
+            // The CQEs ready, as the CQ's drain takes a run of one QP's CQEs: the counters
+            // loaded once, the tail published at the end; a request the run's head does not
+            // cover yet goes through `complete_send`, which loads the head again.
+            let mut run = w.qp.send_run();
+            while let Some(counter) = cqes.pop_front() {
+                let got = match run.complete(counter) {
+                    Some(wr_id) => Ok(wr_id),
+                    None => {
+                        run.finish();
+                        let got = w.qp.complete_send(counter);
+                        run = w.qp.send_run();
+                        got
+                    }
+                };
+                assert_eq!(got, Ok(wr_id(u32::from(counter))), "each completion its own wr_id");
+                completed = u32::from(counter) + 1;
+            }
+            run.finish();
+            continue;
+        }
+        let Some(counter) = cqes.pop_front() else {
             continue;
         };
         let (got, request) = match queue {
@@ -221,11 +246,11 @@ fn model(name: &str, f: impl Fn() + Send + Sync + 'static) {
 }
 
 /// The poster against the device and poller on one queue.
-fn run<C: Cells + 'static>(queue: Queue, per_doorbell: u32) {
+fn run<C: Cells + 'static>(queue: Queue, per_doorbell: u32, runs: bool) {
     let w = World::<C>::new();
     let poller = {
         let w = w.clone();
-        loom::thread::spawn(move || execute_and_poll(&w, queue))
+        loom::thread::spawn(move || execute_and_poll(&w, queue, runs))
     };
     post(&w, queue, per_doorbell);
     poller.join().unwrap();
@@ -236,7 +261,19 @@ fn loom_send_tables_between_poster_and_poller() {
     for (signal_every, per_doorbell) in [(1, 1), (1, 2), (2, 1)] {
         model(
             &format!("sends, every {signal_every} signaled, {per_doorbell} per doorbell"),
-            move || run::<Model>(Queue::Send { signal_every }, per_doorbell),
+            move || run::<Model>(Queue::Send { signal_every }, per_doorbell, false),
+        );
+    }
+}
+
+/// Sends completed as the CQ's drain does, a run of CQEs with one [`super::SendRun`]: the
+/// tail published once at its end.
+#[test]
+fn loom_send_runs_between_poster_and_poller() {
+    for (signal_every, per_doorbell) in [(1, 1), (1, 2), (2, 1)] {
+        model(
+            &format!("send runs, every {signal_every} signaled, {per_doorbell} per doorbell"),
+            move || run::<Model>(Queue::Send { signal_every }, per_doorbell, true),
         );
     }
 }
@@ -245,7 +282,7 @@ fn loom_send_tables_between_poster_and_poller() {
 fn loom_recv_table_between_poster_and_poller() {
     for per_doorbell in [1, 2] {
         model(&format!("receives, {per_doorbell} per doorbell"), move || {
-            run::<Model>(Queue::Recv, per_doorbell)
+            run::<Model>(Queue::Recv, per_doorbell, false)
         });
     }
 }
@@ -256,6 +293,6 @@ fn loom_recv_table_between_poster_and_poller() {
 #[should_panic(expected = "Causality violation")]
 fn loom_notices_a_relaxed_tail() {
     model("broken tail publish", || {
-        run::<Broken>(Queue::Send { signal_every: 1 }, 1)
+        run::<Broken>(Queue::Send { signal_every: 1 }, 1, false)
     });
 }

@@ -199,22 +199,22 @@ impl<C: Cells> QpShared<C> {
     /// Poller: the `wr_id` of the send WQE at `wqe_counter`; every request up to it is
     /// completed. A counter naming no outstanding request is an error.
     pub(in crate::providers::mlx5) fn complete_send(&self, wqe_counter: u16) -> Result<u64, BadCqe> {
-        let i = usize::from(wqe_counter) & (self.sq_wrid.len() - 1);
-        let head = self.poster.sq.load(Ordering::Acquire);
-        let tail = self.poller.sq.load(Ordering::Relaxed);
-        if head == tail {
-            return Err(BadCqe::WqeCounter);
-        }
-        // SAFETY: `i` is masked by the length less one, and both tables have that length
-        // (at least 1: `new`).
-        let request = unsafe { self.sq_request.get_unchecked(i) }.get();
-        if request.wrapping_sub(tail) >= head.wrapping_sub(tail) {
-            return Err(BadCqe::WqeCounter);
-        }
-        // SAFETY: as above.
-        let wr_id = unsafe { self.sq_wrid.get_unchecked(i) }.get();
-        self.poller.sq.store(request.wrapping_add(1), Ordering::Release);
+        let mut run = self.send_run();
+        let wr_id = run.complete(wqe_counter).ok_or(BadCqe::WqeCounter)?;
+        run.finish();
         Ok(wr_id)
+    }
+
+    /// Poller: the send queue's counters and tables held for a run of this QP's CQEs, the tail
+    /// published once at its end ([`SendRun::finish`]) instead of per completion.
+    #[inline(always)]
+    pub(in crate::providers::mlx5) fn send_run(&self) -> SendRun<'_, C> {
+        SendRun {
+            qp: self,
+            mask: self.sq_wrid.len() - 1,
+            head: self.poster.sq.load(Ordering::Acquire),
+            tail: self.poller.sq.load(Ordering::Relaxed),
+        }
     }
 
     /// The SRQ the QP receives from.
@@ -282,6 +282,53 @@ impl<C: Cells> SendTables<'_, C> {
             // SAFETY: as in `record`.
             unsafe { self.request.get_unchecked((i + b) & self.mask) }.set(request.wrapping_add(NO_REQUEST));
         }
+    }
+}
+
+/// A QP's send completions over a run of its CQEs ([`QpShared::send_run`]): the head as
+/// loaded at the start, the tail as advanced so far. A request posted after the start is not
+/// in the window: [`SendRun::complete`] declines its CQE, and the caller finishes the run and
+/// completes it with [`QpShared::complete_send`], which loads the head again.
+pub(in crate::providers::mlx5) struct SendRun<'a, C: Cells = Atomics> {
+    qp: &'a QpShared<C>,
+    /// Both tables' length less one.
+    mask: usize,
+    head: u32,
+    tail: u32,
+}
+
+impl<C: Cells> Clone for SendRun<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C: Cells> Copy for SendRun<'_, C> {}
+
+impl<C: Cells> SendRun<'_, C> {
+    /// The `wr_id` of the send WQE at `wqe_counter`, completing every request up to it; `None`
+    /// if it names no request in the window, leaving the run as it was.
+    #[inline(always)]
+    pub(in crate::providers::mlx5) fn complete(&mut self, wqe_counter: u16) -> Option<u64> {
+        let qp = self.qp;
+        let i = usize::from(wqe_counter) & self.mask;
+        // SAFETY: `i` is masked by the length less one (`send_run`), and both tables have
+        // that length (at least 1: `QpShared::new`).
+        let request = unsafe { qp.sq_request.get_unchecked(i) }.get();
+        // An empty window (head == tail) holds no request.
+        if request.wrapping_sub(self.tail) >= self.head.wrapping_sub(self.tail) {
+            return None;
+        }
+        // SAFETY: as above.
+        let wr_id = unsafe { qp.sq_wrid.get_unchecked(i) }.get();
+        self.tail = request.wrapping_add(1);
+        Some(wr_id)
+    }
+
+    /// Publishes the tail the run reached (Release: the poster may reuse the entries read).
+    #[inline(always)]
+    pub(in crate::providers::mlx5) fn finish(self) {
+        self.qp.poller.sq.store(self.tail, Ordering::Release);
     }
 }
 
