@@ -1102,8 +1102,9 @@ fn connected_pair(listener: &Listener, addr: SocketAddr) -> (uverbs::cm::Connect
 /// channel, the channel's handle before the id (the id keeps the fd open until it goes),
 /// a connection before its listener and a listener before its connections, a connection
 /// dropped without a disconnect (the peer sees `DISCONNECTED`), the QP, PD, CQ and
-/// context before the connected id, a listener before a request it handed out but nobody
-/// answered, and a listener with requests nobody read.
+/// context before the connected id, a connect and an accept each dropped in flight, a
+/// listener before a request it handed out but nobody answered, and a listener with
+/// requests nobody read.
 #[test]
 fn teardown_in_every_order_leaves_no_id_fd_or_mapping() {
     let addr = cm_addr(7513);
@@ -1171,6 +1172,39 @@ fn teardown_in_every_order_leaves_no_id_fd_or_mapping() {
             drop(id);
             server.join().unwrap();
             drop(ch);
+        });
+        drop(listener);
+        assert_no_cm_ids();
+
+        // A connect in flight dropped before its answer (the request, if it got out, is
+        // dropped too: a reject); then an accept in flight dropped before `ESTABLISHED` was
+        // read (the client sees a reject, or a connection it then drops).
+        let listener = Listener::bind(addr).unwrap();
+        let connector = Connector::resolve(addr, T).unwrap();
+        let side = Side::new(&connector.context().unwrap());
+        let pending = connector.start_connect(side.qp(), &ConnParam::default()).unwrap();
+        drop((pending, side));
+        if let Ok(req) = listener.get_request(Duration::from_secs(1)) {
+            drop(req);
+        }
+        thread::scope(|s| {
+            let client = s.spawn(|| {
+                let connector = Connector::resolve(addr, T).unwrap();
+                let side = Side::new(&connector.context().unwrap());
+                match connector.connect(side.qp(), &ConnParam::default(), T) {
+                    Ok(conn) => drop(conn),
+                    // The server's reject after its REP, or the kernel refusing the QP moves
+                    // when the reject lands between the REP's event and `establish`.
+                    Err(e @ (Error::Rejected { .. } | Error::Kernel { .. })) => {
+                        println!("an accept dropped in flight: the client saw {e}")
+                    }
+                    Err(e) => panic!("an accept dropped in flight: {e}"),
+                }
+            });
+            let req = listener.get_request(T).unwrap();
+            let side = Side::new(&req.context().unwrap());
+            drop(req.start_accept(side.qp(), &ConnParam::default()).unwrap());
+            client.join().unwrap();
         });
         drop(listener);
         assert_no_cm_ids();

@@ -252,7 +252,14 @@ impl Establishing {
             };
             match (self.peer.is_none(), event.kind) {
                 (true, CmEventKind::CONNECT_RESPONSE) => {
-                    self.id.establish(&mut self.qp)?;
+                    if let Err(e) = self.id.establish(&mut self.qp) {
+                        // The peer's reject can overtake its answer (its id destroyed after
+                        // the REP): the kernel then refuses the QP moves; report the reject.
+                        return Err(match next_event(&self.channel)? {
+                            Some(late) => unexpected(verb, &late),
+                            None => e,
+                        });
+                    }
                     self.peer = Some(event.private_data);
                     self.established = true;
                 }
