@@ -2,8 +2,8 @@
 //! option for option and message for message, so that each side runs against the C program.
 //!
 //! ```text
-//! server$ cmatose [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]
-//! client$ cmatose -s server_address [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]
+//! server$ cmatose [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-a ack_timeout] [-p port]
+//! client$ cmatose -s server_address [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-t tos] [-a ack_timeout] [-p port]
 //! ```
 //!
 //! All connections are driven from one event channel, as in cmatose: the client resolves
@@ -12,15 +12,18 @@
 //! after posting its receives. Once all are up, the server sends `message_count` messages of
 //! `message_size` bytes on each connection and waits for their completions, the client
 //! receives them and sends as many back, the server receives those and disconnects every
-//! connection; both wait for each `DISCONNECTED`. The progress lines are cmatose's. The
-//! options cmatose has and this does not (`-f`, `-P`, `-t`, `-m`, `-a`) are refused.
+//! connection; both wait for each `DISCONNECTED`. The progress lines are cmatose's. `-t`
+//! sets each client id's type of service and `-a` its ACK timeout once its address is
+//! resolved (before the route); the server sets `-a` on each request before accepting. A
+//! refused option is reported and the test goes on, as cmatose does. The options cmatose
+//! has and this does not (`-f`, `-P`, `-m`) are refused.
 //!
 //! `tests/guest/rping_cmatose_interop.sh` runs it against rdmacm-utils' `ucmatose` both ways.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
-use uverbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
+use uverbs::cm::{CmEvent, CmEventKind, CmId, CmOption, ConnParam, EventChannel};
 use uverbs::{AccessFlags, Context, Cq, Mr, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
 
 /// cmatose gives address and route resolution 2 s each.
@@ -39,7 +42,20 @@ struct Options {
     connections: usize,
     message_count: usize,
     message_size: usize,
+    /// `-t`: the clients' type of service.
+    tos: Option<u8>,
+    /// `-a`: the QPs' ACK timeout (4.096 µs × 2^value).
+    ack_timeout: Option<u8>,
     port: u16,
+}
+
+impl Options {
+    /// The options `-t` and `-a` ask for, in cmatose's order.
+    fn cm_options(&self, client: bool) -> Vec<(CmOption, &'static str)> {
+        let tos = self.tos.filter(|_| client).map(|t| (CmOption::Tos(t), "TOS"));
+        let ack = self.ack_timeout.map(|t| (CmOption::AckTimeout(t), "ack timeout"));
+        tos.into_iter().chain(ack).collect()
+    }
 }
 
 const USAGE: &str = "usage: cmatose
@@ -48,6 +64,8 @@ const USAGE: &str = "usage: cmatose
 \t[-c connections]
 \t[-C message_count]
 \t[-S message_size]
+\t[-t type_of_service]
+\t[-a ack_timeout]
 \t[-p port_number]";
 
 fn main() {
@@ -81,7 +99,7 @@ fn main() {
     std::process::exit(status);
 }
 
-/// getopt's rules for `s:b:c:C:S:p:`: a value follows its letter in the same word or the next.
+/// getopt's rules for `s:b:c:C:S:t:a:p:`: a value follows its letter in the same word or the next.
 fn parse(args: impl Iterator<Item = String>) -> Result<Options> {
     let mut o = Options {
         server_addr: None,
@@ -89,6 +107,8 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Options> {
         connections: 1,
         message_count: 10,
         message_size: 100,
+        tos: None,
+        ack_timeout: None,
         port: 7471,
     };
     let mut args = args.peekable();
@@ -97,7 +117,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Options> {
         let Some(letter) = letters.as_mut().and_then(Iterator::next) else {
             return Err(format!("unexpected argument {word:?}").into());
         };
-        if !"sbcCSp".contains(letter) {
+        if !"sbcCStap".contains(letter) {
             return Err(format!("cmatose: option -{letter} is not supported here").into());
         }
         let rest: String = letters.into_iter().flatten().collect();
@@ -116,6 +136,8 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Options> {
             'c' => o.connections = number(&value)?,
             'C' => o.message_count = number(&value)?,
             'S' => o.message_size = number(&value)?,
+            't' => o.tos = Some(byte(&value)?),
+            'a' => o.ack_timeout = Some(byte(&value)?),
             _ => o.port = value.parse().map_err(|_| format!("invalid port {value:?}"))?,
         }
     }
@@ -124,6 +146,29 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Options> {
         o.message_count = 0;
     }
     Ok(o)
+}
+
+/// A number as `strtoul(value, NULL, 0)` reads it (`0x` hexadecimal, `0` octal, else
+/// decimal), kept to its low byte as cmatose's `uint8_t` does.
+fn byte(value: &str) -> Result<u8> {
+    let (digits, radix) = if let Some(hex) = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X")) {
+        (hex, 16)
+    } else if value.len() > 1 && value.starts_with('0') {
+        (&value[1..], 8)
+    } else {
+        (value, 10)
+    };
+    let n = u64::from_str_radix(digits, radix).map_err(|_| format!("invalid number {value:?}"))?;
+    Ok(n as u8)
+}
+
+/// Sets `options` on `id`, reporting a refusal as cmatose's perror does and going on.
+fn set_options(options: &[(CmOption, &str)], mut set: impl FnMut(CmOption) -> uverbs::Result<()>) {
+    for (option, name) in options {
+        if let Err(e) = set(*option) {
+            eprintln!("cmatose: set {name} option failed: {e}");
+        }
+    }
 }
 
 /// `name:port` as rdma_getaddrinfo resolves it (numeric or a host name).
@@ -263,7 +308,9 @@ impl Test {
     fn handle(&mut self, mut event: CmEvent, o: &Options) -> Result<()> {
         match event.kind {
             CmEventKind::ADDR_RESOLVED => {
-                if let Err(e) = self.node(&event)?.id.resolve_route(RESOLVE) {
+                let node = self.node(&event)?;
+                set_options(&o.cm_options(true), |option| node.id.set_option(option));
+                if let Err(e) = node.id.resolve_route(RESOLVE) {
                     self.connects_left = self.connects_left.saturating_sub(1);
                     return Err(format!("cmatose: resolve route failed: {e}").into());
                 }
@@ -293,12 +340,13 @@ impl Test {
                 self.established(&event)?;
             }
             CmEventKind::CONNECT_REQUEST => {
-                let req = event.take_request().ok_or("a connect request without its new id")?;
+                let mut req = event.take_request().ok_or("a connect request without its new id")?;
                 if self.nodes.len() == o.connections {
                     println!("cmatose: failing connection request");
                     req.reject(&[])?;
                     return Ok(());
                 }
+                set_options(&o.cm_options(false), |option| req.set_option(option));
                 let mut verbs = Verbs::new(&req.context()?, o)?;
                 req.init_qp(&mut verbs.qp)?;
                 verbs.post_recvs(o)?;
@@ -458,6 +506,11 @@ mod tests {
         let o = parse(args("-b 169.254.77.1 -S 0")).unwrap();
         assert!(o.server_addr.is_none());
         assert_eq!((o.message_size, o.message_count), (0, 0));
+        let o = parse(args("-s 169.254.77.1 -t 0x68 -a18")).unwrap();
+        assert_eq!((o.tos, o.ack_timeout), (Some(0x68), Some(18)));
+        assert_eq!(o.cm_options(true).len(), 2);
+        assert_eq!(o.cm_options(false).len(), 1, "the server sets only the ACK timeout");
+        assert_eq!((byte("010").unwrap(), byte("300").unwrap()), (8, 44));
         assert!(parse(args("-m")).is_err(), "migration is not supported");
         assert!(parse(args("-c")).is_err(), "-c needs a value");
     }

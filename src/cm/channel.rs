@@ -3,7 +3,7 @@
 
 use super::event::{CmEvent, CmEventKind};
 use super::id::CmId;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Verb};
 use crate::sys::ucma::{self, CreateId, EventResp, GetEvent, ABI_VERSIONS, PS_TCP};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -147,26 +147,29 @@ impl EventChannel {
             if let Some(event) = self.try_get_event()? {
                 return Ok(event);
             }
-            let wait = match deadline {
-                None => PollTimeout::NONE,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(Error::TimedOut {
-                            verb: "get_event",
-                            timeout: timeout.unwrap_or_default(),
-                        });
-                    }
-                    // Rounded up, so a wait never ends just short of the deadline.
-                    let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-                    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+            self.wait_readable("get_event", deadline, timeout.unwrap_or_default())?;
+        }
+    }
+
+    /// Sleeps until the fd polls readable (or a signal), at most until `deadline` (forever
+    /// with `None`); past it, [`Error::TimedOut`] for `verb` after `timeout`.
+    pub(crate) fn wait_readable(&self, verb: Verb, deadline: Option<Instant>, timeout: Duration) -> Result<()> {
+        let wait = match deadline {
+            None => PollTimeout::NONE,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::TimedOut { verb, timeout });
                 }
-            };
-            let mut fds = [PollFd::new(self.inner.fd(), PollFlags::POLLIN)];
-            match nix::poll::poll(&mut fds, wait) {
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(e) => return Err(Error::kernel("poll", e)),
+                // Rounded up, so a wait never ends just short of the deadline.
+                let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
             }
+        };
+        let mut fds = [PollFd::new(self.inner.fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, wait) {
+            Ok(_) | Err(Errno::EINTR) => Ok(()),
+            Err(e) => Err(Error::kernel("poll", e)),
         }
     }
 

@@ -1,5 +1,10 @@
-//! The blocking connector/listener pair over the low-level ids: resolve, connect or accept,
-//! and a [`Connection`] that owns its QP, its id and a channel of its own.
+//! The connector/listener pair over the low-level ids: resolve, connect or accept, and a
+//! [`Connection`] that owns its QP, its id and a channel of its own.
+//!
+//! Every object here advances without blocking: its `advance` (or [`Listener::try_request`])
+//! reads the events queued on its own channel and takes the next step, and the object is
+//! `AsFd` for an event loop to wait on. The blocking forms sleep in poll(2) on that fd and
+//! advance when it is readable.
 
 use super::channel::EventChannel;
 use super::event::{CmEvent, CmEventKind, ConnectRequest, PrivateData};
@@ -9,32 +14,64 @@ use crate::context::Context;
 use crate::error::{Error, Result, Verb};
 use crate::qp::Qp;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
 
-/// Waits for `wanted` on `channel`; a reject becomes [`Error::Rejected`], any other event
-/// [`Error::CmEvent`]. `TIMEWAIT_EXIT` (informational) is skipped.
-fn expect(channel: &EventChannel, verb: Verb, wanted: CmEventKind, timeout: Duration) -> Result<CmEvent> {
+/// The next queued event on `channel` that matters (`TIMEWAIT_EXIT` is informational), or
+/// `None` if none is queued.
+fn next_event(channel: &EventChannel) -> Result<Option<CmEvent>> {
     loop {
-        let event = channel.get_event(Some(timeout)).map_err(|e| match e {
-            Error::TimedOut { timeout, .. } => Error::TimedOut { verb, timeout },
-            other => other,
-        })?;
-        match event.kind {
-            k if k == wanted => return Ok(event),
-            CmEventKind::TIMEWAIT_EXIT => continue,
-            CmEventKind::REJECTED => {
-                return Err(Error::Rejected {
-                    status: event.status,
-                    private_data: event.private_data.to_vec(),
-                })
-            }
-            k => {
-                return Err(Error::CmEvent {
-                    verb,
-                    event: k.name().unwrap_or("an unknown event"),
-                    status: event.status,
-                })
-            }
+        match channel.try_get_event()? {
+            Some(e) if e.kind == CmEventKind::TIMEWAIT_EXIT => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
+/// An event `verb` did not expect as its error: a reject is [`Error::Rejected`] with the
+/// peer's reason and data, anything else [`Error::CmEvent`].
+fn unexpected(verb: Verb, event: &CmEvent) -> Error {
+    match event.kind {
+        CmEventKind::REJECTED => Error::Rejected {
+            status: event.status,
+            private_data: event.private_data.to_vec(),
+        },
+        k => Error::CmEvent {
+            verb,
+            event: k.name().unwrap_or("an unknown event"),
+            status: event.status,
+        },
+    }
+}
+
+/// Calls `advance` each time `channel` polls readable until it returns `true`, at most
+/// `timeout`.
+fn wait(
+    channel: &EventChannel,
+    verb: Verb,
+    timeout: Duration,
+    mut advance: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !advance()? {
+        channel.wait_readable(verb, Some(deadline), timeout)?;
+    }
+    Ok(())
+}
+
+/// Where a [`Connector`]'s resolution stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resolution {
+    Address,
+    Route,
+    Done,
+}
+
+impl Resolution {
+    fn verb(self) -> Verb {
+        match self {
+            Self::Address => "resolve_addr",
+            Self::Route | Self::Done => "resolve_route",
         }
     }
 }
@@ -63,6 +100,8 @@ pub struct Connector {
     // Declared first: the id is destroyed before its channel closes.
     id: CmId,
     channel: EventChannel,
+    timeout: Duration,
+    step: Resolution,
 }
 
 impl Connector {
@@ -87,19 +126,58 @@ impl Connector {
         options: &[CmOption],
         timeout: Duration,
     ) -> Result<Self> {
+        let mut connector = Self::start(src, dst, options, timeout)?;
+        // The kernel ends each step with an event within `timeout`; waiting twice as long
+        // for each lets its own error (ADDR_ERROR, ROUTE_ERROR, with the reason) arrive first.
+        let wait = timeout.saturating_mul(2);
+        let mut deadline = (connector.step, Instant::now() + wait);
+        while !connector.advance()? {
+            if connector.step != deadline.0 {
+                deadline = (connector.step, Instant::now() + wait);
+            }
+            connector
+                .channel
+                .wait_readable(connector.step.verb(), Some(deadline.1), wait)?;
+        }
+        Ok(connector)
+    }
+
+    /// Starts resolving `dst` (from `src`, with `options` set first) and returns at once:
+    /// [`Connector::advance`] takes the steps as their events arrive, the connector's fd
+    /// polls readable when one is queued. `timeout` is the kernel's for each step.
+    pub fn start(src: Option<SocketAddr>, dst: SocketAddr, options: &[CmOption], timeout: Duration) -> Result<Self> {
         let channel = EventChannel::open()?;
         let mut id = channel.create_id()?;
         for option in options {
             id.set_option(*option)?;
         }
-        // The kernel ends each step with an event within `timeout`; waiting twice as long
-        // lets its own error (ADDR_ERROR, ROUTE_ERROR, with the reason) arrive first.
-        let wait = timeout.saturating_mul(2);
         id.resolve_addr(src, dst, timeout)?;
-        expect(&channel, "resolve_addr", CmEventKind::ADDR_RESOLVED, wait)?;
-        id.resolve_route(timeout)?;
-        expect(&channel, "resolve_route", CmEventKind::ROUTE_RESOLVED, wait)?;
-        Ok(Self { id, channel })
+        Ok(Self {
+            id,
+            channel,
+            timeout,
+            step: Resolution::Address,
+        })
+    }
+
+    /// Takes the queued events: address resolved → resolves the route. `true` once the route
+    /// is resolved (then connect); `false` while a step is under way. An `ADDR_ERROR` or
+    /// `ROUTE_ERROR` is [`Error::CmEvent`].
+    pub fn advance(&mut self) -> Result<bool> {
+        while self.step != Resolution::Done {
+            let Some(event) = next_event(&self.channel)? else {
+                return Ok(false);
+            };
+            match (self.step, event.kind) {
+                (Resolution::Address, CmEventKind::ADDR_RESOLVED) => {
+                    self.id.resolve_route(self.timeout)?;
+                    self.step = Resolution::Route;
+                }
+                (Resolution::Route, CmEventKind::ROUTE_RESOLVED) => self.step = Resolution::Done,
+                _ => return Err(unexpected(self.step.verb(), &event)),
+            }
+        }
+        Ok(true)
     }
 
     /// The device the route goes through (create the QP there).
@@ -114,17 +192,111 @@ impl Connector {
 
     /// Connects `qp` (moving it through INIT, RTR and RTS) and waits at most `timeout` for
     /// the peer's answer. A reject is [`Error::Rejected`] with the peer's reason and data.
-    pub fn connect(mut self, mut qp: Qp, param: &ConnParam<'_>, timeout: Duration) -> Result<Connection> {
+    pub fn connect(self, qp: Qp, param: &ConnParam<'_>, timeout: Duration) -> Result<Connection> {
+        let mut pending = self.start_connect(qp, param)?;
+        let channel = pending.channel.clone();
+        wait(&channel, "connect", timeout, || pending.advance())?;
+        pending.finish()
+    }
+
+    /// Sends the connect request for `qp` and returns at once; [`Establishing::advance`]
+    /// completes it when the answer arrives. The route must be resolved.
+    pub fn start_connect(mut self, mut qp: Qp, param: &ConnParam<'_>) -> Result<Establishing> {
+        if self.step != Resolution::Done {
+            return Err(Error::invalid(
+                "connect",
+                "the route is not resolved yet: advance the connector until it is",
+            ));
+        }
         self.id.connect(&mut qp, param)?;
-        let event = expect(&self.channel, "connect", CmEventKind::CONNECT_RESPONSE, timeout)?;
-        self.id.establish(&mut qp)?;
-        Ok(Connection {
+        Ok(Establishing {
             qp,
             id: self.id,
             channel: self.channel,
-            peer: event.private_data,
-            connected: true,
+            peer: None,
+            established: false,
         })
+    }
+}
+
+impl AsFd for Connector {
+    /// The connector's channel: readable when a step has ended.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
+    }
+}
+
+/// A connection on its way up: the active side's connect sent, or the passive side's
+/// accept. [`Establishing::advance`] completes it; the fd is its channel's, which the
+/// [`Connection`] keeps.
+#[derive(Debug)]
+pub struct Establishing {
+    qp: Qp,
+    id: CmId,
+    channel: EventChannel,
+    /// The peer's private data: the passive side's from the request; the active side's
+    /// from the answer, `None` until it arrives.
+    peer: Option<PrivateData>,
+    established: bool,
+}
+
+impl Establishing {
+    /// Takes the queued events: the active side completes the peer's answer (RTR, RTS, the
+    /// RTU), the passive side waits for `ESTABLISHED`. `true` once the connection is
+    /// established (then [`Establishing::finish`]); a reject is [`Error::Rejected`].
+    pub fn advance(&mut self) -> Result<bool> {
+        let verb = if self.peer.is_none() { "connect" } else { "accept" };
+        while !self.established {
+            let Some(event) = next_event(&self.channel)? else {
+                return Ok(false);
+            };
+            match (self.peer.is_none(), event.kind) {
+                (true, CmEventKind::CONNECT_RESPONSE) => {
+                    if let Err(e) = self.id.establish(&mut self.qp) {
+                        // The peer's reject can overtake its answer (its id destroyed after
+                        // the REP): the kernel then refuses the QP moves; report the reject.
+                        return Err(match next_event(&self.channel)? {
+                            Some(late) => unexpected(verb, &late),
+                            None => e,
+                        });
+                    }
+                    self.peer = Some(event.private_data);
+                    self.established = true;
+                }
+                (false, CmEventKind::ESTABLISHED) => self.established = true,
+                _ => return Err(unexpected(verb, &event)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The established connection; an error before [`Establishing::advance`] said so.
+    pub fn finish(self) -> Result<Connection> {
+        match (self.established, self.peer) {
+            (true, Some(peer)) => Ok(Connection {
+                qp: self.qp,
+                id: self.id,
+                channel: self.channel,
+                peer,
+                state: Link::Up,
+            }),
+            _ => Err(Error::invalid(
+                "finish",
+                "the connection is not established yet: advance until it is",
+            )),
+        }
+    }
+
+    /// The id.
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+}
+
+impl AsFd for Establishing {
+    /// The connection's channel: readable when the answer or `ESTABLISHED` is queued.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
 }
 
@@ -169,31 +341,71 @@ impl Listener {
 
     /// Waits at most `timeout` for the next connect request.
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let mut event = expect(&self.channel, "get_request", CmEventKind::CONNECT_REQUEST, timeout)?;
+        let mut request = None;
+        wait(&self.channel, "get_request", timeout, || {
+            request = self.try_request()?;
+            Ok(request.is_some())
+        })?;
+        request.ok_or_else(|| Error::malformed("GET_EVENT", "no request after the wait"))
+    }
+
+    /// The next queued connect request, or `None` at once if there is none.
+    pub fn try_request(&self) -> Result<Option<ConnectRequest>> {
+        let Some(mut event) = next_event(&self.channel)? else {
+            return Ok(None);
+        };
+        if event.kind != CmEventKind::CONNECT_REQUEST {
+            return Err(unexpected("get_request", &event));
+        }
         event
             .take_request()
+            .map(Some)
             .ok_or_else(|| Error::malformed("GET_EVENT", "a connect request without a new id"))
+    }
+}
+
+impl AsFd for Listener {
+    /// The listener's channel: readable when a request is queued.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
 }
 
 impl ConnectRequest {
     /// Accepts with `qp` on a channel of the connection's own and waits at most `timeout` for
     /// `ESTABLISHED` ([`ConnectRequest::accept_id`] does the QP moves).
-    pub fn accept(mut self, mut qp: Qp, param: &ConnParam<'_>, timeout: Duration) -> Result<Connection> {
+    pub fn accept(self, qp: Qp, param: &ConnParam<'_>, timeout: Duration) -> Result<Connection> {
+        let mut pending = self.start_accept(qp, param)?;
+        let channel = pending.channel.clone();
+        wait(&channel, "accept", timeout, || pending.advance())?;
+        pending.finish()
+    }
+
+    /// Accepts with `qp` on a channel of the connection's own and returns at once;
+    /// [`Establishing::advance`] sees `ESTABLISHED` (register the returned value's fd).
+    pub fn start_accept(mut self, mut qp: Qp, param: &ConnParam<'_>) -> Result<Establishing> {
         let channel = EventChannel::open()?;
         // Before the accept, so that every event of the connection lands on its channel.
         self.migrate(&channel)?;
         let peer = self.private_data;
         let id = self.accept_id(&mut qp, param)?;
-        expect(&channel, "accept", CmEventKind::ESTABLISHED, timeout)?;
-        Ok(Connection {
+        Ok(Establishing {
             qp,
             id,
             channel,
-            peer,
-            connected: true,
+            peer: Some(peer),
+            established: false,
         })
     }
+}
+
+/// Where a [`Connection`]'s link stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    Up,
+    /// This side sent the disconnect; `DISCONNECTED` is due.
+    Closing,
+    Down,
 }
 
 /// An established connection: its QP (in RTS), its id and its own event channel. Dropping
@@ -204,7 +416,7 @@ pub struct Connection {
     id: CmId,
     channel: EventChannel,
     peer: PrivateData,
-    connected: bool,
+    state: Link,
 }
 
 impl Connection {
@@ -237,30 +449,58 @@ impl Connection {
     /// Disconnects: the QP goes to ERR (its posted requests flush), a disconnect request
     /// goes out, and this waits at most `timeout` for `DISCONNECTED`.
     pub fn disconnect(&mut self, timeout: Duration) -> Result<()> {
-        if !self.connected {
-            return Ok(());
+        self.start_disconnect()?;
+        self.wait_disconnected(timeout)
+    }
+
+    /// Moves the QP to ERR and sends the disconnect request, returning at once;
+    /// [`Connection::advance`] sees the `DISCONNECTED` that follows.
+    pub fn start_disconnect(&mut self) -> Result<()> {
+        if self.state == Link::Up {
+            self.state = Link::Closing;
+            self.id.disconnect(&mut self.qp)?;
         }
-        self.connected = false;
-        self.id.disconnect(&mut self.qp)?;
-        expect(&self.channel, "disconnect", CmEventKind::DISCONNECTED, timeout)?;
         Ok(())
     }
 
-    /// Waits at most `timeout` for the peer to disconnect, then answers it (QP to ERR,
-    /// DISCONNECT), as `rdma_disconnect` on `DISCONNECTED` does.
+    /// Waits at most `timeout` for `DISCONNECTED` (the peer's, answered as in
+    /// [`Connection::advance`], or the end of this side's own disconnect).
     pub fn wait_disconnected(&mut self, timeout: Duration) -> Result<()> {
-        if !self.connected {
-            return Ok(());
+        let channel = self.channel.clone();
+        wait(&channel, "wait_disconnected", timeout, || self.advance())
+    }
+
+    /// Takes the queued event: `true` once `DISCONNECTED` came. A peer's disconnect is
+    /// answered (QP to ERR, DISCONNECT), as `rdma_disconnect` on `DISCONNECTED` does.
+    pub fn advance(&mut self) -> Result<bool> {
+        if self.state == Link::Down {
+            return Ok(true);
         }
-        expect(&self.channel, "wait_disconnected", CmEventKind::DISCONNECTED, timeout)?;
-        self.connected = false;
-        self.id.disconnect(&mut self.qp)
+        let Some(event) = next_event(&self.channel)? else {
+            return Ok(false);
+        };
+        if event.kind != CmEventKind::DISCONNECTED {
+            return Err(unexpected("disconnect", &event));
+        }
+        let answer = self.state == Link::Up;
+        self.state = Link::Down;
+        if answer {
+            self.id.disconnect(&mut self.qp)?;
+        }
+        Ok(true)
+    }
+}
+
+impl AsFd for Connection {
+    /// The connection's channel: readable when the peer disconnects.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if self.connected {
+        if self.state == Link::Up {
             // Best effort: the id's destruction that follows tears the connection down anyway.
             let _ = self.id.disconnect(&mut self.qp);
         }

@@ -8,7 +8,11 @@
 //!   queued, for event loops. Ids are named by uids from a counter, never pointers, so an
 //!   id can be destroyed at any time. A [`ConnectRequest`] owns its new id until it is
 //!   accepted or rejected; dropped, it destroys the id.
-//! - [`Connector`], [`Listener`], [`Connection`]: blocking, one channel per connection.
+//! - [`Connector`], [`Listener`], [`Establishing`], [`Connection`]: the connect/accept flow,
+//!   one channel per connection, each object `AsFd`. Blocking calls (`resolve`, `connect`,
+//!   `get_request`, `accept`, `disconnect`) or, for an event loop, their non-blocking steps
+//!   (`start`, `start_connect`, `try_request`, `start_accept`, `start_disconnect`, then
+//!   `advance` whenever the fd is readable); the blocking calls are those steps and a poll(2).
 //!
 //! Linux's RDMA CM cannot use loopback addresses (they bind no netdev): those are refused
 //! with [`crate::Error::Loopback`]. With rxe, put the device on a dummy or veth netdev with
@@ -29,7 +33,7 @@ mod option;
 mod path;
 
 pub use channel::EventChannel;
-pub use conn::{Connection, Connector, Listener};
+pub use conn::{Connection, Connector, Establishing, Listener};
 pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, PrivateData};
 pub use id::{AddrInfo, CmId, ConnParam, PrivateDataLimits};
 pub use option::CmOption;

@@ -11,7 +11,7 @@
 # exactly the C programs' own.
 # cmatose: Rust server <- ucmatose client, ucmatose server <- Rust client, Rust with Rust, each
 # `-c 4 -C 50`; both ends must report `return status 0`, and each Rust side must print the
-# very lines ucmatose prints in its role.
+# very lines ucmatose prints in its role; then the C/Rust pairings with ucmatose's -t and -a.
 # Then the C/Rust pairings of both again across the veth pair of tests/two_hosts.rs.
 #
 # Runs in the test guest (`cargo xtask test`, or
@@ -176,6 +176,24 @@ cmatose_pair "ucmatose server (C) <- cmatose client (Rust)" 7496 \
     "ucmatose -b $addr -p 7496 $cm_args" "$cmatose -s $addr -p 7496 $cm_args"
 cmatose_pair "cmatose server (Rust) <- cmatose client (Rust)" 7497 \
     "$cmatose -b $addr -p 7497 $cm_args" "$cmatose -s $addr -p 7497 $cm_args"
+# With ucmatose's -t (the client's type of service) and -a (each side's ACK timeout), set
+# through CmOption on the Rust side: both ends report `return status 0` and no option was
+# refused (neither prints "option failed").
+tos_args="-t 0x68 -a 18"
+for port in 7521 7522; do
+    if [ "$port" = 7521 ]; then
+        name="cmatose server (Rust) -a 16 <- ucmatose client (C) $tos_args"
+        server="$cmatose -b $addr -p $port -a 16 $cm_args" client="ucmatose -s $addr -p $port $tos_args $cm_args"
+    else
+        name="ucmatose server (C) -a 16 <- cmatose client (Rust) $tos_args"
+        server="ucmatose -b $addr -p $port -a 16 $cm_args" client="$cmatose -s $addr -p $port $tos_args $cm_args"
+    fi
+    cmatose_pair "$name" "$port" "$server" "$client"
+    if grep -q "option failed" "$logs/$port.server.err" "$logs/$port.client.err"; then
+        echo "FAIL: $name: an option was refused"
+        failures=$((failures + 1))
+    fi
+done
 # Each Rust role prints what ucmatose prints in that role.
 same "cmatose server (Rust): its lines" "$logs/7496.server" "$logs/7495.server"
 same "cmatose client (Rust): its lines" "$logs/7495.client" "$logs/7496.client"
@@ -213,4 +231,4 @@ else
 fi
 
 [ "$failures" -eq 0 ] || exit 1
-echo "rping_cmatose_interop: all 15 pairings passed, every output compared"
+echo "rping_cmatose_interop: all 17 pairings passed, every output compared"
