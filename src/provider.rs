@@ -106,6 +106,9 @@ pub struct QpRequest<'a> {
     /// The SRQ's vendor half, when receives come from an SRQ (then the QP has no receive
     /// queue of its own).
     pub srq: Option<&'a dyn SrqQueue>,
+    /// Every send request completes, signaled or not (`sq_sig_all`): rxe's kernel does it
+    /// itself, a provider that writes WQEs for the device asks for a CQE in each one.
+    pub sq_sig_all: bool,
 }
 
 impl std::fmt::Debug for QpRequest<'_> {
@@ -114,6 +117,7 @@ impl std::fmt::Debug for QpRequest<'_> {
             .field("qp_type", &self.qp_type)
             .field("cap", &self.cap)
             .field("srq", &self.srq.is_some())
+            .field("sq_sig_all", &self.sq_sig_all)
             .finish_non_exhaustive()
     }
 }

@@ -370,6 +370,7 @@ impl Qp {
             send_cq: init.send_cq.ring(),
             recv_cq: init.recv_cq.ring(),
             srq: init.srq.map(Srq::queue),
+            sq_sig_all: init.sq_sig_all,
         };
         let (created, provider) = create_object(
             "CREATE_QP",

@@ -433,3 +433,34 @@ fn send_room_counts_the_requests_the_device_still_holds() {
     poll_n(&mut p.b.cq, depth as usize, 16);
     assert_eq!(p.a.qp.send_room(), depth, "all slots free once completed");
 }
+
+/// On a QP created with `sq_sig_all`, unsignaled sends complete too (rxe's kernel completes
+/// them itself; on mlx5 the provider asks for a CQE in every WQE, as libmlx5 does).
+#[test]
+fn sq_sig_all_completes_unsignaled_sends() {
+    let mut p = Pair::with(PairOpts {
+        sq_sig_all: true,
+        ..Default::default()
+    });
+    const N: u64 = 4;
+    for i in 0..N {
+        let sge = p.b.mr.sge(i as usize * MSG, MSG as u32).unwrap();
+        // SAFETY: B's memory is only written by the device until the receive completes.
+        unsafe { p.b.qp.post_recv(&[RecvWr::new(i, &[sge])]) }.unwrap();
+    }
+    let sge = [p.a.mr.sge(0, MSG as u32).unwrap()];
+    let wrs: Vec<SendWr<'_>> = (0..N)
+        .map(|i| SendWr::new(i, SendOp::Send, &sge).set_flags(SendFlags::empty()))
+        .collect();
+    assert!(wrs.iter().all(|wr| !wr.flags.contains(SendFlags::SIGNALED)));
+    // SAFETY: the buffer is only read by the device, and outlives the QP's use of it.
+    unsafe { p.a.qp.post_send(&wrs) }.unwrap();
+    let done = poll_n(&mut p.a.cq, N as usize, 8);
+    assert_eq!(
+        done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        (0..N).collect::<Vec<_>>()
+    );
+    assert!(done.iter().all(|c| c.is_success()), "{done:?}");
+    poll_n(&mut p.b.cq, N as usize, 8);
+    assert_idle(&mut p.a.cq);
+}

@@ -181,6 +181,8 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             max_inline: geo.cap.max_inline_data,
             qpn: created.qpn,
             datagram: req.qp_type == QpType::Ud,
+            // libmlx5's `sq_signal_bits`: a CQE for every request.
+            sig_all: if req.sq_sig_all { ctrl_flags::CQ_UPDATE } else { 0 },
         },
         rq: RecvQueue {
             base: buf.base(),
@@ -280,6 +282,8 @@ struct SendQueue {
     qpn: u32,
     /// UD: every send carries a datagram segment.
     datagram: bool,
+    /// The control flag bits every request gets (`CQ_UPDATE` on an `sq_sig_all` QP).
+    sig_all: u8,
 }
 
 /// The send ring as one call of `post_send` writes it: its base and segment mask, read once.
@@ -290,6 +294,8 @@ struct Ring {
     seg_mask: usize,
     /// UD: every send carries a datagram segment.
     datagram: bool,
+    /// The control flag bits every request gets (`CQ_UPDATE` on an `sq_sig_all` QP).
+    sig_all: u8,
 }
 
 impl Ring {
@@ -429,7 +435,7 @@ impl Ring {
                 opcode: op,
                 opmod: 0,
                 qpn,
-                fm_ce_se: FM_CE_SE[(wr.flags.bits() & CTRL_FLAG_BITS) as usize],
+                fm_ce_se: FM_CE_SE[(wr.flags.bits() & CTRL_FLAG_BITS) as usize] | self.sig_all,
                 ds: 0,
                 signature: 0,
                 // The WQE carries immediate data in network order (`SendOp::imm_data`).
@@ -578,6 +584,7 @@ impl SendQueue {
             base: self.base,
             seg_mask: self.mask & !(SEG - 1),
             datagram: self.datagram,
+            sig_all: self.sig_all,
         }
     }
 }
@@ -813,6 +820,7 @@ mod tests {
             max_inline: 100,
             qpn: 0x1c0,
             datagram: false,
+            sig_all: 0,
         }
     }
 

@@ -140,6 +140,7 @@ pub struct PairOpts {
     pub cq_depth: u32,
     pub mr_len: usize,
     pub access: AccessFlags,
+    pub sq_sig_all: bool,
 }
 
 impl Default for PairOpts {
@@ -159,6 +160,7 @@ impl Default for PairOpts {
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
+            sq_sig_all: false,
         }
     }
 }
@@ -178,6 +180,7 @@ impl Pair {
             let cq = ctx.create_cq(opts.cq_depth).expect("create_cq");
             let mut init = QpInit::new(opts.qp_type, &cq, &cq);
             init.cap = opts.cap;
+            init.sq_sig_all = opts.sq_sig_all;
             let qp = pd.create_qp(&init).expect("create_qp");
             let mr = pd.alloc_remote_mr(opts.mr_len, opts.access).expect("alloc_remote_mr");
             End { qp, cq, mr }

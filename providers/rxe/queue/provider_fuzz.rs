@@ -318,6 +318,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
         send_cq: &crate::cq::NoRing,
         recv_cq: &crate::cq::NoRing,
         srq: has_srq.then_some(&crate::srq::NoQueue as &dyn SrqQueue),
+        sq_sig_all: false,
     };
     let mut qp: Box<dyn QpQueues> = match qp::create(&f.ctx, &request, &mut |_, _, out| {
         out.copy_from_slice(resp.as_bytes());
