@@ -293,10 +293,15 @@ impl<'a> SendWr<'a> {
         if !allowed {
             return Err(WrReject::OpcodeNotSupported);
         }
-        match self.ud {
-            Some(dest) if qp_type == QpType::Ud && dest.ah.context() != context => Err(WrReject::ForeignAh),
-            _ => Ok(()),
+        // Connected QPs ignore `ud`: look at it only on UD.
+        if qp_type == QpType::Ud {
+            if let Some(dest) = self.ud {
+                if dest.ah.context() != context {
+                    return Err(WrReject::ForeignAh);
+                }
+            }
         }
+        Ok(())
     }
 
     /// Total bytes named by the scatter/gather list.

@@ -419,12 +419,15 @@ impl Ring {
         };
         // A UD send's destination (`SendList::iter` gave each one with an AH of this QP's
         // context): the AH's address vector with the key and QPN, after the control segment.
-        if let Some(dest) = wr.ud.filter(|_| self.datagram) {
-            // SAFETY: the AH is this provider's (its context is the QP's) and lives while the
-            // request borrows it.
-            let segs = unsafe { ah::vector(dest.ah.provider_data()) }.datagram_seg(dest.remote_qpn, dest.remote_qkey);
-            // SAFETY: `segs` is a local array of `AV_SIZE` bytes.
-            pos = unsafe { self.copy(pos, segs.as_ptr().cast(), ah::AV_SIZE) };
+        if self.datagram {
+            if let Some(dest) = wr.ud {
+                // SAFETY: the AH is this provider's (its context is the QP's) and lives while
+                // the request borrows it.
+                let segs =
+                    unsafe { ah::vector(dest.ah.provider_data()) }.datagram_seg(dest.remote_qpn, dest.remote_qkey);
+                // SAFETY: `segs` is a local array of `AV_SIZE` bytes.
+                pos = unsafe { self.copy(pos, segs.as_ptr().cast(), ah::AV_SIZE) };
+            }
         }
         // The control segment before the data, its size (`ds`) patched in after it: only
         // `start` stays live across the data.
