@@ -134,7 +134,10 @@ impl<'a> SlowWr<'a> {
     pub fn read(self, qp_type: QpType) -> Result<SendWr<'a>, WrReject> {
         // SAFETY: a live request of the chain, as `SlowDecode` asks (`SendChain::new`).
         let wr = unsafe { (self.slow)(self.at, qp_type) }.ok_or(WrReject::Malformed)?;
-        wr.check_transport(qp_type, self.context)?;
+        wr.check_transport(qp_type)?;
+        if qp_type == QpType::Ud && wr.foreign_ah(self.context) {
+            return Err(WrReject::ForeignAh);
+        }
         Ok(wr)
     }
 }
@@ -325,11 +328,6 @@ impl<'a> SendChain<'a> {
             context,
             _requests: PhantomData,
         }
-    }
-
-    /// The QP's context, for a [`crate::wr::SendList`] of the chain's requests.
-    pub(crate) fn context(&self) -> ContextId {
-        self.context
     }
 
     /// The next request, read in place and checked against the transport rules of
@@ -566,7 +564,7 @@ mod tests {
                                 bit: 1 << opcode,
                             };
                             let want = fast.to_send_wr();
-                            let want = want.check_transport(qp_type, ContextId(0)).map(|()| want);
+                            let want = want.check_transport(qp_type).map(|()| want);
                             let case = format!("opcode {opcode} {qp_type:?} inline {inline} sges {sg} addr {addr:#x}");
                             match (got, want) {
                                 (Ok(g), Ok(w)) => {

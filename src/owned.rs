@@ -223,6 +223,14 @@ impl Qp {
             Ok(id) => id,
             Err(error) => return Err(Refused { error, buf: Some(buf) }),
         };
+        if dest.is_some_and(|dest| dest.ah.context() != self.pd.context_id()) {
+            let error = Error::WorkRequest {
+                verb: "send_buf",
+                index: 0,
+                reason: WrReject::ForeignAh,
+            };
+            return Err(Refused { error, buf: Some(buf) });
+        }
         let wr = SendWr {
             wr_id: id,
             op,
@@ -233,10 +241,7 @@ impl Qp {
         // SAFETY: the buffer stays in `self.sends` until `reclaim` sees a completion of this
         // request or a later one from this QP's send CQ, or until the QP is destroyed: the
         // device is done with it by then (the module docs). No one else holds it meanwhile.
-        match unsafe {
-            self.queues
-                .post_send(SendList::new(std::slice::from_ref(&wr), self.pd.context_id()))
-        } {
+        match unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) } {
             Ok(()) => {
                 self.sends.commit();
                 Ok(())
@@ -286,7 +291,7 @@ impl Qp {
             // SAFETY: as in `send_buf`, for each of the `n` requests: their buffers are in
             // `self.sends` until completions give them back; those not posted come out again
             // below, before anyone else can reach them.
-            let result = unsafe { self.queues.post_send(SendList::new(&wrs[..n], self.pd.context_id())) };
+            let result = unsafe { self.queues.post_send(SendList::new(&wrs[..n])) };
             // Only a work-request rejection says what was not queued; after any other error
             // the provider may have queued them all, and the QP holds their buffers.
             let taken = match &result {
@@ -341,6 +346,13 @@ impl Qp {
         };
         let mut wr = SendWr::new(0, op, std::slice::from_ref(&sge)).set_flags(flags | SendFlags::INLINE);
         wr.ud = dest;
+        if wr.foreign_ah(self.pd.context_id()) {
+            return Err(Error::WorkRequest {
+                verb: "send_inline",
+                index: 0,
+                reason: WrReject::ForeignAh,
+            });
+        }
         // Drawn only once the request is known to be well formed; a gap in the ids is harmless.
         wr.wr_id = self.sends.bare_id().map_err(|reason| Error::WorkRequest {
             verb: "send_inline",
@@ -349,10 +361,7 @@ impl Qp {
         })?;
         // SAFETY: INLINE: the provider copies `data` into the queue before returning (and
         // refuses operations the device would write into, checked by `SendList`).
-        unsafe {
-            self.queues
-                .post_send(SendList::new(std::slice::from_ref(&wr), self.pd.context_id()))
-        }
+        unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) }
     }
 
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]

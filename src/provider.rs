@@ -323,7 +323,7 @@ pub unsafe trait QpQueues: Send {
             let wrs = unsafe { &*(std::ptr::from_ref(&room[..n]) as *const [SendWr<'_>]) };
             if n > 0 {
                 // SAFETY: forwarded caller contract.
-                unsafe { self.post_send(SendList::new(wrs, chain.context())) }.map_err(|e| match e {
+                unsafe { self.post_send(SendList::new(wrs)) }.map_err(|e| match e {
                     Error::WorkRequest { verb, index, reason } => Error::WorkRequest {
                         verb,
                         index: before + index,

@@ -652,8 +652,36 @@ impl Qp {
                 reason: WrReject::WrongState(self.state),
             });
         }
-        // SAFETY: forwarded caller contract.
-        unsafe { self.queues.post_send(SendList::new(wrs, self.pd.context_id())) }
+        if self.qp_type == QpType::Ud {
+            // SAFETY: forwarded caller contract.
+            return unsafe { self.post_send_ud(wrs) };
+        }
+        // SAFETY: forwarded caller contract; a connected QP reads no AH.
+        unsafe { self.queues.post_send(SendList::new(wrs)) }
+    }
+
+    /// [`Qp::post_send`] on a UD QP: the requests before the first whose AH another context
+    /// made are posted, and that one is refused with [`WrReject::ForeignAh`].
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send`].
+    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    #[inline(never)]
+    unsafe fn post_send_ud(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let context = self.pd.context_id();
+        let Some(foreign) = wrs.iter().position(|wr| wr.foreign_ah(context)) else {
+            // SAFETY: forwarded caller contract; every AH is of this QP's context.
+            return unsafe { self.queues.post_send(SendList::new(wrs)) };
+        };
+        if foreign > 0 {
+            // SAFETY: as above, for the requests before the foreign one.
+            unsafe { self.queues.post_send(SendList::new(&wrs[..foreign])) }?;
+        }
+        Err(Error::WorkRequest {
+            verb: "post_send",
+            index: foreign,
+            reason: WrReject::ForeignAh,
+        })
     }
 
     /// How many more send requests fit in the send queue now: its depth less those posted

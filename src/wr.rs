@@ -200,7 +200,7 @@ impl<'a> AhRef<'a> {
 
     /// The context whose provider made the AH.
     #[inline]
-    fn context(self) -> ContextId {
+    pub(crate) fn context(self) -> ContextId {
         self.0.context
     }
 }
@@ -264,10 +264,10 @@ impl<'a> SendWr<'a> {
     }
 
     /// Checks the rules every transport imposes, whatever the device: which operations the
-    /// QP type allows, that UD sends have a destination whose AH is of the QP's `context`,
-    /// that inline data is not used where the device must write, and atomic alignment.
+    /// QP type allows, that UD sends have a destination, that inline data is not used where
+    /// the device must write, and atomic alignment.
     #[inline]
-    pub(crate) fn check_transport(&self, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
+    pub(crate) fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
         // One match on the operation: the transports that carry it, and what it asks of the
         // request.
         let inline = self.flags.contains(SendFlags::INLINE);
@@ -293,15 +293,15 @@ impl<'a> SendWr<'a> {
         if !allowed {
             return Err(WrReject::OpcodeNotSupported);
         }
-        // Connected QPs ignore `ud`: look at it only on UD.
-        if qp_type == QpType::Ud {
-            if let Some(dest) = self.ud {
-                if dest.ah.context() != context {
-                    return Err(WrReject::ForeignAh);
-                }
-            }
-        }
         Ok(())
+    }
+
+    /// Whether the request names a UD destination whose AH another device context made (its
+    /// provider value means nothing to this QP's provider): [`WrReject::ForeignAh`] on a UD
+    /// QP of `context`.
+    #[inline]
+    pub(crate) fn foreign_ah(&self, context: ContextId) -> bool {
+        self.ud.is_some_and(|dest| dest.ah.context() != context)
     }
 
     /// Total bytes named by the scatter/gather list.
@@ -314,14 +314,17 @@ impl<'a> SendWr<'a> {
 /// after the core checked it against the transport rules every device shares
 /// ([`SendWr::check_transport`]) for the QP's transport, so a provider cannot skip them. The
 /// check runs as the provider walks the list, inside its own loop; the provider names the
-/// transport it was created with (`QpRequest::qp_type`). The list knows the QP's context, so
-/// a UD request's AH is one the provider made.
+/// transport it was created with (`QpRequest::qp_type`), which keeps the list two words. On a
+/// UD QP every request's AH is one of the QP's context, so one the provider made: the core
+/// checks that before it makes the list ([`SendWr::foreign_ah`]), off the connected QPs' path.
 #[derive(Debug, Clone, Copy)]
-pub struct SendList<'l, 'a>(&'l [SendWr<'a>], ContextId);
+pub struct SendList<'l, 'a>(&'l [SendWr<'a>]);
 
 impl<'l, 'a> SendList<'l, 'a> {
-    pub(crate) fn new(wrs: &'l [SendWr<'a>], context: ContextId) -> Self {
-        Self(wrs, context)
+    /// `wrs`, none of which names an AH of another context ([`SendWr::foreign_ah`]) when the
+    /// QP is UD.
+    pub(crate) fn new(wrs: &'l [SendWr<'a>]) -> Self {
+        Self(wrs)
     }
 
     /// How many requests the list holds.
@@ -340,10 +343,7 @@ impl<'l, 'a> SendList<'l, 'a> {
     /// it did not.
     #[inline]
     pub fn iter(self, qp_type: QpType) -> impl Iterator<Item = Result<&'l SendWr<'a>, WrReject>> {
-        let context = self.1;
-        self.0
-            .iter()
-            .map(move |wr| wr.check_transport(qp_type, context).map(|()| wr))
+        self.0.iter().map(move |wr| wr.check_transport(qp_type).map(|()| wr))
     }
 }
 
@@ -398,14 +398,13 @@ mod tests {
         };
         assert_eq!(op.wr_opcode(), 15);
         let wr = SendWr::new(1, op, &[]);
-        let context = ContextId(1);
-        assert_eq!(wr.check_transport(QpType::Rc, context), Ok(()));
+        assert_eq!(wr.check_transport(QpType::Rc), Ok(()));
         for qp_type in [QpType::Uc, QpType::Ud] {
-            assert_eq!(wr.check_transport(qp_type, context), Err(WrReject::OpcodeNotSupported));
+            assert_eq!(wr.check_transport(qp_type), Err(WrReject::OpcodeNotSupported));
         }
         let sge = [Sge::default()];
         assert_eq!(
-            SendWr::new(1, op, &sge).check_transport(QpType::Rc, context),
+            SendWr::new(1, op, &sge).check_transport(QpType::Rc),
             Err(WrReject::OpcodeNotSupported)
         );
     }

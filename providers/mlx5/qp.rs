@@ -417,7 +417,7 @@ impl Ring {
                 return 0
             }
         };
-        // A UD send's destination (`SendList::iter` gave each one with an AH of this QP's
+        // A UD send's destination (`SendList` holds only AHs of this QP's
         // context): the AH's address vector with the key and QPN, after the control segment.
         if self.datagram {
             if let Some(dest) = wr.ud {

@@ -418,7 +418,7 @@ fn qp_case(f: &mut Fake, stats: &mut Stats) {
                 // No UD request: no AH for the context to match.
                 // SAFETY: every SGE names `buf`, alive and readable; nothing writes it (no
                 // device).
-                let result = unsafe { qp.post_send(SendList::new(&wrs, crate::wr::ContextId(0))) };
+                let result = unsafe { qp.post_send(SendList::new(&wrs)) };
                 sq_prod = check_posted(
                     f,
                     &sq,
