@@ -321,6 +321,9 @@ pub struct Qp {
     qp_type: QpType,
     cap: QpCap,
     state: QpState,
+    /// [`Qp::post_send`] hands the list straight to the provider: the state allows sends and
+    /// the QP is connected (a UD QP's AHs are checked first).
+    direct_send: bool,
     user_handle: u64,
     /// Set once an explicit [`Qp::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: bool,
@@ -426,6 +429,7 @@ impl Qp {
             qp_type: init.qp_type,
             cap: provider.cap,
             state: QpState::Reset,
+            direct_send: false,
             user_handle,
             destroyed: false,
             pd: pd.inner.clone(),
@@ -495,6 +499,7 @@ impl Qp {
     /// Records the state, opening or closing the safe posts' queues (`crate::owned`) with it.
     fn set_state(&mut self, state: QpState) {
         self.state = state;
+        self.direct_send = state >= QpState::Rts && self.qp_type != QpType::Ud;
         self.sends.set_open(state >= QpState::Rts);
         self.recvs.set_open(state != QpState::Reset);
     }
@@ -645,6 +650,21 @@ impl Qp {
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.owner.check("post_send")?;
+        if !self.direct_send {
+            // SAFETY: forwarded caller contract.
+            return unsafe { self.post_send_checked(wrs) };
+        }
+        // SAFETY: forwarded caller contract; a connected QP reads no AH.
+        unsafe { self.queues.post_send(SendList::new(wrs)) }
+    }
+
+    /// [`Qp::post_send`] where the state forbids sends or the QP is UD.
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send`].
+    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    #[inline(never)]
+    unsafe fn post_send_checked(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         if self.state < QpState::Rts {
             return Err(Error::WorkRequest {
                 verb: "post_send",
@@ -666,7 +686,6 @@ impl Qp {
     /// # Safety
     /// As for [`Qp::post_send`].
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
-    #[inline(never)]
     unsafe fn post_send_ud(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         let context = self.pd.context_id();
         let Some(foreign) = wrs.iter().position(|wr| wr.foreign_ah(context)) else {

@@ -181,8 +181,8 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
             max_inline: geo.cap.max_inline_data,
             qpn: created.qpn,
             datagram: req.qp_type == QpType::Ud,
-            // libmlx5's `sq_signal_bits`: a CQE for every request.
-            sig_all: if req.sq_sig_all { ctrl_flags::CQ_UPDATE } else { 0 },
+            sig_all: req.sq_sig_all,
+            plain: req.qp_type != QpType::Ud && !req.sq_sig_all,
         },
         rq: RecvQueue {
             base: buf.base(),
@@ -282,8 +282,10 @@ struct SendQueue {
     qpn: u32,
     /// UD: every send carries a datagram segment.
     datagram: bool,
-    /// The control flag bits every request gets (`CQ_UPDATE` on an `sq_sig_all` QP).
-    sig_all: u8,
+    /// Every request asks for a CQE (`sq_sig_all`; libmlx5's `sq_signal_bits`).
+    sig_all: bool,
+    /// Neither of the two: the common path.
+    plain: bool,
 }
 
 /// The send ring as one call of `post_send` writes it: its base and segment mask, read once.
@@ -292,10 +294,6 @@ struct Ring {
     base: NonNull<u8>,
     /// The ring's size less one segment: masks a position to its segment's.
     seg_mask: usize,
-    /// UD: every send carries a datagram segment.
-    datagram: bool,
-    /// The control flag bits every request gets (`CQ_UPDATE` on an `sq_sig_all` QP).
-    sig_all: u8,
 }
 
 impl Ring {
@@ -358,9 +356,15 @@ impl Ring {
     /// # Safety
     /// `wr` passed [`SendQueue::check`] and the transport rules.
     #[inline(always)]
-    unsafe fn write(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+    unsafe fn write<const DATAGRAM: bool, const SIG_ALL: bool>(
+        self,
+        wr: &SendWr<'_>,
+        qpn: u32,
+        pi: u32,
+        start: usize,
+    ) -> usize {
         // SAFETY: forwarded contract; no inline data.
-        unsafe { self.write_as::<false>(wr, qpn, pi, start) }
+        unsafe { self.write_as::<false, DATAGRAM, SIG_ALL>(wr, qpn, pi, start) }
     }
 
     /// [`Self::write`] for an inline request, out of line.
@@ -368,9 +372,15 @@ impl Ring {
     /// # Safety
     /// As for [`Self::write`]; the SGEs name readable memory.
     #[inline(never)]
-    unsafe fn write_inline(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+    unsafe fn write_inline<const DATAGRAM: bool, const SIG_ALL: bool>(
+        self,
+        wr: &SendWr<'_>,
+        qpn: u32,
+        pi: u32,
+        start: usize,
+    ) -> usize {
         // SAFETY: forwarded contract.
-        unsafe { self.write_as::<true>(wr, qpn, pi, start) }
+        unsafe { self.write_as::<true, DATAGRAM, SIG_ALL>(wr, qpn, pi, start) }
     }
 
     /// Writes the WQE, its data inline when `INLINE`.
@@ -378,7 +388,13 @@ impl Ring {
     /// # Safety
     /// As for [`Self::write_inline`].
     #[inline(always)]
-    unsafe fn write_as<const INLINE: bool>(self, wr: &SendWr<'_>, qpn: u32, pi: u32, start: usize) -> usize {
+    unsafe fn write_as<const INLINE: bool, const DATAGRAM: bool, const SIG_ALL: bool>(
+        self,
+        wr: &SendWr<'_>,
+        qpn: u32,
+        pi: u32,
+        start: usize,
+    ) -> usize {
         let mut pos = start + SEG;
         // One dispatch on the operation: its opcode and immediate data, the segments before
         // the data, and whether it is an atomic (whose data is its result's one SGE).
@@ -419,7 +435,7 @@ impl Ring {
         };
         // A UD send's destination (`SendList` holds only AHs of this QP's
         // context): the AH's address vector with the key and QPN, after the control segment.
-        if self.datagram {
+        if DATAGRAM {
             if let Some(dest) = wr.ud {
                 // SAFETY: the AH is this provider's (its context is the QP's) and lives while
                 // the request borrows it.
@@ -438,7 +454,8 @@ impl Ring {
                 opcode: op,
                 opmod: 0,
                 qpn,
-                fm_ce_se: FM_CE_SE[(wr.flags.bits() & CTRL_FLAG_BITS) as usize] | self.sig_all,
+                fm_ce_se: FM_CE_SE[(wr.flags.bits() & CTRL_FLAG_BITS) as usize]
+                    | if SIG_ALL { ctrl_flags::CQ_UPDATE } else { 0 },
                 ds: 0,
                 signature: 0,
                 // The WQE carries immediate data in network order (`SendOp::imm_data`).
@@ -586,8 +603,6 @@ impl SendQueue {
         Ring {
             base: self.base,
             seg_mask: self.mask & !(SEG - 1),
-            datagram: self.datagram,
-            sig_all: self.sig_all,
         }
     }
 }
@@ -622,9 +637,10 @@ unsafe impl QpQueues for Mlx5Qp {
         // A lone request has its own copy of the loop, which the compiler straightens.
         // SAFETY: forwarded contract.
         unsafe {
-            match wrs.len() {
-                1 => self.post_sends::<true>(wrs),
-                _ => self.post_list(wrs),
+            match (self.sq.plain, wrs.len()) {
+                (true, 1) => self.post_sends::<true, false, false>(wrs),
+                (true, _) => self.post_list(wrs),
+                (false, _) => self.post_other(wrs),
             }
         }
     }
@@ -691,7 +707,10 @@ impl Mlx5Qp {
     /// # Safety
     /// As for [`QpQueues::post_send`].
     #[inline(always)]
-    unsafe fn post_sends<const LONE: bool>(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
+    unsafe fn post_sends<const LONE: bool, const DATAGRAM: bool, const SIG_ALL: bool>(
+        &mut self,
+        wrs: SendList<'_, '_>,
+    ) -> Result<()> {
         // What every request needs, read once: locals stay in registers across the ring
         // writes, which the compiler cannot tell apart from the queue's fields.
         let sq = &self.sq;
@@ -725,8 +744,8 @@ impl Mlx5Qp {
             // SAFETY: checked above; inline memory is the caller's contract.
             let ds = unsafe {
                 match wr.flags.contains(SendFlags::INLINE) {
-                    false => ring.write(wr, qpn, cur_post, start),
-                    true => ring.write_inline(wr, qpn, cur_post, start),
+                    false => ring.write::<DATAGRAM, SIG_ALL>(wr, qpn, cur_post, start),
+                    true => ring.write_inline::<DATAGRAM, SIG_ALL>(wr, qpn, cur_post, start),
                 }
             };
             let blocks = (ds * SEG).div_ceil(SEND_WQE_BB) as u32;
@@ -775,7 +794,25 @@ impl Mlx5Qp {
     #[inline(never)]
     unsafe fn post_list(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { self.post_sends::<false>(wrs) }
+        unsafe { self.post_sends::<false, false, false>(wrs) }
+    }
+
+    /// [`QpQueues::post_send`] on a UD or an `sq_sig_all` QP, out of line: the connected
+    /// QPs' path carries neither the datagram segment nor the forced CQE.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send`].
+    #[inline(never)]
+    unsafe fn post_other(&mut self, wrs: SendList<'_, '_>) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            match (self.sq.datagram, self.sq.sig_all) {
+                (false, false) => self.post_sends::<false, false, false>(wrs),
+                (false, true) => self.post_sends::<false, false, true>(wrs),
+                (true, false) => self.post_sends::<false, true, false>(wrs),
+                (true, true) => self.post_sends::<false, true, true>(wrs),
+            }
+        }
     }
 
     /// A lone request's doorbell: a BlueFlame copy of its WQE (at byte `start`, beginning
@@ -823,7 +860,8 @@ mod tests {
             max_inline: 100,
             qpn: 0x1c0,
             datagram: false,
-            sig_all: 0,
+            sig_all: false,
+            plain: true,
         }
     }
 
@@ -838,8 +876,8 @@ mod tests {
         // SAFETY: forwarded.
         let ds = unsafe {
             match wr.flags.contains(SendFlags::INLINE) {
-                false => ring.write(wr, sq.qpn, sq.cur_post, start),
-                true => ring.write_inline(wr, sq.qpn, sq.cur_post, start),
+                false => ring.write::<false, false>(wr, sq.qpn, sq.cur_post, start),
+                true => ring.write_inline::<false, false>(wr, sq.qpn, sq.cur_post, start),
             }
         };
         (start, ds)
