@@ -36,6 +36,52 @@ pub struct CSendWr {
 assert_layout!(CSendWr, size 72, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 28,
     send_flags @ 32, imm_data @ 36, wr @ 40);
 
+impl CSendWr {
+    /// The operation, for every opcode that names no object of the caller's (all but
+    /// `BIND_MW`, whose window only the caller knows); `None` for one uverbs lacks.
+    pub fn send_op(&self) -> Option<SendOp> {
+        // SAFETY (the union reads): every arm is plain data; the opcode says which applies.
+        let rdma = || {
+            // SAFETY: see above.
+            let r = unsafe { self.wr.rdma };
+            Remote {
+                addr: r.remote_addr,
+                rkey: r.rkey,
+            }
+        };
+        // SAFETY: see above.
+        let atomic = unsafe { self.wr.atomic };
+        let aremote = Remote {
+            addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+        };
+        Some(match WrOpcode(self.opcode) {
+            WrOpcode::RDMA_WRITE => SendOp::RdmaWrite(rdma()),
+            // C's `imm_data` is `__be32`; `SendOp` takes host order (and the providers write
+            // it back in network order, so the bytes on the wire are C's).
+            WrOpcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), u32::from_be(self.imm_data)),
+            WrOpcode::SEND => SendOp::Send,
+            WrOpcode::SEND_WITH_IMM => SendOp::SendWithImm {
+                imm: u32::from_be(self.imm_data),
+            },
+            WrOpcode::RDMA_READ => SendOp::RdmaRead(rdma()),
+            WrOpcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+                remote: aremote,
+                compare: atomic.compare_add,
+                swap: atomic.swap,
+            },
+            WrOpcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+                remote: aremote,
+                add: atomic.compare_add,
+            },
+            // `invalidate_rkey` shares `imm_data`'s place, in host order.
+            WrOpcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: self.imm_data },
+            WrOpcode::LOCAL_INV => SendOp::LocalInv { rkey: self.imm_data },
+            _ => return None,
+        })
+    }
+}
+
 /// `ibv_send_wr.wr`: the arm the opcode (and the QP type, for `ud`) selects.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -234,40 +280,8 @@ impl<'a> FastWr<'a> {
 
     /// The request as a [`SendWr`].
     pub fn to_send_wr(self) -> SendWr<'a> {
-        let rdma = || {
-            let r = self.rdma();
-            Remote {
-                addr: r.remote_addr,
-                rkey: r.rkey,
-            }
-        };
-        let atomic = self.atomic();
-        let aremote = Remote {
-            addr: atomic.remote_addr,
-            rkey: atomic.rkey,
-        };
-        let op = match WrOpcode(self.c.opcode) {
-            WrOpcode::RDMA_WRITE => SendOp::RdmaWrite(rdma()),
-            // C's `imm_data` is `__be32`; `SendOp` takes host order.
-            WrOpcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), u32::from_be(self.c.imm_data)),
-            WrOpcode::SEND => SendOp::Send,
-            WrOpcode::SEND_WITH_IMM => SendOp::SendWithImm {
-                imm: u32::from_be(self.c.imm_data),
-            },
-            WrOpcode::RDMA_READ => SendOp::RdmaRead(rdma()),
-            WrOpcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-                remote: aremote,
-                compare: atomic.compare_add,
-                swap: atomic.swap,
-            },
-            WrOpcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-                remote: aremote,
-                add: atomic.compare_add,
-            },
-            // `invalidate_rkey` shares `imm_data`'s place, in host order.
-            WrOpcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: self.c.imm_data },
-            _ => SendOp::LocalInv { rkey: self.c.imm_data },
-        };
+        // Every opcode read in place has an operation (`FAST`); `Send` is never taken.
+        let op = self.c.send_op().unwrap_or(SendOp::Send);
         SendWr {
             wr_id: self.c.wr_id,
             op,

@@ -5,7 +5,7 @@ use crate::abi::{ibv_recv_wr, ibv_send_wr, ibv_sge};
 use crate::ffi;
 use libc::c_int;
 use std::mem::MaybeUninit;
-use uverbs::{RecvWr, Remote, SendOp, WrOpcode};
+use uverbs::{CSendWr, RecvWr, SendOp, WrOpcode};
 
 /// The scatter/gather list of a C work request.
 ///
@@ -24,54 +24,21 @@ pub(crate) unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Option
 
 /// The `uverbs` operation for a C send work request, or `None` for opcodes uverbs lacks.
 pub(crate) fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
-    // SAFETY (union reads below): every arm is plain data; the opcode says which applies.
-    let rdma = || {
-        // SAFETY: see above.
-        let r = unsafe { wr.wr.rdma };
-        Remote {
-            addr: r.remote_addr,
-            rkey: r.rkey,
+    if WrOpcode(wr.opcode as u32) == WrOpcode::BIND_MW {
+        let b = wr.bind_mw;
+        if b.mw.is_null() {
+            return None;
         }
-    };
-    // SAFETY: see above.
-    let atomic = unsafe { wr.wr.atomic };
-    let aremote = Remote {
-        addr: atomic.remote_addr,
-        rkey: atomic.rkey,
-    };
+        // SAFETY: the caller's live MW and MR (the ibv_post_send contract).
+        return Some(SendOp::BindMw(unsafe {
+            crate::mw::mw_bind(b.mw, b.rkey, &b.bind_info)
+        }));
+    }
+    // SAFETY: `CSendWr` is the head of `ibv_send_wr`, field for field (both layouts asserted
+    // in `abi.rs`), and `wr` is a live reference.
+    let head = unsafe { &*std::ptr::from_ref(wr).cast::<CSendWr>() };
     // Negative opcodes become values no `WrOpcode` has.
-    Some(match WrOpcode(wr.opcode as u32) {
-        WrOpcode::RDMA_WRITE => SendOp::RdmaWrite(rdma()),
-        // C's `imm_data` is `__be32`; the core takes host order and swaps back when it writes
-        // the WQE, so the bytes on the wire are C's.
-        WrOpcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm(rdma(), u32::from_be(wr.imm_data)),
-        WrOpcode::SEND => SendOp::Send,
-        WrOpcode::SEND_WITH_IMM => SendOp::SendWithImm {
-            imm: u32::from_be(wr.imm_data),
-        },
-        WrOpcode::RDMA_READ => SendOp::RdmaRead(rdma()),
-        WrOpcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-            remote: aremote,
-            compare: atomic.compare_add,
-            swap: atomic.swap,
-        },
-        WrOpcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote: aremote,
-            add: atomic.compare_add,
-        },
-        // `invalidate_rkey` shares `imm_data`'s place, in host order.
-        WrOpcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: wr.imm_data },
-        WrOpcode::LOCAL_INV => SendOp::LocalInv { rkey: wr.imm_data },
-        WrOpcode::BIND_MW => {
-            let b = wr.bind_mw;
-            if b.mw.is_null() {
-                return None;
-            }
-            // SAFETY: the caller's live MW and MR (the ibv_post_send contract).
-            SendOp::BindMw(unsafe { crate::mw::mw_bind(b.mw, b.rkey, &b.bind_info) })
-        }
-        _ => return None,
-    })
+    head.send_op()
 }
 
 /// How many work requests one uverbs call takes at most (one doorbell each).
