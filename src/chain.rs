@@ -150,8 +150,6 @@ pub type SlowDecode<'a> = unsafe fn(NonNull<CSendWr>, QpType) -> Option<SendWr<'
 pub struct SendChain<'a> {
     next: *mut CSendWr,
     slow: SlowDecode<'a>,
-    /// The QP's context: a UD request's AH must be of it.
-    context: ContextId,
     _requests: PhantomData<&'a CSendWr>,
 }
 
@@ -170,18 +168,17 @@ pub enum ChainWr<'a> {
 pub struct SlowWr<'a> {
     at: NonNull<CSendWr>,
     slow: SlowDecode<'a>,
-    context: ContextId,
 }
 
 impl<'a> SlowWr<'a> {
     /// The request as the caller's [`SlowDecode`] reads it, checked against the transport
     /// rules of `qp_type`; out of line, to keep a `SendWr` out of the provider's loop.
     #[inline(never)]
-    pub fn read(self, qp_type: QpType) -> Result<SendWr<'a>, WrReject> {
+    pub fn read(self, qp_type: QpType, context: ContextId) -> Result<SendWr<'a>, WrReject> {
         // SAFETY: a live request of the chain, as `SlowDecode` asks (`SendChain::new`).
         let wr = unsafe { (self.slow)(self.at, qp_type) }.ok_or(WrReject::Malformed)?;
         wr.check_transport(qp_type)?;
-        if qp_type == QpType::Ud && wr.foreign_ah(self.context) {
+        if qp_type == QpType::Ud && wr.foreign_ah(context) {
             return Err(WrReject::ForeignAh);
         }
         Ok(wr)
@@ -323,10 +320,10 @@ impl<'a> FastWr<'a> {
 
 impl<'a> ChainWr<'a> {
     /// The request as a checked [`SendWr`].
-    pub fn to_send_wr(self, qp_type: QpType) -> Result<SendWr<'a>, WrReject> {
+    pub fn to_send_wr(self, qp_type: QpType, context: ContextId) -> Result<SendWr<'a>, WrReject> {
         match self {
             Self::Fast(f) => Ok(f.to_send_wr()),
-            Self::Slow(s) => s.read(qp_type),
+            Self::Slow(s) => s.read(qp_type, context),
         }
     }
 }
@@ -335,11 +332,10 @@ impl<'a> SendChain<'a> {
     /// # Safety
     /// Every request from `first` on, following `next` to a null one, must be live and
     /// unchanged for `'a`, with its scatter/gather list (`num_sge` entries, when positive).
-    pub(crate) unsafe fn new(first: NonNull<CSendWr>, slow: SlowDecode<'a>, context: ContextId) -> Self {
+    pub(crate) unsafe fn new(first: NonNull<CSendWr>, slow: SlowDecode<'a>) -> Self {
         Self {
             next: first.as_ptr(),
             slow,
-            context,
             _requests: PhantomData,
         }
     }
@@ -356,11 +352,7 @@ impl<'a> SendChain<'a> {
         self.next = c.next;
         let bit = 1u32.checked_shl(c.opcode).unwrap_or(0);
         if qp_type == QpType::Ud || bit & FAST == 0 {
-            return Some(Ok(ChainWr::Slow(SlowWr {
-                at,
-                slow: self.slow,
-                context: self.context,
-            })));
+            return Some(Ok(ChainWr::Slow(SlowWr { at, slow: self.slow })));
         }
         let sg_list: &'a [Sge] = match usize::try_from(c.num_sge) {
             Ok(0) => &[],
@@ -429,9 +421,9 @@ mod tests {
 
     fn all(first: &mut CSendWr, qp_type: QpType) -> Vec<Result<SendWr<'static>, WrReject>> {
         // SAFETY: the test's chain, live for the call; `'static` only stands for it here.
-        let mut chain = unsafe { SendChain::new(NonNull::from(first), slow_send, ContextId(0)) };
+        let mut chain = unsafe { SendChain::new(NonNull::from(first), slow_send) };
         std::iter::from_fn(|| chain.next(qp_type))
-            .map(|r| r.and_then(|wr| wr.to_send_wr(qp_type)))
+            .map(|r| r.and_then(|wr| wr.to_send_wr(qp_type, ContextId(0))))
             .collect()
     }
 
@@ -567,11 +559,11 @@ mod tests {
                             }
                             c.wr.atomic.remote_addr = addr;
                             // SAFETY: the test's chain, live for the call.
-                            let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), slow_send, ContextId(0)) };
+                            let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), slow_send) };
                             let got = chain
                                 .next(qp_type)
                                 .expect("one request")
-                                .and_then(|wr| wr.to_send_wr(qp_type));
+                                .and_then(|wr| wr.to_send_wr(qp_type, ContextId(0)));
                             let fast = FastWr {
                                 c: &c,
                                 sg_list: &sge[..sg as usize],

@@ -223,7 +223,7 @@ impl Qp {
             Ok(id) => id,
             Err(error) => return Err(Refused { error, buf: Some(buf) }),
         };
-        if dest.is_some_and(|dest| dest.ah.context() != self.pd.context_id()) {
+        if dest.is_some_and(|dest| dest.ah.context() != self.context) {
             let error = Error::WorkRequest {
                 verb: "send_buf",
                 index: 0,
@@ -346,7 +346,7 @@ impl Qp {
         };
         let mut wr = SendWr::new(0, op, std::slice::from_ref(&sge)).set_flags(flags | SendFlags::INLINE);
         wr.ud = dest;
-        if wr.foreign_ah(self.pd.context_id()) {
+        if wr.foreign_ah(self.context) {
             return Err(Error::WorkRequest {
                 verb: "send_inline",
                 index: 0,

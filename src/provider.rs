@@ -28,7 +28,7 @@ use crate::chain::SendChain;
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result};
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendList, SendWr};
+use crate::wr::{ContextId, RecvWr, SendList, SendWr};
 use std::any::Any;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -299,15 +299,19 @@ pub unsafe trait QpQueues: Send {
     /// `post_send` instead.
     ///
     /// # Safety
-    /// See [`crate::Qp::post_send_chain`].
-    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType) -> Result<()> {
+    /// See [`crate::Qp::post_send_chain`]; a UD request's AH must be of `context`, the QP's
+    /// (`SlowWr::read` checks).
+    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
         const BATCH: usize = 32;
         let mut room = [const { MaybeUninit::<SendWr<'_>>::uninit() }; BATCH];
         let mut before = 0;
         loop {
             let (mut n, mut refused) = (0, None);
             while n < BATCH {
-                match chain.next(qp_type).map(|wr| wr.and_then(|wr| wr.to_send_wr(qp_type))) {
+                match chain
+                    .next(qp_type)
+                    .map(|wr| wr.and_then(|wr| wr.to_send_wr(qp_type, context)))
+                {
                     None => break,
                     Some(Ok(wr)) => {
                         room[n].write(wr);
@@ -480,8 +484,8 @@ mod tests {
             };
             // SAFETY: the test's chain, live and unchanged for the call.
             let result = unsafe {
-                let chain = SendChain::new(NonNull::from(&mut chain[0]), never, ContextId(0));
-                qp.post_send_chain(chain, QpType::Rc)
+                let chain = SendChain::new(NonNull::from(&mut chain[0]), never);
+                qp.post_send_chain(chain, QpType::Rc, ContextId(0))
             };
             let index = result.map_err(|e| match e {
                 crate::Error::WorkRequest { index, reason, .. } => (index, reason),

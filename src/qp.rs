@@ -14,7 +14,7 @@ use crate::sys::abi::{self, DestroyQpResp, ModifyQp, QpDest, QueryQp, QueryQpRes
 use crate::sys::cmd;
 use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
-use crate::wr::{RecvWr, SendList, SendWr};
+use crate::wr::{ContextId, RecvWr, SendList, SendWr};
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -324,6 +324,8 @@ pub struct Qp {
     /// [`Qp::post_send`] hands the list straight to the provider: the state allows sends and
     /// the QP is connected (a UD QP's AHs are checked first).
     direct_send: bool,
+    /// The context it belongs to: a UD request's AH must be of it.
+    pub(crate) context: ContextId,
     user_handle: u64,
     /// Set once an explicit [`Qp::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: bool,
@@ -430,6 +432,7 @@ impl Qp {
             cap: provider.cap,
             state: QpState::Reset,
             direct_send: false,
+            context: pd.inner.context_id(),
             user_handle,
             destroyed: false,
             pd: pd.inner.clone(),
@@ -687,7 +690,7 @@ impl Qp {
     /// As for [`Qp::post_send`].
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     unsafe fn post_send_ud(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let context = self.pd.context_id();
+        let context = self.context;
         let Some(foreign) = wrs.iter().position(|wr| wr.foreign_ah(context)) else {
             // SAFETY: forwarded caller contract; every AH is of this QP's context.
             return unsafe { self.queues.post_send(SendList::new(wrs)) };
@@ -733,7 +736,7 @@ impl Qp {
         // SAFETY: forwarded caller contract.
         unsafe {
             self.queues
-                .post_send_chain(SendChain::new(first, slow, self.pd.context_id()), self.qp_type)
+                .post_send_chain(SendChain::new(first, slow), self.qp_type, self.context)
         }
     }
 

@@ -180,7 +180,7 @@ pub(crate) struct AhData {
 /// Which device context an object belongs to: the address of its context's shared state,
 /// which outlives every object of the context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ContextId(pub(crate) usize);
+pub struct ContextId(pub(crate) usize);
 
 /// An address handle as a work request names it (from [`crate::Ah::ud_dest`]), borrowed from
 /// the AH so the AH outlives the request. A reference, so `Option<UdDest>` costs no tag.

@@ -11,7 +11,7 @@ use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
-use crate::wr::{RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
+use crate::wr::{ContextId, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -178,8 +178,8 @@ impl RxeQp {
     /// # Safety
     /// As for [`QpQueues::post_send`].
     #[inline(never)]
-    unsafe fn post_slow(&mut self, wr: SlowWr<'_>, qp_type: QpType) -> Result<(), WrReject> {
-        let wr = wr.read(qp_type)?;
+    unsafe fn post_slow(&mut self, wr: SlowWr<'_>, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
+        let wr = wr.read(qp_type, context)?;
         let inline_len = self.check_limits(wr.sg_list, wr.flags)?;
         let slot = self.sq.next_slot().ok_or(WrReject::QueueFull)?;
         // SAFETY: as in `post_fast`.
@@ -436,7 +436,7 @@ unsafe impl QpQueues for RxeQp {
 
     /// The chain's requests go from the caller's structs to the slots: those read in place
     /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`].
-    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType) -> Result<()> {
+    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
         let mut rejected = None;
         let mut posted = 0;
         while let Some(wr) = chain.next(qp_type) {
@@ -444,7 +444,7 @@ unsafe impl QpQueues for RxeQp {
             let step = wr.and_then(|wr| unsafe {
                 match wr {
                     ChainWr::Fast(f) => self.post_fast(&f),
-                    ChainWr::Slow(s) => self.post_slow(s, qp_type),
+                    ChainWr::Slow(s) => self.post_slow(s, qp_type, context),
                 }
             });
             if let Err(reason) = step {
@@ -757,7 +757,7 @@ mod tests {
                     },
                 };
                 // SAFETY: the test's one-request chain, live for the loop body.
-                let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), never, crate::wr::ContextId(0)) };
+                let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), never) };
                 let Some(Ok(ChainWr::Fast(fast))) = chain.next(QpType::Rc) else {
                     panic!("opcode {opcode}: not read in place");
                 };
