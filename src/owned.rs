@@ -458,17 +458,6 @@ impl Qp {
             .unwrap_or(Error::WorkRequest { verb, index: 0, reason })
     }
 
-    fn check_send_state(&self) -> Result<()> {
-        if self.state() < QpState::Rts {
-            return Err(Error::WorkRequest {
-                verb: "post_send",
-                index: 0,
-                reason: WrReject::WrongState(self.state()),
-            });
-        }
-        Ok(())
-    }
-
     /// As `send_id`, for the receive queue (closed in RESET, and on an SRQ: no room).
     #[inline]
     fn recv_id(&mut self) -> Result<u64> {

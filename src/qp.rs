@@ -661,35 +661,16 @@ impl Qp {
         unsafe { self.queues.post_send(SendList::new(wrs)) }
     }
 
-    /// [`Qp::post_send`] where the state forbids sends or the QP is UD.
+    /// [`Qp::post_send`] off the direct path (`direct_send`): the state forbids sends, or the
+    /// QP is UD. On UD the requests before the first whose AH another context made are
+    /// posted, and that one is refused with [`WrReject::ForeignAh`].
     ///
     /// # Safety
     /// As for [`Qp::post_send`].
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     #[inline(never)]
     unsafe fn post_send_checked(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        if self.state < QpState::Rts {
-            return Err(Error::WorkRequest {
-                verb: "post_send",
-                index: 0,
-                reason: WrReject::WrongState(self.state),
-            });
-        }
-        if self.qp_type == QpType::Ud {
-            // SAFETY: forwarded caller contract.
-            return unsafe { self.post_send_ud(wrs) };
-        }
-        // SAFETY: forwarded caller contract; a connected QP reads no AH.
-        unsafe { self.queues.post_send(SendList::new(wrs)) }
-    }
-
-    /// [`Qp::post_send`] on a UD QP: the requests before the first whose AH another context
-    /// made are posted, and that one is refused with [`WrReject::ForeignAh`].
-    ///
-    /// # Safety
-    /// As for [`Qp::post_send`].
-    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
-    unsafe fn post_send_ud(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.check_send_state()?;
         let context = self.context;
         let Some(foreign) = wrs.iter().position(|wr| wr.foreign_ah(context)) else {
             // SAFETY: forwarded caller contract; every AH is of this QP's context.
@@ -704,6 +685,18 @@ impl Qp {
             index: foreign,
             reason: WrReject::ForeignAh,
         })
+    }
+
+    /// Whether the state allows sends (RTS or later), as a post's error if not.
+    pub(crate) fn check_send_state(&self) -> Result<()> {
+        if self.state < QpState::Rts {
+            return Err(Error::WorkRequest {
+                verb: "post_send",
+                index: 0,
+                reason: WrReject::WrongState(self.state),
+            });
+        }
+        Ok(())
     }
 
     /// How many more send requests fit in the send queue now: its depth less those posted
@@ -726,13 +719,7 @@ impl Qp {
     #[inline]
     pub unsafe fn post_send_chain(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
         self.owner.check("post_send")?;
-        if self.state < QpState::Rts {
-            return Err(Error::WorkRequest {
-                verb: "post_send",
-                index: 0,
-                reason: WrReject::WrongState(self.state),
-            });
-        }
+        self.check_send_state()?;
         // SAFETY: forwarded caller contract.
         unsafe {
             self.queues
