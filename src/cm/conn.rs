@@ -190,6 +190,12 @@ impl Connector {
         &self.id
     }
 
+    /// The connector's channel (its connection's, after the connect): readable when a step
+    /// has ended.
+    pub fn channel(&self) -> &EventChannel {
+        &self.channel
+    }
+
     /// Connects `qp` (moving it through INIT, RTR and RTS) and waits at most `timeout` for
     /// the peer's answer. A reject is [`Error::Rejected`] with the peer's reason and data.
     pub fn connect(self, qp: Qp, param: &ConnParam<'_>, timeout: Duration) -> Result<Connection> {
@@ -290,6 +296,11 @@ impl Establishing {
     /// The id.
     pub fn id(&self) -> &CmId {
         &self.id
+    }
+
+    /// The connection's channel: readable when the answer or `ESTABLISHED` is queued.
+    pub fn channel(&self) -> &EventChannel {
+        &self.channel
     }
 }
 

@@ -2,6 +2,7 @@
 //! guest, or a host device). With no device these fail, saying how to run them.
 #![allow(dead_code)]
 
+pub mod cm;
 pub mod srq;
 pub mod wire;
 

@@ -1,0 +1,276 @@
+//! The connection manager's connect/accept flow ([`crate::cm`]) as futures: each object's
+//! event channel registered with tokio's reactor, its non-blocking steps (`advance`,
+//! `try_request`) taken only when the channel polls readable.
+//!
+//! Cancellation: every future here may be dropped at any await point. What it owns then goes
+//! with it, torn down as when the blocking object is dropped (the kernel destroys an id
+//! inside `DESTROY_ID`: nothing is left half-made, nothing later waits on it); what lives in
+//! an object the caller keeps stays consistent, and the next call carries on from it. Each
+//! method says which of the two it is. For a deadline, wrap a future in
+//! `tokio::time::timeout`.
+
+use super::{reactor_error, register};
+use crate::cm::{CmId, CmOption, ConnParam, ConnectRequest, Connection, Connector, EventChannel, Listener};
+use crate::context::Context;
+use crate::error::{Result, Verb};
+use crate::qp::Qp;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+
+/// An event channel's fd, for the reactor.
+struct ChannelFd(EventChannel);
+
+impl AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// An event channel registered with the reactor for readability.
+struct Registered(AsyncFd<ChannelFd>);
+
+impl Registered {
+    /// Registers `channel`, whose fd is non-blocking ([`EventChannel::open`] opens it so):
+    /// its reads end with `EAGAIN` when nothing is queued. Must be called inside a tokio
+    /// runtime with I/O enabled (else an error).
+    fn new(channel: &EventChannel, verb: Verb) -> Result<Self> {
+        // SAFETY: the clone keeps the channel's fd open (an `Arc` of it) and always names it.
+        unsafe { register(ChannelFd(channel.clone()), verb) }.map(Self)
+    }
+
+    /// Calls `step` now and then each time the channel polls readable, until it returns a
+    /// value. `step` reads the queued events without blocking and returns `None` only when
+    /// it read the channel empty; only then is the readiness cleared, so an event queued
+    /// behind the one that ended a step is taken by the next call at once, with no new
+    /// wake-up needed. Nothing is awaited between `step`'s value and the return: dropped,
+    /// the future loses nothing `step` took.
+    async fn until<T>(&self, verb: Verb, mut step: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        // First without waiting: the step may be done already (a second `disconnect`).
+        if let Some(value) = step()? {
+            return Ok(value);
+        }
+        loop {
+            let mut ready = self.0.readable().await.map_err(|e| reactor_error(verb, e))?;
+            if let Some(value) = step()? {
+                return Ok(value);
+            }
+            ready.clear_ready();
+        }
+    }
+}
+
+/// The active side with its address and route resolved ([`Connector`] on the reactor).
+pub struct AsyncConnector {
+    connector: Connector,
+    fd: Registered,
+}
+
+impl std::fmt::Debug for AsyncConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncConnector")
+            .field("connector", &self.connector)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncConnector {
+    /// Resolves `dst`'s address and route on a channel of its own. `timeout` is the kernel's
+    /// for each step, which it ends with `ADDR_ERROR` or `ROUTE_ERROR` ([`crate::Error::CmEvent`])
+    /// when it passes.
+    ///
+    /// Dropped before it returns: the id is destroyed (the kernel cancels the resolution)
+    /// and its channel closed; nothing is left to give back.
+    pub async fn resolve(dst: SocketAddr, timeout: Duration) -> Result<Self> {
+        Self::resolve_with(None, dst, &[], timeout).await
+    }
+
+    /// As [`AsyncConnector::resolve`], from the local address `src` and with `options` set
+    /// on the id first ([`Connector::resolve_with`]).
+    pub async fn resolve_with(
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        options: &[CmOption],
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut connector = Connector::start(src, dst, options, timeout)?;
+        let fd = Registered::new(connector.channel(), "resolve")?;
+        fd.until("resolve", || Ok(connector.advance()?.then_some(()))).await?;
+        Ok(Self { connector, fd })
+    }
+
+    /// The device the route goes through (create the QP there).
+    pub fn context(&self) -> Result<Context> {
+        self.connector.context()
+    }
+
+    /// The id.
+    pub fn id(&self) -> &CmId {
+        self.connector.id()
+    }
+
+    /// Connects `qp` (moving it through INIT, RTR and RTS): the connect request goes out
+    /// when this is called, so the future borrows nothing; it waits for the peer's answer. A
+    /// reject is [`crate::Error::Rejected`] with the peer's reason and data. The kernel's CM
+    /// resends an unanswered request for about a minute before it ends the connect with
+    /// `UNREACHABLE`: bound it with `tokio::time::timeout`.
+    ///
+    /// Dropped before it is ready: the id, its channel and `qp` are destroyed. The request
+    /// is withdrawn (the kernel's CM sends a reject), so a peer's accept of it fails; the
+    /// peer never sees the connection established, because the RTU goes out only in the
+    /// poll that returns the connection.
+    pub fn connect(
+        self,
+        qp: Qp,
+        param: &ConnParam<'_>,
+    ) -> impl Future<Output = Result<AsyncConnection>> + Send + 'static {
+        let Self { connector, fd } = self;
+        let started = connector.start_connect(qp, param);
+        async move {
+            let mut pending = started?;
+            fd.until("connect", || Ok(pending.advance()?.then_some(()))).await?;
+            Ok(AsyncConnection {
+                connection: pending.finish()?,
+                fd,
+            })
+        }
+    }
+}
+
+/// The passive side: an id listening on an address ([`Listener`] on the reactor).
+pub struct AsyncListener {
+    listener: Listener,
+    fd: Registered,
+}
+
+impl std::fmt::Debug for AsyncListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncListener")
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncListener {
+    /// Binds `addr` and listens with the kernel's maximum backlog. Must be called inside a
+    /// tokio runtime with I/O enabled (else an error).
+    pub fn bind(addr: SocketAddr) -> Result<Self> {
+        Self::bind_with(addr, &[])
+    }
+
+    /// As [`AsyncListener::bind`], with `options` set on the id before it binds
+    /// ([`Listener::bind_with`]).
+    pub fn bind_with(addr: SocketAddr, options: &[CmOption]) -> Result<Self> {
+        let listener = Listener::bind_with(addr, options)?;
+        let fd = Registered::new(listener.channel(), "bind")?;
+        Ok(Self { listener, fd })
+    }
+
+    /// The bound address (with the port the kernel picked for port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The next connect request: answer it with [`AsyncConnection::accept`] or
+    /// [`ConnectRequest::reject`]; dropped unanswered, it is rejected.
+    ///
+    /// Cancellation safe: a request leaves the channel only in the poll that returns it, so
+    /// a dropped future leaves every request queued for the next call (`tokio::select!` in
+    /// a loop loses none).
+    pub async fn next_request(&self) -> Result<ConnectRequest> {
+        self.fd.until("next_request", || self.listener.try_request()).await
+    }
+}
+
+/// An established connection ([`Connection`] on the reactor): its QP (in RTS), its id and
+/// its own event channel. Dropping it disconnects (QP to ERR, then DISCONNECT) and
+/// destroys the QP and the id.
+pub struct AsyncConnection {
+    connection: Connection,
+    fd: Registered,
+}
+
+impl std::fmt::Debug for AsyncConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncConnection")
+            .field("connection", &self.connection)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncConnection {
+    /// Accepts `request` with `qp` on a channel of the connection's own (moving the QP
+    /// through INIT, RTR and RTS; [`ConnectRequest::start_accept`]): the accept goes out when
+    /// this is called, so the future borrows nothing; it waits for `ESTABLISHED`. Must be
+    /// called inside a tokio runtime with I/O enabled (else the future's error).
+    ///
+    /// Dropped before it is ready: the new id, its channel and `qp` are destroyed; the peer
+    /// sees a reject, or, where its side came up first, a disconnect.
+    pub fn accept(
+        request: ConnectRequest,
+        qp: Qp,
+        param: &ConnParam<'_>,
+    ) -> impl Future<Output = Result<Self>> + Send + 'static {
+        let started = request.start_accept(qp, param).and_then(|pending| {
+            let fd = Registered::new(pending.channel(), "accept")?;
+            Ok((pending, fd))
+        });
+        async move {
+            let (mut pending, fd) = started?;
+            fd.until("accept", || Ok(pending.advance()?.then_some(()))).await?;
+            Ok(Self {
+                connection: pending.finish()?,
+                fd,
+            })
+        }
+    }
+
+    /// The QP.
+    pub fn qp(&self) -> &Qp {
+        self.connection.qp()
+    }
+
+    /// The QP, to post on.
+    pub fn qp_mut(&mut self) -> &mut Qp {
+        self.connection.qp_mut()
+    }
+
+    /// The private data of the peer's connect request (passive side) or accept (active
+    /// side), as the kernel reported it.
+    pub fn peer_private_data(&self) -> &[u8] {
+        self.connection.peer_private_data()
+    }
+
+    /// The connection, for its id and channel.
+    pub fn get_ref(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// Disconnects: the QP goes to ERR (its posted requests flush), a disconnect request
+    /// goes out, and this waits for `DISCONNECTED`. A second call returns at once.
+    ///
+    /// Cancellation safe: where it stands lives in the connection. Once polled, the request
+    /// is out; a dropped future leaves the connection closing, and the next `disconnect` or
+    /// [`AsyncConnection::wait_disconnected`] waits for the same `DISCONNECTED`.
+    pub async fn disconnect(&mut self) -> Result<()> {
+        self.connection.start_disconnect()?;
+        self.wait_disconnected().await
+    }
+
+    /// Waits for `DISCONNECTED`: the peer's disconnect (answered, as `rdma_disconnect` on
+    /// `DISCONNECTED` does) or the end of this side's own. Returns at once once it came.
+    ///
+    /// Cancellation safe: the event is taken only in the poll that returns.
+    pub async fn wait_disconnected(&mut self) -> Result<()> {
+        let Self { connection, fd } = self;
+        fd.until("wait_disconnected", || Ok(connection.advance()?.then_some(())))
+            .await
+    }
+
+    /// The connection back, off the reactor (for the blocking calls or another poller).
+    pub fn into_inner(self) -> Connection {
+        self.connection
+    }
+}

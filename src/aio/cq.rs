@@ -1,0 +1,108 @@
+//! [`AsyncCq`]: completions awaited through the CQ's completion channel.
+
+use super::{reactor_error, register, set_nonblocking};
+use crate::cq::Cq;
+use crate::error::{Error, Result};
+use crate::event::CompChannel;
+use crate::wc::WorkCompletion;
+use std::os::fd::AsFd;
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+
+/// How often an [`AsyncCq`] waited, for telling a quiet wait from a busy one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct WaitStats {
+    /// Times the task was woken because the channel became readable.
+    pub wakeups: u64,
+    /// Completion events read from the channel.
+    pub events: u64,
+}
+
+/// A CQ whose completions can be awaited: it arms the CQ, sleeps on the completion channel in
+/// tokio's reactor, drains the channel's events and polls again.
+///
+/// [`AsyncCq::poll`] is cancellation safe: completions leave the CQ only when it returns them,
+/// so a future dropped before it finished loses none (the CQ may stay armed; the next wait
+/// picks that up).
+pub struct AsyncCq {
+    cq: Cq,
+    channel: AsyncFd<CompChannel>,
+    armed: bool,
+    stats: WaitStats,
+}
+
+impl std::fmt::Debug for AsyncCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCq")
+            .field("cq", &self.cq)
+            .field("armed", &self.armed)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl AsyncCq {
+    /// Wraps `cq`, which must have been created on `channel` (`CqInit::channel`), with no
+    /// other CQ on it: events for other CQs would be taken from them. Must be called inside a
+    /// tokio runtime with I/O enabled (else an error).
+    pub fn new(cq: Cq, channel: &CompChannel) -> Result<Self> {
+        set_nonblocking(channel.as_fd(), "AsyncCq::new")?;
+        // SAFETY: the clone keeps the channel's fd open (an `Arc` of it) and always names it.
+        let channel = unsafe { register(channel.clone(), "AsyncCq::new") }?;
+        Ok(Self {
+            cq,
+            channel,
+            armed: false,
+            stats: WaitStats::default(),
+        })
+    }
+
+    /// Waits until at least one completion is ready, then moves up to `wc.len()` of them
+    /// into `wc` and returns how many (`wc` must not be empty).
+    pub async fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        if wc.is_empty() {
+            return Err(Error::invalid("AsyncCq::poll", "no room for a completion"));
+        }
+        loop {
+            let n = self.cq.poll(wc);
+            if n > 0 {
+                return Ok(n);
+            }
+            if !self.armed {
+                self.cq.req_notify(false)?;
+                self.armed = true;
+                // A completion that arrived between the poll and the arm raises no event:
+                // look again before sleeping.
+                continue;
+            }
+            let mut ready = self
+                .channel
+                .readable()
+                .await
+                .map_err(|e| reactor_error("AsyncCq::poll", e))?;
+            self.stats.wakeups += 1;
+            // Each event disarmed the CQ; reading them all leaves the fd empty.
+            while self.channel.get_ref().get_event(Some(Duration::ZERO))?.is_some() {
+                self.stats.events += 1;
+                self.armed = false;
+            }
+            ready.clear_ready();
+        }
+    }
+
+    /// How often [`AsyncCq::poll`] slept and woke.
+    pub fn stats(&self) -> WaitStats {
+        self.stats
+    }
+
+    /// The CQ, for polling without waiting, resizing and the rest.
+    pub fn get_mut(&mut self) -> &mut Cq {
+        &mut self.cq
+    }
+
+    /// The CQ back.
+    pub fn into_inner(self) -> Cq {
+        self.cq
+    }
+}
