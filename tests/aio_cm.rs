@@ -205,17 +205,17 @@ fn connecting_where_nothing_listens_is_a_typed_reject() {
     assert_no_cm_ids();
 }
 
-/// Each future dropped where it waits, then the same call again to the end: a resolve (of an
-/// address nobody answers, across the veth pair of `common::wire`); a
-/// `next_request` with nothing queued (`tokio::time::timeout`); a connect whose request
-/// the listener holds unanswered; an accept waiting for `ESTABLISHED` (the client sees a
-/// reject, or a connection it then drops); a disconnect waiting for `DISCONNECTED` (the
-/// next `disconnect` waits for the same event). After each no cm_id of the client side is
-/// left; run twice, the second round leaves `/proc/self/fd` and `/proc/self/maps` (all
-/// lines, and those of `/dev/infiniband`) exactly as it found them.
+/// Each future dropped where it waits, then the same call again to the end: a resolve of an
+/// address nobody answers (ARP across the veth pair of `common::wire`); a connect whose
+/// request the listener took (accepting it then fails); `next_request` with nothing queued
+/// (`tokio::time::timeout`); an accept waiting for `ESTABLISHED` (the client sees a reject,
+/// or a connection it then drops); a disconnect waiting for `DISCONNECTED` (the next
+/// `disconnect` waits for the same event). After each no cm_id of the client side is left;
+/// run twice, the second round leaves `/proc/self/fd` and `/proc/self/maps` (all lines, and
+/// those of `/dev/infiniband`) exactly as it found them.
 #[test]
 fn dropped_futures_leave_no_id_or_fd_and_the_next_call_succeeds() {
-    let (unanswered, served) = (cm_addr(7533), cm_addr(7534));
+    let (withdrawn, served) = (cm_addr(7533), cm_addr(7534));
     let clients = |dst: std::net::SocketAddr| {
         my_cm_ids()
             .into_iter()
@@ -234,16 +234,27 @@ fn dropped_futures_leave_no_id_or_fd_and_the_next_call_succeeds() {
             assert!(poll_once(&mut resolving).await.is_pending());
             drop(resolving);
             assert_no_cm_ids();
-            let connector = AsyncConnector::resolve(unanswered, T).await.unwrap();
+            let connector = AsyncConnector::resolve(withdrawn, T).await.unwrap();
 
-            // A connect dropped while the listener holds its request unread.
-            let holding = AsyncListener::bind(unanswered).unwrap();
+            // A connect dropped once the listener took its request: the request is
+            // withdrawn, and accepting it fails (the client's reject came first: the kernel
+            // refuses the accept; or the REP found no id: `REJECTED`).
+            let listener = AsyncListener::bind(withdrawn).unwrap();
             let (_side, qp) = AsyncSide::new(&connector.context().unwrap());
             let mut connecting = Box::pin(connector.connect(qp, &ConnParam::default()));
             assert!(poll_once(&mut connecting).await.is_pending());
+            let request = listener.next_request().await.unwrap();
             drop(connecting);
-            assert_eq!(clients(unanswered), 0, "{}", cm_id_table());
-            drop(holding);
+            assert_eq!(clients(withdrawn), 0, "{}", cm_id_table());
+            let (_side, qp) = AsyncSide::new(&request.context().unwrap());
+            let accepting = AsyncConnection::accept(request, qp, &ConnParam::default());
+            match tokio::time::timeout(T, accepting).await {
+                Ok(Err(e @ (Error::Rejected { .. } | Error::Kernel { .. }))) => {
+                    println!("accepting a withdrawn request: {e}")
+                }
+                other => panic!("accepting a withdrawn request: {other:?}"),
+            }
+            drop(listener);
             assert_no_cm_ids();
 
             // `next_request` dropped with nothing queued; the listener serves on.

@@ -78,10 +78,11 @@ impl std::fmt::Debug for AsyncConnector {
 
 impl AsyncConnector {
     /// Resolves `dst`'s address and route on a channel of its own. `timeout` is the kernel's
-    /// for each step, which it ends with `ADDR_ERROR` or `ROUTE_ERROR` ([`crate::Error::CmEvent`])
-    /// when it passes.
+    /// for each step: it ends an address nobody answers with `ADDR_ERROR`
+    /// ([`crate::Error::CmEvent`]) when it passes (on RoCE the route step sends nothing and
+    /// ends by itself).
     ///
-    /// Dropped before it returns: the id is destroyed (the kernel cancels the resolution)
+    /// Dropped before it is ready: the id is destroyed (the kernel cancels the resolution)
     /// and its channel closed; nothing is left to give back.
     pub async fn resolve(dst: SocketAddr, timeout: Duration) -> Result<Self> {
         Self::resolve_with(None, dst, &[], timeout).await
