@@ -57,6 +57,14 @@
 //!     })
 //! }
 //! ```
+//!
+//! Cancellation: [`AsyncCq::poll`], [`AsyncListener::next_request`],
+//! [`AsyncConnection::disconnect`] and [`AsyncConnection::wait_disconnected`] are cancellation
+//! safe (dropped, they lose no completion, request or event; the next call carries on).
+//! [`AsyncConnector::resolve`], [`AsyncConnector::connect`] and [`AsyncConnection::accept`]
+//! own the id (and the QP) they bring up: dropped, they destroy them, so no cm_id is left
+//! half-connected and the peer sees a reject. Each method's documentation says exactly what
+//! is left; bound any of them with `tokio::time::timeout`.
 
 mod cm;
 mod cq;
