@@ -205,6 +205,14 @@ fn connecting_where_nothing_listens_is_a_typed_reject() {
     assert_no_cm_ids();
 }
 
+#[test]
+fn outside_a_runtime_is_an_error_that_leaves_no_id() {
+    let err = AsyncListener::bind(cm_addr(7536)).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { verb: "bind", .. }), "{err}");
+    assert!(err.to_string().contains("outside a tokio runtime"), "{err}");
+    assert_no_cm_ids();
+}
+
 /// Each future dropped where it waits, then the same call again to the end: a resolve of an
 /// address nobody answers (ARP across the veth pair of `common::wire`); a connect whose
 /// request the listener took (accepting it then fails); `next_request` with nothing queued
