@@ -52,7 +52,7 @@ fn run() -> DemoResult<()> {
     );
     let gids = ctx.gid_table()?;
     for g in &gids {
-        println!("  gid[{}] {} type {}", g.index, g.ip(), g.gid_type);
+        println!("  gid[{}] {} type {:?}", g.index, g.ip(), g.gid_type);
     }
     // RoCE addresses by GID; InfiniBand by LID (both QPs are on this port).
     let path = if port.needs_grh() {
