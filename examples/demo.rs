@@ -1,5 +1,6 @@
 //! Lists the RDMA devices, then moves real traffic through the Rust provider on the first one:
-//! RC sends between two QPs, an RDMA write and read checked byte for byte, and UD sends.
+//! RC sends between two QPs, an RDMA write and read checked byte for byte, and UD sends, all
+//! posted without `unsafe` (buffers moved into the QP and given back by their completions).
 //!
 //! `cargo xtask demo` runs this in a guest with the rdma_rxe driver when the host has no
 //! RDMA device; on a host with one, `cargo run --release --example demo [device]`.
@@ -52,7 +53,7 @@ fn run() -> DemoResult<()> {
     );
     let gids = ctx.gid_table()?;
     for g in &gids {
-        println!("  gid[{}] {} type {}", g.index, g.ip(), g.gid_type);
+        println!("  gid[{}] {} type {:?}", g.index, g.ip(), g.gid_type);
     }
     // RoCE addresses by GID; InfiniBand by LID (both QPs are on this port).
     let path = if port.needs_grh() {
@@ -72,9 +73,10 @@ fn run() -> DemoResult<()> {
 }
 
 const MSG: usize = 4096;
-const DEPTH: u64 = 64;
+const DEPTH: usize = 64;
 
-/// RC sends with every payload checked, then an RDMA write and read.
+/// RC sends with every payload checked, then an RDMA write and read, all through the safe
+/// posts: each buffer is moved into the QP and comes back with its completion.
 fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     let pd = ctx.alloc_pd()?;
     let (mut scq, mut rcq) = (ctx.create_cq(256)?, ctx.create_cq(256)?);
@@ -89,59 +91,42 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
         qp.to_rtr(path, peer, 0, Mtu::Mtu1024)?;
         qp.to_rts(0)?;
     }
-    // Sources and the read's target: only this process's requests touch them, so plain
-    // slices. The receive and write target: peers write it, so volatile copies.
-    let mut src = pd.alloc_mr(MSG * DEPTH as usize, AccessFlags::LOCAL_WRITE)?;
-    let dst = pd.alloc_remote_mr(MSG * DEPTH as usize, access)?;
-    let post_recv = |b: &mut Qp, i: u64| {
-        let sge = dst.sge((i % DEPTH) as usize * MSG, MSG as u32).expect("in bounds");
-        // SAFETY: the slot is read only after its completion and reposted after that.
-        unsafe { b.post_recv(&[RecvWr::new(i, &[sge])]) }
-    };
-    const TOTAL: u64 = 20_000;
-    for i in 0..DEPTH {
-        post_recv(&mut b, i)?;
+    // Local memory (only this process's requests touch it), cut into buffers: the free
+    // send buffers, and receive buffers, all lent to B's receive queue.
+    let mut free = pd.alloc_mr(MSG * DEPTH, AccessFlags::LOCAL_WRITE)?.into_bufs(MSG)?;
+    for buf in pd.alloc_mr(MSG * DEPTH, AccessFlags::LOCAL_WRITE)?.into_bufs(MSG)? {
+        b.recv_buf(buf)?;
     }
-    let (mut sent, mut sdone, mut rdone) = (0u64, 0u64, 0u64);
+    const TOTAL: u64 = 20_000;
+    let (mut sent, mut received) = (0u64, 0u64);
     let mut wc = [WorkCompletion::default(); 32];
     let start = Instant::now();
-    while rdone < TOTAL {
-        while sent < TOTAL && sent - sdone < DEPTH / 2 && sent < rdone + DEPTH {
-            let off = (sent % DEPTH) as usize * MSG;
-            src.as_mut_slice()[off..off + 8].copy_from_slice(&sent.to_le_bytes());
-            let sge = [src.sge(off, MSG as u32).expect("in bounds")];
-            // SAFETY: the slot is rewritten only after this send completes.
-            unsafe { a.post_send(&[SendWr::new(sent, SendOp::Send, &sge)]) }?;
+    while received < TOTAL || free.len() < DEPTH {
+        // A send per free buffer, never more than B has receives posted for.
+        while sent < TOTAL && sent < received + DEPTH as u64 {
+            let Some(mut buf) = free.pop() else { break };
+            buf.set_len(MSG)?;
+            buf.as_mut_slice()[..8].copy_from_slice(&sent.to_le_bytes());
+            a.send_buf(SendOp::Send, buf)?;
             sent += 1;
         }
-        let n = scq.poll(&mut wc);
-        sdone += check(&wc[..n])? as u64;
-        let n = rcq.poll(&mut wc);
-        check(&wc[..n])?;
-        for c in &wc[..n] {
-            let off = (c.wr_id % DEPTH) as usize * MSG;
-            let mut seq = [0; 8];
-            dst.read(off, &mut seq)?;
-            let seq = u64::from_le_bytes(seq);
-            if seq != c.wr_id || c.byte_len as usize != MSG {
-                return Err(format!("message {} carried {seq}", c.wr_id).into());
+        let reaped = scq.reap(&mut wc);
+        for c in reaped.iter() {
+            c.result()?;
+        }
+        a.reclaim_all(&reaped, &mut free);
+        for c in rcq.reap(&mut wc).iter() {
+            c.result()?;
+            let buf = b.reclaim(c).ok_or("a receive completion gives its buffer back")?;
+            let seq = u64::from_le_bytes(buf.as_slice()[..8].try_into()?);
+            if seq != received || buf.len() != MSG {
+                return Err(format!("message {received} carried {seq} in {} bytes", buf.len()).into());
             }
-            rdone += 1;
-            if c.wr_id + DEPTH < TOTAL {
-                post_recv(&mut b, c.wr_id + DEPTH)?;
-            }
+            received += 1;
+            b.recv_buf(buf)?;
         }
         if start.elapsed() > Duration::from_secs(120) {
             return Err("traffic stalled".into());
-        }
-    }
-    // The last sends' completions may still be pending when the last receive is in: take
-    // them, so the waits below see the write's and the read's own.
-    while sdone < TOTAL {
-        let n = scq.poll(&mut wc);
-        sdone += check(&wc[..n])? as u64;
-        if start.elapsed() > Duration::from_secs(120) {
-            return Err("send completions stalled".into());
         }
     }
     let secs = start.elapsed().as_secs_f64();
@@ -151,22 +136,23 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
         (TOTAL as usize * MSG) as f64 / secs / 1e6
     );
 
-    src.as_mut_slice()[..MSG]
+    // The peer-visible target: peers write it, so it is reached by volatile copies.
+    let dst = pd.alloc_remote_mr(MSG, access)?;
+    let remote = dst.remote(0)?;
+    let (mut out, mut back) = (free.pop().ok_or("a free buffer")?, free.pop().ok_or("a free buffer")?);
+    out.set_len(MSG)?;
+    back.set_len(MSG)?;
+    out.as_mut_slice()
         .iter_mut()
         .enumerate()
         .for_each(|(i, b)| *b = i as u8);
-    let remote = Remote {
-        addr: dst.addr(),
-        rkey: dst.rkey(),
-    };
-    let sge = [src.sge(0, MSG as u32).expect("in bounds")];
-    unsafe { a.post_send(&[SendWr::new(1, SendOp::RdmaWrite(remote), &sge)]) }?;
-    wait_one(&mut scq)?;
-    let back = [src.sge(MSG, MSG as u32).expect("in bounds")];
-    unsafe { a.post_send(&[SendWr::new(2, SendOp::RdmaRead(remote), &back)]) }?;
-    wait_one(&mut scq)?;
+    back.as_mut_slice().fill(0);
+    a.send_buf(SendOp::RdmaWrite(remote), out)?;
+    let (_, out) = wait_buf(&mut scq, &mut [&mut a])?;
+    a.send_buf(SendOp::RdmaRead(remote), back)?;
+    let (_, back) = wait_buf(&mut scq, &mut [&mut a])?;
     let written = dst.to_vec(0, MSG)?;
-    let same = src.as_slice()[..MSG] == written[..] && src.as_slice()[..MSG] == src.as_slice()[MSG..2 * MSG];
+    let same = out.as_slice() == &written[..] && out.as_slice() == back.as_slice();
     println!(
         "RC: RDMA write then read of {MSG} B: {}",
         if same { "bytes match" } else { "MISMATCH" }
@@ -180,49 +166,58 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
 
 /// UD sends through an address handle.
 fn ud_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
+    // The Q_Key both QPs agree on: any value of the application's choosing.
     const QKEY: u32 = 0x1234;
     let pd = ctx.alloc_pd()?;
     let mut cq = ctx.create_cq(64)?;
-    let mut qps = Vec::new();
-    for _ in 0..2 {
+    let ud_qp = || -> DemoResult<Qp> {
         let mut qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq))?;
         qp.ud_to_rts(1, QKEY)?;
-        qps.push(qp);
-    }
+        Ok(qp)
+    };
+    let (mut s, mut r) = (ud_qp()?, ud_qp()?);
     let ah = pd.create_ah(&path)?;
-    let mr = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE)?;
-    let recv = [mr.sge(4096, 40 + 512).expect("in bounds")];
-    let dest = ah.ud_dest(qps[1].qpn(), QKEY);
-    let sge = [mr.sge(0, 512).expect("in bounds")];
-    for i in 0..10 {
-        unsafe { qps[1].post_recv(&[RecvWr::new(100 + i, &recv)]) }?;
-        unsafe { qps[0].post_send(&[SendWr::new(i, SendOp::Send, &sge).to(dest)]) }?;
+    let dest = ah.ud_dest(r.qpn(), QKEY);
+    let mut bufs = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE)?.into_bufs(4096)?;
+    let (mut inbox, mut msg) = (bufs.pop(), bufs.pop());
+    for _ in 0..10 {
+        r.recv_buf(inbox.take().ok_or("the receive buffer is back")?)?;
+        let mut m = msg.take().ok_or("the send buffer is back")?;
+        m.set_len(512)?;
+        s.send_buf_with(SendOp::Send, m, SendFlags::SIGNALED, Some(dest))?;
         for _ in 0..2 {
-            let c = wait_one(&mut cq)?;
-            if c.opcode == WcOpcode::RECV && (c.src_qp != qps[0].qpn() || c.byte_len != 40 + 512) {
+            let (c, buf) = wait_buf(&mut cq, &mut [&mut s, &mut r])?;
+            if c.opcode != WcOpcode::RECV {
+                msg = Some(buf);
+                continue;
+            }
+            // A UD receive starts with 40 bytes of GRH room.
+            if c.src_qp != s.qpn() || buf.len() != 40 + 512 {
                 return Err(format!("UD receive {c:?}").into());
             }
+            inbox = Some(buf);
         }
     }
     println!("UD: 10 datagrams of 512 B via an address handle, source QP and the 40-byte GRH room checked");
     Ok(())
 }
 
-fn check(wcs: &[WorkCompletion]) -> DemoResult<usize> {
-    match wcs.iter().find(|c| !c.is_success()) {
-        Some(c) => Err(format!("completion failed: {c:?}").into()),
-        None => Ok(wcs.len()),
-    }
-}
-
-fn wait_one(cq: &mut Cq) -> DemoResult<WorkCompletion> {
+/// The next completion on `cq`, which must be a success, with the buffer it gives back to
+/// one of `qps`.
+fn wait_buf(cq: &mut Cq, qps: &mut [&mut Qp]) -> DemoResult<(WorkCompletion, Buf)> {
     let mut wc = [WorkCompletion::default()];
     let start = Instant::now();
-    while cq.poll(&mut wc) == 0 {
+    loop {
+        if let Some(c) = cq.reap(&mut wc).iter().next() {
+            c.result()?;
+            let buf = qps
+                .iter_mut()
+                .find_map(|qp| qp.reclaim(c))
+                .ok_or("a completion that gives no buffer back")?;
+            return Ok((*c, buf));
+        }
         if start.elapsed() > Duration::from_secs(30) {
             return Err("no completion within 30 s".into());
         }
     }
-    check(&wc)?;
-    Ok(wc[0])
 }

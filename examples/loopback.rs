@@ -23,7 +23,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     msg.fill_from(b"hello")?;
     b.recv_buf(inbox)?; // B holds `inbox` until the completion that gives it back
-                        // Signaled, so it completes; `send_buf_with` takes flags and a UD destination.
+
+    // Signaled, so it completes; `send_buf_with` takes flags and a UD destination.
     a.send_buf(SendOp::SendWithImm { imm: 7 }, msg)?; // `msg` is A's now: no `unsafe`
     let mut wc = [WorkCompletion::default(); 4];
     let mut back = Vec::new();

@@ -208,7 +208,9 @@ pub struct AhAttr {
 }
 
 impl AhAttr {
-    /// The RoCE address of `dgid`, reached from local GID `sgid_index` on `port_num`.
+    /// The RoCE address of `dgid`, reached from local GID `sgid_index` on `port_num`: hop
+    /// limit 64, traffic class 0, flow label 0, service level 0, static rate 0 (the port's);
+    /// change the fields for others.
     pub fn roce(port_num: u8, dgid: [u8; 16], sgid_index: u8) -> Self {
         Self {
             port_num,

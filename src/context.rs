@@ -3,6 +3,7 @@
 use crate::attr::{AhAttr, AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
+use crate::open_enum::open_enum;
 use crate::provider::{Provider, ProviderContext};
 use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortRespEx};
 use crate::sys::cmd::{self, PlainRequest};
@@ -12,6 +13,16 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use zerocopy::{FromBytes, IntoBytes};
+
+open_enum! {
+    /// What a GID addresses (`enum ib_uverbs_gid_type`): an InfiniBand port, or RoCE v1
+    /// (Ethernet) or RoCE v2 (UDP/IP, the kind rxe traffic uses).
+    GidType {
+        IB = 0,
+        ROCE_V1 = 1,
+        ROCE_V2 = 2,
+    }
+}
 
 /// A GID table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,16 +34,13 @@ pub struct Gid {
     pub index: u8,
     /// Port number.
     pub port: u8,
-    /// Type (`IB_UVERBS_GID_TYPE_*`): 0 IB, 1 RoCE v1, 2 RoCE v2.
-    pub gid_type: u32,
+    /// What it addresses: InfiniBand, RoCE v1 or RoCE v2.
+    pub gid_type: GidType,
     /// ifindex of the network device it belongs to (0 for none).
     pub netdev_ifindex: u32,
 }
 
 impl Gid {
-    /// RoCE v2 (UDP/IP encapsulated), the kind rxe traffic uses.
-    pub const TYPE_ROCE_V2: u32 = 2;
-
     /// The GID as an IPv6 address (IPv4 appears mapped, `::ffff:a.b.c.d`).
     pub fn ip(&self) -> std::net::Ipv6Addr {
         std::net::Ipv6Addr::from(self.raw)
@@ -372,7 +380,7 @@ impl Context {
                     raw: e.gid,
                     index: u8::try_from(e.gid_index).ok()?,
                     port: u8::try_from(e.port_num).ok()?,
-                    gid_type: e.gid_type,
+                    gid_type: GidType(e.gid_type),
                     netdev_ifindex: e.netdev_ifindex,
                 })
             })
@@ -391,7 +399,7 @@ impl Context {
     /// networks route), else any that is not link-local.
     pub fn roce_v2_gid(&self, port: u8) -> Result<Gid> {
         let table = self.gid_table()?;
-        let v2 = |g: &&Gid| g.port == port && g.gid_type == Gid::TYPE_ROCE_V2;
+        let v2 = |g: &&Gid| g.port == port && g.gid_type == GidType::ROCE_V2;
         let mapped = table.iter().filter(v2).find(|g| g.ip().to_ipv4_mapped().is_some());
         let global = table
             .iter()

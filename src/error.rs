@@ -334,6 +334,23 @@ mod tests {
     }
 
     #[test]
+    fn rejections_print_and_propagate_as_errors() {
+        let reject = WrReject::TooManySge { given: 3, max: 1 };
+        assert_eq!(reject.to_string(), "3 scatter/gather entries, queue allows 1");
+        let boxed: Box<dyn std::error::Error> = Box::new(reject.clone());
+        assert_eq!(boxed.to_string(), reject.to_string());
+        let wr = Error::WorkRequest {
+            verb: "post_send",
+            index: 2,
+            reason: reject,
+        };
+        assert_eq!(
+            wr.to_string(),
+            "post_send: work request 2 rejected: 3 scatter/gather entries, queue allows 1"
+        );
+    }
+
+    #[test]
     fn io_errors_keep_the_kind_and_the_message() {
         let io = std::io::Error::from(Error::kernel("REG_MR", Errno::EPERM));
         assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);

@@ -74,6 +74,7 @@ impl std::fmt::Debug for CompChannel {
 
 /// A completion event: the CQ with this user handle has new completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CqEvent {
     /// [`crate::Cq::user_handle`] of the CQ.
     pub cq_user_handle: u64,

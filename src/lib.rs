@@ -69,7 +69,7 @@ pub use attr::{
 };
 pub use batch::Batch;
 pub use chain::{CAtomicArm, CRdmaArm, CSendArm, CSendWr, CUdArm, SlowDecode};
-pub use context::{open, Context, Gid};
+pub use context::{open, Context, Gid, GidType};
 pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};

@@ -28,11 +28,14 @@ use crate::chain::SendChain;
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result};
 use crate::wc::WorkCompletion;
-use crate::wr::{ContextId, RecvWr, SendList, SendWr};
+use crate::wr::{ContextId, RecvWr, SendWr};
 use std::any::Any;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
+
+/// What [`QpQueues::post_send`] takes.
+pub use crate::wr::SendList;
 
 /// Runs a kernel command with the provider's driver request bytes, writing the driver's
 /// response bytes into the buffer given, and returns the core results `T`.

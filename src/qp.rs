@@ -729,6 +729,10 @@ impl Qp {
 
     /// Posts `wrs` to the receive queue (no system call).
     ///
+    /// A receive posted while the QP is in [`QpState::Err`] may never complete, not even
+    /// flushed: rxe (Linux 6.1, C rdma-core alike) flushes the receive queue only on the move
+    /// to ERR (docs/kernel-facts.md). Move the QP to RESET before posting again.
+    ///
     /// The safe alternative is [`Qp::recv_buf`].
     ///
     /// # Safety

@@ -71,7 +71,9 @@ bitflags::bitflags! {
     #[repr(transparent)]
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     pub struct WcFlags: u32 {
-        /// A GRH is present at the head of the receive buffer.
+        /// The packet carried a GRH. On a UD receive its 40 bytes head the buffer. rxe sets
+        /// the flag on RC receives too, whose buffers hold no GRH: on a connected QP it says
+        /// nothing about the buffer (docs/kernel-facts.md).
         const GRH = 1;
         /// `imm_data` is valid.
         const WITH_IMM = 1 << 1;
@@ -159,6 +161,7 @@ impl WorkCompletion {
 
 /// A work request that completed in error (from [`WorkCompletion::result`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WcError {
     /// The work request's id.
     pub wr_id: u64,

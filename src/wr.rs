@@ -312,11 +312,11 @@ impl<'a> SendWr<'a> {
 
 /// Send work requests on their way to a provider: each comes out of [`SendList::iter`] only
 /// after the core checked it against the transport rules every device shares
-/// ([`SendWr::check_transport`]) for the QP's transport, so a provider cannot skip them. The
+/// (`SendWr::check_transport`) for the QP's transport, so a provider cannot skip them. The
 /// check runs as the provider walks the list, inside its own loop; the provider names the
 /// transport it was created with (`QpRequest::qp_type`), which keeps the list two words. On a
 /// UD QP every request's AH is one of the QP's context, so one the provider made: the core
-/// checks that before it makes the list ([`SendWr::foreign_ah`]), off the connected QPs' path.
+/// checks that before it makes the list (`SendWr::foreign_ah`), off the connected QPs' path.
 #[derive(Debug, Clone, Copy)]
 pub struct SendList<'l, 'a>(&'l [SendWr<'a>]);
 

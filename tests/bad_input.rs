@@ -230,3 +230,56 @@ fn registering_beyond_rlimit_memlock_is_a_clear_error() {
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && text.contains("1 passed"), "child: {text}");
 }
+
+/// A bad path is refused by the kernel with an error that names its cause: a source GID index
+/// with no GID behind it (ENODATA from the GID table lookup), and on RoCE a path without a
+/// GRH (EINVAL: RoCE addresses by GID, never by LID alone). Both are the RoCE kernel's
+/// checks (rxe); the mlx5 model's port is InfiniBand, where a bare LID is the normal path,
+/// and its kernel does not model the GID table lookup.
+#[test]
+fn bad_paths_are_refused_with_their_cause() {
+    let ctx = open_test_device();
+    let port = ctx.query_port(1).unwrap();
+    if !port.needs_grh() {
+        println!("port 1 is InfiniBand: a path without a GRH is valid there; nothing to check");
+        return;
+    }
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4).unwrap();
+    let gid = loopback_gid(&ctx);
+    let used: Vec<u8> = ctx
+        .gid_table()
+        .unwrap()
+        .iter()
+        .filter(|g| g.port == 1)
+        .map(|g| g.index)
+        .collect();
+    let limit = u8::try_from(port.gid_tbl_len).unwrap_or(u8::MAX);
+    let empty = (0..limit)
+        .find(|i| !used.contains(i))
+        .expect("an empty GID table entry");
+    let no_gid = AhAttr::roce(1, gid.raw, empty);
+    let no_grh = AhAttr {
+        grh: None,
+        ..gid.route_to(gid.raw)
+    };
+    for (path, errno, cause) in [
+        (no_gid, nix::errno::Errno::ENODATA, "names no GID on this port"),
+        (no_grh, nix::errno::Errno::EINVAL, "on RoCE the path needs a GRH"),
+    ] {
+        let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+        let qpn = qp.qpn();
+        qp.to_init(1, AccessFlags::empty()).unwrap();
+        let err = qp.to_rtr(path, qpn, 0, Mtu::Mtu1024).unwrap_err();
+        assert_eq!(err.errno(), Some(errno), "{err}");
+        let text = err.to_string();
+        println!("{text}");
+        assert!(text.starts_with("MODIFY_QP: kernel returned "), "{text}");
+        assert!(text.contains(cause), "{text}");
+        let kernel_text = errno.desc();
+        assert_eq!(text.matches(kernel_text).count(), 1, "the kernel's text once: {text}");
+        // The QP stays in INIT, and a good path still connects it.
+        assert_eq!(qp.query().unwrap().attr.state, Some(QpState::Init));
+        qp.to_rtr(gid.route_to(gid.raw), qpn, 0, Mtu::Mtu1024).unwrap();
+    }
+}

@@ -82,3 +82,44 @@ fn open_by_name_opens_that_device_and_an_unknown_name_is_no_device() {
         other => panic!("expected Error::NoDevice, got {other:?}"),
     }
 }
+
+/// Device and port attributes are typed values: the first device's port 1 is ACTIVE with the
+/// link layer of its driver (Ethernet for rxe's RoCE, InfiniBand on the mlx5 model), MTUs,
+/// a width and a speed this crate names, and GIDs of the matching type.
+#[test]
+fn device_and_port_attributes_are_typed_values() {
+    let devices = uverbs::devices().unwrap();
+    let device = devices.first().expect("an RDMA device");
+    if built_provider(device).is_none() {
+        eprintln!(
+            "{}: no provider in this build (the test above checks that)",
+            device.name
+        );
+        return;
+    }
+    let ctx = device.open().unwrap();
+    let attr = ctx.query_device().unwrap();
+    assert!(
+        attr.phys_port_cnt >= 1 && attr.max_qp > 0 && attr.max_cqe > 0,
+        "{attr:?}"
+    );
+    let port = ctx.query_port(1).unwrap();
+    assert_eq!(port.state, PortState::ACTIVE, "{port:?}");
+    let roce = drivers_provider(device) == "rxe";
+    let link_layer = if roce {
+        LinkLayer::ETHERNET
+    } else {
+        LinkLayer::INFINIBAND
+    };
+    assert_eq!((port.link_layer, port.needs_grh()), (link_layer, roce), "{port:?}");
+    assert!(port.active_mtu.is_some() && port.active_mtu <= port.max_mtu, "{port:?}");
+    assert!(port.active_width.lanes().is_some(), "{port:?}");
+    assert!(port.active_speed.lane_mbps().is_some(), "{port:?}");
+    let gids = ctx.gid_table().unwrap();
+    let roce_gid = |g: &Gid| g.gid_type == GidType::ROCE_V1 || g.gid_type == GidType::ROCE_V2;
+    match roce {
+        true => assert!(gids.iter().all(roce_gid) && gids.iter().any(|g| g.gid_type == GidType::ROCE_V2)),
+        false => assert!(!gids.is_empty() && gids.iter().all(|g| g.gid_type == GidType::IB)),
+    }
+    println!("{}: {port:?}; GIDs {gids:?}", device.name);
+}

@@ -141,8 +141,13 @@ pub fn fuzz(secs: u32) -> Result<Vec<Command>> {
 
 /// `cargo` of the nightly toolchain, without the variables that would pin the outer one.
 fn nightly_cargo() -> Command {
+    toolchain_cargo("nightly")
+}
+
+/// `cargo` of rustup's `toolchain`, without the variables that would pin the outer one.
+pub fn toolchain_cargo(toolchain: &str) -> Command {
     let mut c = Command::new("rustup");
-    c.args(["run", "nightly", "cargo"]);
+    c.args(["run", toolchain, "cargo"]);
     for v in [
         "CARGO",
         "RUSTC",

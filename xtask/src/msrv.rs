@@ -5,14 +5,14 @@
 //! 1. no library dependency (normal and build dependencies, every feature on, for Linux on
 //!    x86-64, as locked in Cargo.lock) declares a `rust-version` above it;
 //! 2. clippy's `incompatible_msrv` finds no standard-library item stabilized after it in the
-//!    library (every feature on).
-//!
-//! Language features newer than the declared version (syntax, lints, `#[expect]`) are *not*
-//! checked: only compiling with that toolchain would show them.
+//!    library (every feature on);
+//! 3. the library (every feature on, the locked dependencies) compiles with that Rust
+//!    (`cargo check`, in `target/msrv`), which rustup installs (minimal profile) when it is
+//!    missing: this is what catches language features newer than the declared version.
 
 use crate::error::{bail, Context, Result};
-use crate::proc;
 use crate::testrun::cargo;
+use crate::{paths, proc};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -102,7 +102,7 @@ fn newer_dependencies(meta: &Metadata, root: &str) -> Result<(String, Vec<String
     Ok((declared, newer))
 }
 
-/// Runs both checks.
+/// Runs the three checks.
 pub fn check() -> Result<()> {
     let mut c = cargo();
     c.args([
@@ -143,8 +143,37 @@ pub fn check() -> Result<()> {
     ]);
     note!("xtask: {}", proc::describe(&clippy));
     proc::check(&mut clippy).context("standard-library items newer than the declared rust-version")?;
-    note!("xtask: msrv: no standard-library item newer than {declared} (language features are not checked)");
+    note!("xtask: msrv: no standard-library item newer than {declared}");
+    compile_with(&declared)?;
+    note!("xtask: msrv: the library compiles with Rust {declared}");
     Ok(())
+}
+
+/// `cargo check` of the library, every feature on, with Rust `version`, installed with rustup
+/// if missing.
+fn compile_with(version: &str) -> Result<()> {
+    let installed = || {
+        crate::models::toolchain_cargo(version)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !installed() {
+        let mut install = std::process::Command::new("rustup");
+        install.args(["toolchain", "install", version, "--profile", "minimal"]);
+        note!("xtask: msrv: Rust {version} is missing; {}", proc::describe(&install));
+        if proc::check(&mut install).is_err() || !installed() {
+            bail!("rustup could not install Rust {version}; on a machine that can, run `rustup toolchain install {version} --profile minimal`");
+        }
+    }
+    let mut c = crate::models::toolchain_cargo(version);
+    c.current_dir(paths::root())
+        .env("CARGO_TARGET_DIR", paths::target_dir().join("msrv"))
+        .args(["check", "-p", "uverbs", "--lib", "--all-features", "--locked"]);
+    note!("xtask: {}", proc::describe(&c));
+    proc::check(&mut c).with_context(|| format!("the library does not compile with Rust {version}"))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! `cargo xtask test`: host unit (examples' included) and doc tests, the build without default
-//! features, then the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
+//! `cargo xtask test`: host unit (examples' included) and doc tests, the documentation as
+//! docs.rs builds it, the build without default features, then the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
 //! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a QEMU guest unless
 //! the host has one), with a `guest: N passed, M failed` line that counts every item.
 
@@ -54,6 +54,14 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
             "--no-fail-fast",
         ])],
         vec![command(&["test", "--doc", "-p", "uverbs"])],
+        // The documentation with docs.rs's features (Cargo.toml's `[package.metadata.docs.rs]`),
+        // every link resolving to a public item. (docs.rs also passes `--cfg docsrs`, which
+        // needs nightly rustdoc: it only adds the "needs feature" badges.)
+        vec![{
+            let mut c = command(&["doc", "-p", "uverbs", "--no-deps", "--features", "tokio"]);
+            c.env("RUSTDOCFLAGS", "-D warnings");
+            c
+        }],
         // The build without the default `mlx5` feature (rxe only): every target lints clean
         // and the unit tests pass, its own among them (an mlx5 device gets the "no provider"
         // error).
