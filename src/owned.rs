@@ -6,7 +6,8 @@
 //! comes back only from [`Qp::reclaim`], given a [`Completion`] reaped from the QP's own CQ by
 //! [`Cq::reap`]. Inline sends copy a `&[u8]` before returning ([`Qp::send_inline`]) and keep
 //! nothing. The unsafe [`Qp::post_send`] and [`Qp::post_recv`] stay for callers who manage
-//! buffers themselves.
+//! buffers themselves. Receives on a shared receive queue have their own safe post and
+//! reclaim, [`crate::Srq::recv_buf`] and [`crate::Srq::reclaim`] ([`srq`]).
 //!
 //! ```
 //! # fn f(qp: &mut uverbs::Qp, cq: &mut uverbs::Cq, mut buf: uverbs::Buf) -> Result<(), Box<dyn std::error::Error>> {
@@ -104,6 +105,10 @@
 //! ```
 //!
 //! Nor split into `Buf`s, nor allocated as an `Mr`: both are refused at run time.
+
+mod srq;
+
+pub use srq::SrqReclaimError;
 
 use crate::attr::QpState;
 use crate::cq::Cq;
