@@ -370,7 +370,8 @@ impl Qp {
     }
 
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]
-    /// gives it back, its length set to the bytes received. Not for QPs on an SRQ.
+    /// gives it back, its length set to the bytes received. Not for QPs on an SRQ: their
+    /// receives are the SRQ's ([`crate::Srq::recv_buf`]).
     pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
         let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
             Ok(id) => id,

@@ -99,7 +99,8 @@ fn destroy_srq(ctx: &ContextInner, handle: u32) -> Result<u32> {
 }
 
 /// A shared receive queue: QPs created with it take their receives from it. Posting takes
-/// `&mut self` (one producer, no lock).
+/// `&mut self` (one producer, no lock): [`Srq::recv_buf`] without `unsafe`, giving each buffer
+/// back with [`Srq::reclaim`], or the raw [`Srq::post_recv`].
 pub struct Srq {
     pub(crate) inner: Arc<SrqInner>,
     /// The provider's half; parked in `inner` when this handle drops, so it is released only
