@@ -7,7 +7,7 @@
 //! two requests in the process ever share one: a request's id has its slot in the low bits and
 //! the SRQ's count of posts above them.
 
-use super::{BLOCK_BITS, MAX_BLOCKS, NEXT_BLOCK, RECV_ID, SAFE_ID};
+use super::{BLOCK_BITS, EMPTY_SGE, MAX_BLOCKS, NEXT_BLOCK, RECV_ID, SAFE_ID};
 use crate::error::WrReject;
 use crate::mr::Buf;
 use crate::wr::Sge;
@@ -26,17 +26,18 @@ struct Slot {
 /// The buffers an SRQ holds for its receives, by slot.
 pub(crate) struct SrqHeld {
     slots: Box<[Slot]>,
-    /// The free slots are `free[..free_len]`; a post takes the last.
+    /// The free slots are `free[..free_len]`, distinct indices into `slots` (as long as it);
+    /// a post takes the last.
     free: Box<[u32]>,
     free_len: usize,
     /// How many low bits of an id name its slot.
     slot_bits: u32,
-    /// [`SAFE_ID`] | [`RECV_ID`] | the current block; the next id is
-    /// `base | seq << slot_bits | slot`.
-    base: u64,
-    seq: u64,
-    /// How many posts one block numbers (`seq` runs below this).
-    seqs: u64,
+    /// The next id less its slot: [`SAFE_ID`] | [`RECV_ID`] | the current block | the count
+    /// of posts in it, shifted by `slot_bits`; it grows by `step` (`1 << slot_bits`) with
+    /// every post, up to `end`, the end of the block.
+    next: u64,
+    step: u64,
+    end: u64,
     /// The QPs on the SRQ as last read from [`SrqMembers`], and that list's version.
     known: Vec<Member>,
     known_version: u64,
@@ -48,15 +49,14 @@ impl SrqHeld {
     pub(crate) fn new(depth: u32) -> Self {
         let depth = depth.min(MAX_SLOTS);
         let slot_bits = u32::BITS - depth.saturating_sub(1).leading_zeros();
-        let seqs = 1 << (BLOCK_BITS - slot_bits);
         Self {
             slots: (0..depth).map(|_| Slot { id: 0, buf: None }).collect(),
             free: (0..depth).rev().collect(),
             free_len: depth as usize,
             slot_bits,
-            base: 0,
-            seq: seqs,
-            seqs,
+            next: 0,
+            step: 1 << slot_bits,
+            end: 0,
             known: Vec::new(),
             known_version: u64::MAX,
         }
@@ -66,16 +66,25 @@ impl SrqHeld {
     /// the request; then `commit` once the provider took the request, or `unclaim`. `QueueFull`
     /// (and the buffer back) when every slot is taken.
     #[inline]
+    #[allow(unsafe_code)] // indexes the slots unchecked
     pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<(u64, &Sge), (WrReject, Buf)> {
-        if self.free_len == 0 || (self.seq == self.seqs && !self.next_block()) {
+        if self.free_len == 0 || (self.next == self.end && !self.next_block()) {
             return Err((WrReject::QueueFull, buf));
         }
-        let at = self.free[self.free_len - 1];
-        let id = self.base | self.seq << self.slot_bits | u64::from(at);
-        self.seq += 1;
-        let slot = &mut self.slots[at as usize];
+        // SAFETY: `free_len` is at most `free.len()` and not 0 (checked above).
+        let at = unsafe { *self.free.get_unchecked(self.free_len - 1) };
+        let id = self.next | u64::from(at);
+        self.next += self.step;
+        // SAFETY: the free list holds indices into `slots` only.
+        let slot = unsafe { self.slots.get_unchecked_mut(at as usize) };
         slot.id = id;
-        let sge = slot.buf.insert(buf).sge();
+        // Free: its buffer was given back (or never there).
+        std::mem::forget(slot.buf.replace(buf));
+        let sge = match &slot.buf {
+            Some(buf) => buf.sge(),
+            // Never: just filled (and compiled away).
+            None => &EMPTY_SGE,
+        };
         Ok((id, sge))
     }
 
@@ -98,8 +107,8 @@ impl SrqHeld {
         if block >= MAX_BLOCKS {
             return false;
         }
-        self.base = SAFE_ID | RECV_ID | block << BLOCK_BITS;
-        self.seq = 0;
+        self.next = SAFE_ID | RECV_ID | block << BLOCK_BITS;
+        self.end = self.next + (1 << BLOCK_BITS);
         true
     }
 
@@ -222,9 +231,8 @@ mod tests {
     #[test]
     fn slots_and_ids_fit_the_depth() {
         let held = SrqHeld::new(1000);
-        assert_eq!((held.slot_bits, held.seqs, held.len()), (10, 1 << 22, 0));
-        let one = SrqHeld::new(1);
-        assert_eq!((one.slot_bits, one.seqs), (0, 1 << 32));
+        assert_eq!((held.slot_bits, held.slots.len(), held.len()), (10, 1000, 0));
+        assert_eq!(SrqHeld::new(1).slot_bits, 0);
         assert!(SrqHeld::is_recv_id(SAFE_ID | RECV_ID | 5));
         assert!(!SrqHeld::is_recv_id(SAFE_ID | 5) && !SrqHeld::is_recv_id(5));
     }
