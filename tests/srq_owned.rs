@@ -170,6 +170,28 @@ fn completions_that_are_not_the_srqs_give_typed_errors() {
         assert!(start.elapsed() < TIMEOUT, "{seen} of 2 receives");
     }
     assert_eq!(s.srq.held_bufs(), 0);
+    // A QP on the SRQ sends (its send CQ is not its receive CQ): that completion is not the
+    // SRQ's either.
+    s.senders[0].recv_buf(pool.pop().unwrap()).unwrap();
+    let mut out = pool.pop().unwrap();
+    out.fill_from(b"back").unwrap();
+    s.receivers[0].send_buf(SendOp::Send, out).unwrap();
+    let mut seen = 0;
+    let start = Instant::now();
+    while seen < 2 {
+        for c in s.send_cq.reap(&mut wc).iter() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+            assert_eq!(
+                s.srq.reclaim(c).unwrap_err(),
+                SrqReclaimError::ForeignQp { qp_num: c.qp_num },
+                "{c:?}"
+            );
+            let back = s.receivers[0].reclaim(c).or_else(|| s.senders[0].reclaim(c));
+            assert_eq!(back.expect("the send's or the receive's buffer").as_slice(), b"back");
+            seen += 1;
+        }
+        assert!(start.elapsed() < TIMEOUT, "{seen} of 2 completions");
+    }
     let err = SrqReclaimError::ForeignQp { qp_num: sent.qp_num };
     assert_eq!(
         err.to_string(),
