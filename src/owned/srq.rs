@@ -57,9 +57,11 @@
 //!    member (a CQ overrun; a QP destroyed before its completions were reaped, or whose
 //!    provider scrubbed them from the CQ) keeps its buffer in the SRQ until the SRQ is
 //!    destroyed.
-//! 4. **Flushes end requests like completions.** A QP on the SRQ moved to the error state
-//!    flushes the receives it already took (each completion gives its buffer back); the
-//!    SRQ's other receives stay the SRQ's, for its other QPs.
+//! 4. **Flushes end requests like completions.** A receive a QP on the SRQ had taken when it
+//!    went to the error state completes with an error or flush status, which gives its buffer
+//!    back like a success, or never completes, and its buffer stays the SRQ's (rule 3). The
+//!    receives no QP took are not flushed (rxe and the mlx5 model: `tests/srq.rs`): they stay
+//!    the SRQ's, for its other QPs.
 //! 5. **Destroying the SRQ ends all device access** to its requests. The kernel refuses
 //!    DESTROY_SRQ while a QP uses the SRQ. [`Srq::destroy_reclaim`] gives back every buffer
 //!    the SRQ holds once DESTROY_SRQ succeeded; [`Srq::destroy`] and dropping the handle drop
