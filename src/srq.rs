@@ -114,9 +114,9 @@ pub struct Srq {
 }
 
 #[allow(unsafe_code)]
-// SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it (or the
-// buffers in `held`) takes `&mut self`; through a shared `&Srq` threads only read immutable fields and run kernel
-// commands.
+// SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it (or
+// the buffers in `held`) takes `&mut self`; through a shared `&Srq` threads only read
+// immutable fields and counts and run kernel commands.
 unsafe impl Sync for Srq {}
 
 impl std::fmt::Debug for Srq {
