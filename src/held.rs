@@ -1,6 +1,10 @@
 //! The buffers one of a QP's queues holds for the safe posts (`crate::owned`), oldest
 //! first, with the ids of their requests: ids grow with every post, in blocks handed out
-//! once each in the process, so no two requests ever share one.
+//! once each in the process, so no two requests ever share one. An SRQ's are in [`srq`].
+
+mod srq;
+
+pub(crate) use srq::{SrqHeld, SrqMembers};
 
 use crate::error::WrReject;
 use crate::mr::Buf;

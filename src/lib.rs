@@ -76,7 +76,7 @@ pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Buf, Mr, OutOfBounds, RemoteMr};
 pub use mw::{Mw, MwType};
-pub use owned::{Completion, Reaped, Refused};
+pub use owned::{Completion, Reaped, Refused, SrqReclaimError};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{AltPath, ConnectAttr, Qp, QpAttr, QpInfo, QpInit};

@@ -6,7 +6,8 @@
 //! comes back only from [`Qp::reclaim`], given a [`Completion`] reaped from the QP's own CQ by
 //! [`Cq::reap`]. Inline sends copy a `&[u8]` before returning ([`Qp::send_inline`]) and keep
 //! nothing. The unsafe [`Qp::post_send`] and [`Qp::post_recv`] stay for callers who manage
-//! buffers themselves.
+//! buffers themselves. Receives on a shared receive queue have their own safe post and
+//! reclaim, [`crate::Srq::recv_buf`] and [`crate::Srq::reclaim`] ([`srq`]).
 //!
 //! ```
 //! # fn f(qp: &mut uverbs::Qp, cq: &mut uverbs::Cq, mut buf: uverbs::Buf) -> Result<(), Box<dyn std::error::Error>> {
@@ -104,6 +105,10 @@
 //! ```
 //!
 //! Nor split into `Buf`s, nor allocated as an `Mr`: both are refused at run time.
+
+mod srq;
+
+pub use srq::SrqReclaimError;
 
 use crate::attr::QpState;
 use crate::cq::Cq;
@@ -365,7 +370,8 @@ impl Qp {
     }
 
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]
-    /// gives it back, its length set to the bytes received. Not for QPs on an SRQ.
+    /// gives it back, its length set to the bytes received. Not for QPs on an SRQ: their
+    /// receives are the SRQ's ([`crate::Srq::recv_buf`]).
     pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
         let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
             Ok(id) => id,

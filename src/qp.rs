@@ -416,7 +416,9 @@ impl Qp {
             },
             |c| drop(destroy_qp(ctx, c.handle)),
         )?;
-        let recv_depth = if init.srq.is_some() {
+        let recv_depth = if let Some(srq) = init.srq {
+            // Its receive completions may give back the SRQ's safe receives (`crate::owned`).
+            srq.inner.members.join(created.qpn, init.recv_cq.identity());
             0
         } else {
             provider.cap.max_recv_wr
@@ -649,7 +651,7 @@ impl Qp {
     /// entries name must stay valid, and memory the device writes (RDMA read and atomic
     /// targets) must not be accessed. Inline requests' buffers are copied before return. On a
     /// QP that also has buffers from the safe posts, no `wr_id` may have bit 63 set (those
-    /// ids are the safe posts').
+    /// ids are the safe posts'), nor on a QP on an SRQ with buffers from [`Srq::recv_buf`].
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.owner.check("post_send")?;
@@ -760,6 +762,7 @@ impl Qp {
         match destroy_qp(&self.pd.ctx, self.handle) {
             Ok(n) => {
                 self.destroyed = true;
+                self.leave_srq();
                 self.queues.destroyed();
                 Ok(EventsReported { comp: 0, r#async: n })
             }
@@ -769,6 +772,13 @@ impl Qp {
 
     fn ctx(&self) -> &ContextInner {
         &self.pd.ctx
+    }
+
+    /// Takes the QP off its SRQ's members, once the kernel destroyed it.
+    fn leave_srq(&self) {
+        if let Some(srq) = &self._srq {
+            srq.members.leave(self.qpn);
+        }
     }
 
     /// Which CQ its send completions come from (see `Cq::identity`).
@@ -794,8 +804,11 @@ impl Drop for Qp {
             std::mem::forget(std::mem::replace(&mut self.queues, Box::new(NoQueues)));
             std::mem::forget(std::mem::replace(&mut self.sends, Held::new(0, false)));
             std::mem::forget(std::mem::replace(&mut self.recvs, Held::new(0, true)));
-        } else if !self.owner.forked() {
-            self.queues.destroyed();
+        } else {
+            self.leave_srq();
+            if !self.owner.forked() {
+                self.queues.destroyed();
+            }
         }
     }
 }

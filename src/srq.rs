@@ -4,6 +4,7 @@ use crate::attr::SrqAttrMask;
 use crate::context::ContextInner;
 use crate::cq::EventsReported;
 use crate::error::{Error, Result};
+use crate::held::{SrqHeld, SrqMembers};
 use crate::parked::Parked;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelInput, SrqCreated, SrqQueue};
@@ -68,6 +69,10 @@ pub(crate) struct SrqInner {
     /// The provider's half, once the [`Srq`] handle is gone: the device may read and write
     /// it until the kernel SRQ is destroyed.
     parked: Parked<dyn SrqQueue>,
+    /// The buffers of the safe receives (`crate::owned`), parked with the queue.
+    parked_bufs: Parked<SrqHeld>,
+    /// The QPs on it, which the safe receives check completions against.
+    pub(crate) members: SrqMembers,
     /// Set once an explicit [`Srq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
 }
@@ -76,6 +81,7 @@ impl Drop for SrqInner {
     fn drop(&mut self) {
         let gone = self.destroyed.load(Ordering::Relaxed) || destroy_srq(&self.pd.ctx, self.handle).is_ok();
         self.parked.release(gone);
+        self.parked_bufs.release(gone);
     }
 }
 
@@ -93,21 +99,24 @@ fn destroy_srq(ctx: &ContextInner, handle: u32) -> Result<u32> {
 }
 
 /// A shared receive queue: QPs created with it take their receives from it. Posting takes
-/// `&mut self` (one producer, no lock).
+/// `&mut self` (one producer, no lock): [`Srq::recv_buf`] without `unsafe`, giving each buffer
+/// back with [`Srq::reclaim`], or the raw [`Srq::post_recv`].
 pub struct Srq {
     pub(crate) inner: Arc<SrqInner>,
     /// The provider's half; parked in `inner` when this handle drops, so it is released only
     /// after the kernel SRQ is destroyed.
-    queue: Box<dyn SrqQueue>,
-    owner: Owner,
+    pub(crate) queue: Box<dyn SrqQueue>,
+    pub(crate) owner: Owner,
+    /// The buffers [`Srq::recv_buf`] lent the device; parked like `queue`.
+    pub(crate) held: SrqHeld,
     max_wr: u32,
     max_sge: u32,
 }
 
 #[allow(unsafe_code)]
-// SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it takes
-// `&mut self`; through a shared `&Srq` threads only read immutable fields and run kernel
-// commands.
+// SAFETY: the only part that is not `Sync` is `queue`, and every method that reaches it (or
+// the buffers in `held`) takes `&mut self`; through a shared `&Srq` threads only read
+// immutable fields and counts and run kernel commands.
 unsafe impl Sync for Srq {}
 
 impl std::fmt::Debug for Srq {
@@ -168,10 +177,13 @@ impl Pd {
                 handle: created.handle,
                 user_handle,
                 parked: Parked::new(),
+                parked_bufs: Parked::new(),
+                members: SrqMembers::new(),
                 destroyed: AtomicBool::new(false),
             }),
             queue,
             owner: ctx.owner,
+            held: SrqHeld::new(created.max_wr),
             max_wr: created.max_wr,
             max_sge: created.max_sge,
         })
@@ -181,9 +193,12 @@ impl Pd {
 impl Srq {
     /// Posts receives (no system call). Same contract and errors as [`crate::Qp::post_recv`].
     ///
+    /// The safe alternative is [`Srq::recv_buf`].
+    ///
     /// # Safety
     /// Until each request completes (or the SRQ is destroyed), the buffers it names must stay
-    /// valid and must not be accessed: the device writes incoming data into them.
+    /// valid and must not be accessed: the device writes incoming data into them. On an SRQ
+    /// that also has buffers from [`Srq::recv_buf`], no `wr_id` may have bit 63 set.
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.owner.check("post_srq_recv")?;
@@ -197,7 +212,8 @@ impl Srq {
         self.modify(SrqAttrMask::LIMIT, 0, limit)
     }
 
-    /// Grows the SRQ to at least `max_wr` receives, keeping those posted.
+    /// Grows the SRQ to at least `max_wr` receives, keeping those posted. [`Srq::recv_buf`]
+    /// keeps as many buffers as the SRQ took when created, no more.
     pub fn resize(&mut self, max_wr: u32) -> Result<()> {
         self.modify(SrqAttrMask::MAX_WR, max_wr, 0)?;
         self.max_wr = self.query()?.max_wr;
@@ -257,6 +273,7 @@ impl Srq {
     /// Destroys the SRQ now and reports the kernel's answer: how many async events it reported
     /// for the SRQ. While a QP uses the SRQ the kernel refuses (EBUSY) and the SRQ comes back,
     /// unchanged, with the error.
+    #[allow(clippy::result_large_err)] // a cold path that hands the SRQ back whole on failure
     pub fn destroy(self) -> std::result::Result<EventsReported, (Self, crate::Error)> {
         match destroy_srq(&self.inner.pd.ctx, self.inner.handle) {
             Ok(n) => {
@@ -277,6 +294,10 @@ impl Drop for Srq {
     fn drop(&mut self) {
         let queue = std::mem::replace(&mut self.queue, Box::new(NoQueue));
         self.inner.parked.park(queue);
+        if self.held.len() > 0 {
+            let held = std::mem::replace(&mut self.held, SrqHeld::new(0));
+            self.inner.parked_bufs.park(Box::new(held));
+        }
     }
 }
 

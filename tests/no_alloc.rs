@@ -3,7 +3,8 @@
 //! requests and lists, inline and not) and `Qp::post_recv` (single and lists) on a real device
 //! make zero allocations; so do the safe posts (`Qp::send_buf`, `send_buf_with`,
 //! `send_inline`, `recv_buf`, and lists with `send_bufs`) with `Cq::reap`, `Qp::reclaim` and
-//! `Qp::reclaim_all` giving the buffers back.
+//! `Qp::reclaim_all` giving the buffers back, and the SRQ's (`Srq::recv_buf`, `Srq::reclaim`,
+//! `Srq::reclaim_all`).
 
 mod common;
 
@@ -283,5 +284,67 @@ fn safe_posts_and_reclaims_make_no_allocation() {
     assert_eq!(
         calls, 0,
         "{calls} allocator calls in {ROUNDS} rounds of safe posting and reclaiming"
+    );
+}
+
+#[test]
+fn srq_receives_and_reclaims_make_no_allocation() {
+    const ROUNDS: usize = 300;
+    let mut s = common::srq::setup(16);
+    let mut sends =
+        s.pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .into_bufs(64)
+            .unwrap();
+    let mut recvs =
+        s.pd.alloc_mr(4 * 128, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .into_bufs(128)
+            .unwrap();
+    sends.reserve(4);
+    recvs.reserve(4);
+    let mut wc = [WorkCompletion::default(); 16];
+    // Four receives through the SRQ, two sent by each sender to its receiver; the receive
+    // completions give the buffers back one by one or in batches.
+    let mut round = |s: &mut common::srq::Setup, sends: &mut Vec<Buf>, recvs: &mut Vec<Buf>, r: usize| {
+        while let Some(buf) = recvs.pop() {
+            s.srq.recv_buf(buf).unwrap();
+        }
+        for k in 0..4 {
+            let mut b = sends.pop().unwrap();
+            b.as_mut_slice()[0] = r as u8;
+            s.senders[k % 2].send_buf(SendOp::Send, b).unwrap();
+        }
+        let start = Instant::now();
+        while sends.len() < 4 || recvs.len() < 4 {
+            for c in s.send_cq.reap(&mut wc).iter() {
+                assert_eq!(c.status, WcStatus::SUCCESS);
+                for qp in &mut s.senders {
+                    sends.extend(qp.reclaim(c));
+                }
+            }
+            let reaped = s.recv_cq.reap(&mut wc);
+            if r % 2 == 0 {
+                s.srq.reclaim_all(&reaped, recvs);
+            } else {
+                for c in reaped.iter() {
+                    recvs.push(s.srq.reclaim(c).unwrap());
+                }
+            }
+            assert!(start.elapsed() < TIMEOUT, "round {r}: buffers did not come back");
+        }
+        assert_eq!(s.srq.held_bufs(), 0);
+    };
+    // One round first: the SRQ's first reclaim reads which QPs are on it (allocating its copy
+    // of that list once).
+    round(&mut s, &mut sends, &mut recvs, 0);
+    let (calls, ()) = allocator_calls(|| {
+        for r in 1..=ROUNDS {
+            round(&mut s, &mut sends, &mut recvs, r);
+        }
+    });
+    assert_eq!(
+        calls, 0,
+        "{calls} allocator calls in {ROUNDS} rounds of SRQ receives and reclaims"
     );
 }

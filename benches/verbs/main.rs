@@ -10,7 +10,8 @@
 //!
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
 //! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, post_built
-//! and post_safe (Rust only), pingpong, rate), `--device NAME`, `--gid-index N`,
+//! and post_safe (Rust only), srq_post_built and srq_post_safe (Rust only), pingpong, rate),
+//! `--device NAME`, `--gid-index N`,
 //! `--cq-depth N` (default 8192), `--batches B1,B2` (the drain's batch sizes, default
 //! [`DRAIN_BATCHES`]), `--drain-wait-ms N` (the drain's first wait for the device, default 20;
 //! a round with fewer ready waits twice as long next time, and its dump is named
@@ -27,7 +28,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use uverbs::{
     AccessFlags, AhAttr, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote, RemoteMr,
-    SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    SendFlags, SendOp, SendWr, SrqInit, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const N_DRAIN: usize = 4096;
@@ -597,6 +598,63 @@ fn bench_post_safe(o: &Opts, p: &mut Pair) {
     o.report("post_safe", 1, v);
 }
 
+/// 3c. Receives posted one per call to a fresh SRQ of `POST_K` (no QP on it, so nothing
+/// completes): raw (`Srq::post_recv`, the request built in the loop; `safe` false) or safe
+/// (`Srq::recv_buf`, each 64-byte buffer moved into the SRQ and given back, untimed, by
+/// `Srq::destroy_reclaim`). Rust only.
+fn bench_srq_post(o: &Opts, p: &mut Pair, safe: bool) {
+    let workload = if safe { "srq_post_safe" } else { "srq_post_built" };
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let region =
+        p.pd.alloc_mr(k * MSG as usize, AccessFlags::LOCAL_WRITE)
+            .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
+    let raw: Vec<_> = (0..k)
+        .map(|i| region.sge(i * MSG as usize, MSG).expect("in the MR"))
+        .collect();
+    let mut bufs = region
+        .into_bufs(MSG as usize)
+        .unwrap_or_else(|e| fail(&format!("into_bufs: {e}")));
+    for r in -1..rounds as isize {
+        let mut srq =
+            p.pd.create_srq(&SrqInit::new(k as u32, 1))
+                .unwrap_or_else(|e| fail(&format!("create_srq: {e}")));
+        let mut posting = std::mem::take(&mut bufs).into_iter();
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        if safe {
+            for buf in posting.by_ref() {
+                srq.recv_buf(buf)
+                    .unwrap_or_else(|e| fail(&format!("srq recv_buf: {e}")));
+            }
+        } else {
+            for (i, sge) in raw.iter().enumerate() {
+                // SAFETY: the region outlives the SRQ (its `Buf`s keep it), and nothing reads
+                // or writes those bytes while the SRQ lives.
+                unsafe { srq.post_recv(&[RecvWr::new(i as u64, std::slice::from_ref(sge))]) }
+                    .unwrap_or_else(|e| fail(&format!("srq post_recv: {e}")));
+            }
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off(workload, 1, k);
+        }
+        bufs.extend(posting);
+        srq.destroy_reclaim(&mut bufs)
+            .unwrap_or_else(|(_, e)| fail(&format!("destroy_srq: {e}")));
+        if bufs.len() != k {
+            fail("every buffer back from the SRQ");
+        }
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report(workload, 1, v);
+}
+
 fn post_recv(s: &mut Side, id: u64) {
     let off = MR_LEN / 2 + (id % RECV_DEPTH) as usize * MSG as usize;
     let sge = [s.mr.sge(off, MSG).expect("in the MR")];
@@ -793,7 +851,18 @@ fn main() -> ExitCode {
             ))
         })
     };
-    if o.wanted("drain") || o.wanted("empty") || o.wanted("post") || o.wanted("post_built") || o.wanted("post_safe") {
+    if [
+        "drain",
+        "empty",
+        "post",
+        "post_built",
+        "post_safe",
+        "srq_post_built",
+        "srq_post_safe",
+    ]
+    .iter()
+    .any(|w| o.wanted(w))
+    {
         let mut p = open();
         if o.wanted("drain") {
             for &batch in &o.batches {
@@ -812,6 +881,12 @@ fn main() -> ExitCode {
         }
         if o.wanted("post_safe") {
             bench_post_safe(&o, &mut p);
+        }
+        if o.wanted("srq_post_built") {
+            bench_srq_post(&o, &mut p, false);
+        }
+        if o.wanted("srq_post_safe") {
+            bench_srq_post(&o, &mut p, true);
         }
     }
     if o.wanted("inplace") {

@@ -432,6 +432,22 @@ fn rows(batches: &[i64]) -> Vec<Row> {
         None,
     ));
     v.push(row(
+        "srq_post_built",
+        1,
+        "SRQ post_recv, 1 WR per call, the request built in the loop, Rust only".into(),
+        "ns/WR",
+        None,
+        None,
+    ));
+    v.push(row(
+        "srq_post_safe",
+        1,
+        "safe SRQ receive (`Srq::recv_buf`: the buffer moves into the SRQ), 1 WR per call, Rust only".into(),
+        "ns/WR",
+        None,
+        None,
+    ));
+    v.push(row(
         "post",
         32,
         "post_send, lists of 32 WRs (+ doorbell)".into(),
@@ -484,7 +500,8 @@ fn rows(batches: &[i64]) -> Vec<Row> {
 
 /// How many instructions the safe post adds to the raw one, per work request (issue 19's
 /// budget: at most 5), when callgrind counted them: against the raw post of a prepared request
-/// (`post` 1) and of one built in the loop (`post_built`).
+/// (`post` 1) and of one built in the loop (`post_built`); and the SRQ's safe receive over its
+/// raw post (`srq_post_safe`, `srq_post_built`).
 fn safe_post_line(ir: &BTreeMap<Key, f64>) -> String {
     let get = |w: &str| ir.get(&(w.to_string(), 1, "rust".to_string())).copied();
     let Some(safe) = get("post_safe") else {
@@ -503,6 +520,13 @@ fn safe_post_line(ir: &BTreeMap<Key, f64>) -> String {
                 if extra <= 5.0 { "met" } else { "not met" }
             );
         }
+    }
+    if let (Some(safe), Some(raw)) = (get("srq_post_safe"), get("srq_post_built")) {
+        let _ = writeln!(
+            md,
+            "\nSafe SRQ receive over the raw SRQ post of a request built per call: {safe:.1} − {raw:.1} = {:+.1} instructions per WR.",
+            safe - raw
+        );
     }
     md
 }
