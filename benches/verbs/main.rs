@@ -26,8 +26,8 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use uverbs::{
-    AccessFlags, AhAttr, Buf, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote, RemoteMr,
-    SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, Buf, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote,
+    RemoteMr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const N_DRAIN: usize = 4096;
