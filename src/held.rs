@@ -6,9 +6,9 @@ mod srq;
 
 pub(crate) use srq::{SrqHeld, SrqMembers};
 
-use crate::error::WrReject;
+use crate::error::{Error, Result, WrReject};
 use crate::mr::Buf;
-use crate::wr::Sge;
+use crate::wr::{SendWr, Sge};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Set in every id given to a request here; a raw post must not use such `wr_id`s on a QP
@@ -36,7 +36,13 @@ pub(crate) struct Held {
     slots: Box<[Option<Buf>]>,
     /// `slots.len() - 1`.
     mask: usize,
-    /// How many requests it may count at once (0 for a QP on an SRQ; else `slots.len()`).
+    ids: Ids,
+}
+
+/// The ids of the requests a [`Held`] counts (apart from its slots, so that a list can borrow
+/// the slots while the ids move on).
+struct Ids {
+    /// How many requests it may count at once (0 for a QP on an SRQ; else the slots' length).
     depth: u64,
     /// The next request's id; the oldest one still counted (`next` when none is).
     next: u64,
@@ -52,6 +58,14 @@ pub(crate) struct Held {
     kind: u64,
 }
 
+/// Why [`Held::post_list`] stopped before the end of its buffers.
+pub(crate) enum ListStop {
+    /// No room for the next request, or the queue is closed (as [`Held::next_id`]).
+    Room(WrReject),
+    /// The post of a list failed with this error.
+    Post(Error),
+}
+
 impl Held {
     /// Room for `depth` requests (rounded up to a power of two); closed.
     pub(crate) fn new(depth: u32, recv: bool) -> Self {
@@ -59,20 +73,22 @@ impl Held {
         Self {
             slots: (0..cap).map(|_| None).collect(),
             mask: cap - 1,
-            depth: if depth == 0 { 0 } else { cap as u64 },
-            next: 0,
-            oldest: 0,
-            end: 0,
-            limit: 0,
-            open: false,
-            kind: SAFE_ID | if recv { RECV_ID } else { 0 },
+            ids: Ids {
+                depth: if depth == 0 { 0 } else { cap as u64 },
+                next: 0,
+                oldest: 0,
+                end: 0,
+                limit: 0,
+                open: false,
+                kind: SAFE_ID | if recv { RECV_ID } else { 0 },
+            },
         }
     }
 
     /// Opens or closes the queue (the QP's state allows posting to it, or not).
     pub(crate) fn set_open(&mut self, open: bool) {
-        self.open = open;
-        self.update_limit();
+        self.ids.open = open;
+        self.ids.update_limit();
     }
 
     /// The id the next request gets, if the queue is open and has room for it; the post then
@@ -80,10 +96,10 @@ impl Held {
     /// state instead.
     #[inline]
     pub(crate) fn next_id(&mut self) -> std::result::Result<u64, WrReject> {
-        if self.next >= self.limit {
-            self.make_room()?;
+        if self.ids.next >= self.ids.limit {
+            self.ids.make_room()?;
         }
-        Ok(self.next)
+        Ok(self.ids.next)
     }
 
     /// Puts `buf` in the slot of the request `next_id` gave out and returns its SGE for the
@@ -91,67 +107,132 @@ impl Held {
     #[inline]
     #[allow(unsafe_code)] // indexes the ring unchecked
     pub(crate) fn claim(&mut self, buf: Buf) -> &Sge {
-        let at = self.next as usize & self.mask;
+        let at = self.ids.next as usize & self.mask;
         // SAFETY: `mask` is `slots.len() - 1` and the length a power of two (`new`), so `at`
         // is below the length.
         let slot = unsafe { self.slots.get_unchecked_mut(at) };
         // Free: `next_id` saw room, so the slot's last request (`depth` ago) was released.
         std::mem::forget(slot.replace(buf));
-        match slot {
-            Some(buf) => buf.sge(),
-            // Never: just filled (and compiled away). An empty list would post nothing.
-            None => &EMPTY_SGE,
-        }
-    }
-
-    /// The next request's id, after `room` said there is one.
-    pub(crate) fn next_id_unchecked(&self) -> u64 {
-        self.next
-    }
-
-    /// How many requests may be taken now (at least 1), or why none (as `next_id`).
-    pub(crate) fn room(&mut self) -> std::result::Result<usize, WrReject> {
-        if self.next >= self.limit {
-            self.make_room()?;
-        }
-        Ok(usize::try_from(self.limit - self.next).unwrap_or(usize::MAX))
-    }
-
-    /// `claim` for the request `k` places after the next one (`k` below `room`), for a list;
-    /// `commit_n` then counts those the provider took and `unclaim_ahead` gives back the rest.
-    pub(crate) fn claim_ahead(&mut self, k: usize, buf: Buf) {
-        let at = (self.next as usize).wrapping_add(k) & self.mask;
-        // Free, as in `claim`.
-        std::mem::forget(self.slots[at].replace(buf));
-    }
-
-    /// The SGE of the buffer `claim_ahead(k, _)` placed.
-    pub(crate) fn sge_ahead(&self, k: usize) -> &Sge {
-        let at = (self.next as usize).wrapping_add(k) & self.mask;
-        self.slots[at].as_ref().map_or(&EMPTY_SGE, Buf::sge)
-    }
-
-    /// Counts `n` claimed requests.
-    pub(crate) fn commit_n(&mut self, n: usize) {
-        self.next += n as u64;
-    }
-
-    /// The buffer `claim_ahead(k, _)` placed, back.
-    pub(crate) fn unclaim_ahead(&mut self, k: usize) -> Option<Buf> {
-        let at = (self.next as usize).wrapping_add(k) & self.mask;
-        self.slots[at].take()
+        sge_of(slot)
     }
 
     /// Counts the claimed request: the provider took it.
     #[inline]
     pub(crate) fn commit(&mut self) {
-        self.next += 1;
+        self.ids.next += 1;
     }
 
     /// The claimed buffer, back: the provider refused the request.
     pub(crate) fn unclaim(&mut self) -> Buf {
-        let at = self.next as usize & self.mask;
+        let at = self.ids.next as usize & self.mask;
         self.slots[at].take().expect("claimed just before")
+    }
+
+    /// Posts the buffers of `bufs`, in order, in lists of at most `N` requests, each request
+    /// `template` with the next id and its buffer's SGE, the buffer in the request's slot;
+    /// `post` gets each list. Returns how many requests were posted, and why it stopped if it
+    /// did before the end of `bufs`: then the buffers not posted are back in `bufs`, in order
+    /// (those of the last list's requests from the rejected one on, [`Error::WorkRequest`]'s
+    /// index, then those not reached), and the QP holds the rest of that list as posted
+    /// (after any other error the provider may have queued it all). No allocation unless it
+    /// stops.
+    pub(crate) fn post_list<const N: usize>(
+        &mut self,
+        bufs: &mut Vec<Buf>,
+        template: SendWr<'_>,
+        mut post: impl FnMut(&[SendWr<'_>]) -> Result<()>,
+    ) -> (usize, Option<ListStop>) {
+        let mut refused = Vec::new();
+        let (posted, stop) = self.post_drained::<N>(&mut bufs.drain(..), template, &mut post, &mut refused);
+        // The drain is gone: `bufs` is empty, its capacity kept.
+        bufs.append(&mut refused);
+        (posted, stop)
+    }
+
+    /// [`Held::post_list`] from `bufs`; the buffers not posted go into `refused`.
+    fn post_drained<const N: usize>(
+        &mut self,
+        bufs: &mut std::vec::Drain<'_, Buf>,
+        template: SendWr<'_>,
+        post: &mut impl FnMut(&[SendWr<'_>]) -> Result<()>,
+        refused: &mut Vec<Buf>,
+    ) -> (usize, Option<ListStop>) {
+        let Self { slots, mask, ids } = self;
+        if bufs.len() == 0 {
+            return (0, None);
+        }
+        // The first request may start a new block of ids; the others follow it.
+        if let Err(reason) = ids.room() {
+            refused.extend(bufs);
+            return (0, Some(ListStop::Room(reason)));
+        }
+        // The slots of the requests to come, in order, each once: a call takes no more
+        // requests than the free slots after `next` (nothing is released meanwhile). `ahead`
+        // runs to the end of the ring, `wrapped` from its start.
+        let (wrapped, ahead) = slots.split_at_mut(ids.next as usize & *mask);
+        let (mut ahead, mut wrapped) = (ahead, wrapped);
+        let mut wrs = [template; N];
+        let mut posted = 0;
+        while bufs.len() > 0 {
+            let room = match ids.room() {
+                Ok(room) => room,
+                Err(reason) => {
+                    refused.extend(bufs);
+                    return (posted, Some(ListStop::Room(reason)));
+                }
+            };
+            let want = room.min(N).min(bufs.len());
+            let (mut n, mut short) = (0, false);
+            while n < want && !short {
+                if ahead.is_empty() {
+                    ahead = std::mem::take(&mut wrapped);
+                }
+                let rest = std::mem::take(&mut ahead);
+                let k = (want - n).min(rest.len());
+                if k == 0 {
+                    // The ring ran out, which `room` rules out.
+                    break;
+                }
+                let (now, later) = rest.split_at_mut(k);
+                ahead = later;
+                let start = n;
+                // `bufs` last: it gives a buffer only once the request and the slot are there.
+                for ((wr, slot), buf) in wrs[n..].iter_mut().zip(now).zip(bufs.by_ref()) {
+                    // Free, as in `claim`.
+                    std::mem::forget(slot.replace(buf));
+                    wr.sg_list = std::slice::from_ref(sge_of(slot));
+                    wr.wr_id = ids.next + n as u64;
+                    n += 1;
+                }
+                // `bufs` ran out early (its length was wrong): this list is the last, so
+                // no later request takes a slot out of turn.
+                short = n - start < k;
+            }
+            if n == 0 {
+                refused.extend(bufs);
+                return (posted, Some(ListStop::Room(WrReject::QueueFull)));
+            }
+            if let Err(e) = post(&wrs[..n]) {
+                // Only a work-request rejection says what was not queued.
+                let taken = match e {
+                    Error::WorkRequest { index, .. } => index.min(n),
+                    _ => n,
+                };
+                for k in taken..n {
+                    let at = (ids.next as usize).wrapping_add(k) & *mask;
+                    refused.extend(slots[at].take());
+                }
+                ids.next += taken as u64;
+                refused.extend(bufs);
+                return (posted, Some(ListStop::Post(e)));
+            }
+            ids.next += n as u64;
+            posted += n;
+            if short {
+                break;
+            }
+        }
+        (posted, None)
     }
 
     /// The id for a request that holds no buffer (an inline send): counted like the others,
@@ -160,8 +241,61 @@ impl Held {
     #[inline]
     pub(crate) fn bare_id(&mut self) -> std::result::Result<u64, WrReject> {
         let id = self.next_id()?;
-        self.next += 1;
+        self.ids.next += 1;
         Ok(id)
+    }
+
+    /// How many requests it still counts (holding a buffer or not).
+    pub(crate) fn len(&self) -> usize {
+        (self.ids.next - self.ids.oldest) as usize
+    }
+
+    /// Whether this is a receive queue's.
+    pub(crate) fn is_recv(&self) -> bool {
+        self.ids.kind & RECV_ID != 0
+    }
+
+    /// Whether `id` is one of this queue's (possibly already given back).
+    pub(crate) fn owns(&self, id: u64) -> bool {
+        id & (SAFE_ID | RECV_ID) == self.ids.kind
+    }
+
+    /// The oldest held buffer, with its request's id, if that request is `id` or an earlier
+    /// one; requests before it that hold no buffer are let go on the way.
+    pub(crate) fn release(&mut self, id: u64) -> Option<(u64, Buf)> {
+        let ids = &mut self.ids;
+        while ids.oldest < ids.next && ids.oldest <= id {
+            let at = ids.oldest as usize & self.mask;
+            let held = ids.oldest;
+            ids.oldest += 1;
+            ids.update_limit();
+            if let Some(buf) = self.slots[at].take() {
+                return Some((held, buf));
+            }
+        }
+        None
+    }
+}
+
+/// The SGE of the buffer just put in `slot` (the one a request names).
+#[inline]
+fn sge_of(slot: &Option<Buf>) -> &Sge {
+    match slot {
+        Some(buf) => buf.sge(),
+        // Never: just filled (and compiled away). An empty list would post nothing.
+        None => &EMPTY_SGE,
+    }
+}
+
+impl Ids {
+    /// How many requests may be taken now (at least 1), or why none: `QueueFull` when closed
+    /// too (the QP then reports its state instead).
+    #[inline]
+    fn room(&mut self) -> std::result::Result<usize, WrReject> {
+        if self.next >= self.limit {
+            self.make_room()?;
+        }
+        Ok(usize::try_from(self.limit - self.next).unwrap_or(usize::MAX))
     }
 
     /// Recomputes `limit`, starting a new block of ids when the current one is used up and
@@ -191,36 +325,6 @@ impl Held {
         } else {
             self.next
         };
-    }
-
-    /// How many requests it still counts (holding a buffer or not).
-    pub(crate) fn len(&self) -> usize {
-        (self.next - self.oldest) as usize
-    }
-
-    /// Whether this is a receive queue's.
-    pub(crate) fn is_recv(&self) -> bool {
-        self.kind & RECV_ID != 0
-    }
-
-    /// Whether `id` is one of this queue's (possibly already given back).
-    pub(crate) fn owns(&self, id: u64) -> bool {
-        id & (SAFE_ID | RECV_ID) == self.kind
-    }
-
-    /// The oldest held buffer, with its request's id, if that request is `id` or an earlier
-    /// one; requests before it that hold no buffer are let go on the way.
-    pub(crate) fn release(&mut self, id: u64) -> Option<(u64, Buf)> {
-        while self.oldest < self.next && self.oldest <= id {
-            let at = self.oldest as usize & self.mask;
-            let held = self.oldest;
-            self.oldest += 1;
-            self.update_limit();
-            if let Some(buf) = self.slots[at].take() {
-                return Some((held, buf));
-            }
-        }
-        None
     }
 }
 

@@ -113,6 +113,7 @@ pub use srq::SrqReclaimError;
 use crate::attr::QpState;
 use crate::cq::Cq;
 use crate::error::{Error, Result, Verb, WrReject};
+use crate::held::ListStop;
 use crate::mr::Buf;
 use crate::qp::Qp;
 use crate::wc::{WcStatus, WorkCompletion};
@@ -271,49 +272,35 @@ impl Qp {
     ///
     /// On an [`Error::WorkRequest`], the requests before its `index` (counted from the first
     /// buffer of this call) were posted and the buffers not posted are back in `bufs`, in
-    /// order; after another error from the provider the QP holds every buffer it was given
-    /// (as in [`Refused::buf`]). No allocation unless it fails.
+    /// order; after another error from the provider the QP holds the buffers of the list that
+    /// doorbell was for (as in [`Refused::buf`]) and those after it are back in `bufs`. The
+    /// requests are built in one array per call, each buffer's SGE named where the QP keeps
+    /// it. No allocation unless it fails.
     pub fn send_bufs(&mut self, op: SendOp, bufs: &mut Vec<Buf>, flags: SendFlags) -> Result<()> {
         self.owner.check("post_send")?;
-        let mut posted = 0;
-        while !bufs.is_empty() {
-            let room = match self.sends.room() {
-                Ok(room) => room,
-                Err(reason) => return Err(at_index(self.send_refusal("send_bufs", reason), posted)),
-            };
-            let n = bufs.len().min(Self::BUF_LIST).min(room);
-            for (k, buf) in bufs.drain(..n).enumerate() {
-                self.sends.claim_ahead(k, buf);
-            }
-            let (sends, first) = (&self.sends, self.sends.next_id_unchecked());
-            let wrs: [SendWr<'_>; Self::BUF_LIST] = std::array::from_fn(|k| SendWr {
-                wr_id: first + k as u64,
-                op,
-                sg_list: std::slice::from_ref(sends.sge_ahead(k)),
-                flags,
-                ud: None,
-            });
-            // SAFETY: as in `send_buf`, for each of the `n` requests: their buffers are in
-            // `self.sends` until completions give them back; those not posted come out again
-            // below, before anyone else can reach them.
-            let result = unsafe { self.queues.post_send(SendList::new(&wrs[..n])) };
-            // Only a work-request rejection says what was not queued; after any other error
-            // the provider may have queued them all, and the QP holds their buffers.
-            let taken = match &result {
-                Err(Error::WorkRequest { index, .. }) => (*index).min(n),
-                _ => n,
-            };
-            if taken < n {
-                let unposted: Vec<Buf> = (taken..n).filter_map(|k| self.sends.unclaim_ahead(k)).collect();
-                bufs.splice(0..0, unposted);
-            }
-            self.sends.commit_n(taken);
-            if let Err(e) = result {
-                return Err(at_index(e, posted));
-            }
-            posted += n;
-        }
-        Ok(())
+        let template = SendWr {
+            wr_id: 0,
+            op,
+            sg_list: &[],
+            flags,
+            ud: None,
+        };
+        let queues = &mut self.queues;
+        let (posted, stop) = self.sends.post_list::<{ Self::BUF_LIST }>(
+            bufs,
+            template,
+            // SAFETY: as in `send_buf`, for each request of the list: its buffer is in
+            // `self.sends` until a completion gives it back, and those the provider refused
+            // come out again (back into `bufs`) before anyone else can reach them.
+            |wrs| unsafe { queues.post_send(SendList::new(wrs)) },
+        );
+        let Some(stop) = stop else {
+            return Ok(());
+        };
+        Err(match stop {
+            ListStop::Room(reason) => at_index(self.send_refusal("send_bufs", reason), posted),
+            ListStop::Post(e) => at_index(e, posted),
+        })
     }
 
     /// The most requests [`Qp::send_bufs`] posts with one doorbell.

@@ -473,3 +473,28 @@ fn a_list_longer_than_the_queue_posts_what_fits_and_hands_the_rest_back_in_order
     );
     assert_eq!((list.len(), qp.held_bufs()), (3, (0, 0)));
 }
+
+#[test]
+fn a_list_the_provider_refuses_comes_back_whole_and_in_order() {
+    let p = Pair::new();
+    let mut cq = p.ctx.create_cq(64).unwrap();
+    let mut ud = p.pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)).unwrap();
+    ud.ud_to_rts(1, 0x1234).unwrap();
+    let remote = p.b.mr.remote(0).unwrap();
+    // More than one doorbell's worth; a UD QP has no RDMA write, so the first request of the
+    // first list is refused and nothing is posted.
+    let mut list = bufs(&p.pd, 40, 8);
+    for (seq, b) in list.iter_mut().enumerate() {
+        b.fill_from(&(seq as u64).to_le_bytes()).unwrap();
+    }
+    let e = ud
+        .send_bufs(SendOp::RdmaWrite(remote), &mut list, SendFlags::SIGNALED)
+        .unwrap_err();
+    assert!(matches!(e, Error::WorkRequest { index: 0, .. }), "{e}");
+    assert_eq!((list.len(), ud.held_bufs()), (40, (0, 0)));
+    for (seq, b) in list.iter().enumerate() {
+        assert_eq!(b.as_slice(), (seq as u64).to_le_bytes(), "back in order");
+    }
+    let mut wc = [WorkCompletion::default(); 4];
+    assert_eq!(cq.poll(&mut wc), 0, "nothing was queued");
+}

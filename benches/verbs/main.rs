@@ -27,8 +27,8 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use uverbs::{
-    AccessFlags, AhAttr, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote, RemoteMr,
-    SendFlags, SendOp, SendWr, SrqInit, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, Buf, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote,
+    RemoteMr, SendFlags, SendOp, SendWr, SrqInit, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const N_DRAIN: usize = 4096;
@@ -547,23 +547,17 @@ fn bench_post_safe(o: &Opts, p: &mut Pair) {
         addr: p.b.mr.addr(),
         rkey: p.b.mr.rkey(),
     };
-    let region =
-        p.pd.alloc_mr(k * 8, AccessFlags::LOCAL_WRITE)
-            .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
-    let mut bufs = region.into_bufs(8).unwrap_or_else(|e| fail(&format!("into_bufs: {e}")));
-    let mut wc = [WorkCompletion::default(); 4];
+    let mut bufs = safe_bufs(p, k);
     for r in -1..rounds as isize {
-        if bufs.len() != k {
-            fail("a buffer per request");
-        }
-        // In posting order: the last one signaled. Emptied in the loop, freed after it.
+        // In posting order. Emptied in the loop, freed after it.
         let mut posting = std::mem::take(&mut bufs).into_iter();
         if r >= 0 {
             o.collect_on();
         }
         let t0 = Instant::now();
-        for (i, buf) in posting.by_ref().enumerate() {
-            let flags = if i == k - 1 {
+        while let Some(buf) = posting.next() {
+            // The last one signaled.
+            let flags = if posting.len() == 0 {
                 SendFlags::SIGNALED
             } else {
                 SendFlags::empty()
@@ -577,25 +571,79 @@ fn bench_post_safe(o: &Opts, p: &mut Pair) {
             o.collect_off("post_safe", 1, k);
         }
         drop(posting);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while bufs.len() < k {
-            for c in p.a.cq.reap(&mut wc).iter() {
-                if c.status != WcStatus::SUCCESS {
-                    fail(&format!("completion {}: {:?}", c.wr_id, c.status));
-                }
-                while let Some(buf) = p.a.qp.reclaim(c) {
-                    bufs.push(buf);
-                }
-            }
-            if Instant::now() > deadline {
-                fail("post_safe: the buffers did not come back");
-            }
-        }
+        reclaim_round(p, &mut bufs, k);
         if r >= 0 {
             v.push(dt.as_nanos() as f64 / k as f64);
         }
     }
     o.report("post_safe", 1, v);
+}
+
+/// 3c. The safe post of a list: the whole round in one `Qp::send_bufs`, which posts lists of
+/// `Qp::BUF_LIST` (32) per doorbell, every request signaled (rxe writes the flag like any
+/// other): Rust only, beside the raw `post` 32 of prepared lists.
+fn bench_post_safe_list(o: &Opts, p: &mut Pair) {
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    let mut bufs = safe_bufs(p, k);
+    let list = Qp::BUF_LIST;
+    for r in -1..rounds as isize {
+        // In posting order. Emptied by the post, freed after it.
+        let mut posting = std::mem::take(&mut bufs);
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        p.a.qp
+            .send_bufs(SendOp::RdmaWrite(remote), &mut posting, SendFlags::SIGNALED)
+            .unwrap_or_else(|e| fail(&format!("send_bufs: {e}")));
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off("post_safe", list, k);
+        }
+        drop(posting);
+        reclaim_round(p, &mut bufs, k);
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report("post_safe", list, v);
+}
+
+/// `k` buffers of 8 bytes for the safe posts, from one region.
+fn safe_bufs(p: &Pair, k: usize) -> Vec<Buf> {
+    let region =
+        p.pd.alloc_mr(k * 8, AccessFlags::LOCAL_WRITE)
+            .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
+    let bufs = region.into_bufs(8).unwrap_or_else(|e| fail(&format!("into_bufs: {e}")));
+    if bufs.len() != k {
+        fail("a buffer per request");
+    }
+    bufs
+}
+
+/// Reaps the round's completions and takes every buffer back into `bufs` (`k` in all).
+fn reclaim_round(p: &mut Pair, bufs: &mut Vec<Buf>, k: usize) {
+    let mut wc = [WorkCompletion::default(); 64];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bufs.len() < k {
+        for c in p.a.cq.reap(&mut wc).iter() {
+            if c.status != WcStatus::SUCCESS {
+                fail(&format!("completion {}: {:?}", c.wr_id, c.status));
+            }
+            while let Some(buf) = p.a.qp.reclaim(c) {
+                bufs.push(buf);
+            }
+        }
+        if Instant::now() > deadline {
+            fail("post_safe: the buffers did not come back");
+        }
+    }
 }
 
 /// 3c. Receives posted one per call to a fresh SRQ of `POST_K` (no QP on it, so nothing
@@ -881,6 +929,7 @@ fn main() -> ExitCode {
         }
         if o.wanted("post_safe") {
             bench_post_safe(&o, &mut p);
+            bench_post_safe_list(&o, &mut p);
         }
         if o.wanted("srq_post_built") {
             bench_srq_post(&o, &mut p, false);
