@@ -363,6 +363,18 @@ impl<'a> SendChain<'a> {
         let wr = FastWr { c, sg_list, bit };
         Some(wr.check_transport(qp_type).map(|()| ChainWr::Fast(wr)))
     }
+
+    /// The chain's request when it is its only one and [`SendChain::next`] would read it in
+    /// place, checked ([`ChainWr::Fast`]); `None` otherwise, the chain left as it was. A
+    /// provider's straight path for the single post.
+    #[inline(always)]
+    pub fn single(&self, qp_type: QpType) -> Option<FastWr<'a>> {
+        let mut rest = *self;
+        match rest.next(qp_type)? {
+            Ok(ChainWr::Fast(wr)) if rest.next.is_null() => Some(wr),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -187,6 +187,32 @@ impl RxeQp {
         self.sq.advance();
         Ok(())
     }
+
+    /// The chain's requests from the caller's structs to the slots: those read in place
+    /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`]; one doorbell.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send_chain`].
+    #[inline(never)]
+    unsafe fn post_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+        let mut rejected = None;
+        let mut posted = 0;
+        while let Some(wr) = chain.next(qp_type) {
+            // SAFETY: forwarded contract.
+            let step = wr.and_then(|wr| unsafe {
+                match wr {
+                    ChainWr::Fast(f) => self.post_fast(&f),
+                    ChainWr::Slow(s) => self.post_slow(s, qp_type, context),
+                }
+            });
+            if let Err(reason) = step {
+                rejected = Some((posted, reason));
+                break;
+            }
+            posted += 1;
+        }
+        self.finish(posted, rejected)
+    }
 }
 
 /// Copies a request's payload after the header of the send slot at `slot`: the SGEs, or for
@@ -434,26 +460,19 @@ unsafe impl QpQueues for RxeQp {
         self.finish(posted, rejected)
     }
 
-    /// The chain's requests go from the caller's structs to the slots: those read in place
-    /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`].
-    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
-        let mut rejected = None;
-        let mut posted = 0;
-        while let Some(wr) = chain.next(qp_type) {
+    /// A single request read in place goes straight to its slot; any other chain, or one the
+    /// slot refuses (limits, a full queue), goes through [`RxeQp::post_chain`], which reports
+    /// why.
+    unsafe fn post_send_chain(&mut self, chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+        if let Some(wr) = chain.single(qp_type) {
             // SAFETY: forwarded contract.
-            let step = wr.and_then(|wr| unsafe {
-                match wr {
-                    ChainWr::Fast(f) => self.post_fast(&f),
-                    ChainWr::Slow(s) => self.post_slow(s, qp_type, context),
-                }
-            });
-            if let Err(reason) = step {
-                rejected = Some((posted, reason));
-                break;
+            if unsafe { self.post_fast(&wr) }.is_ok() {
+                self.sq.publish();
+                return self.doorbell.ring(self.file.as_fd());
             }
-            posted += 1;
         }
-        self.finish(posted, rejected)
+        // SAFETY: forwarded contract.
+        unsafe { self.post_chain(chain, qp_type, context) }
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
