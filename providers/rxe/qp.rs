@@ -165,10 +165,12 @@ impl RxeQp {
         let inline_len = self.check_limits(wr.sg_list(), wr.flags())?;
         let index = self.sq.next_index().ok_or(WrReject::QueueFull)?;
         let slot = self.sq.slot(index);
+        // Before the slot's writes (the index stays private until published): the next index
+        // is still in a register.
+        self.sq.advance();
         // SAFETY: a free slot; `check_limits` bounded SGEs and inline data by what the kernel
         // granted, which sized the slot; inline memory is the caller's contract.
         unsafe { write_fast_wqe(slot, wr, inline_len) };
-        self.sq.advance();
         Ok(())
     }
 
