@@ -307,7 +307,15 @@ const ZEROED_ARM: WrArm = WrArm { raw: [0; 15] };
 #[inline(always)]
 unsafe fn write_fast_wqe(slot: NonNull<u8>, wr: &FastWr<'_>, inline_len: u32) {
     let flags = wr.flags();
-    let (mut arm, mut iova) = (ZEROED_ARM, 0);
+    let wqe = slot.cast::<SendWqe>().as_ptr();
+    // The header first, then the payload and the lengths it gives: fewer values live at once.
+    // Stored from each arm's branch, the arm's unused bytes known to be zero there.
+    let header = |arm: WrArm, iova: u64| {
+        let header = send_header(wr.wr_id(), wr.opcode(), flags, wr.imm_or_rkey(), arm, iova, 0, 0);
+        // SAFETY: per the contract.
+        unsafe { wqe.write(header) };
+    };
+    let mut arm = ZEROED_ARM;
     if wr.is_rdma() {
         let r = wr.rdma();
         arm.rdma = RdmaArm {
@@ -315,7 +323,7 @@ unsafe fn write_fast_wqe(slot: NonNull<u8>, wr: &FastWr<'_>, inline_len: u32) {
             rkey: r.rkey,
             reserved: 0,
         };
-        iova = r.remote_addr;
+        header(arm, r.remote_addr);
     } else if wr.is_atomic() {
         let a = wr.atomic();
         arm.atomic = AtomicArm {
@@ -325,14 +333,12 @@ unsafe fn write_fast_wqe(slot: NonNull<u8>, wr: &FastWr<'_>, inline_len: u32) {
             rkey: a.rkey,
             reserved: 0,
         };
-        iova = a.remote_addr;
+        header(arm, a.remote_addr);
+    } else {
+        header(arm, 0);
     }
-    // The header first, then the payload and the lengths it gives: fewer values live at once.
-    let header = send_header(wr.wr_id(), wr.opcode(), flags, wr.imm_or_rkey(), arm, iova, 0, 0);
-    let wqe = slot.cast::<SendWqe>().as_ptr();
     // SAFETY: per the contract.
     unsafe {
-        wqe.write(header);
         let (length, num_sge) = copy_payload(slot, wr.sg_list(), flags, inline_len);
         std::ptr::addr_of_mut!((*wqe).dma.length).write(length);
         std::ptr::addr_of_mut!((*wqe).dma.resid).write(length);
