@@ -363,6 +363,22 @@ impl<'a> SendChain<'a> {
         let wr = FastWr { c, sg_list, bit };
         Some(wr.check_transport(qp_type).map(|()| ChainWr::Fast(wr)))
     }
+
+    /// The chain's request when it is its only one and [`SendChain::next`] would read it in
+    /// place, checked ([`ChainWr::Fast`]); `None` otherwise, the chain left as it was. A
+    /// provider's straight path for the single post.
+    #[inline(always)]
+    pub fn single(&self, qp_type: QpType) -> Option<FastWr<'a>> {
+        let first = NonNull::new(self.next)?;
+        // SAFETY: a live request of the chain (`new`'s contract).
+        if !unsafe { first.as_ref() }.next.is_null() {
+            return None;
+        }
+        match { *self }.next(qp_type)? {
+            Ok(ChainWr::Fast(wr)) => Some(wr),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -523,6 +539,34 @@ mod tests {
         assert_eq!(got[0].as_ref().expect("slow path").wr_id, 107);
         ud.wr_id = 0;
         assert_eq!(all(&mut ud, QpType::Ud)[0].as_ref().err(), Some(&WrReject::Malformed));
+    }
+
+    /// `single` gives the request `next` would read in place only when it is the chain's only
+    /// one; any other chain (two requests, the slow path, a refusal) is left to `next`.
+    #[test]
+    fn single_is_a_lone_request_read_in_place() {
+        let single = |c: &mut CSendWr, qp_type| {
+            let first = NonNull::from(c);
+            // SAFETY: the test's chain, live for the call.
+            let chain = unsafe { SendChain::new(first, slow_send) };
+            let wr = chain.single(qp_type).map(|wr| wr.to_send_wr());
+            assert_eq!(chain.next, first.as_ptr(), "the chain is left as it was");
+            wr.map(|wr| (wr.wr_id, wr.op))
+        };
+        let mut c = blank(WrOpcode::SEND);
+        assert_eq!(single(&mut c, QpType::Rc), Some((7, SendOp::Send)));
+        assert_eq!(single(&mut c, QpType::Uc), Some((7, SendOp::Send)));
+        assert_eq!(single(&mut c, QpType::Ud), None, "UD: the slow path");
+        let mut second = blank(WrOpcode::SEND);
+        c.next = &mut second;
+        assert_eq!(single(&mut c, QpType::Rc), None, "two requests");
+        c.next = std::ptr::null_mut();
+        c.num_sge = -1;
+        assert_eq!(single(&mut c, QpType::Rc), None, "malformed");
+        let mut read = blank(WrOpcode::RDMA_READ);
+        assert!(single(&mut read, QpType::Rc).is_some());
+        assert_eq!(single(&mut read, QpType::Uc), None, "refused by the transport");
+        assert_eq!(single(&mut blank(WrOpcode::BIND_MW), QpType::Rc), None);
     }
 
     /// The in-place check gives what `SendWr::check_transport` gives on the same request, for

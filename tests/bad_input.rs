@@ -283,3 +283,104 @@ fn bad_paths_are_refused_with_their_cause() {
         qp.to_rtr(gid.route_to(gid.raw), qpn, 0, Mtu::Mtu1024).unwrap();
     }
 }
+
+/// A chain of one request in libibverbs' layout (`Qp::post_send_chain`, the drop-in
+/// provider's post) that its slot refuses (too many SGEs, inline data past the limit, a full
+/// queue) or the QP's state is reported at index 0 with the reason, and nothing is posted:
+/// only the requests that were taken complete.
+#[test]
+fn a_single_chained_request_refused_is_reported_and_nothing_posted() {
+    let mut p = Pair::with(PairOpts {
+        cap: QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        },
+        ..Default::default()
+    });
+    unsafe fn none(_: std::ptr::NonNull<CSendWr>, _: QpType) -> Option<SendWr<'static>> {
+        None
+    }
+    let remote = p.b.mr.remote(0).unwrap();
+    // One SGE more than the QP takes (the device may grant more than asked).
+    let max_sge = p.a.qp.cap().max_send_sge as usize;
+    let mut sges: Vec<Sge> = (0..=max_sge).map(|i| p.a.mr.sge(i * 8, 8).unwrap()).collect();
+    let request = |sg_list: &mut [Sge], wr_id, send_flags: SendFlags| CSendWr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: sg_list.as_mut_ptr(),
+        num_sge: sg_list.len() as i32,
+        opcode: WrOpcode::RDMA_WRITE.0,
+        send_flags: send_flags.bits(),
+        imm_data: 0,
+        wr: CSendArm {
+            rdma: CRdmaArm {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+        },
+    };
+    // SAFETY: each request lives for the call, its SGEs name the MRs, which outlive the QP's
+    // use of them, and the device only reads them.
+    let post = |qp: &mut Qp, mut c: CSendWr| unsafe { qp.post_send_chain(std::ptr::NonNull::from(&mut c), none) };
+    let refused = |r: Result<()>| match r {
+        Err(Error::WorkRequest {
+            verb: "post_send",
+            index: 0,
+            reason,
+        }) => reason,
+        other => panic!("expected a refused request, got {other:?}"),
+    };
+    let two = request(&mut sges, 1, SendFlags::SIGNALED);
+    assert_eq!(
+        refused(post(&mut p.a.qp, two)),
+        WrReject::TooManySge {
+            given: max_sge + 1,
+            max: max_sge as u32
+        }
+    );
+    let long = p.a.qp.cap().max_inline_data + 1;
+    p.a.mr.bytes_mut()[..long as usize].fill(7);
+    let mut long_sge = [p.a.mr.sge(0, long).unwrap()];
+    let inline = request(&mut long_sge, 2, SendFlags::SIGNALED | SendFlags::INLINE);
+    assert!(matches!(
+        refused(post(&mut p.a.qp, inline)),
+        WrReject::InlineTooLong { given, .. } if given == long as usize
+    ));
+    let mut reset = p.pd.create_qp(&QpInit::new(QpType::Rc, &p.a.cq, &p.a.cq)).unwrap();
+    assert_eq!(
+        refused(post(&mut reset, request(&mut sges[..1], 3, SendFlags::SIGNALED))),
+        WrReject::WrongState(QpState::Reset)
+    );
+    assert_idle(&mut p.a.cq);
+    // Fill the queue with sends that B holds (it has no receive yet), then one more is
+    // refused.
+    let room = p.a.qp.send_room();
+    for i in 0..room {
+        let mut send = request(&mut sges[..1], 100 + u64::from(i), SendFlags::SIGNALED);
+        send.opcode = WrOpcode::SEND.0;
+        post(&mut p.a.qp, send).unwrap();
+    }
+    assert_eq!(p.a.qp.send_room(), 0);
+    assert_eq!(
+        refused(post(&mut p.a.qp, request(&mut sges[..1], 3, SendFlags::SIGNALED))),
+        WrReject::QueueFull
+    );
+    for i in 0..room {
+        let sge = p.b.mr.sge(4096 + i as usize * 64, 64).unwrap();
+        unsafe { p.b.qp.post_recv(&[RecvWr::new(u64::from(i), &[sge])]) }.unwrap();
+    }
+    let done = poll_n(&mut p.a.cq, room as usize, 16);
+    let ids: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+    let want: Vec<_> = (0..room).map(|i| (100 + u64::from(i), WcStatus::SUCCESS)).collect();
+    assert_eq!(ids, want, "the refused requests were not posted");
+    poll_n(&mut p.b.cq, room as usize, 16);
+    p.b.mr.bytes_mut()[..8].fill(0);
+    post(&mut p.a.qp, request(&mut sges[..1], 4, SendFlags::SIGNALED)).unwrap();
+    let done = poll_n(&mut p.a.cq, 1, 4);
+    assert_eq!((done[0].wr_id, done[0].status), (4, WcStatus::SUCCESS));
+    assert_eq!(&p.b.mr.bytes()[..8], &[7; 8]);
+    assert_idle(&mut p.a.cq);
+}

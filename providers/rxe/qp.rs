@@ -165,10 +165,12 @@ impl RxeQp {
         let inline_len = self.check_limits(wr.sg_list(), wr.flags())?;
         let index = self.sq.next_index().ok_or(WrReject::QueueFull)?;
         let slot = self.sq.slot(index);
+        // Before the slot's writes (the index stays private until published): the next index
+        // is still in a register.
+        self.sq.advance();
         // SAFETY: a free slot; `check_limits` bounded SGEs and inline data by what the kernel
         // granted, which sized the slot; inline memory is the caller's contract.
         unsafe { write_fast_wqe(slot, wr, inline_len) };
-        self.sq.advance();
         Ok(())
     }
 
@@ -186,6 +188,32 @@ impl RxeQp {
         unsafe { write_send_wqe(slot, &wr, inline_len) };
         self.sq.advance();
         Ok(())
+    }
+
+    /// The chain's requests from the caller's structs to the slots: those read in place
+    /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`]; one doorbell.
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send_chain`].
+    #[inline(never)]
+    unsafe fn post_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+        let mut rejected = None;
+        let mut posted = 0;
+        while let Some(wr) = chain.next(qp_type) {
+            // SAFETY: forwarded contract.
+            let step = wr.and_then(|wr| unsafe {
+                match wr {
+                    ChainWr::Fast(f) => self.post_fast(&f),
+                    ChainWr::Slow(s) => self.post_slow(s, qp_type, context),
+                }
+            });
+            if let Err(reason) = step {
+                rejected = Some((posted, reason));
+                break;
+            }
+            posted += 1;
+        }
+        self.finish(posted, rejected)
     }
 }
 
@@ -279,7 +307,15 @@ const ZEROED_ARM: WrArm = WrArm { raw: [0; 15] };
 #[inline(always)]
 unsafe fn write_fast_wqe(slot: NonNull<u8>, wr: &FastWr<'_>, inline_len: u32) {
     let flags = wr.flags();
-    let (mut arm, mut iova) = (ZEROED_ARM, 0);
+    let wqe = slot.cast::<SendWqe>().as_ptr();
+    // The header first, then the payload and the lengths it gives: fewer values live at once.
+    // Stored from each arm's branch, the arm's unused bytes known to be zero there.
+    let header = |arm: WrArm, iova: u64| {
+        let header = send_header(wr.wr_id(), wr.opcode(), flags, wr.imm_or_rkey(), arm, iova, 0, 0);
+        // SAFETY: per the contract.
+        unsafe { wqe.write(header) };
+    };
+    let mut arm = ZEROED_ARM;
     if wr.is_rdma() {
         let r = wr.rdma();
         arm.rdma = RdmaArm {
@@ -287,7 +323,7 @@ unsafe fn write_fast_wqe(slot: NonNull<u8>, wr: &FastWr<'_>, inline_len: u32) {
             rkey: r.rkey,
             reserved: 0,
         };
-        iova = r.remote_addr;
+        header(arm, r.remote_addr);
     } else if wr.is_atomic() {
         let a = wr.atomic();
         arm.atomic = AtomicArm {
@@ -297,14 +333,12 @@ unsafe fn write_fast_wqe(slot: NonNull<u8>, wr: &FastWr<'_>, inline_len: u32) {
             rkey: a.rkey,
             reserved: 0,
         };
-        iova = a.remote_addr;
+        header(arm, a.remote_addr);
+    } else {
+        header(arm, 0);
     }
-    // The header first, then the payload and the lengths it gives: fewer values live at once.
-    let header = send_header(wr.wr_id(), wr.opcode(), flags, wr.imm_or_rkey(), arm, iova, 0, 0);
-    let wqe = slot.cast::<SendWqe>().as_ptr();
     // SAFETY: per the contract.
     unsafe {
-        wqe.write(header);
         let (length, num_sge) = copy_payload(slot, wr.sg_list(), flags, inline_len);
         std::ptr::addr_of_mut!((*wqe).dma.length).write(length);
         std::ptr::addr_of_mut!((*wqe).dma.resid).write(length);
@@ -434,26 +468,19 @@ unsafe impl QpQueues for RxeQp {
         self.finish(posted, rejected)
     }
 
-    /// The chain's requests go from the caller's structs to the slots: those read in place
-    /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`].
-    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
-        let mut rejected = None;
-        let mut posted = 0;
-        while let Some(wr) = chain.next(qp_type) {
+    /// A single request read in place goes straight to its slot; any other chain, or one the
+    /// slot refuses (limits, a full queue), goes through [`RxeQp::post_chain`], which reports
+    /// why.
+    unsafe fn post_send_chain(&mut self, chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+        if let Some(wr) = chain.single(qp_type) {
             // SAFETY: forwarded contract.
-            let step = wr.and_then(|wr| unsafe {
-                match wr {
-                    ChainWr::Fast(f) => self.post_fast(&f),
-                    ChainWr::Slow(s) => self.post_slow(s, qp_type, context),
-                }
-            });
-            if let Err(reason) = step {
-                rejected = Some((posted, reason));
-                break;
+            if unsafe { self.post_fast(&wr) }.is_ok() {
+                self.sq.publish();
+                return self.doorbell.ring(self.file.as_fd());
             }
-            posted += 1;
         }
-        self.finish(posted, rejected)
+        // SAFETY: forwarded contract.
+        unsafe { self.post_chain(chain, qp_type, context) }
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {

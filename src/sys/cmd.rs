@@ -111,6 +111,7 @@ pub fn create_comp_channel(fd: BorrowedFd<'_>) -> Result<OwnedFd> {
 /// # Safety
 /// Every user pointer inside `cmd` (the response pointer, driver data pointers) must name
 /// memory that is valid for the kernel to read or write for the sizes the command declares.
+#[inline]
 pub unsafe fn write_raw(fd: BorrowedFd<'_>, cmd: &[u8]) -> Result<(), Errno> {
     let n = nix::unistd::write(fd, cmd)?;
     if n != cmd.len() {
