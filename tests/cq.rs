@@ -236,7 +236,7 @@ fn overrun_fails_the_checked_poll_of_a_poller_that_reads_no_events() {
         "{err}"
     );
     // What fit, exactly once and in order; the ring holds the reported capacity (rxe) or,
-    // on mlx5, one more (its kernel reports a ring of 2^n entries as 2^n - 1).
+    // on mlx5, one more (a ring of 2^n entries is reported as 2^n - 1).
     let mlx5 = driver(&p.ctx) == Driver::Mlx5;
     let fit = if mlx5 { cap + 1 } else { cap };
     assert!(
