@@ -93,6 +93,15 @@ pub struct EventsReported {
 
 /// A completion queue. Polling takes `&mut self`: a CQ has one consumer, so the ring needs no
 /// lock. The handle is `Send` (move it to the polling thread) but not `Sync`.
+///
+/// **Overrun.** A CQ must hold every completion that can be outstanding in it: when one more
+/// arrives the device drops it (and, depending on the device, those after it) and raises a
+/// `CQ_ERR` async event; `ibv_poll_cq(3)` says the CQ cannot be used after that. The ring
+/// itself shows nothing, so [`Cq::poll`] and [`Cq::batch`] (pure ring reads, for the hot
+/// path) go on returning what fit and then nothing. [`Cq::try_poll`] returns what fit and
+/// then [`Error::CqOverrun`], looking at the async events only when the ring is empty;
+/// [`Cq::check`] looks on demand; `aio::AsyncCq::poll` ends with the error. None of
+/// them takes an event away from [`Context::get_async_event`].
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
     /// The provider's half; parked in `inner` when this handle drops, so it is released only
@@ -277,7 +286,7 @@ impl Cq {
     ///
     /// The device says so with a `CQ_ERR` async event; this is `true` once that event has
     /// been read off the context's async event file, by [`Context::get_async_event`] or by a
-    /// check ([`Cq::try_poll`], [`Cq::check`], [`crate::aio::AsyncCq::poll`]), on any clone of
+    /// check ([`Cq::try_poll`], [`Cq::check`], `aio::AsyncCq::poll`), on any clone of
     /// the context, in any thread. It makes no system call and reads nothing itself.
     pub fn overrun(&self) -> bool {
         self.inner.overrun.load(Ordering::Relaxed)
@@ -290,7 +299,7 @@ impl Cq {
     ///
     /// An overrun's event may lag the ring on some devices: a check that passes as the last
     /// completions are read may be followed by the event. A waiter that must not wait forever
-    /// on a CQ that overran also watches [`Context::async_fd`] ([`crate::aio::AsyncCq`] does).
+    /// on a CQ that overran also watches [`Context::async_fd`] (`aio::AsyncCq` does).
     pub fn check(&self) -> Result<()> {
         self.check_flag()?;
         self.owner.check("poll_cq")?;
