@@ -218,7 +218,8 @@ fn check(wcs: &[WorkCompletion]) -> DemoResult<usize> {
 fn wait_one(cq: &mut Cq) -> DemoResult<WorkCompletion> {
     let mut wc = [WorkCompletion::default()];
     let start = Instant::now();
-    while cq.poll(&mut wc) == 0 {
+    // `try_poll`: an overrun CQ ends the wait with an error instead of an empty poll forever.
+    while cq.try_poll(&mut wc)? == 0 {
         if start.elapsed() > Duration::from_secs(30) {
             return Err("no completion within 30 s".into());
         }
