@@ -8,15 +8,30 @@ use std::ptr::NonNull;
 
 /// Ready completions borrowed in place from the ring; see [`crate::Cq::batch`].
 ///
-/// A lending iterator: each completion borrows the batch, so none can outlive it, and the
-/// slots go back to the device only when the batch is dropped.
+/// Each completion is a reference into the ring, so none may outlive the batch: its slots go
+/// back to the device, to be written again, when the batch is dropped. That is why the batch
+/// is not itself an [`Iterator`] (whose items could be kept after it is gone); iterate
+/// `&mut batch` instead, whose items live as long as that borrow, or call the lending
+/// [`Batch::next`]. Copy a completion out (`*wc`) to keep it longer.
 ///
 /// ```no_run
 /// # fn f(cq: &mut uverbs::Cq) {
 /// let mut batch = cq.batch();
-/// while let Some(wc) = batch.next() {
+/// for wc in &mut batch {
 ///     println!("{} {:?} {}", wc.wr_id, wc.status, wc.byte_len);
 /// }
+/// // Or one at a time: `while let Some(wc) = batch.next() { .. }`.
+/// # }
+/// ```
+///
+/// A completion cannot be kept past the batch:
+///
+/// ```compile_fail,E0505
+/// # fn f(cq: &mut uverbs::Cq) {
+/// let mut batch = cq.batch();
+/// let first: Vec<&uverbs::WorkCompletion> = (&mut batch).take(1).collect();
+/// drop(batch); // hands the slot back to the device
+/// println!("{:?}", first);
 /// # }
 /// ```
 pub struct Batch<'a> {
@@ -97,6 +112,33 @@ impl<'a> Batch<'a> {
         self.len() == 0
     }
 }
+
+/// The batch's completions in order, each borrowed for as long as the batch is: several can be
+/// held at once (each is its own read-only slot), and the batch can be neither used nor
+/// dropped while any is. Those taken are consumed when the batch drops, as with
+/// [`Batch::next`].
+impl<'b> Iterator for &'b mut Batch<'_> {
+    type Item = &'b WorkCompletion;
+
+    #[inline]
+    fn next(&mut self) -> Option<&'b WorkCompletion> {
+        let wc: *const WorkCompletion = Batch::next(self)?;
+        // SAFETY: as in `Batch::next`, `wc` is a ready completion that stays unchanged while
+        // the batch holds the ring. The batch is borrowed mutably for 'b, so for 'b it can
+        // neither be dropped (which hands the slot back) nor be used to reach the ring; and
+        // each call yields a different slot, so the shared references never overlap a write.
+        Some(unsafe { &*wc })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = Batch::len(self);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for &mut Batch<'_> {}
+
+impl std::iter::FusedIterator for &mut Batch<'_> {}
 
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
@@ -201,5 +243,40 @@ mod tests {
             produced > 300 && seen + ring.ready as u64 == produced,
             "{produced} {seen}"
         );
+    }
+
+    /// `&mut batch` iterates the same completions as `next`, across the wrap, with an exact
+    /// length; several items are held at once; only the ones taken are consumed.
+    #[test]
+    fn iterating_a_batch_by_reference_takes_each_completion_once() {
+        let mut ring = FakeRing {
+            slots: vec![WorkCompletion::default(); SLOTS].into_boxed_slice(),
+            cons: SLOTS - 3,
+            ready: 0,
+        };
+        for i in 0..6 {
+            ring.slots[(SLOTS - 3 + i) % SLOTS].wr_id = 100 + i as u64;
+            ring.ready += 1;
+        }
+        let run = ring.ready_run();
+        let mut batch = Batch::new(&mut ring, run);
+        let mut iter = &mut batch;
+        assert_eq!(iter.len(), 6);
+        let two: Vec<&WorkCompletion> = iter.by_ref().take(2).collect();
+        assert_eq!(iter.len(), 4);
+        assert_eq!(two.iter().map(|wc| wc.wr_id).collect::<Vec<_>>(), [100, 101]);
+        let ids: Vec<u64> = (&mut batch).take(3).map(|wc| wc.wr_id).collect();
+        assert_eq!(ids, [102, 103, 104], "across the wrap");
+        drop(batch);
+        assert_eq!((ring.ready, ring.cons), (1, 2), "five consumed, one left");
+
+        let run = ring.ready_run();
+        let mut batch = Batch::new(&mut ring, run);
+        let rest: Vec<u64> = (&mut batch).map(|wc| wc.wr_id).collect();
+        assert_eq!(rest, [105]);
+        let mut iter = &mut batch;
+        assert_eq!(Iterator::next(&mut iter), None, "fused");
+        drop(batch);
+        assert_eq!(ring.ready, 0);
     }
 }

@@ -3,15 +3,17 @@
 use crate::attr::{AhAttr, AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
+use crate::event_file::AsyncEventFile;
 use crate::open_enum::open_enum;
 use crate::provider::{Provider, ProviderContext};
-use crate::sys::abi::{self, GidEntry, QueryDeviceResp, QueryPortRespEx};
+use crate::sys::abi::{self, AsyncEventDesc, GidEntry, QueryDeviceResp, QueryPortRespEx};
 use crate::sys::cmd::{self, PlainRequest};
 use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
 
 open_enum! {
@@ -56,12 +58,14 @@ impl Gid {
 pub(crate) struct ContextInner {
     pub(crate) file: Arc<DeviceFile>,
     driver_id: u32,
-    pub(crate) async_fd: OwnedFd,
+    /// The async event file, and the events a CQ check read ahead of the user.
+    pub(crate) async_events: AsyncEventFile,
     pub(crate) device: DeviceInfo,
     pub(crate) provider: Box<dyn ProviderContext>,
     pub(crate) num_comp_vectors: u32,
     next_user_handle: AtomicU64,
-    /// Each live CQ's overrun flag by user handle, set when a CQ_ERR event for it is read.
+    /// Each live CQ's overrun flag by user handle, set when a CQ_ERR event for it is read
+    /// off the kernel's async event file.
     cq_overruns: Mutex<Vec<(u64, Weak<AtomicBool>)>>,
     /// The process the context was created in; a forked child must not touch its objects
     /// (see `crate::fork`).
@@ -87,13 +91,28 @@ impl ContextInner {
         cqs.push((cq_user_handle, Arc::downgrade(overrun)));
     }
 
-    /// A CQ_ERR event named `cq_user_handle`: flags every live CQ with that handle.
-    pub(crate) fn cq_overran(&self, cq_user_handle: u64) {
-        for (_, flag) in self.cq_overruns().iter().filter(|(h, _)| *h == cq_user_handle) {
+    /// An async event was read off the kernel's file: a CQ_ERR flags every live CQ with the
+    /// user handle it names.
+    fn async_event_read(&self, desc: &AsyncEventDesc) {
+        if desc.event_type != abi::ASYNC_EVENT_CQ_ERR {
+            return;
+        }
+        for (_, flag) in self.cq_overruns().iter().filter(|(h, _)| *h == desc.element) {
             if let Some(flag) = flag.upgrade() {
                 flag.store(true, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Reads the async events pending on the kernel's file into the queue the user reads
+    /// first, without waiting, so that their CQ_ERRs flag their CQs.
+    pub(crate) fn read_async_events_ahead(&self) -> Result<()> {
+        self.async_events.read_ahead(&mut |d| self.async_event_read(d))
+    }
+
+    /// The next async event for the user: the ones read ahead first.
+    pub(crate) fn next_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEventDesc>> {
+        self.async_events.next(timeout, &mut |d| self.async_event_read(d))
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
@@ -300,12 +319,12 @@ impl Context {
         let mut call = Ioctl::new(driver_id, object::ASYNC_EVENT, METHOD_ASYNC_EVENT_ALLOC);
         let slot = call.new_fd(0);
         let done = call.execute(file.as_fd(), "ASYNC_EVENT_ALLOC")?;
-        let async_fd = done.take_fd(slot);
+        let async_events = AsyncEventFile::new(done.take_fd(slot))?;
         Ok(Self {
             inner: Arc::new(ContextInner {
                 file,
                 driver_id,
-                async_fd,
+                async_events,
                 device: device.clone(),
                 provider: provider_ctx,
                 num_comp_vectors,
@@ -326,9 +345,19 @@ impl Context {
         self.inner.num_comp_vectors
     }
 
-    /// The async event fd (readable when an async event is pending).
+    /// The fd to poll for async events: readable while [`Context::get_async_event`] has one
+    /// to return, including the events a CQ check ([`crate::Cq::try_poll`]) read ahead. Not
+    /// itself a file of event records: read events with `get_async_event`.
     pub fn async_fd(&self) -> BorrowedFd<'_> {
-        self.inner.async_fd.as_fd()
+        self.inner.async_events.ready()
+    }
+
+    /// The kernel's async event file itself, the one CQs, QPs and SRQs report to: for a host
+    /// that reads its records directly, as libibverbs' `ibv_get_async_event` does. Events that
+    /// a CQ check of this crate read ahead are no longer there (they wait in
+    /// [`Context::get_async_event`]); such a host does not call those checks.
+    pub fn kernel_async_fd(&self) -> BorrowedFd<'_> {
+        self.inner.async_events.kernel()
     }
 
     /// Device attributes (QUERY_DEVICE).

@@ -60,7 +60,7 @@ pub(crate) struct CqInner {
     parked: Parked<dyn CqRing>,
     /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
-    /// Set when [`Context::get_async_event`] reads a CQ_ERR event for this CQ.
+    /// Set when a CQ_ERR event for this CQ is read off the async event file.
     overrun: Arc<AtomicBool>,
 }
 
@@ -93,6 +93,15 @@ pub struct EventsReported {
 
 /// A completion queue. Polling takes `&mut self`: a CQ has one consumer, so the ring needs no
 /// lock. The handle is `Send` (move it to the polling thread) but not `Sync`.
+///
+/// **Overrun.** A CQ must hold every completion that can be outstanding in it: when one more
+/// arrives the device drops it (and, depending on the device, those after it) and raises a
+/// `CQ_ERR` async event; `ibv_poll_cq(3)` says the CQ cannot be used after that. The ring
+/// itself shows nothing, so [`Cq::poll`] and [`Cq::batch`] (pure ring reads, for the hot
+/// path) go on returning what fit and then nothing. [`Cq::try_poll`] returns what fit and
+/// then [`Error::CqOverrun`], looking at the async events only when the ring is empty;
+/// [`Cq::check`] looks on demand; `aio::AsyncCq::poll` ends with the error. None of
+/// them takes an event away from [`Context::get_async_event`].
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
     /// The provider's half; parked in `inner` when this handle drops, so it is released only
@@ -100,7 +109,14 @@ pub struct Cq {
     ring: Box<dyn CqRing>,
     owner: Owner,
     cqe: u32,
+    /// Empty [`Cq::try_poll`]s so far, which look at the async event file every
+    /// [`LOOK_EVERY`]th time.
+    empty_polls: u32,
 }
+
+/// How often an empty [`Cq::try_poll`] looks for an overrun event: one `poll(2)` in this many
+/// empty calls, the first one included.
+const LOOK_EVERY: u32 = 64;
 
 impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -147,7 +163,7 @@ impl Cq {
                     .input(2, &user_handle)
                     .input(4, &init.comp_vector)
                     .output(6, resp_cqe.as_mut_bytes())
-                    .fd(7, inner.async_fd.as_raw_fd());
+                    .fd(7, inner.async_events.kernel().as_raw_fd());
                 if let Some(channel) = init.channel {
                     call.fd(3, channel.as_raw_fd());
                 }
@@ -184,6 +200,7 @@ impl Cq {
             ring,
             owner: inner.owner,
             cqe: created.cqe,
+            empty_polls: 0,
         })
     }
 
@@ -192,7 +209,8 @@ impl Cq {
     /// makes a system call.
     ///
     /// More completions than the CQ holds overrun it: those that do not fit are lost, and
-    /// `poll` still returns the ones that fit. Only an async event tells; see [`Cq::overrun`].
+    /// `poll` still returns the ones that fit, and then nothing, without a word: it is a pure
+    /// ring read. [`Cq::try_poll`] is the same read and tells.
     ///
     /// In a forked child the CQ is the parent's and its ring is not mapped: this returns 0.
     #[inline]
@@ -201,6 +219,41 @@ impl Cq {
             return 0;
         }
         self.ring.poll(wc)
+    }
+
+    /// [`Cq::poll`], and [`Error::CqOverrun`] once the CQ overran and nothing is left in it:
+    /// the poll to use unless you watch async events yourself.
+    ///
+    /// The completions that fit before an overrun are returned first, as `poll` does. Only
+    /// when a call finds the ring empty does it look further (the cold path, so a call that
+    /// returns completions costs what `poll` costs): it tests the CQ's overrun flag, and on
+    /// the first empty call and every 64th after it, also reads the async events pending on
+    /// the context's file without waiting (one `poll(2)` when there are none), so a `CQ_ERR`
+    /// is seen though nobody calls [`Context::get_async_event`]. Events read that way are
+    /// not lost: `get_async_event` still returns them, and [`Context::async_fd`] stays
+    /// readable until it has. [`Cq::check`] looks at once.
+    ///
+    /// In a forked child: [`Error::Forked`].
+    #[inline]
+    pub fn try_poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let n = self.poll(wc);
+        if n == 0 {
+            self.check_empty()?;
+        }
+        Ok(n)
+    }
+
+    /// `try_poll`'s look when the ring was empty.
+    #[cold]
+    fn check_empty(&mut self) -> Result<()> {
+        self.owner.check("poll_cq")?;
+        let look = self.empty_polls % LOOK_EVERY == 0;
+        self.empty_polls = self.empty_polls.wrapping_add(1);
+        if look {
+            self.check()
+        } else {
+            self.check_flag()
+        }
     }
 
     /// Which CQ this is, for [`crate::Qp::reclaim`]: the address of the shared state every
@@ -214,6 +267,9 @@ impl Cq {
     /// Rust form of `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`). The ring slots are
     /// handed back to the device, with one index store, when the batch is dropped: only the
     /// completions the iterator yielded are consumed.
+    ///
+    /// A ring read like [`Cq::poll`]: after an overrun it still yields what fit, then empty
+    /// batches. Call [`Cq::check`] when a batch comes back empty to learn of an overrun.
     #[inline]
     pub fn batch(&mut self) -> Batch<'_> {
         let run = if self.owner.forked() {
@@ -228,17 +284,31 @@ impl Cq {
     /// `ibv_poll_cq(3)`: the CQ cannot be used after that; work requests that completed into
     /// it are unaccounted for. Size a CQ for every work request that can complete into it.
     ///
-    /// The device says so with a `CQ_ERR` async event; this is `true` once
-    /// [`Context::get_async_event`] (on any clone of the context, in any thread) has read it.
-    /// A program that reads no async events never learns of an overrun. [`Cq::poll`] does not
-    /// check (it stays a ring read); [`Cq::check`] and [`Cq::req_notify`] do.
+    /// The device says so with a `CQ_ERR` async event; this is `true` once that event has
+    /// been read off the context's async event file, by [`Context::get_async_event`] or by a
+    /// check ([`Cq::try_poll`], [`Cq::check`], `aio::AsyncCq::poll`), on any clone of
+    /// the context, in any thread. It makes no system call and reads nothing itself.
     pub fn overrun(&self) -> bool {
         self.inner.overrun.load(Ordering::Relaxed)
     }
 
-    /// [`Error::CqOverrun`] if the CQ overran ([`Cq::overrun`]): for a poller's cold path
-    /// (`cq.check()?` when a poll comes back empty).
+    /// [`Error::CqOverrun`] if the CQ overran: reads the async events pending on the
+    /// context's file without waiting (they stay for [`Context::get_async_event`]), so it
+    /// knows without anyone reading events. One `poll(2)` when none is pending. For a poller
+    /// of [`Cq::poll`] or [`Cq::batch`], when it comes back empty.
+    ///
+    /// An overrun's event may lag the ring on some devices: a check that passes as the last
+    /// completions are read may be followed by the event. A waiter that must not wait forever
+    /// on a CQ that overran also watches [`Context::async_fd`] (`aio::AsyncCq` does).
     pub fn check(&self) -> Result<()> {
+        self.check_flag()?;
+        self.owner.check("poll_cq")?;
+        self.inner.ctx.read_async_events_ahead()?;
+        self.check_flag()
+    }
+
+    /// [`Error::CqOverrun`] if the CQ's overrun flag is set ([`Cq::overrun`]).
+    fn check_flag(&self) -> Result<()> {
         if self.overrun() {
             return Err(Error::CqOverrun {
                 cq_user_handle: self.inner.user_handle,
@@ -249,10 +319,12 @@ impl Cq {
 
     /// Asks for an event on the CQ's channel at the next completion (or the next solicited
     /// one). One event per request: call again after each event. Fails with
-    /// [`Error::CqOverrun`] once the CQ overran ([`Cq::overrun`]).
+    /// [`Error::CqOverrun`] once [`Cq::overrun`] is set; it reads no async events itself
+    /// (a host such as libibverbs may read the kernel's file): call [`Cq::check`] before
+    /// waiting on the channel.
     pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
         self.owner.check("REQ_NOTIFY_CQ")?;
-        self.check()?;
+        self.check_flag()?;
         let events = self.inner.events.load(Ordering::Relaxed);
         let (ctx, handle) = (&self.inner.ctx, self.inner.handle);
         self.ring.arm(solicited_only, events, &mut || {

@@ -83,7 +83,8 @@ pub enum Error {
         what: &'static str,
     },
     /// The CQ overran: more completions arrived than it holds and the device dropped some
-    /// (a `CQ_ERR` async event; see `Cq::overrun`).
+    /// (a `CQ_ERR` async event): from `Cq::try_poll`, `Cq::check`, `AsyncCq::poll`,
+    /// `Cq::req_notify`.
     #[error("CQ {cq_user_handle} overran: completions were lost and it cannot be used any more (ibv_poll_cq(3)); make it deeper than the work requests that can complete into it")]
     CqOverrun {
         /// `Cq::user_handle` of the CQ.

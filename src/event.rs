@@ -9,47 +9,14 @@
 //! nothing to wait for. Each event is consumed exactly once by the read that returns it.
 
 use crate::context::{Context, ContextInner};
-use crate::error::{Error, Result, Verb};
+use crate::error::{Error, Result};
+use crate::event_file::read_event;
 use crate::open_enum::open_enum;
 use crate::sys::abi::{AsyncEventDesc, CompEventDesc};
-use nix::errno::Errno;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use zerocopy::{FromBytes, IntoBytes};
-
-/// Waits up to `timeout` (forever with `None`) for one event record on `fd` and reads it.
-/// `Ok(None)` when the time ran out.
-fn read_event<T: FromBytes + IntoBytes>(
-    fd: BorrowedFd<'_>,
-    verb: Verb,
-    timeout: Option<Duration>,
-) -> Result<Option<T>> {
-    let timeout = match timeout {
-        None => PollTimeout::NONE,
-        Some(t) => PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX),
-    };
-    loop {
-        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-        match poll(&mut fds, timeout) {
-            Ok(0) => return Ok(None),
-            Ok(_) => {}
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(Error::kernel(verb, e)),
-        }
-        let mut record = T::new_zeroed();
-        return match nix::unistd::read(fd.as_raw_fd(), record.as_mut_bytes()) {
-            Ok(n) if n == size_of::<T>() => Ok(Some(record)),
-            Ok(n) => Err(Error::malformed(verb, format!("{n}-byte event record"))),
-            // Another reader took it between poll and read.
-            Err(Errno::EAGAIN) if timeout == PollTimeout::ZERO => Ok(None),
-            Err(Errno::EAGAIN | Errno::EINTR) => continue,
-            Err(e) => Err(Error::kernel(verb, e)),
-        };
-    }
-}
 
 /// A completion channel: CQs created on it report "a completion arrived" events here after
 /// [`crate::Cq::req_notify`]. Cheap to clone; the fd stays open while a clone or a CQ on it
@@ -225,26 +192,24 @@ impl Context {
         CompChannel::new(&self.inner)
     }
 
-    /// Waits up to `timeout` (forever with `None`) for the next async event. The fd to poll is
-    /// [`Context::async_fd`]. A `CQ_ERR` event read here also marks its CQ
-    /// ([`crate::Cq::overrun`]).
+    /// Waits up to `timeout` (forever with `None`, not at all with `Some(ZERO)`) for the next
+    /// async event. The fd to poll is [`Context::async_fd`]. Every event is returned once, in
+    /// the order the kernel reported it, including those a CQ check ([`crate::Cq::try_poll`],
+    /// [`crate::Cq::check`]) read ahead to find an overrun; a `CQ_ERR` marks its CQ
+    /// ([`crate::Cq::overrun`]) when first read, here or there.
     pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
-        let desc: Option<AsyncEventDesc> = read_event(self.async_fd(), "get_async_event", timeout)?;
-        let event = desc.as_ref().map(AsyncEvent::from_desc);
-        if let Some(AsyncEvent {
-            target: EventTarget::Cq(cq),
-            kind: AsyncEventKind::CQ_ERR,
-        }) = event
-        {
-            self.inner.cq_overran(cq);
-        }
-        Ok(event)
+        Ok(self
+            .inner
+            .next_async_event(timeout)?
+            .as_ref()
+            .map(AsyncEvent::from_desc))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zerocopy::IntoBytes;
 
     #[test]
     fn events_name_their_target() {

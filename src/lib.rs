@@ -32,6 +32,7 @@ mod cq;
 mod device;
 mod error;
 mod event;
+mod event_file;
 mod held;
 mod mcast;
 #[allow(unsafe_code)] // registers caller memory and hands out views of it

@@ -166,7 +166,8 @@ impl std::ops::Deref for Completion<'_> {
 
 impl Cq {
     /// Polls like [`Cq::poll`] into `wc` and returns what it got as [`Completion`]s, which
-    /// [`Qp::reclaim`] turns back into the buffers the requests were posted with.
+    /// [`Qp::reclaim`] turns back into the buffers the requests were posted with. A ring read
+    /// like `poll`: when it comes back empty, [`Cq::check`] tells of an overrun.
     #[inline]
     pub fn reap<'w>(&mut self, wc: &'w mut [WorkCompletion]) -> Reaped<'w> {
         let n = self.poll(wc);

@@ -395,7 +395,7 @@ impl Qp {
                     .input(8, &asked)
                     .input(9, &qp_type)
                     .input(10, &flags)
-                    .fd(12, ctx.async_fd.as_raw_fd())
+                    .fd(12, ctx.async_events.kernel().as_raw_fd())
                     .output(13, cap.as_mut_bytes())
                     .output(14, qpn.as_mut_bytes());
                 if let Some(srq) = init.srq {

@@ -153,7 +153,7 @@ impl Pd {
                     .input(6, &init.max_sge)
                     .input(7, &init.srq_limit)
                     .input(9, &SRQ_TYPE_BASIC)
-                    .fd(10, ctx.async_fd.as_raw_fd())
+                    .fd(10, ctx.async_events.kernel().as_raw_fd())
                     .output(11, max_wr.as_mut_bytes())
                     .output(12, max_sge.as_mut_bytes());
                 if !drv_in.is_empty() {

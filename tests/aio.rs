@@ -33,10 +33,15 @@ struct AsyncPair {
 }
 
 fn async_pair() -> AsyncPair {
+    async_pair_of(1024)
+}
+
+/// [`async_pair`] with an awaitable CQ of `cqe` entries.
+fn async_pair_of(cqe: u32) -> AsyncPair {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
-    let mut init = CqInit::new(1024);
+    let mut init = CqInit::new(cqe);
     init.channel = Some(&channel);
     let acq = ctx.create_cq_with(&init).unwrap();
     let bcq = ctx.create_cq(16).unwrap();
@@ -221,4 +226,47 @@ fn outside_a_runtime_is_an_error_not_a_panic() {
     assert!(err.to_string().contains("outside a tokio runtime"), "{err}");
     let err = AsyncEvents::new(&ctx).unwrap_err();
     assert!(err.to_string().contains("outside a tokio runtime"), "{err}");
+}
+
+/// An overrun ends the wait with `CqOverrun` once what fit has been returned, though nobody
+/// reads async events; the CQ_ERR still arrives on the stream afterwards.
+#[test]
+fn an_overrun_ends_the_wait_with_an_error() {
+    let rt = runtime();
+    rt.block_on(async {
+        let mut p = async_pair_of(4);
+        let cap = p.acq.get_mut().capacity() as u64;
+        p.write(0..cap + 4);
+        // Only so that the overrun surely happened before the wait starts; nothing is read.
+        let mut fds = [nix::poll::PollFd::new(p.ctx.async_fd(), nix::poll::PollFlags::POLLIN)];
+        let timeout = nix::poll::PollTimeout::try_from(TIMEOUT).unwrap();
+        assert_eq!(nix::poll::poll(&mut fds, timeout).unwrap(), 1, "an async event");
+        let mut wc = [WorkCompletion::default(); 2];
+        let mut got = 0u64;
+        let err = loop {
+            match tokio::time::timeout(TIMEOUT, p.acq.poll(&mut wc))
+                .await
+                .expect("no endless wait")
+            {
+                Ok(n) => {
+                    for c in &wc[..n] {
+                        assert_eq!(c.wr_id, got, "in order, once");
+                        got += 1;
+                    }
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, Error::CqOverrun { .. }), "{err}");
+        assert!((cap..cap + 4).contains(&got), "what fit: {got} of {}", cap + 4);
+        let mut events = AsyncEvents::new(&p.ctx).unwrap();
+        let next = std::future::poll_fn(|cx| Pin::new(&mut events).poll_next(cx));
+        let event = tokio::time::timeout(TIMEOUT, next).await.expect("the event is kept");
+        let event = event.expect("the stream goes on").unwrap();
+        let handle = p.acq.get_mut().user_handle();
+        assert_eq!(
+            (event.kind, event.target),
+            (AsyncEventKind::CQ_ERR, EventTarget::Cq(handle))
+        );
+    });
 }

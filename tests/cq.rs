@@ -1,5 +1,6 @@
 //! Completion queues: completion channels and events (blocking, non-blocking, solicited
-//! only), in-place batches, resize keeping completions, and overrun reported as an event.
+//! only), in-place batches, resize keeping completions, and overrun reported as an event and
+//! to a poller that reads no events.
 
 mod common;
 
@@ -187,4 +188,124 @@ fn overrun_is_reported_as_a_cq_error_event() {
     // What fit is still delivered, exactly once and in order.
     let got: Vec<u64> = poll_n(&mut p.a.cq, cap as usize, 8).iter().map(|c| c.wr_id).collect();
     assert_eq!(got, (0..cap).collect::<Vec<_>>());
+}
+
+/// Waits up to the test timeout for `ctx`'s async fd to be readable, reading nothing.
+fn wait_for_async_event(ctx: &Context) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(ctx.async_fd(), PollFlags::POLLIN)];
+    let n = poll(&mut fds, PollTimeout::try_from(TIMEOUT).unwrap()).unwrap();
+    assert_eq!(n, 1, "an async event within {TIMEOUT:?}");
+}
+
+fn async_fd_readable(ctx: &Context) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(ctx.async_fd(), PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO).unwrap() == 1
+}
+
+/// A poller that never reads async events learns of the overrun from `try_poll`: the
+/// completions that fit first, in order, then `CqOverrun`; the CQ_ERR events it read ahead
+/// are still there for `get_async_event`, with the async fd readable until they are read.
+#[test]
+fn overrun_fails_the_checked_poll_of_a_poller_that_reads_no_events() {
+    let mut p = Pair::with(PairOpts {
+        cq_depth: 4,
+        ..Default::default()
+    });
+    let (cap, total) = (p.a.cq.capacity() as usize, p.a.cq.capacity() as u64 + 4);
+    let handle = p.a.cq.user_handle();
+    write_n(&mut p, 0..total);
+    // Only so that the overrun surely happened before the poll starts (a poller that drains
+    // as fast as rxe completes would keep up): nothing is read.
+    wait_for_async_event(&p.ctx);
+    assert!(!p.a.cq.overrun(), "nobody has read the event");
+
+    let mut wc = [WorkCompletion::default(); 3];
+    let mut got = Vec::new();
+    let start = std::time::Instant::now();
+    let err = loop {
+        match p.a.cq.try_poll(&mut wc) {
+            Ok(n) => got.extend(wc[..n].iter().map(|c| c.wr_id)),
+            Err(e) => break e,
+        }
+        assert!(start.elapsed() < TIMEOUT, "no overrun reported; got {got:?}");
+    };
+    assert!(
+        matches!(err, Error::CqOverrun { cq_user_handle } if cq_user_handle == handle),
+        "{err}"
+    );
+    // What fit, exactly once and in order; the ring holds the reported capacity (rxe) or,
+    // on mlx5, one more (a ring of 2^n entries is reported as 2^n - 1).
+    let mlx5 = driver(&p.ctx) == Driver::Mlx5;
+    let fit = if mlx5 { cap + 1 } else { cap };
+    assert!(
+        got.len() >= fit && got[..fit] == (0..fit as u64).collect::<Vec<_>>()[..],
+        "{got:?}"
+    );
+    assert!(p.a.cq.overrun() && !p.b.cq.overrun());
+    assert!(
+        matches!(p.a.cq.try_poll(&mut wc), Err(Error::CqOverrun { .. })),
+        "every call after"
+    );
+    assert!(matches!(p.a.cq.check(), Err(Error::CqOverrun { .. })));
+    assert!(matches!(p.a.cq.req_notify(false), Err(Error::CqOverrun { .. })));
+    assert_eq!(p.b.cq.try_poll(&mut wc).unwrap(), 0, "the other CQ is fine");
+    p.b.cq.check().unwrap();
+
+    // The events the checks read are the user's still: the fd says so and they come back in
+    // order.
+    assert!(async_fd_readable(&p.ctx));
+    let mut events = Vec::new();
+    while let Some(ev) = p.ctx.get_async_event(Some(Duration::from_millis(500))).unwrap() {
+        events.push(ev);
+    }
+    let cq_err = AsyncEvent {
+        kind: AsyncEventKind::CQ_ERR,
+        target: EventTarget::Cq(handle),
+    };
+    assert!(!events.is_empty() && events.iter().all(|e| *e == cq_err), "{events:?}");
+    assert!(!async_fd_readable(&p.ctx), "all read");
+    // A completion that found room after the poll drained the ring would be there still
+    // (rxe goes on after an overrun); `poll` reads it.
+    let late = p.a.cq.poll(&mut wc);
+    got.extend(wc[..late].iter().map(|c| c.wr_id));
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]) && got.iter().all(|&id| id < total),
+        "{got:?}"
+    );
+    if mlx5 {
+        // The CQ stopped at the overrun: one event, nothing after what fit.
+        assert_eq!((events.len(), got.len()), (1, fit), "{got:?}");
+    } else {
+        // rxe raises one CQ_ERR per completion it drops.
+        assert_eq!(events.len() + got.len(), total as usize, "{events:?} {got:?}");
+    }
+}
+
+/// `for wc in &mut batch` reads the ready completions in place, several held at once, in
+/// order, and consumes only those taken: batches that each take at most two see every
+/// completion exactly once.
+#[test]
+fn a_batch_iterates_by_reference() {
+    let mut p = Pair::new();
+    write_n(&mut p, 0..10);
+    let mut seen = Vec::new();
+    let start = std::time::Instant::now();
+    while seen.len() < 10 {
+        let mut batch = p.a.cq.batch();
+        let mut iter = &mut batch;
+        let ready = iter.len();
+        let two: Vec<&WorkCompletion> = iter.by_ref().take(2).collect();
+        assert_eq!(two.len(), ready.min(2));
+        assert_eq!(iter.len(), ready - two.len(), "the iterator goes on while they live");
+        assert!(two
+            .iter()
+            .all(|wc| wc.status == WcStatus::SUCCESS && wc.opcode == WcOpcode::RDMA_WRITE));
+        seen.extend(two.iter().map(|wc| wc.wr_id));
+        drop(batch);
+        assert!(start.elapsed() < TIMEOUT, "10 completions; saw {seen:?}");
+    }
+    assert_eq!(seen, (0..10).collect::<Vec<_>>());
+    assert_eq!((&mut p.a.cq.batch()).count(), 0, "nothing more");
 }

@@ -285,6 +285,9 @@ fn in_a_forked_child_inherited_handles_are_error_forked_and_drops_destroy_nothin
             // SAFETY: as above.
             forked(unsafe { p.a.qp.post_recv(&[RecvWr::new(78, &rsge)]) }),
             p.a.cq.poll(&mut wc) == 0,
+            // The checked poll and the check read no async event of the parent's.
+            forked(p.a.cq.try_poll(&mut wc).map(drop)),
+            forked(p.a.cq.check()),
         ];
         let failed = checks.iter().position(|ok| !ok).map_or(0, |i| 10 + i as i32);
         // Every inherited handle dropped: with the parent's objects untouched.
@@ -294,7 +297,7 @@ fn in_a_forked_child_inherited_handles_are_error_forked_and_drops_destroy_nothin
     assert_eq!(
         wait(pid),
         0,
-        "the child's check 10 + i failed (query, alloc_pd, query_device, create_cq, post_send, post_recv, poll)"
+        "the child's check 10 + i failed (query, alloc_pd, query_device, create_cq, post_send, post_recv, poll, try_poll, check)"
     );
     assert!(p.a.qp.query().is_ok(), "the parent's QP survived the child's drops");
     assert_eq!(
@@ -307,6 +310,6 @@ fn in_a_forked_child_inherited_handles_are_error_forked_and_drops_destroy_nothin
     send_and_check(&mut p, 2, src, 0x22);
     assert_idle(&mut p.a.cq);
     figure(format_args!(
-        "forked child: query, alloc_pd, query_device, create_cq, post_send, post_recv all Error::Forked, poll empty, its drops destroyed nothing; the parent unaffected"
+        "forked child: query, alloc_pd, query_device, create_cq, post_send, post_recv, try_poll, check all Error::Forked, poll empty, its drops destroyed nothing; the parent unaffected"
     ));
 }

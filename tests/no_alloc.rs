@@ -1,5 +1,6 @@
 //! The data path never touches the heap: with a counting global allocator, many rounds of
-//! `Cq::poll` (with and without completions), `Cq::batch` iteration, `Qp::post_send` (single
+//! `Cq::poll` and `Cq::try_poll` (with and without completions; the empty `try_poll` reads the
+//! async event file), `Cq::batch` iteration (`next` and `&mut batch`), `Qp::post_send` (single
 //! requests and lists, inline and not) and `Qp::post_recv` (single and lists) on a real device
 //! make zero allocations; so do the safe posts (`Qp::send_buf`, `send_buf_with`,
 //! `send_inline`, `recv_buf`, and lists with `send_bufs`) with `Cq::reap`, `Qp::reclaim` and
@@ -82,21 +83,33 @@ fn the_counter_sees_allocations() {
 }
 
 /// Polls `cq` until it has handed out `want` completions (checking each succeeded), with
-/// `poll` (`in_place == false`) or `batch`.
-fn take(cq: &mut Cq, want: usize, in_place: bool, wc: &mut [WorkCompletion]) -> u64 {
+/// `poll` (`in_place == false`; `try_poll` when `checked`) or `batch` (iterated as `&mut batch`
+/// when `checked`).
+fn take(cq: &mut Cq, want: usize, in_place: bool, checked: bool, wc: &mut [WorkCompletion]) -> u64 {
     let start = Instant::now();
     let (mut got, mut ids) = (0, 0u64);
     while got < want {
         if in_place {
             let mut b = cq.batch();
-            while let Some(c) = b.next() {
+            let mut count = |c: &WorkCompletion| {
                 assert_eq!(c.status, WcStatus::SUCCESS);
                 ids = ids.wrapping_add(c.wr_id);
                 got += 1;
+            };
+            if checked {
+                (&mut b).for_each(&mut count);
+            } else {
+                while let Some(c) = b.next() {
+                    count(c);
+                }
             }
         } else {
             let room = (want - got).min(wc.len());
-            let n = cq.poll(&mut wc[..room]);
+            let n = if checked {
+                cq.try_poll(&mut wc[..room]).unwrap()
+            } else {
+                cq.poll(&mut wc[..room])
+            };
             for c in &wc[..n] {
                 assert_eq!(c.status, WcStatus::SUCCESS);
                 ids = ids.wrapping_add(c.wr_id);
@@ -164,16 +177,18 @@ fn poll_and_post_make_no_allocation() {
                     ])
                     .unwrap();
             }
-            let in_place = r % 2 == 1;
-            let s = take(&mut p.a.cq, 6, !in_place, &mut wc);
+            let (in_place, checked) = (r % 2 == 1, r % 4 >= 2);
+            let s = take(&mut p.a.cq, 6, !in_place, checked, &mut wc);
             assert_eq!(s, 6 * id + 15, "send completions of round {r}");
-            let v = take(&mut p.b.cq, 4, in_place, &mut wc);
+            let v = take(&mut p.b.cq, 4, in_place, checked, &mut wc);
             assert_eq!(v, 4 * id + 6, "receive completions of round {r}");
             sends += 6;
             recvs += 4;
             // And polls of empty CQs, both ways.
             assert_eq!(p.a.cq.poll(&mut wc), 0);
+            assert_eq!(p.a.cq.try_poll(&mut wc).unwrap(), 0);
             assert!(p.b.cq.batch().next().is_none());
+            assert_eq!((&mut p.b.cq.batch()).count(), 0);
         }
         (sends, recvs)
     });

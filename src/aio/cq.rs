@@ -5,7 +5,8 @@ use crate::cq::Cq;
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
 use crate::wc::WorkCompletion;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 
@@ -25,9 +26,15 @@ pub struct WaitStats {
 /// [`AsyncCq::poll`] is cancellation safe: completions leave the CQ only when it returns them,
 /// so a future dropped before it finished loses none (the CQ may stay armed; the next wait
 /// picks that up).
+///
+/// An overrun is an error, not a wait that never ends: each time the CQ is found empty it is
+/// checked ([`Cq::check`]), and the wait also wakes for async events, so a `CQ_ERR` that comes
+/// after the last completion is seen too.
 pub struct AsyncCq {
     cq: Cq,
     channel: AsyncFd<CompChannel>,
+    /// A duplicate of the context's [`Context::async_fd`].
+    async_events: AsyncFd<OwnedFd>,
     armed: bool,
     stats: WaitStats,
 }
@@ -50,16 +57,27 @@ impl AsyncCq {
         set_nonblocking(channel.as_fd(), "AsyncCq::new")?;
         // SAFETY: the clone keeps the channel's fd open (an `Arc` of it) and always names it.
         let channel = unsafe { register(channel.clone(), "AsyncCq::new") }?;
+        let async_events = cq
+            .inner
+            .ctx
+            .async_events
+            .ready()
+            .try_clone_to_owned()
+            .map_err(|e| Error::io("AsyncCq::new: dup of the async event fd", e))?;
+        // SAFETY: an `OwnedFd` names the fd it owns while it lives.
+        let async_events = unsafe { register(async_events, "AsyncCq::new") }?;
         Ok(Self {
             cq,
             channel,
+            async_events,
             armed: false,
             stats: WaitStats::default(),
         })
     }
 
     /// Waits until at least one completion is ready, then moves up to `wc.len()` of them
-    /// into `wc` and returns how many (`wc` must not be empty).
+    /// into `wc` and returns how many (`wc` must not be empty). [`Error::CqOverrun`] once the
+    /// CQ overran and what fit has been returned.
     pub async fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
         if wc.is_empty() {
             return Err(Error::invalid("AsyncCq::poll", "no room for a completion"));
@@ -69,6 +87,7 @@ impl AsyncCq {
             if n > 0 {
                 return Ok(n);
             }
+            self.cq.check()?;
             if !self.armed {
                 self.cq.req_notify(false)?;
                 self.armed = true;
@@ -76,11 +95,19 @@ impl AsyncCq {
                 // look again before sleeping.
                 continue;
             }
-            let mut ready = self
-                .channel
-                .readable()
-                .await
-                .map_err(|e| reactor_error("AsyncCq::poll", e))?;
+            let (channel, async_events) = (&self.channel, &self.async_events);
+            let woke = std::future::poll_fn(|cx| {
+                if let Poll::Ready(ready) = async_events.poll_read_ready(cx) {
+                    // An async event: the loop's check reads it (ahead of the user).
+                    ready.map_err(|e| reactor_error("AsyncCq::poll", e))?.clear_ready();
+                    return Poll::Ready(Ok(None));
+                }
+                channel
+                    .poll_read_ready(cx)
+                    .map(|ready| ready.map(Some).map_err(|e| reactor_error("AsyncCq::poll", e)))
+            })
+            .await?;
+            let Some(mut ready) = woke else { continue };
             self.stats.wakeups += 1;
             // Each event disarmed the CQ; reading them all leaves the fd empty.
             while self.channel.get_ref().get_event(Some(Duration::ZERO))?.is_some() {

@@ -502,6 +502,9 @@ pub struct AsyncEventDesc {
 }
 assert_layout!(AsyncEventDesc, size 16, event_type @ 8);
 
+/// `IB_EVENT_CQ_ERR`, the `event_type` of a CQ overrun.
+pub const ASYNC_EVENT_CQ_ERR: u32 = 0;
+
 /// Requests whose only user address is `response` (or that have none).
 macro_rules! plain_requests {
     ($($t:ty),* $(,)?) => {

@@ -173,8 +173,9 @@ unsafe fn alloc_context_inner(ibdev: *mut ibv_device, cmd_fd: c_int) -> *mut ver
         Err(e) => return fail(ffi::fail("alloc_context", &e), "opening the uverbs context"),
     };
     // libibverbs reads async events from `async_fd` itself (ibv_get_async_event) and closes
-    // it in verbs_uninit_context: give it its own duplicate of the context's async fd.
-    let async_fd = match dup(core.async_fd()) {
+    // it in verbs_uninit_context: give it its own duplicate of the kernel's async event file
+    // (the drop-in never calls the core's CQ checks, which would read events ahead of it).
+    let async_fd = match dup(core.kernel_async_fd()) {
         Ok(fd) => fd.into_raw_fd(),
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE), "dup of async fd"),
     };
