@@ -347,14 +347,38 @@ fn poll_one(state: &mut CqState, db: &Doorbell, slot: &mut WorkCompletion, op_ow
 /// [`poll_ring`] once the entry at the consumer index is known handed over.
 ///
 /// A run of CQEs from one QP keeps that QP's send state ([`SendRun`]) across them: the QP is
-/// looked up, and its counters loaded and its tail published, once per run. [`run_fast`]
-/// takes the common completions of a run up to the ring's end; anything else comes back
-/// here: the next run, the next pass, or a CQE [`complete`] decodes.
+/// looked up, and its counters loaded and its tail published, once per run. The run at the
+/// consumer index (up to the ring's end) is taken here by [`take_run`], the common case: a
+/// drain of one QP's sends. Anything after it goes to [`drain_rest`].
 #[inline(never)]
 fn drain_ring(state: &mut CqState, db: &Doorbell, out: &mut [WorkCompletion]) -> usize {
     let CqState { ring, qps } = state;
-    let mut ci = ring.ci;
-    let mut done = 0;
+    let ci = ring.ci;
+    let entry = ring.entry(ci);
+    // Handed over (the caller looked), so its user index is the device's.
+    let key = raw32(entry, 32) & UIDX_RAW_MASK;
+    let mut done = match qps.get(u32::from_be(key)) {
+        Some(qp) => {
+            let to_end = (ring.ncqe - (ci & (ring.ncqe - 1))) as usize;
+            let len = out.len().min(to_end);
+            take_run(entry, u8::from(ci & ring.ncqe != 0), &mut out[..len], key, qp)
+        }
+        None => 0,
+    };
+    if done < out.len() {
+        done = drain_rest(ring, qps, done, out);
+    }
+    ring.ci = ci.wrapping_add(done as u32);
+    db.set(SET_CI, ring.ci & 0xff_ffff);
+    done
+}
+
+/// [`drain_ring`] after its first run: `done` completions taken from the consumer index on.
+/// Finds the QP of each further run for [`run_fast`], moves to the next pass, and hands
+/// anything else to the decoder, one CQE at a time.
+#[inline(never)]
+fn drain_rest(ring: &Ring, qps: &QpTable, mut done: usize, out: &mut [WorkCompletion]) -> usize {
+    let mut ci = ring.ci.wrapping_add(done as u32);
     while done < out.len() {
         let entry = ring.entry(ci);
         let pass = u8::from(ci & ring.ncqe != 0);
@@ -379,8 +403,6 @@ fn drain_ring(state: &mut CqState, db: &Doorbell, out: &mut [WorkCompletion]) ->
         ci = ci.wrapping_add(taken as u32);
         done += taken;
     }
-    ring.ci = ci;
-    db.set(SET_CI, ci & 0xff_ffff);
     done
 }
 
@@ -405,11 +427,22 @@ fn fast_opcode(op_own: u8, pass: u8, sop_drop_qpn: u32) -> bool {
 /// not.
 #[inline(always)]
 fn take_fast(entry: NonNull<u8>, sop_drop_qpn: u32, send: &mut SendRun<'_>, out: &mut WorkCompletion) -> bool {
-    // `wqe_counter`, the high half of the word at 60.
-    let Some(wr_id) = send.complete((be32(entry, 60) >> 16) as u16) else {
+    let Some(wr_id) = send.complete(wqe_counter(entry)) else {
         return false;
     };
     let op = (sop_drop_qpn >> 24) as usize;
+    fill(out, wr_id, op, sop_drop_qpn);
+    if op == usize::from(send_opcode::RDMA_READ) {
+        out.byte_len = be32(entry, 44);
+    }
+    true
+}
+
+/// Writes the successful completion of request `wr_id` for a CQE of `sop_drop_qpn`, whose
+/// opcode `op` (its high byte) [`fast_opcode`] accepts, to `out` (but an RDMA READ's
+/// `byte_len`, which is the CQE's byte count).
+#[inline(always)]
+fn fill(out: &mut WorkCompletion, wr_id: u64, op: usize, sop_drop_qpn: u32) {
     let [by_op, flags] = SEND_TABLE.words[op & 0x1f];
     // The completion as its six 8-byte words (the compiler would store it field by field,
     // zeros included): `wr_id`; `status`, `opcode`; `vendor_err`, `byte_len`; `imm_data`,
@@ -421,36 +454,66 @@ fn take_fast(entry: NonNull<u8>, sop_drop_qpn: u32, send: &mut SendRun<'_>, out:
     [words[1], words[2]] = by_op;
     words[3] = pair(0, sop_drop_qpn & 0xff_ffff);
     [words[4], words[5]] = flags;
-    if op == usize::from(send_opcode::RDMA_READ) {
-        out.byte_len = be32(entry, 44);
-    }
-    true
 }
 
-/// [`take_fast`] from `entry` on (entries of one pass, `pass`) while each is a CQE of user
+/// [`take_fast`] from `first` on (entries of one pass, `pass`) while each is a CQE of user
 /// index `key`, of `qp`; returns how many were taken, the QP's send tail published once.
-#[inline(never)]
-fn run_fast(mut entry: NonNull<u8>, pass: u8, out: &mut [WorkCompletion], key: u32, qp: &QpShared) -> usize {
+///
+/// The run goes in segments of CQEs equal to the segment's first in `op_own`,
+/// `sop_drop_qpn` and the user index word. The first is checked as [`take_fast`] does; the
+/// others are compared with it, which makes them pass the same checks and complete with the
+/// same words but `wr_id` (and an RDMA READ's byte count), so the compiler loads those once
+/// per segment. Runs of one QP's completions of one operation are the common case.
+#[inline(always)]
+fn take_run(first: NonNull<u8>, pass: u8, out: &mut [WorkCompletion], key: u32, qp: &QpShared) -> usize {
     let mut send = qp.send_run();
-    let first = entry.as_ptr() as usize;
-    let mut taken = out.len();
-    for slot in out.iter_mut() {
+    let mut slots = out.iter_mut();
+    let Some(mut slot) = slots.next() else {
+        return 0;
+    };
+    let mut entry = first;
+    'segments: loop {
         let op_own = op_own(entry);
         let sop_drop_qpn = be32(entry, 56);
-        if !(fast_opcode(op_own, pass, sop_drop_qpn)
-            && raw32(entry, 32) & UIDX_RAW_MASK == key
-            && take_fast(entry, sop_drop_qpn, &mut send, slot))
-        {
-            taken = (entry.as_ptr() as usize - first) / CQE_SIZE;
+        let uidx_word = raw32(entry, 32);
+        if !(fast_opcode(op_own, pass, sop_drop_qpn) && uidx_word & UIDX_RAW_MASK == key) {
             break;
         }
-        // SAFETY: at most one past the segment's last entry, inside or one past the buffer.
-        entry = unsafe { entry.add(CQE_SIZE) };
+        let op = (sop_drop_qpn >> 24) as usize;
+        loop {
+            let Some(wr_id) = send.complete(wqe_counter(entry)) else {
+                break 'segments;
+            };
+            fill(slot, wr_id, op, sop_drop_qpn);
+            if op == usize::from(send_opcode::RDMA_READ) {
+                slot.byte_len = be32(entry, 44);
+            }
+            // SAFETY: at most one past the run's last entry (`out` holds no more than reach
+            // the ring's end), inside or one past the buffer.
+            entry = unsafe { entry.add(CQE_SIZE) };
+            slot = match slots.next() {
+                Some(slot) => slot,
+                None => break 'segments,
+            };
+            if !(self::op_own(entry) == op_own
+                && raw32(entry, 56) == sop_drop_qpn.to_be()
+                && raw32(entry, 32) == uidx_word)
+            {
+                continue 'segments;
+            }
+        }
     }
+    let taken = (entry.as_ptr() as usize - first.as_ptr() as usize) / CQE_SIZE;
     if taken > 0 {
         send.finish();
     }
     taken
+}
+
+/// [`take_run`] for the runs after a drain's first, out of line.
+#[inline(never)]
+fn run_fast(entry: NonNull<u8>, pass: u8, out: &mut [WorkCompletion], key: u32, qp: &QpShared) -> usize {
+    take_run(entry, pass, out, key, qp)
 }
 
 /// The completion for a handed-over entry the fast path declined.
@@ -458,6 +521,13 @@ fn run_fast(mut entry: NonNull<u8>, pass: u8, out: &mut [WorkCompletion], key: u
 #[inline(never)]
 fn complete_entry(qps: &QpTable, entry: NonNull<u8>, out: &mut WorkCompletion) {
     *out = complete(qps, &Cqe64::parse(&copy_cqe(entry)));
+}
+
+/// A handed-over entry's `wqe_counter`.
+#[inline(always)]
+fn wqe_counter(entry: NonNull<u8>) -> u16 {
+    // SAFETY: bytes 60 and 61 of the entry, 2-aligned.
+    u16::from_be(unsafe { entry.add(60).cast::<u16>().as_ptr().read_volatile() })
 }
 
 /// Reads the big-endian word at `at` of a handed-over entry.
@@ -827,7 +897,9 @@ pub(super) mod tests {
     /// A CQE as the fuzz of this test makes them: mostly successful requester CQEs naming the
     /// next outstanding request (or one later) of a QP, of every send opcode, with random
     /// bytes elsewhere; sometimes a stale or unknown one, a responder CQE, or random bytes.
-    fn random_cqe(rng: &mut crate::testing::Rng, next: &mut [u32; 4]) -> [u8; CQE_SIZE] {
+    /// Most of them repeat `prev`'s `op_own`, `sop_drop_qpn` and user index word (the words a
+    /// drain's segment compares whole), or some of them, with a request of their own.
+    fn random_cqe(rng: &mut crate::testing::Rng, next: &mut [u32; 4], prev: &[u8; CQE_SIZE]) -> [u8; CQE_SIZE] {
         let mut cqe = [0u8; CQE_SIZE];
         cqe.iter_mut().for_each(|x| *x = rng.next_u64() as u8);
         if rng.chance(10) {
@@ -840,7 +912,16 @@ pub(super) mod tests {
         let kinds = if rng.chance(90) { 8 } else { ops.len() as u64 };
         cqe[56] = ops[rng.below(kinds) as usize];
         let uidx = if rng.chance(95) { 1 + rng.below(3) as u32 } else { 9 };
-        cqe[32..36].copy_from_slice(&(uidx | (rng.next_u64() as u32) << 24).to_be_bytes());
+        let srqn_byte = if rng.chance(50) { 0 } else { rng.next_u64() as u32 };
+        cqe[32..36].copy_from_slice(&(uidx | srqn_byte << 24).to_be_bytes());
+        if rng.chance(60) {
+            for words in [32..36, 56..60, OP_OWN..OP_OWN + 1] {
+                if rng.chance(85) {
+                    cqe[words.clone()].copy_from_slice(&prev[words]);
+                }
+            }
+        }
+        let uidx = u32::from_be_bytes([0, cqe[33], cqe[34], cqe[35]]);
         let at = &mut next[uidx.min(3) as usize];
         let request = if rng.chance(95) {
             *at + rng.below(2) as u32
@@ -873,8 +954,10 @@ pub(super) mod tests {
             let mut next = [0u32; 4];
             let mut want = Vec::new();
             let mut got = Vec::new();
+            let mut prev = [0u8; CQE_SIZE];
             for _ in 0..rng.below(60) {
-                let cqe = random_cqe(&mut rng, &mut next);
+                let cqe = random_cqe(&mut rng, &mut next, &prev);
+                prev = cqe;
                 produce(&a, pi, cqe);
                 pi += 1;
                 want.push(complete(&b.lock().state().qps, &Cqe64::parse(&cqe)));
@@ -909,6 +992,40 @@ pub(super) mod tests {
             }
         }
         assert!(fast > 2000 && total - fast > 500, "{fast} of {total} successful");
+    }
+
+    /// A run ends at the first entry of the last pass, even one equal to the run's CQEs but
+    /// for its owner bit and naming a table entry that holds an outstanding request now.
+    #[test]
+    fn runs_end_at_entries_of_the_last_pass() {
+        let cq = shared(8);
+        let qp = Arc::new(QpShared::new(8, 1, None));
+        cq.link(1, qp.clone());
+        let cqe = |request: u32| {
+            let mut b = [0u8; CQE_SIZE];
+            b[32..36].copy_from_slice(&1u32.to_be_bytes());
+            b[56..60].copy_from_slice(&(u32::from(send_opcode::RDMA_WRITE) << 24 | 0x40).to_be_bytes());
+            b[60..62].copy_from_slice(&(request as u16).to_be_bytes());
+            b
+        };
+        let mut out = [WorkCompletion::default(); 8];
+        for (requests, ready) in [(0..8, 8), (8..14, 3)] {
+            for r in requests.clone() {
+                qp.record_send(r, 1, r, 500 + u64::from(r));
+            }
+            qp.publish_sends(requests.end);
+            for r in requests.start..requests.start + ready {
+                produce(&cq, r, cqe(r));
+            }
+            assert_eq!(poll(&cq, &mut out), ready as usize);
+            let wr_ids: Vec<u64> = out[..ready as usize].iter().map(|w| w.wr_id).collect();
+            assert_eq!(
+                wr_ids,
+                (requests.start..requests.start + ready)
+                    .map(|r| 500 + u64::from(r))
+                    .collect::<Vec<_>>()
+            );
+        }
     }
 
     #[test]
