@@ -270,3 +270,43 @@ fn an_overrun_ends_the_wait_with_an_error() {
         );
     });
 }
+
+/// Safe posts awaited with `AsyncCq::reap`: every completion gives its buffer back to the QP,
+/// each exactly once, and nothing is left held.
+#[test]
+fn reaped_completions_give_the_safe_posts_buffers_back() {
+    const N: usize = 1000;
+    let rt = runtime();
+    rt.block_on(async {
+        let mut p = async_pair();
+        let region = p._pd.alloc_mr(32 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut bufs = region.into_bufs(8).unwrap();
+        let total = bufs.len();
+        let (mut sent, mut back) = (0, 0);
+        let mut wc = [WorkCompletion::default(); 16];
+        while back < N {
+            while sent < N {
+                let Some(mut buf) = bufs.pop() else { break };
+                buf.fill_from(&(sent as u64).to_le_bytes()).unwrap();
+                p.a.send_buf(SendOp::RdmaWrite(p.remote), buf)
+                    .map_err(|r| r.error)
+                    .unwrap();
+                sent += 1;
+            }
+            let reaped = tokio::time::timeout(TIMEOUT, p.acq.reap(&mut wc))
+                .await
+                .unwrap_or_else(|_| panic!("no completion within {TIMEOUT:?} after {back}"))
+                .unwrap();
+            assert!(!reaped.is_empty(), "a wait returns completions");
+            for c in reaped.iter() {
+                assert!(c.is_success(), "{c:?}");
+            }
+            let got = p.a.reclaim_all(&reaped, &mut bufs);
+            assert_eq!(got, reaped.len(), "one buffer per signaled completion");
+            back += got;
+        }
+        assert_eq!((sent, back, bufs.len()), (N, N, total));
+        assert_eq!(p.a.held_bufs(), (0, 0));
+        assert_eq!(p.acq.get_mut().poll(&mut wc), 0, "nothing left over");
+    });
+}

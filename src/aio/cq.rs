@@ -4,6 +4,7 @@ use super::{reactor_error, register, set_nonblocking};
 use crate::cq::Cq;
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
+use crate::owned::Reaped;
 use crate::wc::WorkCompletion;
 use std::os::fd::{AsFd, OwnedFd};
 use std::task::Poll;
@@ -116,6 +117,15 @@ impl AsyncCq {
             }
             ready.clear_ready();
         }
+    }
+
+    /// Waits like [`AsyncCq::poll`], then hands the completions over as
+    /// [`Completion`](crate::Completion)s, which [`Qp::reclaim`](crate::Qp::reclaim) and
+    /// [`Srq::reclaim`](crate::Srq::reclaim) turn back into the safe posts' buffers (the
+    /// awaited form of [`Cq::reap`]). Cancellation safe, as `poll` is.
+    pub async fn reap<'w>(&mut self, wc: &'w mut [WorkCompletion]) -> Result<Reaped<'w>> {
+        let n = self.poll(wc).await?;
+        Ok(Reaped::new(&wc[..n], self.cq.identity()))
     }
 
     /// How often [`AsyncCq::poll`] slept and woke.
