@@ -208,7 +208,8 @@ fn wait_buf(cq: &mut Cq, qps: &mut [&mut Qp]) -> DemoResult<(WorkCompletion, Buf
     let mut wc = [WorkCompletion::default()];
     let start = Instant::now();
     loop {
-        if let Some(c) = cq.reap(&mut wc).iter().next() {
+        // `try_reap`: an overrun CQ ends the wait with an error instead of an empty poll forever.
+        if let Some(c) = cq.try_reap(&mut wc)?.iter().next() {
             c.result()?;
             let buf = qps
                 .iter_mut()
@@ -216,8 +217,6 @@ fn wait_buf(cq: &mut Cq, qps: &mut [&mut Qp]) -> DemoResult<(WorkCompletion, Buf
                 .ok_or("a completion that gives no buffer back")?;
             return Ok((*c, buf));
         }
-        // An overrun CQ ends the wait with an error instead of an empty poll forever.
-        cq.check()?;
         if start.elapsed() > Duration::from_secs(30) {
             return Err("no completion within 30 s".into());
         }

@@ -173,6 +173,14 @@ impl Cq {
         let n = self.poll(wc);
         Reaped::new(&wc[..n], self.identity())
     }
+
+    /// [`Cq::reap`] through [`Cq::try_poll`]: the completions that fit, then
+    /// [`Error::CqOverrun`] once the CQ overran, though nobody reads async events.
+    #[inline]
+    pub fn try_reap<'w>(&mut self, wc: &'w mut [WorkCompletion]) -> Result<Reaped<'w>> {
+        let n = self.try_poll(wc)?;
+        Ok(Reaped::new(&wc[..n], self.identity()))
+    }
 }
 
 /// A post that failed, with the buffer if it was not posted.
@@ -360,6 +368,10 @@ impl Qp {
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]
     /// gives it back, its length set to the bytes received. Not for QPs on an SRQ: their
     /// receives are the SRQ's ([`crate::Srq::recv_buf`]).
+    ///
+    /// Posted while the QP is in [`QpState::Err`], the receive may never complete, not
+    /// even flushed (rxe on Linux 6.1, as [`Qp::post_recv`] says): its buffer then stays held
+    /// until the QP is destroyed. Move the QP to RESET before posting again.
     pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
         let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
             Ok(id) => id,

@@ -248,6 +248,10 @@ fn overrun_fails_the_checked_poll_of_a_poller_that_reads_no_events() {
         matches!(p.a.cq.try_poll(&mut wc), Err(Error::CqOverrun { .. })),
         "every call after"
     );
+    assert!(
+        matches!(p.a.cq.try_reap(&mut wc), Err(Error::CqOverrun { .. })),
+        "the safe posts' reap too"
+    );
     assert!(matches!(p.a.cq.check(), Err(Error::CqOverrun { .. })));
     assert!(matches!(p.a.cq.req_notify(false), Err(Error::CqOverrun { .. })));
     assert_eq!(p.b.cq.try_poll(&mut wc).unwrap(), 0, "the other CQ is fine");
