@@ -12,14 +12,6 @@ use std::time::Duration;
 use uverbs::aio::{AsyncCq, AsyncEvents};
 use uverbs::*;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
 /// Two connected RC QPs; `a` completes into an awaitable CQ.
 struct AsyncPair {
     a: Qp,

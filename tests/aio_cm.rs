@@ -21,14 +21,6 @@ use uverbs::*;
 
 const T: Duration = Duration::from_secs(20);
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
 /// A future that counts how often it was polled: on a current-thread runtime each poll of a
 /// spawned task after the first is a wake-up.
 struct Counted<F> {

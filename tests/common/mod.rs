@@ -12,6 +12,15 @@ use uverbs::*;
 /// How long a test waits for completions before failing.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A current-thread tokio runtime with I/O and timers, for the `uverbs::aio` tests.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
 /// Opens the device named by `UVERBS_TEST_DEVICE`, or the first one.
 pub fn open_test_device() -> Context {
     let name = std::env::var("UVERBS_TEST_DEVICE").ok();
