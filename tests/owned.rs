@@ -407,6 +407,62 @@ fn a_list_of_buffers_is_posted_a_doorbell_per_32_and_every_buffer_comes_back() {
 }
 
 #[test]
+fn a_later_list_sends_its_own_operation_and_buffers() {
+    // The QP keeps its request array between lists: each list must still go out with its own
+    // operation, flags and buffers (a shorter one after a longer, an immediate after none).
+    const N: usize = 40;
+    let mut p = Pair::new();
+    for b in bufs(&p.pd, N + N / 2, MSG) {
+        p.b.qp.recv_buf(b).unwrap();
+    }
+    let mut list = bufs(&p.pd, N, MSG);
+    for (seq, b) in list.iter_mut().enumerate() {
+        b.fill_from(&message(seq as u64)).unwrap();
+    }
+    p.a.qp.send_bufs(SendOp::Send, &mut list, SendFlags::SIGNALED).unwrap();
+    let mut sent = reclaim_n(&mut p.a.qp, &mut p.a.cq, N);
+    let mut wc = [WorkCompletion::default(); 16];
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.len() < N {
+        for c in p.b.cq.reap(&mut wc).iter() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+            let imm = c.imm();
+            let b = p.b.qp.reclaim(c).expect("a receive's buffer");
+            got.push((imm, b.as_slice().to_vec()));
+        }
+        assert!(start.elapsed() < TIMEOUT, "{} of {N} received", got.len());
+    }
+    // The second half of the buffers, in reverse, as sends with an immediate.
+    let mut list: Vec<Buf> = sent.drain(N / 2..).rev().collect();
+    for (seq, b) in list.iter_mut().enumerate() {
+        b.fill_from(&message(1000 + seq as u64)).unwrap();
+    }
+    p.a.qp
+        .send_bufs(SendOp::SendWithImm { imm: 7 }, &mut list, SendFlags::SIGNALED)
+        .unwrap();
+    reclaim_n(&mut p.a.qp, &mut p.a.cq, N / 2);
+    while got.len() < N + N / 2 {
+        for c in p.b.cq.reap(&mut wc).iter() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+            let imm = c.imm();
+            let b = p.b.qp.reclaim(c).expect("a receive's buffer");
+            got.push((imm, b.as_slice().to_vec()));
+        }
+        assert!(start.elapsed() < TIMEOUT, "{} of {} received", got.len(), N + N / 2);
+    }
+    for (seq, (imm, bytes)) in got.iter().enumerate() {
+        let (want_imm, want) = if seq < N {
+            (None, message(seq as u64))
+        } else {
+            (Some(7), message(1000 + (seq - N) as u64))
+        };
+        assert_eq!((*imm, bytes.as_slice()), (want_imm, &want[..]), "message {seq}");
+    }
+    assert_eq!((p.a.qp.held_bufs(), p.b.qp.held_bufs()), ((0, 0), (0, 0)));
+}
+
+#[test]
 fn a_list_longer_than_the_queue_posts_what_fits_and_hands_the_rest_back_in_order() {
     const N: usize = 80;
     let mut p = Pair::with(PairOpts {
