@@ -182,12 +182,16 @@ impl Held {
 
     /// Posts the buffers of `bufs`, in order, in lists of at most [`LIST`] requests, each
     /// request `op` with `flags`, the next id and its buffer's SGE, the buffer in the request's
-    /// slot; `post` gets each list. Returns how many requests were posted, and why it stopped
-    /// if it did before the end of `bufs`: then the buffers not posted are back in `bufs`, in
-    /// order (those of the last list's requests from the rejected one on,
-    /// [`Error::WorkRequest`]'s index, then those not reached), and the QP holds the rest of
-    /// that list as posted (after any other error the provider may have queued it all). No
-    /// allocation unless it stops.
+    /// slot; `post` gets each list. Returns how many requests the lists before the last one
+    /// posted, and why it stopped if it did before the end of `bufs`: then the buffers not
+    /// posted are back in `bufs`, in order (those of the last list's requests from the
+    /// rejected one on, [`Error::WorkRequest`]'s index, then those not reached), and the QP
+    /// holds the rest of that list as posted (after any other error the provider may have
+    /// queued it all). No allocation: `bufs` keeps its capacity.
+    ///
+    /// Each request costs a load of its buffer, a store into its slot and two into the kept
+    /// array (its id and its SGE).
+    #[allow(unsafe_code)] // moves the buffers out of `bufs` by hand, slots indexed unchecked
     pub(crate) fn post_list(
         &mut self,
         bufs: &mut Vec<Buf>,
@@ -195,25 +199,8 @@ impl Held {
         flags: SendFlags,
         mut post: impl FnMut(&[SendWr<'_>]) -> Result<()>,
     ) -> (usize, Option<ListStop>) {
-        let mut refused = Vec::new();
-        let (posted, stop) = self.post_drained(&mut bufs.drain(..), op, flags, &mut post, &mut refused);
-        // The drain is gone: `bufs` is empty, its capacity kept.
-        bufs.append(&mut refused);
-        (posted, stop)
-    }
-
-    /// [`Held::post_list`] from `bufs`; the buffers not posted go into `refused`. Each request
-    /// costs one slot store and two stores into the kept array (its id and its SGE's address).
-    #[allow(unsafe_code)] // the slots indexed unchecked, the kept array written in place
-    fn post_drained(
-        &mut self,
-        bufs: &mut std::vec::Drain<'_, Buf>,
-        op: SendOp,
-        flags: SendFlags,
-        post: &mut impl FnMut(&[SendWr<'_>]) -> Result<()>,
-        refused: &mut Vec<Buf>,
-    ) -> (usize, Option<ListStop>) {
-        if bufs.len() == 0 {
+        let all = bufs.len();
+        if all == 0 {
             return (0, None);
         }
         let Self { slots, mask, ids, list } = self;
@@ -221,34 +208,43 @@ impl Held {
         // Every slot is reached through this pointer (masked, so within the ring) until the
         // last list is posted: no reference to the ring is made meanwhile.
         let ring = slots.as_mut_ptr();
-        let mut posted = 0;
-        loop {
+        // The buffers are moved out of `bufs` as they are posted, its length 0 meanwhile (a
+        // panic in `post` would leak the rest, never free one twice); those not posted are
+        // moved back to its front before it returns.
+        // SAFETY: 0 is no more than the capacity, and nothing is dropped.
+        unsafe { bufs.set_len(0) };
+        let from = bufs.as_mut_ptr();
+        // Buffers moved out of `bufs` (read) and held by the posted requests.
+        let (mut read, mut posted) = (0, 0);
+        let mut stop = None;
+        while read < all {
             // `room` free slots follow `next` (nothing is released during the call).
             let room = match ids.room() {
                 Ok(room) => room,
                 Err(reason) => {
-                    refused.extend(bufs);
-                    return (posted, Some(ListStop::Room(reason)));
+                    stop = Some(ListStop::Room(reason));
+                    break;
                 }
             };
-            let want = room.min(wrs.len()).min(bufs.len());
-            if want == 0 {
+            let n = room.min(wrs.len()).min(all - read);
+            if n == 0 {
                 // No array (no send queue): `room` rules that out.
-                refused.extend(bufs);
-                return (posted, Some(ListStop::Room(WrReject::QueueFull)));
+                stop = Some(ListStop::Room(WrReject::QueueFull));
+                break;
             }
             let first = ids.next;
-            let mut n = 0;
-            for (wr, buf) in wrs[..want].iter_mut().zip(bufs.by_ref()) {
-                let id = first + n as u64;
-                // SAFETY: `mask` is the ring's length less one (a power of two), so the slot is
-                // in the ring; it is free (`room` counted it: its last request was released),
-                // so writing over its `None` forgets nothing. The SGE is read back from the
-                // slot (the buffer's box, which stays put while the slot holds it: until a
-                // completion of this request or the QP's destruction releases it, or the
-                // refusal below takes it back, after `post` returned). The array entry is
-                // initialised (`prepared`); only its id and SGE change.
+            for (k, wr) in wrs[..n].iter_mut().enumerate() {
+                let id = first + k as u64;
+                // SAFETY: `read + k` is below `all`, the length `bufs` had: that buffer is
+                // read once, so moved. `mask` is the ring's length less one (a power of two),
+                // so the slot is in the ring; it is free (`room` counted it: its last request
+                // was released), so writing over its `None` forgets nothing. The SGE is read
+                // back from the slot (the buffer's box, which stays put while the slot holds
+                // it: until a completion of this request or the QP's destruction releases
+                // it, or the refusal below takes it back after `post` returned). The array
+                // entry is initialised (`prepared`); only its id and SGE change.
                 unsafe {
+                    let buf = from.add(read + k).read();
                     let slot = ring.add(id as usize & *mask);
                     slot.write(Some(buf));
                     let sge = sge_of(&*slot);
@@ -256,8 +252,8 @@ impl Held {
                     std::ptr::addr_of_mut!((*wr).wr_id).write(id);
                     std::ptr::addr_of_mut!((*wr).sg_list).write(std::slice::from_ref(sge));
                 }
-                n += 1;
             }
+            read += n;
             // SAFETY: the first `n` entries were just given their ids and the SGEs of the
             // buffers in their slots (alive until `post` returns, and longer); the rest of each
             // is the template `prepared` wrote. `MaybeUninit<T>` has `T`'s layout.
@@ -268,22 +264,31 @@ impl Held {
                     Error::WorkRequest { index, .. } => index.min(n),
                     _ => n,
                 };
+                let mut back = 0;
                 for k in taken..n {
                     let at = (first as usize).wrapping_add(k) & *mask;
                     // SAFETY: in the ring, as above; the provider did not queue this request,
-                    // so nothing else names its buffer.
-                    refused.extend(unsafe { (*ring.add(at)).take() });
+                    // so nothing else names its buffer. It goes to the front of `bufs`, below
+                    // `read - n + k`, where the buffers not read yet (from `read` on) are not.
+                    unsafe {
+                        if let Some(buf) = (*ring.add(at)).take() {
+                            from.add(back).write(buf);
+                            back += 1;
+                        }
+                    }
                 }
                 ids.next += taken as u64;
-                refused.extend(bufs);
-                return (posted, Some(ListStop::Post(e)));
+                stop = Some(ListStop::Post(e));
+                // SAFETY: `back` buffers are at the front; the unread ones follow them.
+                unsafe { give_back(bufs, back, read, all) };
+                return (posted, stop);
             }
             ids.next += n as u64;
             posted += n;
-            if n < want || bufs.len() == 0 {
-                return (posted, None);
-            }
         }
+        // SAFETY: no buffer at the front; those from `read` on were not read.
+        unsafe { give_back(bufs, 0, read, all) };
+        (posted, stop)
     }
 
     /// The id for a request that holds no buffer (an inline send): counted like the others,
@@ -325,6 +330,23 @@ impl Held {
             }
         }
         None
+    }
+}
+
+/// Ends [`Held::post_list`]: `bufs` holds the `front` buffers at its start, then the buffers
+/// at `read..all` (not read), which move down to follow them.
+///
+/// # Safety
+/// `bufs` has length 0 and `all` initialised buffers' room; the first `front` slots hold
+/// buffers, `front <= read <= all`, and those at `read..all` were never moved out.
+#[allow(unsafe_code)]
+unsafe fn give_back(bufs: &mut Vec<Buf>, front: usize, read: usize, all: usize) {
+    let at = bufs.as_mut_ptr();
+    // SAFETY: both ranges are within the `all` slots (the caller's contract), `copy` allows
+    // them to overlap, and the length then counts exactly the buffers present.
+    unsafe {
+        std::ptr::copy(at.add(read), at.add(front), all - read);
+        bufs.set_len(front + all - read);
     }
 }
 

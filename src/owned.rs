@@ -275,7 +275,7 @@ impl Qp {
     /// order; after another error from the provider the QP holds the buffers of the list that
     /// doorbell was for (as in [`Refused::buf`]) and those after it are back in `bufs`. The
     /// requests come from an array the QP keeps (filled again only when `op` or `flags`
-    /// change), each buffer's SGE named where the QP keeps it. No allocation unless it fails.
+    /// change), each buffer's SGE named where the QP keeps it. No allocation.
     pub fn send_bufs(&mut self, op: SendOp, bufs: &mut Vec<Buf>, flags: SendFlags) -> Result<()> {
         self.owner.check("post_send")?;
         let queues = &mut self.queues;
