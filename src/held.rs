@@ -182,7 +182,7 @@ impl Held {
 
     /// Posts the buffers of `bufs`, in order, in lists of at most [`LIST`] requests, each
     /// request `op` with `flags`, the next id and its buffer's SGE, the buffer in the request's
-    /// slot; `post` gets each list. Returns how many requests the lists before the last one
+    /// slot; `post` gets each list. Returns how many requests the lists `post` took whole
     /// posted, and why it stopped if it did before the end of `bufs`: then the buffers not
     /// posted are back in `bufs`, in order (those of the last list's requests from the
     /// rejected one on, [`Error::WorkRequest`]'s index, then those not reached), and the QP

@@ -36,7 +36,10 @@
 //!    post took it by value, so the caller cannot read, write, reuse or drop it (the
 //!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
 //!    puts it in the QP's slot for the request first, the request names the SGE in that box,
-//!    and the provider copies the SGE into its work queue entry before returning. If the
+//!    and the provider copies the SGE into its work queue entry before returning. (The
+//!    request array the QP keeps for lists may go on naming the SGE of a buffer given back
+//!    since, but only as `MaybeUninit` bits that are never read: a list post writes each
+//!    entry's SGE before it hands the entry on, `src/held.rs`.) If the
 //!    provider rejected the request ([`crate::Error::WorkRequest`] names it; in a list,
 //!    [`Qp::send_bufs`], it and those after it), none of it was queued and the buffer comes
 //!    back at once; after any other error the provider may have queued it (a doorbell that
