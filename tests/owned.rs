@@ -463,6 +463,58 @@ fn a_later_list_sends_its_own_operation_and_buffers() {
 }
 
 #[test]
+fn a_list_refused_midway_posts_the_requests_before_and_hands_the_rest_back_in_order() {
+    // Fetch-and-adds of 8-byte buffers, but the 35th buffer holds 4 bytes: the provider
+    // refuses that request (the third of the second doorbell's list), takes the 34 before it,
+    // and the refused buffer comes back first, then the five not reached, in order.
+    const N: usize = 40;
+    const SHORT: usize = 34;
+    let mut p = Pair::new();
+    let atomic_at = p.b.mr.remote(2048).unwrap();
+    p.b.mr.write(2048, &0u64.to_ne_bytes()).unwrap();
+    let mut list = bufs(&p.pd, N, 8);
+    for (seq, b) in list.iter_mut().enumerate() {
+        if seq == SHORT {
+            b.fill_from(&[0xaa; 4]).unwrap();
+        } else {
+            b.fill_from(&(seq as u64).to_ne_bytes()).unwrap();
+        }
+    }
+    let op = SendOp::FetchAdd {
+        remote: atomic_at,
+        add: 1,
+    };
+    let e = p.a.qp.send_bufs(op, &mut list, SendFlags::SIGNALED).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WorkRequest {
+                index: SHORT,
+                reason: WrReject::BadAtomic,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!((list.len(), p.a.qp.held_bufs()), (N - SHORT, (SHORT, 0)));
+    assert_eq!(list[0].as_slice(), [0xaa; 4], "the refused buffer first");
+    for (b, seq) in list[1..].iter().zip(SHORT + 1..) {
+        assert_eq!(
+            b.as_slice(),
+            (seq as u64).to_ne_bytes(),
+            "then those not reached, in order"
+        );
+    }
+    reclaim_n(&mut p.a.qp, &mut p.a.cq, SHORT);
+    assert_eq!(
+        p.b.mr.to_vec(2048, 8).unwrap(),
+        (SHORT as u64).to_ne_bytes(),
+        "each request before the refused one added 1"
+    );
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
+}
+
+#[test]
 fn a_list_longer_than_the_queue_posts_what_fits_and_hands_the_rest_back_in_order() {
     const N: usize = 80;
     let mut p = Pair::with(PairOpts {
