@@ -8,7 +8,8 @@ pub(crate) use srq::{SrqHeld, SrqMembers};
 
 use crate::error::{Error, Result, WrReject};
 use crate::mr::Buf;
-use crate::wr::{SendWr, Sge};
+use crate::wr::{SendFlags, SendOp, SendWr, Sge};
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Set in every id given to a request here; a raw post must not use such `wr_id`s on a QP
@@ -37,6 +38,56 @@ pub(crate) struct Held {
     /// `slots.len() - 1`.
     mask: usize,
     ids: Ids,
+    /// The request array of [`Held::post_list`] (none for a receive queue).
+    list: Prepared,
+}
+
+/// The most requests [`Held::post_list`] hands the provider at once.
+pub(crate) const LIST: usize = 32;
+
+/// The request array [`Held::post_list`] posts from, kept with the queue so that it is filled
+/// from a template once, not for every call: while the operation and flags stay those of the
+/// last list, a post writes only each request's id and SGE.
+struct Prepared {
+    /// [`LIST`] entries (or none). Each is an initialised request of `filled`'s operation and
+    /// flags, no UD destination, except that its SGE may name a buffer given back since (never
+    /// read: a post writes the SGEs of the entries it hands on). `MaybeUninit` asserts nothing
+    /// about those stale SGEs; the lifetime is only what the entries are stored as.
+    wrs: Box<[MaybeUninit<SendWr<'static>>]>,
+    /// The operation and flags every entry holds, once filled.
+    filled: Option<(SendOp, SendFlags)>,
+}
+
+impl Prepared {
+    fn new(len: usize) -> Self {
+        Self {
+            wrs: (0..len).map(|_| MaybeUninit::uninit()).collect(),
+            filled: None,
+        }
+    }
+
+    /// The array, every entry `op` with `flags` (filled again if the last list's differed).
+    #[inline]
+    fn prepared(&mut self, op: SendOp, flags: SendFlags) -> &mut [MaybeUninit<SendWr<'static>>] {
+        if self.filled != Some((op, flags)) {
+            self.fill(op, flags);
+        }
+        &mut self.wrs
+    }
+
+    #[cold]
+    fn fill(&mut self, op: SendOp, flags: SendFlags) {
+        for wr in self.wrs.iter_mut() {
+            wr.write(SendWr {
+                wr_id: 0,
+                op,
+                sg_list: &[],
+                flags,
+                ud: None,
+            });
+        }
+        self.filled = Some((op, flags));
+    }
 }
 
 /// The ids of the requests a [`Held`] counts (apart from its slots, so that a list can borrow
@@ -73,6 +124,7 @@ impl Held {
         Self {
             slots: (0..cap).map(|_| None).collect(),
             mask: cap - 1,
+            list: Prepared::new(if recv || depth == 0 { 0 } else { LIST }),
             ids: Ids {
                 depth: if depth == 0 { 0 } else { cap as u64 },
                 next: 0,
@@ -128,111 +180,115 @@ impl Held {
         self.slots[at].take().expect("claimed just before")
     }
 
-    /// Posts the buffers of `bufs`, in order, in lists of at most `N` requests, each request
-    /// `template` with the next id and its buffer's SGE, the buffer in the request's slot;
-    /// `post` gets each list. Returns how many requests were posted, and why it stopped if it
-    /// did before the end of `bufs`: then the buffers not posted are back in `bufs`, in order
-    /// (those of the last list's requests from the rejected one on, [`Error::WorkRequest`]'s
-    /// index, then those not reached), and the QP holds the rest of that list as posted
-    /// (after any other error the provider may have queued it all). No allocation unless it
-    /// stops.
-    pub(crate) fn post_list<const N: usize>(
+    /// Posts the buffers of `bufs`, in order, in lists of at most [`LIST`] requests, each
+    /// request `op` with `flags`, the next id and its buffer's SGE, the buffer in the request's
+    /// slot; `post` gets each list. Returns how many requests the lists `post` took whole
+    /// posted, and why it stopped if it did before the end of `bufs`: then the buffers not
+    /// posted are back in `bufs`, in order (those of the last list's requests from the
+    /// rejected one on, [`Error::WorkRequest`]'s index, then those not reached), and the QP
+    /// holds the rest of that list as posted (after any other error the provider may have
+    /// queued it all). No allocation: `bufs` keeps its capacity.
+    ///
+    /// Each request costs a load of its buffer, a store into its slot and two into the kept
+    /// array (its id and its SGE).
+    #[allow(unsafe_code)] // moves the buffers out of `bufs` by hand, slots indexed unchecked
+    pub(crate) fn post_list(
         &mut self,
         bufs: &mut Vec<Buf>,
-        template: SendWr<'_>,
+        op: SendOp,
+        flags: SendFlags,
         mut post: impl FnMut(&[SendWr<'_>]) -> Result<()>,
     ) -> (usize, Option<ListStop>) {
-        let mut refused = Vec::new();
-        let (posted, stop) = self.post_drained::<N>(&mut bufs.drain(..), template, &mut post, &mut refused);
-        // The drain is gone: `bufs` is empty, its capacity kept.
-        bufs.append(&mut refused);
-        (posted, stop)
-    }
-
-    /// [`Held::post_list`] from `bufs`; the buffers not posted go into `refused`.
-    fn post_drained<const N: usize>(
-        &mut self,
-        bufs: &mut std::vec::Drain<'_, Buf>,
-        template: SendWr<'_>,
-        post: &mut impl FnMut(&[SendWr<'_>]) -> Result<()>,
-        refused: &mut Vec<Buf>,
-    ) -> (usize, Option<ListStop>) {
-        let Self { slots, mask, ids } = self;
-        if bufs.len() == 0 {
+        let all = bufs.len();
+        if all == 0 {
             return (0, None);
         }
-        // The first request may start a new block of ids; the others follow it.
-        if let Err(reason) = ids.room() {
-            refused.extend(bufs);
-            return (0, Some(ListStop::Room(reason)));
-        }
-        // The slots of the requests to come, in order, each once: a call takes no more
-        // requests than the free slots after `next` (nothing is released meanwhile). `ahead`
-        // runs to the end of the ring, `wrapped` from its start.
-        let (wrapped, ahead) = slots.split_at_mut(ids.next as usize & *mask);
-        let (mut ahead, mut wrapped) = (ahead, wrapped);
-        let mut wrs = [template; N];
-        let mut posted = 0;
-        while bufs.len() > 0 {
+        let Self { slots, mask, ids, list } = self;
+        let wrs = list.prepared(op, flags);
+        // Every slot is reached through this pointer (masked, so within the ring) until the
+        // last list is posted: no reference to the ring is made meanwhile.
+        let ring = slots.as_mut_ptr();
+        // The buffers are moved out of `bufs` as they are posted, its length 0 meanwhile (a
+        // panic in `post` would leak the rest, never free one twice); those not posted are
+        // moved back to its front before it returns.
+        // SAFETY: 0 is no more than the capacity, and nothing is dropped.
+        unsafe { bufs.set_len(0) };
+        let from = bufs.as_mut_ptr();
+        // Buffers moved out of `bufs` (read) and held by the posted requests.
+        let (mut read, mut posted) = (0, 0);
+        let mut stop = None;
+        while read < all {
+            // `room` free slots follow `next` (nothing is released during the call).
             let room = match ids.room() {
                 Ok(room) => room,
                 Err(reason) => {
-                    refused.extend(bufs);
-                    return (posted, Some(ListStop::Room(reason)));
-                }
-            };
-            let want = room.min(N).min(bufs.len());
-            let (mut n, mut short) = (0, false);
-            while n < want && !short {
-                if ahead.is_empty() {
-                    ahead = std::mem::take(&mut wrapped);
-                }
-                let rest = std::mem::take(&mut ahead);
-                let k = (want - n).min(rest.len());
-                if k == 0 {
-                    // The ring ran out, which `room` rules out.
+                    stop = Some(ListStop::Room(reason));
                     break;
                 }
-                let (now, later) = rest.split_at_mut(k);
-                ahead = later;
-                let start = n;
-                // `bufs` last: it gives a buffer only once the request and the slot are there.
-                for ((wr, slot), buf) in wrs[n..].iter_mut().zip(now).zip(bufs.by_ref()) {
-                    // Free, as in `claim`.
-                    std::mem::forget(slot.replace(buf));
-                    wr.sg_list = std::slice::from_ref(sge_of(slot));
-                    wr.wr_id = ids.next + n as u64;
-                    n += 1;
-                }
-                // `bufs` ran out early (its length was wrong): this list is the last, so
-                // no later request takes a slot out of turn.
-                short = n - start < k;
-            }
+            };
+            let n = room.min(wrs.len()).min(all - read);
             if n == 0 {
-                refused.extend(bufs);
-                return (posted, Some(ListStop::Room(WrReject::QueueFull)));
+                // No array (no send queue): `room` rules that out.
+                stop = Some(ListStop::Room(WrReject::QueueFull));
+                break;
             }
-            if let Err(e) = post(&wrs[..n]) {
+            let first = ids.next;
+            for (k, wr) in wrs[..n].iter_mut().enumerate() {
+                let id = first + k as u64;
+                // SAFETY: `read + k` is below `all`, the length `bufs` had: that buffer is
+                // read once, so moved. `mask` is the ring's length less one (a power of two),
+                // so the slot is in the ring; it is free (`room` counted it: its last request
+                // was released), so writing over its `None` forgets nothing. The SGE is read
+                // back from the slot (the buffer's box, which stays put while the slot holds
+                // it: until a completion of this request or the QP's destruction releases
+                // it, or the refusal below takes it back after `post` returned). The array
+                // entry is initialised (`prepared`); only its id and SGE change.
+                unsafe {
+                    let buf = from.add(read + k).read();
+                    let slot = ring.add(id as usize & *mask);
+                    slot.write(Some(buf));
+                    let sge = sge_of(&*slot);
+                    let wr = wr.as_mut_ptr();
+                    std::ptr::addr_of_mut!((*wr).wr_id).write(id);
+                    std::ptr::addr_of_mut!((*wr).sg_list).write(std::slice::from_ref(sge));
+                }
+            }
+            read += n;
+            // SAFETY: the first `n` entries were just given their ids and the SGEs of the
+            // buffers in their slots (alive until `post` returns, and longer); the rest of each
+            // is the template `prepared` wrote. `MaybeUninit<T>` has `T`'s layout.
+            let ready = unsafe { std::slice::from_raw_parts(wrs.as_ptr().cast::<SendWr<'_>>(), n) };
+            if let Err(e) = post(ready) {
                 // Only a work-request rejection says what was not queued.
                 let taken = match e {
                     Error::WorkRequest { index, .. } => index.min(n),
                     _ => n,
                 };
+                let mut back = 0;
                 for k in taken..n {
-                    let at = (ids.next as usize).wrapping_add(k) & *mask;
-                    refused.extend(slots[at].take());
+                    let at = (first as usize).wrapping_add(k) & *mask;
+                    // SAFETY: in the ring, as above; the provider did not queue this request,
+                    // so nothing else names its buffer. It goes to the front of `bufs`, below
+                    // `read - n + k`, where the buffers not read yet (from `read` on) are not.
+                    unsafe {
+                        if let Some(buf) = (*ring.add(at)).take() {
+                            from.add(back).write(buf);
+                            back += 1;
+                        }
+                    }
                 }
                 ids.next += taken as u64;
-                refused.extend(bufs);
-                return (posted, Some(ListStop::Post(e)));
+                stop = Some(ListStop::Post(e));
+                // SAFETY: `back` buffers are at the front; the unread ones follow them.
+                unsafe { give_back(bufs, back, read, all) };
+                return (posted, stop);
             }
             ids.next += n as u64;
             posted += n;
-            if short {
-                break;
-            }
         }
-        (posted, None)
+        // SAFETY: no buffer at the front; those from `read` on were not read.
+        unsafe { give_back(bufs, 0, read, all) };
+        (posted, stop)
     }
 
     /// The id for a request that holds no buffer (an inline send): counted like the others,
@@ -274,6 +330,23 @@ impl Held {
             }
         }
         None
+    }
+}
+
+/// Ends [`Held::post_list`]: `bufs` holds the `front` buffers at its start, then the buffers
+/// at `read..all` (not read), which move down to follow them.
+///
+/// # Safety
+/// `bufs` has length 0 and `all` initialised buffers' room; the first `front` slots hold
+/// buffers, `front <= read <= all`, and those at `read..all` were never moved out.
+#[allow(unsafe_code)]
+unsafe fn give_back(bufs: &mut Vec<Buf>, front: usize, read: usize, all: usize) {
+    let at = bufs.as_mut_ptr();
+    // SAFETY: both ranges are within the `all` slots (the caller's contract), `copy` allows
+    // them to overlap, and the length then counts exactly the buffers present.
+    unsafe {
+        std::ptr::copy(at.add(read), at.add(front), all - read);
+        bufs.set_len(front + all - read);
     }
 }
 

@@ -36,7 +36,10 @@
 //!    post took it by value, so the caller cannot read, write, reuse or drop it (the
 //!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
 //!    puts it in the QP's slot for the request first, the request names the SGE in that box,
-//!    and the provider copies the SGE into its work queue entry before returning. If the
+//!    and the provider copies the SGE into its work queue entry before returning. (The
+//!    request array the QP keeps for lists may go on naming the SGE of a buffer given back
+//!    since, but only as `MaybeUninit` bits that are never read: a list post writes each
+//!    entry's SGE before it hands the entry on, `src/held.rs`.) If the
 //!    provider rejected the request ([`crate::Error::WorkRequest`] names it; in a list,
 //!    [`Qp::send_bufs`], it and those after it), none of it was queued and the buffer comes
 //!    back at once; after any other error the provider may have queued it (a doorbell that
@@ -283,21 +286,15 @@ impl Qp {
     /// buffer of this call) were posted and the buffers not posted are back in `bufs`, in
     /// order; after another error from the provider the QP holds the buffers of the list that
     /// doorbell was for (as in [`Refused::buf`]) and those after it are back in `bufs`. The
-    /// requests are built in one array per call, each buffer's SGE named where the QP keeps
-    /// it. No allocation unless it fails.
+    /// requests come from an array the QP keeps (filled again only when `op` or `flags`
+    /// change), each buffer's SGE named where the QP keeps it. No allocation.
     pub fn send_bufs(&mut self, op: SendOp, bufs: &mut Vec<Buf>, flags: SendFlags) -> Result<()> {
         self.owner.check("post_send")?;
-        let template = SendWr {
-            wr_id: 0,
-            op,
-            sg_list: &[],
-            flags,
-            ud: None,
-        };
         let queues = &mut self.queues;
-        let (posted, stop) = self.sends.post_list::<{ Self::BUF_LIST }>(
+        let (posted, stop) = self.sends.post_list(
             bufs,
-            template,
+            op,
+            flags,
             // SAFETY: as in `send_buf`, for each request of the list: its buffer is in
             // `self.sends` until a completion gives it back, and those the provider refused
             // come out again (back into `bufs`) before anyone else can reach them.
@@ -313,7 +310,7 @@ impl Qp {
     }
 
     /// The most requests [`Qp::send_bufs`] posts with one doorbell.
-    pub const BUF_LIST: usize = 32;
+    pub const BUF_LIST: usize = crate::held::LIST;
 
     /// Posts `op` (a send or RDMA write) with `data` copied into the request, signaled. The
     /// QP must allow that much inline data (`QpCap::max_inline_data`). Nothing is held: its

@@ -407,6 +407,114 @@ fn a_list_of_buffers_is_posted_a_doorbell_per_32_and_every_buffer_comes_back() {
 }
 
 #[test]
+fn a_later_list_sends_its_own_operation_and_buffers() {
+    // The QP keeps its request array between lists: each list must still go out with its own
+    // operation, flags and buffers (a shorter one after a longer, an immediate after none).
+    const N: usize = 40;
+    let mut p = Pair::new();
+    for b in bufs(&p.pd, N + N / 2, MSG) {
+        p.b.qp.recv_buf(b).unwrap();
+    }
+    let mut list = bufs(&p.pd, N, MSG);
+    for (seq, b) in list.iter_mut().enumerate() {
+        b.fill_from(&message(seq as u64)).unwrap();
+    }
+    p.a.qp.send_bufs(SendOp::Send, &mut list, SendFlags::SIGNALED).unwrap();
+    let mut sent = reclaim_n(&mut p.a.qp, &mut p.a.cq, N);
+    let mut wc = [WorkCompletion::default(); 16];
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.len() < N {
+        for c in p.b.cq.reap(&mut wc).iter() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+            let imm = c.imm();
+            let b = p.b.qp.reclaim(c).expect("a receive's buffer");
+            got.push((imm, b.as_slice().to_vec()));
+        }
+        assert!(start.elapsed() < TIMEOUT, "{} of {N} received", got.len());
+    }
+    // The second half of the buffers, in reverse, as sends with an immediate.
+    let mut list: Vec<Buf> = sent.drain(N / 2..).rev().collect();
+    for (seq, b) in list.iter_mut().enumerate() {
+        b.fill_from(&message(1000 + seq as u64)).unwrap();
+    }
+    p.a.qp
+        .send_bufs(SendOp::SendWithImm { imm: 7 }, &mut list, SendFlags::SIGNALED)
+        .unwrap();
+    reclaim_n(&mut p.a.qp, &mut p.a.cq, N / 2);
+    while got.len() < N + N / 2 {
+        for c in p.b.cq.reap(&mut wc).iter() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+            let imm = c.imm();
+            let b = p.b.qp.reclaim(c).expect("a receive's buffer");
+            got.push((imm, b.as_slice().to_vec()));
+        }
+        assert!(start.elapsed() < TIMEOUT, "{} of {} received", got.len(), N + N / 2);
+    }
+    for (seq, (imm, bytes)) in got.iter().enumerate() {
+        let (want_imm, want) = if seq < N {
+            (None, message(seq as u64))
+        } else {
+            (Some(7), message(1000 + (seq - N) as u64))
+        };
+        assert_eq!((*imm, bytes.as_slice()), (want_imm, &want[..]), "message {seq}");
+    }
+    assert_eq!((p.a.qp.held_bufs(), p.b.qp.held_bufs()), ((0, 0), (0, 0)));
+}
+
+#[test]
+fn a_list_refused_midway_posts_the_requests_before_and_hands_the_rest_back_in_order() {
+    // Fetch-and-adds of 8-byte buffers, but the 35th buffer holds 4 bytes: the provider
+    // refuses that request (the third of the second doorbell's list), takes the 34 before it,
+    // and the refused buffer comes back first, then the five not reached, in order.
+    const N: usize = 40;
+    const SHORT: usize = 34;
+    let mut p = Pair::new();
+    let atomic_at = p.b.mr.remote(2048).unwrap();
+    p.b.mr.write(2048, &0u64.to_ne_bytes()).unwrap();
+    let mut list = bufs(&p.pd, N, 8);
+    for (seq, b) in list.iter_mut().enumerate() {
+        if seq == SHORT {
+            b.fill_from(&[0xaa; 4]).unwrap();
+        } else {
+            b.fill_from(&(seq as u64).to_ne_bytes()).unwrap();
+        }
+    }
+    let op = SendOp::FetchAdd {
+        remote: atomic_at,
+        add: 1,
+    };
+    let e = p.a.qp.send_bufs(op, &mut list, SendFlags::SIGNALED).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WorkRequest {
+                index: SHORT,
+                reason: WrReject::BadAtomic,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!((list.len(), p.a.qp.held_bufs()), (N - SHORT, (SHORT, 0)));
+    assert_eq!(list[0].as_slice(), [0xaa; 4], "the refused buffer first");
+    for (b, seq) in list[1..].iter().zip(SHORT + 1..) {
+        assert_eq!(
+            b.as_slice(),
+            (seq as u64).to_ne_bytes(),
+            "then those not reached, in order"
+        );
+    }
+    reclaim_n(&mut p.a.qp, &mut p.a.cq, SHORT);
+    assert_eq!(
+        p.b.mr.to_vec(2048, 8).unwrap(),
+        (SHORT as u64).to_ne_bytes(),
+        "each request before the refused one added 1"
+    );
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
+}
+
+#[test]
 fn a_list_longer_than_the_queue_posts_what_fits_and_hands_the_rest_back_in_order() {
     const N: usize = 80;
     let mut p = Pair::with(PairOpts {

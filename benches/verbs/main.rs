@@ -10,7 +10,8 @@
 //!
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
 //! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, post_built
-//! and post_safe (Rust only), srq_post_built and srq_post_safe (Rust only), pingpong, rate),
+//! (1, and lists of 32 built per call) and post_safe (Rust only), srq_post_built and
+//! srq_post_safe (Rust only), pingpong, rate),
 //! `--device NAME`, `--gid-index N`,
 //! `--cq-depth N` (default 8192), `--batches B1,B2` (the drain's batch sizes, default
 //! [`DRAIN_BATCHES`]), `--drain-wait-ms N` (the drain's first wait for the device, default 20;
@@ -28,7 +29,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use uverbs::{
     AccessFlags, AhAttr, Buf, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote,
-    RemoteMr, SendFlags, SendOp, SendWr, SrqInit, WcOpcode, WcStatus, WorkCompletion,
+    RemoteMr, SendFlags, SendOp, SendWr, Sge, SrqInit, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const N_DRAIN: usize = 4096;
@@ -536,6 +537,50 @@ fn bench_post_built(o: &Opts, p: &mut Pair) {
     o.report("post_built", 1, v);
 }
 
+/// 3a'. `post_send` of lists of `Qp::BUF_LIST` (32), each request's id and SGE written per
+/// call as a caller posting distinct buffers would (one SGE per 8-byte buffer, prepared with
+/// the buffers like the safe post's `Buf`s; the rest of the request, operation and flags, kept
+/// in an array built once before the rounds), every request signaled like `post_safe` 32:
+/// Rust only, the raw baseline for the safe post of lists (beside `post` 32, which re-posts
+/// one prepared array and builds nothing per call).
+fn bench_post_built_list(o: &Opts, p: &mut Pair) {
+    const LIST: usize = Qp::BUF_LIST;
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let sges: Vec<Sge> = (0..k).map(|i| p.a.mr.sge(i * 8, 8).expect("in the MR")).collect();
+    let remote = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    let mut wrs = [SendWr::new(0, SendOp::RdmaWrite(remote), &[]); LIST];
+    let mut id = 0u64;
+    for r in -1..rounds as isize {
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        for chunk in sges.chunks(LIST) {
+            for (wr, sge) in wrs.iter_mut().zip(chunk) {
+                wr.wr_id = id;
+                wr.sg_list = std::slice::from_ref(sge);
+                id += 1;
+            }
+            // SAFETY: both MRs outlive the requests; nothing reads the target bytes.
+            unsafe { p.a.qp.post_send(&wrs[..chunk.len()]) }.unwrap_or_else(|e| fail(&format!("post_send: {e}")));
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off("post_built", LIST, k);
+        }
+        wait_completions(&mut p.a.cq, k);
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report("post_built", LIST, v);
+}
+
 /// 3b. The same single posts through the safe API (`Qp::send_buf_with`, each 8-byte buffer
 /// moved into the QP and reclaimed after the round, untimed): Rust only, the safe path's cost
 /// beside the raw `post` 1 and `post_built` above.
@@ -926,6 +971,7 @@ fn main() -> ExitCode {
         }
         if o.wanted("post_built") {
             bench_post_built(&o, &mut p);
+            bench_post_built_list(&o, &mut p);
         }
         if o.wanted("post_safe") {
             bench_post_safe(&o, &mut p);
