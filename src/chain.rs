@@ -6,7 +6,7 @@
 use crate::attr::QpType;
 use crate::error::WrReject;
 use crate::sys::assert_layout;
-use crate::wr::{ContextId, Remote, SendFlags, SendOp, SendWr, Sge, WrOpcode};
+use crate::wr::{ContextId, RawOp, Remote, SendFlags, SendOp, SendWr, Sge, WrOpcode};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
@@ -38,7 +38,9 @@ assert_layout!(CSendWr, size 72, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 
 
 impl CSendWr {
     /// The operation, for every opcode that names no object of the caller's (all but
-    /// `BIND_MW`, whose window only the caller knows); `None` for one uverbs lacks.
+    /// `BIND_MW`, whose window only the caller knows, which is `None`); an opcode the core
+    /// does not model is a [`SendOp::Raw`] of the request's fields, for the provider to write
+    /// as given (`IBV_WR_ATOMIC_WRITE` included: this layout has no place for its value).
     pub fn send_op(&self) -> Option<SendOp> {
         // SAFETY (the union reads): every arm is plain data; the opcode says which applies.
         let rdma = || {
@@ -77,7 +79,12 @@ impl CSendWr {
             // `invalidate_rkey` shares `imm_data`'s place, in host order.
             WrOpcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: self.imm_data },
             WrOpcode::LOCAL_INV => SendOp::LocalInv { rkey: self.imm_data },
-            _ => return None,
+            WrOpcode::BIND_MW => return None,
+            _ => SendOp::Raw(RawOp {
+                opcode: self.opcode,
+                imm_data: self.imm_data,
+                remote: rdma(),
+            }),
         })
     }
 }
@@ -495,6 +502,26 @@ mod tests {
         c.num_sge = 1;
         let got = all(&mut c, QpType::Rc);
         assert_eq!(got[0].as_ref().expect("read").op, SendOp::FetchAdd { remote, add: 3 });
+    }
+
+    /// An opcode the core does not model is read as a `SendOp::Raw` of the request's
+    /// fields, as given; a bind, whose window is the caller's, is not read here.
+    #[test]
+    fn unmodelled_opcodes_are_read_raw() {
+        for opcode in [10, 11, 12, 14, WrOpcode::ATOMIC_WRITE.0, 0x20, u32::MAX] {
+            let mut c = blank(WrOpcode(opcode));
+            c.opcode = opcode;
+            let want = SendOp::Raw(RawOp {
+                opcode,
+                imm_data: 0x1234_5678u32.to_be(),
+                remote: Remote {
+                    addr: 0x1000,
+                    rkey: 0x77,
+                },
+            });
+            assert_eq!(c.send_op(), Some(want), "opcode {opcode}");
+        }
+        assert_eq!(blank(WrOpcode::BIND_MW).send_op(), None);
     }
 
     /// A chain is followed to its end; UD requests always take the slow path; bad lists,

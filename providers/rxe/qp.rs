@@ -394,6 +394,9 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             };
             write(arm, 0, 0)
         }
+        // As rdma-core's librxe writes an opcode it does not know: the arm zeroed, `iova` from
+        // the `wr.rdma` arm, `ex` as given; the kernel judges the opcode.
+        SendOp::Raw(raw) => write(zeroed, raw.remote.addr, raw.imm_data),
         SendOp::AtomicWrite { remote, value } => {
             write(rdma(remote), remote.addr, 0);
             // The value takes the place of the SGEs (`dma.atomic_wr`), 8 bytes of payload.
@@ -527,6 +530,7 @@ pub(super) fn post_recv_wqes(rq: &mut Producer, max_sge: u32, wrs: &[RecvWr<'_>]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wr::RawOp;
 
     /// A send slot, 64-byte aligned as the ring's are.
     #[repr(C, align(64))]
@@ -574,7 +578,7 @@ mod tests {
             },
         ];
         let rdma_arm = [remote.addr, u64::from(remote.rkey)];
-        let cases: [(SendOp, u32, u32, &[u64], u64); 7] = [
+        let cases: [(SendOp, u32, u32, &[u64], u64); 8] = [
             (SendOp::RdmaWrite(remote), 0, 0, &rdma_arm, remote.addr),
             (
                 SendOp::RdmaWriteWithImm(remote, 0x1234),
@@ -602,6 +606,18 @@ mod tests {
                 6,
                 0,
                 &[remote.addr, 5, 0, u64::from(remote.rkey)],
+                remote.addr,
+            ),
+            // As librxe writes an opcode it does not know: arm zeroed, `ex` as given.
+            (
+                SendOp::Raw(RawOp {
+                    opcode: 10,
+                    imm_data: 0x1234u32.to_be(),
+                    remote,
+                }),
+                10,
+                0x1234u32.to_be(),
+                &[],
                 remote.addr,
             ),
         ];
