@@ -492,15 +492,16 @@ pub(super) fn post_recv_wqes(rq: &mut Producer, max_sge: u32, wrs: &[RecvWr<'_>]
                 reason,
             })
         };
+        // A full queue first, as rdma-core's rxe checks.
+        let Some(slot) = rq.next_slot() else {
+            return reject(WrReject::QueueFull);
+        };
         if wr.sg_list.len() > max_sge as usize {
             return reject(WrReject::TooManySge {
                 given: wr.sg_list.len(),
                 max: max_sge,
             });
         }
-        let Some(slot) = rq.next_slot() else {
-            return reject(WrReject::QueueFull);
-        };
         let length = wr.sg_list.iter().map(|s| s.length).fold(0u32, u32::wrapping_add);
         let header = RecvWqe {
             wr_id: wr.wr_id,

@@ -458,8 +458,14 @@ pub unsafe extern "C" fn query_qp(
 
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     // No `ffi::guard`: see the crate docs.
+    // As rdma-core's rxe: no `bad_wr` is EINVAL; it is cleared first; no list is EINVAL.
+    if bad_wr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-null `bad_wr` is writable per the libibverbs contract.
+    unsafe { *bad_wr = std::ptr::null_mut() };
     let Some(first) = NonNull::new(wr.cast::<CSendWr>()) else {
-        return 0;
+        return libc::EINVAL;
     };
     // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live and unchanged
     // for the call with its SGE arrays and AHs (the ibv_post_send contract), whose buffers the
@@ -543,6 +549,21 @@ pub unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], lid
 
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     // No `ffi::guard`: see the crate docs.
+    // As rdma-core's rxe: no `bad_wr` is EINVAL; it is cleared first; no list, a QP on an
+    // SRQ (no receive queue) and a QP in RESET by libibverbs' record (C10-97.2.1) are EINVAL
+    // with `bad_wr` left null.
+    if bad_wr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-null `bad_wr` is writable per the libibverbs contract; libibverbs passes
+    // one of our QPs.
+    let refused = unsafe {
+        *bad_wr = std::ptr::null_mut();
+        wr.is_null() || !(*qp).srq.is_null() || (*qp).state == QpState::Reset as c_int
+    };
+    if refused {
+        return libc::EINVAL;
+    }
     // SAFETY: as in post_send.
     unsafe { post_recv_inner(qp_ref(qp), wr, bad_wr) }
 }
