@@ -438,16 +438,20 @@ mod tests {
             let mut call = Vec::new();
             let mut result = Ok(());
             for (index, wr) in wrs.iter(QpType::Rc).enumerate() {
-                let wr = wr.expect("checked by the chain already");
-                if Some(wr.wr_id) == self.full_at {
-                    result = Err(crate::Error::WorkRequest {
-                        verb: "post_send",
-                        index,
-                        reason: WrReject::QueueFull,
-                    });
-                    break;
-                }
-                call.push(wr.wr_id);
+                let reason = match wr {
+                    Ok(wr) if Some(wr.wr_id) != self.full_at => {
+                        call.push(wr.wr_id);
+                        continue;
+                    }
+                    Ok(_) => WrReject::QueueFull,
+                    Err(reason) => reason,
+                };
+                result = Err(crate::Error::WorkRequest {
+                    verb: "post_send",
+                    index,
+                    reason,
+                });
+                break;
             }
             self.calls.push(call);
             result
@@ -470,7 +474,8 @@ mod tests {
 
     /// The default `post_send_chain` (providers without an in-place writer): lists of 32, one
     /// `post_send` each, and errors indexed from the chain's first request, whether the
-    /// provider refused a request or the chain did.
+    /// provider refused a request, the core's transport rules did (the `SendList`) or the
+    /// chain could not read it.
     #[test]
     fn default_post_send_chain_gathers_lists_and_counts_from_the_first() {
         let post = |chain: &mut Vec<CSendWr>, full_at| {
@@ -505,5 +510,12 @@ mod tests {
         let mut chain = sends();
         chain[64].num_sge = -1;
         assert_eq!(post(&mut chain, None), (vec![32, 32], Err((64, WrReject::Malformed))));
+        let mut chain = sends();
+        chain[45].opcode = crate::wr::WrOpcode::RDMA_READ.0;
+        chain[45].send_flags |= crate::wr::SendFlags::INLINE.bits();
+        assert_eq!(
+            post(&mut chain, None),
+            (vec![32, 13], Err((45, WrReject::OpcodeNotSupported)))
+        );
     }
 }

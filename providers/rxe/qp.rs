@@ -163,6 +163,10 @@ impl RxeQp {
     #[inline(always)]
     unsafe fn post_fast(&mut self, wr: &FastWr<'_>) -> Result<(), WrReject> {
         let inline_len = self.check_limits(wr.sg_list(), wr.flags())?;
+        if wr.is_atomic() {
+            // (`remote_addr` is at the same place in the `rdma` and `atomic` arms.)
+            check_atomic(wr.sg_list(), wr.rdma().remote_addr)?;
+        }
         let index = self.sq.next_index().ok_or(WrReject::QueueFull)?;
         let slot = self.sq.slot(index);
         // SAFETY: a free slot; `check_limits` bounded SGEs and inline data by what the kernel
@@ -181,12 +185,35 @@ impl RxeQp {
     unsafe fn post_slow(&mut self, wr: SlowWr<'_>, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
         let wr = wr.read(qp_type, context)?;
         let inline_len = self.check_limits(wr.sg_list, wr.flags)?;
+        match wr.op {
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
+                check_atomic(wr.sg_list, remote.addr)?
+            }
+            // As rdma-core's rxe: a bind carries no data and is for connected QPs.
+            SendOp::BindMw(_) if !wr.sg_list.is_empty() || !matches!(qp_type, QpType::Rc | QpType::Uc) => {
+                return Err(WrReject::OpcodeNotSupported)
+            }
+            _ => {}
+        }
         let slot = self.sq.next_slot().ok_or(WrReject::QueueFull)?;
         // SAFETY: as in `post_fast`.
         unsafe { write_send_wqe(slot, &wr, inline_len) };
         self.sq.advance();
         Ok(())
     }
+}
+
+/// What rdma-core's rxe checks of an atomic in a chain (`validate_send_wr`): 8 bytes or
+/// more over its SGEs (summed as `unsigned int`) and an 8-byte aligned target. The other
+/// rules of a chain (transports, inline data) are left to the kernel, as there
+/// (`crate::chain`).
+#[inline(always)]
+fn check_atomic(sg_list: &[Sge], remote_addr: u64) -> Result<(), WrReject> {
+    let length = sg_list.iter().fold(0u32, |sum, s| sum.wrapping_add(s.length));
+    if length < 8 || remote_addr % 8 != 0 {
+        return Err(WrReject::BadAtomic);
+    }
+    Ok(())
 }
 
 /// Copies a request's payload after the header of the send slot at `slot`: the SGEs, or for
@@ -555,6 +582,23 @@ mod tests {
     }
 
     static DATA: [u8; 32] = [7; 32];
+
+    /// A chain's atomics are checked as rdma-core's rxe checks them: 8 bytes or more over all
+    /// SGEs, an aligned target; nothing else.
+    #[test]
+    fn atomics_of_a_chain_are_checked_as_librxe_checks_them() {
+        let sge = |length| Sge {
+            addr: 0x2000,
+            length,
+            lkey: 1,
+        };
+        assert_eq!(check_atomic(&[sge(8)], 0x1000), Ok(()));
+        assert_eq!(check_atomic(&[sge(4), sge(8)], 0x1000), Ok(()), "two SGEs");
+        assert_eq!(check_atomic(&[sge(16)], 0x1000), Ok(()), "longer");
+        for (sg, addr) in [(&[][..], 0x1000), (&[sge(4)][..], 0x1000), (&[sge(8)][..], 0x1004)] {
+            assert_eq!(check_atomic(sg, addr), Err(WrReject::BadAtomic), "{sg:?} at {addr:#x}");
+        }
+    }
 
     /// Every operation but UD's (which needs a kernel AH; the guest tests cover it): the
     /// whole 208-byte header, byte for byte against one built field by field (opcodes are the
