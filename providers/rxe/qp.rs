@@ -11,7 +11,7 @@ use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
-use crate::wr::{ContextId, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
+use crate::wr::{ContextId, RawOp, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -163,15 +163,17 @@ impl RxeQp {
     #[inline(always)]
     unsafe fn post_fast(&mut self, wr: &FastWr<'_>) -> Result<(), WrReject> {
         let inline_len = self.check_limits(wr.sg_list(), wr.flags())?;
-        if wr.is_atomic() {
-            // (`remote_addr` is at the same place in the `rdma` and `atomic` arms.)
-            check_atomic(wr.sg_list(), wr.rdma().remote_addr)?;
-        }
         let index = self.sq.next_index().ok_or(WrReject::QueueFull)?;
         let slot = self.sq.slot(index);
         // SAFETY: a free slot; `check_limits` bounded SGEs and inline data by what the kernel
         // granted, which sized the slot; inline memory is the caller's contract.
         unsafe { write_fast_wqe(slot, wr, inline_len) };
+        // After the write (a refused atomic's slot is not published), which keeps the common
+        // path's values out of the call. (`remote_addr` is at the same place in the `rdma` and
+        // `atomic` arms.)
+        if wr.is_atomic() {
+            check_atomic(wr.sg_list(), wr.rdma().remote_addr)?;
+        }
         self.sq.advance();
         Ok(())
     }
@@ -207,7 +209,7 @@ impl RxeQp {
 /// more over its SGEs (summed as `unsigned int`) and an 8-byte aligned target. The other
 /// rules of a chain (transports, inline data) are left to the kernel, as there
 /// (`crate::chain`).
-#[inline(always)]
+#[inline(never)]
 fn check_atomic(sg_list: &[Sge], remote_addr: u64) -> Result<(), WrReject> {
     let length = sg_list.iter().fold(0u32, |sum, s| sum.wrapping_add(s.length));
     if length < 8 || remote_addr % 8 != 0 {
@@ -421,9 +423,8 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             };
             write(arm, 0, 0)
         }
-        // As rdma-core's librxe writes an opcode it does not know: the arm zeroed, `iova` from
-        // the `wr.rdma` arm, `ex` as given; the kernel judges the opcode.
-        SendOp::Raw(raw) => write(zeroed, raw.remote.addr, raw.imm_data),
+        // SAFETY: as above.
+        SendOp::Raw(raw) => unsafe { write_raw_wqe(slot, wr, raw, length, num_sge) },
         SendOp::AtomicWrite { remote, value } => {
             write(rdma(remote), remote.addr, 0);
             // The value takes the place of the SGEs (`dma.atomic_wr`), 8 bytes of payload.
@@ -436,6 +437,29 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             }
         }
     }
+}
+
+/// [`write_send_wqe`]'s header for a [`SendOp::Raw`], as rdma-core's rxe writes an opcode it
+/// does not know: the arm zeroed, `iova` from the `wr.rdma` arm, `ex` as given; the kernel
+/// judges the opcode. Out of line, so that the common operations' arms stay as they were.
+///
+/// # Safety
+/// As for [`write_send_wqe`].
+#[cold]
+#[inline(never)]
+unsafe fn write_raw_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, raw: RawOp, length: u32, num_sge: u32) {
+    let header = send_header(
+        wr.wr_id,
+        raw.opcode,
+        wr.flags,
+        raw.imm_data,
+        ZEROED_ARM,
+        raw.remote.addr,
+        length,
+        num_sge,
+    );
+    // SAFETY: per the contract.
+    unsafe { slot.cast::<SendWqe>().write(header) };
 }
 
 // SAFETY: MODIFY_QP carries no driver bytes on rxe.
@@ -558,7 +582,6 @@ pub(super) fn post_recv_wqes(rq: &mut Producer, max_sge: u32, wrs: &[RecvWr<'_>]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wr::RawOp;
 
     /// A send slot, 64-byte aligned as the ring's are.
     #[repr(C, align(64))]

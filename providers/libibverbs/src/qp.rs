@@ -458,15 +458,15 @@ pub unsafe extern "C" fn query_qp(
 
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     // No `ffi::guard`: see the crate docs.
-    // As rdma-core's rxe: no `bad_wr` is EINVAL; it is cleared first; no list is EINVAL.
-    if bad_wr.is_null() {
-        return libc::EINVAL;
+    // As rdma-core's rxe: no `bad_wr` or no list is EINVAL; `bad_wr` is cleared first.
+    if bad_wr.is_null() | wr.is_null() {
+        // SAFETY: `bad_wr`, when not null, is writable per the libibverbs contract.
+        return unsafe { refuse_no_list(bad_wr) };
     }
-    // SAFETY: a non-null `bad_wr` is writable per the libibverbs contract.
+    // SAFETY: as above.
     unsafe { *bad_wr = std::ptr::null_mut() };
-    let Some(first) = NonNull::new(wr.cast::<CSendWr>()) else {
-        return libc::EINVAL;
-    };
+    // SAFETY: not null, tested above.
+    let first = unsafe { NonNull::new_unchecked(wr.cast::<CSendWr>()) };
     // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live and unchanged
     // for the call with its SGE arrays and AHs (the ibv_post_send contract), whose buffers the
     // caller keeps valid until completion, the contract `uverbs::Qp::post_send` asks for.
@@ -503,6 +503,20 @@ unsafe fn slow_send_wr<'a>(at: NonNull<CSendWr>, qp_type: QpType) -> Option<Send
     // SAFETY: a non-null AH in a work request is one of ours, live for `'a`.
     let ah = unsafe { &*ud.ah.cast::<Ah>() };
     Some(swr.to(ah.ah.ud_dest(ud.remote_qpn, ud.remote_qkey)))
+}
+
+/// `post_send` without `bad_wr` or without a list: EINVAL, `bad_wr` (if any) cleared.
+///
+/// # Safety
+/// `bad_wr` is null or writable.
+#[cold]
+#[inline(never)]
+unsafe fn refuse_no_list(bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    if !bad_wr.is_null() {
+        // SAFETY: per the contract.
+        unsafe { *bad_wr = std::ptr::null_mut() };
+    }
+    libc::EINVAL
 }
 
 /// Reports a refused or failed post: `bad_wr` names the request it stopped at (the first when
