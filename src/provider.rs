@@ -293,15 +293,31 @@ pub unsafe trait QpQueues: Send {
     fn send_room(&mut self) -> u32;
 
     /// [`QpQueues::post_send`] of a chain of requests in libibverbs' layout, `qp_type` being
-    /// the QP's: the same order, doorbells and error contract, indices counted from the
-    /// chain's first request. A provider reads each request as it writes it
-    /// (`SendChain::next`); this default gathers them into lists of up to 32 for
-    /// `post_send` instead.
+    /// the QP's and `state` its state as the core last knew it: the same order, doorbells and
+    /// error contract, indices counted from the chain's first request. A provider reads each
+    /// request as it writes it (`SendChain::next`) and checks what its C twin checks
+    /// (`crate::chain`), the state included (rxe writes in any state, as librxe: the kernel's
+    /// doorbell refuses below RTS); this default refuses sends below RTS as
+    /// [`crate::Qp::post_send`] does, and gathers the requests into lists of up to 32 for
+    /// `post_send`.
     ///
     /// # Safety
     /// See [`crate::Qp::post_send_chain`]; a UD request's AH must be of `context`, the QP's
     /// (`SlowWr::read` checks).
-    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+    unsafe fn post_send_chain(
+        &mut self,
+        mut chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+        state: QpState,
+    ) -> Result<()> {
+        if state < QpState::Rts {
+            return Err(Error::WorkRequest {
+                verb: "post_send",
+                index: 0,
+                reason: crate::error::WrReject::WrongState(state),
+            });
+        }
         const BATCH: usize = 32;
         let mut room = [const { MaybeUninit::<SendWr<'_>>::uninit() }; BATCH];
         let mut before = 0;
@@ -475,10 +491,10 @@ mod tests {
     /// The default `post_send_chain` (providers without an in-place writer): lists of 32, one
     /// `post_send` each, and errors indexed from the chain's first request, whether the
     /// provider refused a request, the core's transport rules did (the `SendList`) or the
-    /// chain could not read it.
+    /// chain could not read it; nothing below RTS.
     #[test]
     fn default_post_send_chain_gathers_lists_and_counts_from_the_first() {
-        let post = |chain: &mut Vec<CSendWr>, full_at| {
+        let post_in = |chain: &mut Vec<CSendWr>, full_at, state| {
             for i in 1..chain.len() {
                 let next: *mut CSendWr = &mut chain[i];
                 chain[i - 1].next = next;
@@ -490,7 +506,7 @@ mod tests {
             // SAFETY: the test's chain, live and unchanged for the call.
             let result = unsafe {
                 let chain = SendChain::new(NonNull::from(&mut chain[0]), never);
-                qp.post_send_chain(chain, QpType::Rc, ContextId(0))
+                qp.post_send_chain(chain, QpType::Rc, ContextId(0), state)
             };
             let index = result.map_err(|e| match e {
                 crate::Error::WorkRequest { index, reason, .. } => (index, reason),
@@ -498,6 +514,7 @@ mod tests {
             });
             (qp.calls.iter().map(Vec::len).collect::<Vec<_>>(), index)
         };
+        let post = |chain: &mut Vec<CSendWr>, full_at| post_in(chain, full_at, QpState::Rts);
         let sends = || -> Vec<CSendWr> { (0..70).map(|i| CSendWr { wr_id: i, ..send() }).collect() };
         assert_eq!(post(&mut sends(), None), (vec![32, 32, 6], Ok(())));
         assert_eq!(
@@ -516,6 +533,11 @@ mod tests {
         assert_eq!(
             post(&mut chain, None),
             (vec![32, 13], Err((45, WrReject::OpcodeNotSupported)))
+        );
+        assert_eq!(
+            post_in(&mut sends(), None, QpState::Init),
+            (vec![], Err((0, WrReject::WrongState(QpState::Init)))),
+            "below RTS"
         );
     }
 }

@@ -727,7 +727,11 @@ impl Qp {
     /// [`Qp::post_send`] of a chain of requests in libibverbs' layout, read by the provider
     /// as it writes each one into the send queue (no list of [`SendWr`] is built). `slow`
     /// reads the requests the core cannot ([`SlowDecode`]). An error's index counts from
-    /// `first`.
+    /// `first`. The requests are checked as the provider's C twin checks `ibv_post_send`
+    /// (`crate::chain`), the QP's state included: rxe writes them in any state, as librxe
+    /// does, and below RTS the kernel refuses the doorbell (`Error::Kernel`, EINVAL) while the
+    /// requests stay in the ring for RTS; other providers refuse below RTS, as
+    /// [`Qp::post_send`].
     ///
     /// # Safety
     /// [`Qp::post_send`]'s contract for every request of the chain; and every request from
@@ -737,11 +741,10 @@ impl Qp {
     #[inline]
     pub unsafe fn post_send_chain(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
         self.owner.check("post_send")?;
-        self.check_send_state()?;
         // SAFETY: forwarded caller contract.
         unsafe {
             self.queues
-                .post_send_chain(SendChain::new(first, slow), self.qp_type, self.context)
+                .post_send_chain(SendChain::new(first, slow), self.qp_type, self.context, self.state)
         }
     }
 

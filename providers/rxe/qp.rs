@@ -489,8 +489,16 @@ unsafe impl QpQueues for RxeQp {
     }
 
     /// The chain's requests go from the caller's structs to the slots: those read in place
-    /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`].
-    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+    /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`]. In any state, as
+    /// librxe: below RTS the kernel refuses the doorbell and the requests
+    /// stay in the ring until the QP reaches RTS.
+    unsafe fn post_send_chain(
+        &mut self,
+        mut chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+        _state: QpState,
+    ) -> Result<()> {
         let mut rejected = None;
         let mut posted = 0;
         while let Some(wr) = chain.next(qp_type) {

@@ -519,21 +519,25 @@ unsafe fn refuse_no_list(bad_wr: *mut *mut ibv_send_wr) -> c_int {
     libc::EINVAL
 }
 
-/// Reports a refused or failed post: `bad_wr` names the request it stopped at (the first when
-/// the error names none).
+/// Reports a refused or failed post: `bad_wr` names the request it stopped at, none when the
+/// kernel refused the doorbell (all were written), the first for any other error.
 ///
 /// # Safety
 /// `wr` must be the list given to [`post_send`], `bad_wr` writable.
 #[cold]
 #[inline(never)]
 unsafe fn reject_send(wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr, e: &uverbs::Error) -> c_int {
-    let index = match *e {
-        uverbs::Error::WorkRequest { index, .. } => index,
-        _ => 0,
-    };
     // SAFETY: the provider stopped at `index`, counted from `wr` along the list; `bad_wr` is
     // writable per the libibverbs contract.
-    unsafe { *bad_wr = nth(wr, index, |w| w.next) };
+    unsafe {
+        *bad_wr = match *e {
+            uverbs::Error::WorkRequest { index, .. } => nth(wr, index, |w| w.next),
+            // The kernel refused the doorbell (below RTS): every request is in the ring, and
+            // `bad_wr` stays null, as librxe reports it.
+            uverbs::Error::Kernel { .. } => std::ptr::null_mut(),
+            _ => wr,
+        }
+    };
     ffi::fail("post_send", e)
 }
 

@@ -2,8 +2,8 @@
  * answers before the ring: no list (EINVAL, bad_wr cleared), a receive in RESET or on a QP
  * whose receives go to an SRQ (EINVAL, bad_wr left null), bad_wr cleared on success, and
  * which check wins when a receive has too many SGEs for a full queue (the full queue:
- * ENOMEM). Sends before RTS are left out: there rdma-core's rxe writes the ring anyway and
- * the drop-in does not (docs/libibverbs-provider.md, Missing). */
+ * ENOMEM); sends in RESET and INIT (written into the ring anyway, the doorbell refused: EINVAL
+ * with bad_wr null) and their completions once the QP reaches RTS. */
 #include "common.h"
 
 #define UNSET ((void *)1)
@@ -61,10 +61,21 @@ int main(int argc, char **argv)
 	rbad = UNSET;
 	received("post_srq_recv of no list", ibv_post_srq_recv(srq, NULL, &rbad), rbad, &r);
 
-	connect_pair(a, b);
+	bad = UNSET;
+	sent("post_send in RESET", ibv_post_send(a, &w, &bad), bad, &w);
+	to_init(a);
+	to_init(b);
+	w.wr_id = 3;
+	bad = UNSET;
+	sent("post_send in INIT", ibv_post_send(a, &w, &bad), bad, &w);
+	connect_to(a, b->qp_num);
+	connect_to(b, a->qp_num);
+	w.wr_id = 4;
 	bad = UNSET;
 	sent("post_send in RTS", ibv_post_send(a, &w, &bad), bad, &w);
-	wait_wc(cq, "its completion");
+	wait_wc(cq, "first completion");
+	wait_wc(cq, "second completion");
+	wait_wc(cq, "third completion");
 	rbad = UNSET;
 	received("post_recv in RTS", ibv_post_recv(b, &r, &rbad), rbad, &r);
 
