@@ -128,6 +128,14 @@ bitflags::bitflags! {
     }
 }
 
+impl QpAttrMask {
+    /// The bits of `self` no [`crate::QpAttr`] field sets: `CAP`, `RATE_LIMIT` and bits this
+    /// type does not name, which only [`crate::QpAttr::bare_mask`] sends.
+    pub fn bare(self) -> Self {
+        self.difference(Self::all().difference(Self::CAP | Self::RATE_LIMIT))
+    }
+}
+
 bitflags::bitflags! {
     /// Which attributes an SRQ modify names: `enum ibv_srq_attr_mask`, the same bits as the
     /// kernel's `enum ib_srq_attr_mask` that MODIFY_SRQ carries.

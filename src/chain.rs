@@ -1,12 +1,20 @@
 //! Send requests in libibverbs' layout (`struct ibv_send_wr`), read where they lie: a caller
 //! that holds its requests in that form (a libibverbs provider built on this crate) posts a
-//! chain of them without first building a [`SendWr`] list. Each request is read into a
-//! [`SendWr`] as the provider reaches it, inside the provider's own loop.
+//! chain of them without first building a [`SendWr`] list. Each request is read as the
+//! provider reaches it, inside the provider's own loop.
+//!
+//! A chain is what a libibverbs provider hands on, so it is checked as that provider's C
+//! twin checks `ibv_post_send`, not by the core's transport rules
+//! ([`SendWr::check_transport`]): the core makes sure each request can be read (a readable
+//! scatter/gather list, an address handle of the QP's context); the provider checks the rest.
+//! The default [`crate::provider::QpQueues::post_send_chain`] posts through a
+//! [`crate::wr::SendList`], so the core's rules; rxe checks what rdma-core's rxe checks and
+//! leaves the rest to the kernel, as there.
 
 use crate::attr::QpType;
 use crate::error::WrReject;
 use crate::sys::assert_layout;
-use crate::wr::{ContextId, Remote, SendFlags, SendOp, SendWr, Sge, WrOpcode};
+use crate::wr::{ContextId, RawOp, Remote, SendFlags, SendOp, SendWr, Sge, WrOpcode};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
@@ -38,7 +46,9 @@ assert_layout!(CSendWr, size 72, next @ 8, sg_list @ 16, num_sge @ 24, opcode @ 
 
 impl CSendWr {
     /// The operation, for every opcode that names no object of the caller's (all but
-    /// `BIND_MW`, whose window only the caller knows); `None` for one uverbs lacks.
+    /// `BIND_MW`, whose window only the caller knows, which is `None`); an opcode the core
+    /// does not model is a [`SendOp::Raw`] of the request's fields, for the provider to write
+    /// as given (`IBV_WR_ATOMIC_WRITE` included: this layout has no place for its value).
     pub fn send_op(&self) -> Option<SendOp> {
         // SAFETY (the union reads): every arm is plain data; the opcode says which applies.
         let rdma = || {
@@ -77,7 +87,12 @@ impl CSendWr {
             // `invalidate_rkey` shares `imm_data`'s place, in host order.
             WrOpcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: self.imm_data },
             WrOpcode::LOCAL_INV => SendOp::LocalInv { rkey: self.imm_data },
-            _ => return None,
+            WrOpcode::BIND_MW => return None,
+            _ => SendOp::Raw(RawOp {
+                opcode: self.opcode,
+                imm_data: self.imm_data,
+                remote: rdma(),
+            }),
         })
     }
 }
@@ -143,9 +158,8 @@ assert_layout!(CUdArm, size 16, remote_qpn @ 8, remote_qkey @ 12);
 /// type; what it returns must stay valid for `'a`.
 pub type SlowDecode<'a> = unsafe fn(NonNull<CSendWr>, QpType) -> Option<SendWr<'a>>;
 
-/// A chain of send requests in libibverbs' layout on its way to a provider; like
-/// [`crate::wr::SendList`], each request comes out of [`SendChain::next`] only after it passed
-/// the core's transport rules.
+/// A chain of send requests in libibverbs' layout on its way to a provider, each read as it
+/// comes out of [`SendChain::next`] (the module docs say who checks what).
 #[derive(Clone, Copy)]
 pub struct SendChain<'a> {
     next: *mut CSendWr,
@@ -171,13 +185,13 @@ pub struct SlowWr<'a> {
 }
 
 impl<'a> SlowWr<'a> {
-    /// The request as the caller's [`SlowDecode`] reads it, checked against the transport
-    /// rules of `qp_type`; out of line, to keep a `SendWr` out of the provider's loop.
+    /// The request as the caller's [`SlowDecode`] reads it, its AH checked to be of
+    /// `context` on a UD QP (the transport rules are the provider's); out of line, to keep a
+    /// `SendWr` out of the provider's loop.
     #[inline(never)]
     pub fn read(self, qp_type: QpType, context: ContextId) -> Result<SendWr<'a>, WrReject> {
         // SAFETY: a live request of the chain, as `SlowDecode` asks (`SendChain::new`).
         let wr = unsafe { (self.slow)(self.at, qp_type) }.ok_or(WrReject::Malformed)?;
-        wr.check_transport(qp_type)?;
         if qp_type == QpType::Ud && wr.foreign_ah(context) {
             return Err(WrReject::ForeignAh);
         }
@@ -186,7 +200,7 @@ impl<'a> SlowWr<'a> {
 }
 
 /// A send, RDMA, atomic or invalidate request (opcodes 0 to 7 and 9 of [`WrOpcode`]) of a
-/// connected QP, read in place from the caller's [`CSendWr`], its transport rules checked.
+/// connected QP, read in place from the caller's [`CSendWr`].
 #[derive(Clone, Copy)]
 pub struct FastWr<'a> {
     c: &'a CSendWr,
@@ -197,12 +211,9 @@ pub struct FastWr<'a> {
 
 /// The operations [`FastWr`] carries, as bits `1 << opcode`.
 const FAST: u32 = 0b10_1111_1111;
-/// RDMA reads and atomics: RC only, never inline.
-const READ_OR_ATOMIC: u32 = 1 << WrOpcode::RDMA_READ.0 | ATOMIC;
 const ATOMIC: u32 = 1 << WrOpcode::ATOMIC_CMP_AND_SWP.0 | 1 << WrOpcode::ATOMIC_FETCH_AND_ADD.0;
 /// RDMA writes and reads: the `rdma` arm.
 const RDMA: u32 = 1 << WrOpcode::RDMA_WRITE.0 | 1 << WrOpcode::RDMA_WRITE_WITH_IMM.0 | 1 << WrOpcode::RDMA_READ.0;
-const LOCAL_INV: u32 = 1 << WrOpcode::LOCAL_INV.0;
 /// The operations whose `imm_data` field means something: immediate data or an rkey.
 const WITH_EX: u32 = 1 << WrOpcode::RDMA_WRITE_WITH_IMM.0
     | 1 << WrOpcode::SEND_WITH_IMM.0
@@ -287,39 +298,10 @@ impl<'a> FastWr<'a> {
             ud: None,
         }
     }
-
-    /// [`SendWr::check_transport`] for a request of a connected QP type `qp_type` (not UD), by
-    /// operation bits.
-    #[inline(always)]
-    fn check_transport(&self, qp_type: QpType) -> Result<(), WrReject> {
-        // Sends, writes and send with invalidate: every connected QP takes them.
-        if self.bit & (READ_OR_ATOMIC | LOCAL_INV) == 0 {
-            return Ok(());
-        }
-        if self.bit & LOCAL_INV != 0 {
-            // Memory window operations carry no data.
-            return match self.sg_list.is_empty() {
-                true => Ok(()),
-                false => Err(WrReject::OpcodeNotSupported),
-            };
-        }
-        // The device writes the local buffers: no inline data.
-        if qp_type != QpType::Rc || self.flags().contains(SendFlags::INLINE) {
-            return Err(WrReject::OpcodeNotSupported);
-        }
-        if self.bit & ATOMIC != 0 {
-            let sg = self.sg_list;
-            // (`remote_addr` is at the same place in both arms.)
-            if self.rdma().remote_addr % 8 != 0 || sg.len() != 1 || sg[0].length < 8 {
-                return Err(WrReject::BadAtomic);
-            }
-        }
-        Ok(())
-    }
 }
 
 impl<'a> ChainWr<'a> {
-    /// The request as a checked [`SendWr`].
+    /// The request as a [`SendWr`] (read as [`SlowWr::read`] reads it).
     pub fn to_send_wr(self, qp_type: QpType, context: ContextId) -> Result<SendWr<'a>, WrReject> {
         match self {
             Self::Fast(f) => Ok(f.to_send_wr()),
@@ -340,9 +322,8 @@ impl<'a> SendChain<'a> {
         }
     }
 
-    /// The next request, read in place and checked against the transport rules of
-    /// `qp_type` (or why it was refused), or for the slow path; `None` at the end of the
-    /// chain.
+    /// The next request, read in place (or why it cannot be read), or for the slow path;
+    /// `None` at the end of the chain. `qp_type` is the QP's.
     #[inline(always)]
     #[allow(clippy::should_implement_trait)] // takes the QP type
     pub fn next(&mut self, qp_type: QpType) -> Option<Result<ChainWr<'a>, WrReject>> {
@@ -360,8 +341,7 @@ impl<'a> SendChain<'a> {
             Ok(n) if !c.sg_list.is_null() => unsafe { std::slice::from_raw_parts(c.sg_list, n) },
             _ => return Some(Err(WrReject::Malformed)),
         };
-        let wr = FastWr { c, sg_list, bit };
-        Some(wr.check_transport(qp_type).map(|()| ChainWr::Fast(wr)))
+        Some(Ok(ChainWr::Fast(FastWr { c, sg_list, bit })))
     }
 
     /// The chain's request when it is its only one and [`SendChain::next`] would read it in
@@ -513,10 +493,31 @@ mod tests {
         assert_eq!(got[0].as_ref().expect("read").op, SendOp::FetchAdd { remote, add: 3 });
     }
 
-    /// A chain is followed to its end; UD requests always take the slow path; bad lists,
-    /// refusals of the slow path and transport rules are reported per request.
+    /// An opcode the core does not model is read as a `SendOp::Raw` of the request's
+    /// fields, as given; a bind, whose window is the caller's, is not read here.
     #[test]
-    fn follows_the_chain_and_reports_each_refusal() {
+    fn unmodelled_opcodes_are_read_raw() {
+        for opcode in [10, 11, 12, 14, WrOpcode::ATOMIC_WRITE.0, 0x20, u32::MAX] {
+            let mut c = blank(WrOpcode(opcode));
+            c.opcode = opcode;
+            let want = SendOp::Raw(RawOp {
+                opcode,
+                imm_data: 0x1234_5678u32.to_be(),
+                remote: Remote {
+                    addr: 0x1000,
+                    rkey: 0x77,
+                },
+            });
+            assert_eq!(c.send_op(), Some(want), "opcode {opcode}");
+        }
+        assert_eq!(blank(WrOpcode::BIND_MW).send_op(), None);
+    }
+
+    /// A chain is followed to its end; UD requests always take the slow path; requests that
+    /// cannot be read (bad lists, refusals of the slow path) are reported per request, and
+    /// the transport rules are left to the provider (an inline read is read).
+    #[test]
+    fn follows_the_chain_and_reports_what_cannot_be_read() {
         let mut third = blank(WrOpcode::RDMA_READ);
         third.send_flags |= SendFlags::INLINE.bits();
         let mut second = blank(WrOpcode::SEND);
@@ -525,15 +526,14 @@ mod tests {
         let mut first = blank(WrOpcode::SEND);
         first.num_sge = 2;
         first.next = &mut second;
-        let got = all(&mut first, QpType::Rc);
+        let got = all(&mut first, QpType::Uc);
         assert_eq!(got.len(), 3);
         assert_eq!(got[0].as_ref().err(), Some(&WrReject::Malformed), "sges named but null");
         assert_eq!(got[1].as_ref().err(), Some(&WrReject::Malformed), "negative count");
-        assert_eq!(
-            got[2].as_ref().err(),
-            Some(&WrReject::OpcodeNotSupported),
-            "inline read"
-        );
+        let read = got[2]
+            .as_ref()
+            .expect("an inline read on UC is the provider's to judge");
+        assert_eq!((read.wr_id, read.flags), (7, SendFlags::SIGNALED | SendFlags::INLINE));
         let mut ud = blank(WrOpcode::RDMA_WRITE);
         let got = all(&mut ud, QpType::Ud);
         assert_eq!(got[0].as_ref().expect("slow path").wr_id, 107);
@@ -565,14 +565,18 @@ mod tests {
         assert_eq!(single(&mut c, QpType::Rc), None, "malformed");
         let mut read = blank(WrOpcode::RDMA_READ);
         assert!(single(&mut read, QpType::Rc).is_some());
-        assert_eq!(single(&mut read, QpType::Uc), None, "refused by the transport");
+        assert!(
+            single(&mut read, QpType::Uc).is_some(),
+            "read as given: the transport is the provider's to check"
+        );
         assert_eq!(single(&mut blank(WrOpcode::BIND_MW), QpType::Rc), None);
     }
 
-    /// The in-place check gives what `SendWr::check_transport` gives on the same request, for
-    /// every fast operation, connected QP type, inline or not, and atomic shapes good and bad.
+    /// Every request of a connected QP with a fast operation is read in place as given, for
+    /// every connected QP type, inline or not, whatever its SGEs and target: the same
+    /// `SendWr` as `CSendWr::send_op` names, with its SGEs.
     #[test]
-    fn in_place_check_is_the_send_wr_check() {
+    fn in_place_requests_are_read_as_given() {
         let sges = [
             Sge {
                 addr: 0x2000,
@@ -589,45 +593,29 @@ mod tests {
         for opcode in (0..10).filter(|&o| o != WrOpcode::BIND_MW.0) {
             for qp_type in [QpType::Rc, QpType::Uc] {
                 for inline in [false, true] {
-                    for (sg, addr) in [(0, 0x1000), (1, 0x1000), (1, 0x1004), (2, 0x1000)] {
-                        for short in [false, true] {
-                            let mut sge = sges;
-                            if short {
-                                sge[0].length = 4;
-                            }
-                            let mut c = blank(WrOpcode(opcode));
-                            c.sg_list = sge.as_ptr().cast_mut();
-                            c.num_sge = sg;
-                            if inline {
-                                c.send_flags |= SendFlags::INLINE.bits();
-                            }
-                            c.wr.atomic.remote_addr = addr;
-                            // SAFETY: the test's chain, live for the call.
-                            let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), slow_send) };
-                            let got = chain
-                                .next(qp_type)
-                                .expect("one request")
-                                .and_then(|wr| wr.to_send_wr(qp_type, ContextId(0)));
-                            let fast = FastWr {
-                                c: &c,
-                                sg_list: &sge[..sg as usize],
-                                bit: 1 << opcode,
-                            };
-                            let want = fast.to_send_wr();
-                            let want = want.check_transport(qp_type).map(|()| want);
-                            let case = format!("opcode {opcode} {qp_type:?} inline {inline} sges {sg} addr {addr:#x}");
-                            match (got, want) {
-                                (Ok(g), Ok(w)) => {
-                                    assert_eq!((g.wr_id, g.op, g.flags), (w.wr_id, w.op, w.flags), "{case}")
-                                }
-                                (g, w) => assert_eq!(g.err(), w.err(), "{case}"),
-                            }
-                            compared += 1;
+                    for (sg, addr) in [(0, 0x1000), (1, 0x1004), (2, 0x1000)] {
+                        let mut c = blank(WrOpcode(opcode));
+                        c.sg_list = sges.as_ptr().cast_mut();
+                        c.num_sge = sg;
+                        if inline {
+                            c.send_flags |= SendFlags::INLINE.bits();
                         }
+                        c.wr.atomic.remote_addr = addr;
+                        let case = format!("opcode {opcode} {qp_type:?} inline {inline} sges {sg} addr {addr:#x}");
+                        // SAFETY: the test's chain, live for the call.
+                        let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), slow_send) };
+                        let Some(Ok(ChainWr::Fast(fast))) = chain.next(qp_type) else {
+                            panic!("{case}: not read in place");
+                        };
+                        assert!(chain.next(qp_type).is_none(), "{case}: one request");
+                        let got = fast.to_send_wr();
+                        let want = (7, c.send_op(), c.send_flags, &sges[..sg as usize]);
+                        assert_eq!((got.wr_id, Some(got.op), got.flags.bits(), got.sg_list), want, "{case}");
+                        compared += 1;
                     }
                 }
             }
         }
-        assert_eq!(compared, 9 * 2 * 2 * 4 * 2);
+        assert_eq!(compared, 9 * 2 * 2 * 3);
     }
 }

@@ -83,7 +83,7 @@ pub use providers::providers;
 pub use qp::{AltPath, ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{AhRef, MwBind, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
+pub use wr::{AhRef, MwBind, RawOp, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
 
 #[cfg(test)]
 mod tests {

@@ -296,15 +296,31 @@ pub unsafe trait QpQueues: Send {
     fn send_room(&mut self) -> u32;
 
     /// [`QpQueues::post_send`] of a chain of requests in libibverbs' layout, `qp_type` being
-    /// the QP's: the same order, doorbells and error contract, indices counted from the
-    /// chain's first request. A provider reads each request as it writes it
-    /// (`SendChain::next`); this default gathers them into lists of up to 32 for
-    /// `post_send` instead.
+    /// the QP's and `state` its state as the core last knew it: the same order, doorbells and
+    /// error contract, indices counted from the chain's first request. A provider reads each
+    /// request as it writes it (`SendChain::next`) and checks what its C twin checks
+    /// (`crate::chain`), the state included (rxe writes in any state, as librxe: the kernel's
+    /// doorbell refuses below RTS); this default refuses sends below RTS as
+    /// [`crate::Qp::post_send`] does, and gathers the requests into lists of up to 32 for
+    /// `post_send`.
     ///
     /// # Safety
     /// See [`crate::Qp::post_send_chain`]; a UD request's AH must be of `context`, the QP's
     /// (`SlowWr::read` checks).
-    unsafe fn post_send_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+    unsafe fn post_send_chain(
+        &mut self,
+        mut chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+        state: QpState,
+    ) -> Result<()> {
+        if state < QpState::Rts {
+            return Err(Error::WorkRequest {
+                verb: "post_send",
+                index: 0,
+                reason: crate::error::WrReject::WrongState(state),
+            });
+        }
         const BATCH: usize = 32;
         let mut room = [const { MaybeUninit::<SendWr<'_>>::uninit() }; BATCH];
         let mut before = 0;
@@ -441,16 +457,20 @@ mod tests {
             let mut call = Vec::new();
             let mut result = Ok(());
             for (index, wr) in wrs.iter(QpType::Rc).enumerate() {
-                let wr = wr.expect("checked by the chain already");
-                if Some(wr.wr_id) == self.full_at {
-                    result = Err(crate::Error::WorkRequest {
-                        verb: "post_send",
-                        index,
-                        reason: WrReject::QueueFull,
-                    });
-                    break;
-                }
-                call.push(wr.wr_id);
+                let reason = match wr {
+                    Ok(wr) if Some(wr.wr_id) != self.full_at => {
+                        call.push(wr.wr_id);
+                        continue;
+                    }
+                    Ok(_) => WrReject::QueueFull,
+                    Err(reason) => reason,
+                };
+                result = Err(crate::Error::WorkRequest {
+                    verb: "post_send",
+                    index,
+                    reason,
+                });
+                break;
             }
             self.calls.push(call);
             result
@@ -473,10 +493,11 @@ mod tests {
 
     /// The default `post_send_chain` (providers without an in-place writer): lists of 32, one
     /// `post_send` each, and errors indexed from the chain's first request, whether the
-    /// provider refused a request or the chain did.
+    /// provider refused a request, the core's transport rules did (the `SendList`) or the
+    /// chain could not read it; nothing below RTS.
     #[test]
     fn default_post_send_chain_gathers_lists_and_counts_from_the_first() {
-        let post = |chain: &mut Vec<CSendWr>, full_at| {
+        let post_in = |chain: &mut Vec<CSendWr>, full_at, state| {
             for i in 1..chain.len() {
                 let next: *mut CSendWr = &mut chain[i];
                 chain[i - 1].next = next;
@@ -488,7 +509,7 @@ mod tests {
             // SAFETY: the test's chain, live and unchanged for the call.
             let result = unsafe {
                 let chain = SendChain::new(NonNull::from(&mut chain[0]), never);
-                qp.post_send_chain(chain, QpType::Rc, ContextId(0))
+                qp.post_send_chain(chain, QpType::Rc, ContextId(0), state)
             };
             let index = result.map_err(|e| match e {
                 crate::Error::WorkRequest { index, reason, .. } => (index, reason),
@@ -496,6 +517,7 @@ mod tests {
             });
             (qp.calls.iter().map(Vec::len).collect::<Vec<_>>(), index)
         };
+        let post = |chain: &mut Vec<CSendWr>, full_at| post_in(chain, full_at, QpState::Rts);
         let sends = || -> Vec<CSendWr> { (0..70).map(|i| CSendWr { wr_id: i, ..send() }).collect() };
         assert_eq!(post(&mut sends(), None), (vec![32, 32, 6], Ok(())));
         assert_eq!(
@@ -508,5 +530,17 @@ mod tests {
         let mut chain = sends();
         chain[64].num_sge = -1;
         assert_eq!(post(&mut chain, None), (vec![32, 32], Err((64, WrReject::Malformed))));
+        let mut chain = sends();
+        chain[45].opcode = crate::wr::WrOpcode::RDMA_READ.0;
+        chain[45].send_flags |= crate::wr::SendFlags::INLINE.bits();
+        assert_eq!(
+            post(&mut chain, None),
+            (vec![32, 13], Err((45, WrReject::OpcodeNotSupported)))
+        );
+        assert_eq!(
+            post_in(&mut sends(), None, QpState::Init),
+            (vec![], Err((0, WrReject::WrongState(QpState::Init)))),
+            "below RTS"
+        );
     }
 }

@@ -140,6 +140,13 @@ pub struct QpAttr {
     pub alt_path: Option<AltPath>,
     /// Path migration state; a value must fit the kernel's one byte.
     pub path_mig_state: Option<MigState>,
+    /// Mask bits sent as given, with no value: only bits no field above sets
+    /// ([`QpAttrMask::CAP`], as MODIFY_QP has no capability fields; `RATE_LIMIT`; bits the
+    /// type does not name). The kernel answers for them (Linux 6.1: EINVAL for `CAP` at every
+    /// transition, EOPNOTSUPP for bits past `DEST_QPN`: docs/kernel-facts.md). For a caller
+    /// handing on a mask it did not build (a libibverbs provider); a bit a field sets is
+    /// refused ([`Error::InvalidArgument`]).
+    pub bare_mask: QpAttrMask,
 }
 
 impl QpAttr {
@@ -173,6 +180,16 @@ impl QpAttr {
         set(QpAttrMask::DEST_QPN, self.dest_qpn.is_some());
         set(QpAttrMask::ALT_PATH, self.alt_path.is_some());
         set(QpAttrMask::PATH_MIG_STATE, self.path_mig_state.is_some());
+        if self.bare_mask.bare() != self.bare_mask {
+            return Err(Error::invalid(
+                "MODIFY_QP",
+                format!(
+                    "bare mask bits {:#x} name attributes: set their fields instead",
+                    self.bare_mask.difference(self.bare_mask.bare()).bits()
+                ),
+            ));
+        }
+        m.attr_mask |= self.bare_mask.bits();
         m.qp_state = self.state.map_or(0, |s| s as u8);
         m.cur_qp_state = self.cur_state.map_or(0, |s| s as u8);
         m.en_sqd_async_notify = self.en_sqd_async_notify.map_or(0, u8::from);
@@ -547,6 +564,7 @@ impl Qp {
                     timeout: r.alt_timeout,
                 }),
                 path_mig_state: Some(MigState(r.path_mig_state.into())),
+                bare_mask: QpAttrMask::empty(),
             },
             cap: cap_from_abi(r.cap),
             sq_sig_all: r.sq_sig_all != 0,
@@ -711,7 +729,11 @@ impl Qp {
     /// [`Qp::post_send`] of a chain of requests in libibverbs' layout, read by the provider
     /// as it writes each one into the send queue (no list of [`SendWr`] is built). `slow`
     /// reads the requests the core cannot ([`SlowDecode`]). An error's index counts from
-    /// `first`.
+    /// `first`. The requests are checked as the provider's C twin checks `ibv_post_send`
+    /// (`crate::chain`), the QP's state included: rxe writes them in any state, as librxe
+    /// does, and below RTS the kernel refuses the doorbell (`Error::Kernel`, EINVAL) while the
+    /// requests stay in the ring for RTS; other providers refuse below RTS, as
+    /// [`Qp::post_send`].
     ///
     /// # Safety
     /// [`Qp::post_send`]'s contract for every request of the chain; and every request from
@@ -721,11 +743,10 @@ impl Qp {
     #[inline]
     pub unsafe fn post_send_chain(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
         self.owner.check("post_send")?;
-        self.check_send_state()?;
         // SAFETY: forwarded caller contract.
         unsafe {
             self.queues
-                .post_send_chain(SendChain::new(first, slow), self.qp_type, self.context)
+                .post_send_chain(SendChain::new(first, slow), self.qp_type, self.context, self.state)
         }
     }
 
@@ -848,4 +869,37 @@ fn destroy_qp(ctx: &Arc<ContextInner>, handle: u32) -> Result<u32> {
     let mut resp = DestroyQpResp::default();
     ctx.destroy("DESTROY_QP", object::QP, METHOD_QP_DESTROY, handle, resp.as_mut_bytes())?;
     Ok(resp.events_reported)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bits without a field go to the kernel as given, next to the fields' own bits; a bit a
+    /// field sets cannot be given bare.
+    #[test]
+    fn bare_mask_bits_are_sent_as_given_and_never_name_a_field() {
+        let attr = QpAttr {
+            state: Some(QpState::Init),
+            bare_mask: QpAttrMask::CAP | QpAttrMask::from_bits_retain(1 << 22),
+            ..Default::default()
+        };
+        let m = attr.to_abi(3).expect("bare bits");
+        assert_eq!(m.attr_mask, QpAttrMask::STATE.bits() | QpAttrMask::CAP.bits() | 1 << 22);
+        assert_eq!(m.qp_handle, 3);
+        for named in [QpAttrMask::STATE, QpAttrMask::DEST_QPN, QpAttrMask::ALT_PATH] {
+            let attr = QpAttr {
+                bare_mask: named | QpAttrMask::CAP,
+                ..Default::default()
+            };
+            assert!(
+                matches!(attr.to_abi(3), Err(Error::InvalidArgument { .. })),
+                "{named:?}"
+            );
+        }
+        assert_eq!(
+            (QpAttrMask::all() | QpAttrMask::from_bits_retain(1 << 30)).bare(),
+            QpAttrMask::CAP | QpAttrMask::RATE_LIMIT | QpAttrMask::from_bits_retain(1 << 30)
+        );
+    }
 }

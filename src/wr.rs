@@ -131,6 +131,27 @@ pub enum SendOp {
         /// The bytes written, in the order given (no byte-order conversion).
         value: [u8; 8],
     },
+    /// An operation the core does not model, named by its `enum ibv_wr_opcode` number: for a
+    /// caller handing on requests it did not build, as a libibverbs provider hands on
+    /// `ibv_post_send`'s (`IBV_WR_TSO`, `IBV_WR_DRIVER1`, `IBV_WR_ATOMIC_WRITE` without its
+    /// value, numbers verbs.h lacks), the way rdma-core's providers pass them to their
+    /// device. The core checks nothing of the operation; each provider either writes it as
+    /// its C provider writes an unknown opcode (rxe: [`RawOp`]) or refuses it
+    /// ([`crate::WrReject::OpcodeNotSupported`]), and the device judges the rest (rxe on Linux
+    /// 6.1 completes every such request with `LOC_QP_OP_ERR`: docs/kernel-facts.md).
+    Raw(RawOp),
+}
+
+/// What [`SendOp::Raw`] carries: the fields of a C `struct ibv_send_wr` every operation
+/// shares, as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawOp {
+    /// The `enum ibv_wr_opcode` number.
+    pub opcode: u32,
+    /// The `imm_data`/`invalidate_rkey` word, bytes as given (no byte-order conversion).
+    pub imm_data: u32,
+    /// The `wr.rdma` arm: remote address and key.
+    pub remote: Remote,
 }
 
 impl SendOp {
@@ -148,6 +169,7 @@ impl SendOp {
             Self::LocalInv { .. } => WrOpcode::LOCAL_INV,
             Self::BindMw(_) => WrOpcode::BIND_MW,
             Self::AtomicWrite { .. } => WrOpcode::ATOMIC_WRITE,
+            Self::Raw(raw) => WrOpcode(raw.opcode),
         };
         opcode.0
     }
@@ -289,6 +311,8 @@ impl<'a> SendWr<'a> {
             SendOp::LocalInv { .. } | SendOp::BindMw(_) => qp_type != QpType::Ud && self.sg_list.is_empty(),
             // The value travels in the request.
             SendOp::AtomicWrite { .. } => qp_type == QpType::Rc && self.sg_list.is_empty(),
+            // The device judges what the core does not model.
+            SendOp::Raw(_) => true,
         };
         if !allowed {
             return Err(WrReject::OpcodeNotSupported);
@@ -407,6 +431,26 @@ mod tests {
             SendWr::new(1, op, &sge).check_transport(QpType::Rc),
             Err(WrReject::OpcodeNotSupported)
         );
+    }
+
+    /// The core judges nothing of an operation it does not model: any transport, any
+    /// buffers; its opcode is the one given.
+    #[test]
+    fn raw_operations_pass_every_transport_with_their_opcode() {
+        let op = SendOp::Raw(RawOp {
+            opcode: 10,
+            imm_data: 0,
+            remote: Remote { addr: 8, rkey: 1 },
+        });
+        assert_eq!(op.wr_opcode(), 10);
+        assert_eq!(op.imm_data(), None);
+        let sge = [Sge::default(); 2];
+        for qp_type in [QpType::Rc, QpType::Uc, QpType::Ud] {
+            for sg in [&sge[..0], &sge[..]] {
+                let wr = SendWr::new(1, op, sg).with(SendFlags::INLINE);
+                assert_eq!(wr.check_transport(qp_type), Ok(()), "{qp_type:?}");
+            }
+        }
     }
 }
 

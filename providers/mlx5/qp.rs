@@ -429,9 +429,11 @@ impl Ring {
                 (opcode::ATOMIC_FA, 0, true)
             }
             // Refused by `check`: nothing is written.
-            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) | SendOp::AtomicWrite { .. } => {
-                return 0
-            }
+            SendOp::SendWithInv { .. }
+            | SendOp::LocalInv { .. }
+            | SendOp::BindMw(_)
+            | SendOp::AtomicWrite { .. }
+            | SendOp::Raw(_) => return 0,
         };
         // A UD send's destination (`SendList` holds only AHs of this QP's
         // context): the AH's address vector with the key and QPN, after the control segment.
@@ -574,10 +576,16 @@ impl SendQueue {
     #[inline(always)]
     fn check(&self, wr: &SendWr<'_>) -> Result<(), WrReject> {
         // Memory window operations and invalidation need UMR WQEs, which this provider does
-        // not write; libmlx5 offers no atomic write.
+        // not write; libmlx5 offers no atomic write. Operations the core does not model are
+        // refused too (libmlx5 writes TSO and its own DRIVER1 operations, which this provider
+        // does not; opcodes past its table it refuses with EINVAL).
         if matches!(
             wr.op,
-            SendOp::SendWithInv { .. } | SendOp::LocalInv { .. } | SendOp::BindMw(_) | SendOp::AtomicWrite { .. }
+            SendOp::SendWithInv { .. }
+                | SendOp::LocalInv { .. }
+                | SendOp::BindMw(_)
+                | SendOp::AtomicWrite { .. }
+                | SendOp::Raw(_)
         ) {
             return Err(WrReject::OpcodeNotSupported);
         }

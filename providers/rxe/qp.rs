@@ -11,7 +11,7 @@ use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
-use crate::wr::{ContextId, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
+use crate::wr::{ContextId, RawOp, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -163,6 +163,11 @@ impl RxeQp {
     #[inline(always)]
     unsafe fn post_fast(&mut self, wr: &FastWr<'_>) -> Result<(), WrReject> {
         let inline_len = self.check_limits(wr.sg_list(), wr.flags())?;
+        // Out of line; before the slot is taken, so a refused atomic takes none. (`remote_addr`
+        // is at the same place in the `rdma` and `atomic` arms.)
+        if wr.is_atomic() {
+            check_atomic(wr.sg_list(), wr.rdma().remote_addr)?;
+        }
         let index = self.sq.next_index().ok_or(WrReject::QueueFull)?;
         let slot = self.sq.slot(index);
         // Before the slot's writes (the index stays private until published): the next index
@@ -183,6 +188,16 @@ impl RxeQp {
     unsafe fn post_slow(&mut self, wr: SlowWr<'_>, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
         let wr = wr.read(qp_type, context)?;
         let inline_len = self.check_limits(wr.sg_list, wr.flags)?;
+        match wr.op {
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
+                check_atomic(wr.sg_list, remote.addr)?
+            }
+            // As rdma-core's rxe: a bind carries no data and is for connected QPs.
+            SendOp::BindMw(_) if !wr.sg_list.is_empty() || !matches!(qp_type, QpType::Rc | QpType::Uc) => {
+                return Err(WrReject::OpcodeNotSupported)
+            }
+            _ => {}
+        }
         let slot = self.sq.next_slot().ok_or(WrReject::QueueFull)?;
         // SAFETY: as in `post_fast`.
         unsafe { write_send_wqe(slot, &wr, inline_len) };
@@ -215,6 +230,19 @@ impl RxeQp {
         }
         self.finish(posted, rejected)
     }
+}
+
+/// What rdma-core's rxe checks of an atomic in a chain (`validate_send_wr`): 8 bytes or
+/// more over its SGEs (summed as `unsigned int`) and an 8-byte aligned target. The other
+/// rules of a chain (transports, inline data) are left to the kernel, as there
+/// (`crate::chain`).
+#[inline(never)]
+fn check_atomic(sg_list: &[Sge], remote_addr: u64) -> Result<(), WrReject> {
+    let length = sg_list.iter().fold(0u32, |sum, s| sum.wrapping_add(s.length));
+    if length < 8 || remote_addr % 8 != 0 {
+        return Err(WrReject::BadAtomic);
+    }
+    Ok(())
 }
 
 /// Copies a request's payload after the header of the send slot at `slot`: the SGEs, or for
@@ -428,6 +456,8 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             };
             write(arm, 0, 0)
         }
+        // SAFETY: as above.
+        SendOp::Raw(raw) => unsafe { write_raw_wqe(slot, wr, raw, length, num_sge) },
         SendOp::AtomicWrite { remote, value } => {
             write(rdma(remote), remote.addr, 0);
             // The value takes the place of the SGEs (`dma.atomic_wr`), 8 bytes of payload.
@@ -440,6 +470,29 @@ unsafe fn write_send_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, inline_len: u32) {
             }
         }
     }
+}
+
+/// [`write_send_wqe`]'s header for a [`SendOp::Raw`], as rdma-core's rxe writes an opcode it
+/// does not know: the arm zeroed, `iova` from the `wr.rdma` arm, `ex` as given; the kernel
+/// judges the opcode. Out of line, so that the common operations' arms stay as they were.
+///
+/// # Safety
+/// As for [`write_send_wqe`].
+#[cold]
+#[inline(never)]
+unsafe fn write_raw_wqe(slot: NonNull<u8>, wr: &SendWr<'_>, raw: RawOp, length: u32, num_sge: u32) {
+    let header = send_header(
+        wr.wr_id,
+        raw.opcode,
+        wr.flags,
+        raw.imm_data,
+        ZEROED_ARM,
+        raw.remote.addr,
+        length,
+        num_sge,
+    );
+    // SAFETY: per the contract.
+    unsafe { slot.cast::<SendWqe>().write(header) };
 }
 
 // SAFETY: MODIFY_QP carries no driver bytes on rxe.
@@ -470,8 +523,15 @@ unsafe impl QpQueues for RxeQp {
 
     /// A single request read in place goes straight to its slot; any other chain, or one the
     /// slot refuses (limits, a full queue), goes through [`RxeQp::post_chain`], which reports
-    /// why.
-    unsafe fn post_send_chain(&mut self, chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+    /// why. In any state, as librxe: below RTS the kernel refuses the doorbell and the
+    /// requests stay in the ring until the QP reaches RTS.
+    unsafe fn post_send_chain(
+        &mut self,
+        chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+        _state: QpState,
+    ) -> Result<()> {
         if let Some(wr) = chain.single(qp_type) {
             // SAFETY: forwarded contract.
             if unsafe { self.post_fast(&wr) }.is_ok() {
@@ -516,15 +576,16 @@ pub(super) fn post_recv_wqes(rq: &mut Producer, max_sge: u32, wrs: &[RecvWr<'_>]
                 reason,
             })
         };
+        // A full queue first, as rdma-core's rxe checks.
+        let Some(slot) = rq.next_slot() else {
+            return reject(WrReject::QueueFull);
+        };
         if wr.sg_list.len() > max_sge as usize {
             return reject(WrReject::TooManySge {
                 given: wr.sg_list.len(),
                 max: max_sge,
             });
         }
-        let Some(slot) = rq.next_slot() else {
-            return reject(WrReject::QueueFull);
-        };
         let length = wr.sg_list.iter().map(|s| s.length).fold(0u32, u32::wrapping_add);
         let header = RecvWqe {
             wr_id: wr.wr_id,
@@ -578,6 +639,23 @@ mod tests {
 
     static DATA: [u8; 32] = [7; 32];
 
+    /// A chain's atomics are checked as rdma-core's rxe checks them: 8 bytes or more over all
+    /// SGEs, an aligned target; nothing else.
+    #[test]
+    fn atomics_of_a_chain_are_checked_as_librxe_checks_them() {
+        let sge = |length| Sge {
+            addr: 0x2000,
+            length,
+            lkey: 1,
+        };
+        assert_eq!(check_atomic(&[sge(8)], 0x1000), Ok(()));
+        assert_eq!(check_atomic(&[sge(4), sge(8)], 0x1000), Ok(()), "two SGEs");
+        assert_eq!(check_atomic(&[sge(16)], 0x1000), Ok(()), "longer");
+        for (sg, addr) in [(&[][..], 0x1000), (&[sge(4)][..], 0x1000), (&[sge(8)][..], 0x1004)] {
+            assert_eq!(check_atomic(sg, addr), Err(WrReject::BadAtomic), "{sg:?} at {addr:#x}");
+        }
+    }
+
     /// Every operation but UD's (which needs a kernel AH; the guest tests cover it): the
     /// whole 208-byte header, byte for byte against one built field by field (opcodes are the
     /// kernel's `IB_WR_*`), then the SGEs or the inline bytes.
@@ -601,7 +679,7 @@ mod tests {
             },
         ];
         let rdma_arm = [remote.addr, u64::from(remote.rkey)];
-        let cases: [(SendOp, u32, u32, &[u64], u64); 7] = [
+        let cases: [(SendOp, u32, u32, &[u64], u64); 8] = [
             (SendOp::RdmaWrite(remote), 0, 0, &rdma_arm, remote.addr),
             (
                 SendOp::RdmaWriteWithImm(remote, 0x1234),
@@ -629,6 +707,18 @@ mod tests {
                 6,
                 0,
                 &[remote.addr, 5, 0, u64::from(remote.rkey)],
+                remote.addr,
+            ),
+            // As librxe writes an opcode it does not know: arm zeroed, `ex` as given.
+            (
+                SendOp::Raw(RawOp {
+                    opcode: 10,
+                    imm_data: 0x1234u32.to_be(),
+                    remote,
+                }),
+                10,
+                0x1234u32.to_be(),
+                &[],
                 remote.addr,
             ),
         ];

@@ -640,6 +640,7 @@ fn qp_attr_from_abi(r: &UverbsQpAttr) -> Result<QpAttr> {
         dest_qpn: has(QpAttrMask::DEST_QPN).then_some(r.dest_qp_num),
         alt_path: None,
         path_mig_state: None,
+        bare_mask: QpAttrMask::empty(),
     })
 }
 

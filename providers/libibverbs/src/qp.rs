@@ -314,20 +314,23 @@ pub unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-/// The attributes `mask` selects, or the mask bits uverbs cannot express.
+/// The attributes `mask` selects, the bits no attribute of `uverbs` holds passed on bare, as
+/// rdma-core v44's `ibv_cmd_modify_qp` passes them to the kernel; or why the mask is refused
+/// before the kernel.
 fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, String> {
     // `enum ibv_qp_attr_mask` is an int of bits; any bit pattern is a mask.
     let mask = QpAttrMask::from_bits_retain(mask as u32);
-    // The rate limit (and any bit past it) needs MODIFY_QP_EX, which rdma-core v44's rxe
-    // never sends: its `ibv_cmd_modify_qp` refuses them with EOPNOTSUPP, as here.
-    let expressible = QpAttrMask::all() - (QpAttrMask::CAP | QpAttrMask::RATE_LIMIT);
-    let refused = mask.difference(expressible);
-    if !refused.is_empty() {
+    // The rate limit and every bit past it need MODIFY_QP_EX, which rdma-core v44's rxe never
+    // sends: its `ibv_cmd_modify_qp` refuses them with EOPNOTSUPP, as here.
+    let needs_ex = QpAttrMask::from_bits_retain(!(QpAttrMask::RATE_LIMIT.bits() - 1));
+    if mask.intersects(needs_ex) {
         return Err(format!(
-            "attribute mask bits {:#x} (caps, rate limit and unknown bits are not supported)",
-            refused.bits()
+            "attribute mask bits {:#x} need MODIFY_QP_EX (rate limit and past it)",
+            mask.intersection(needs_ex).bits()
         ));
     }
+    // `IBV_QP_CAP` and bits 21 to 24: MODIFY_QP has no value for them; the kernel answers.
+    let bare_mask = mask.bare();
     let has = |bit: QpAttrMask| mask.contains(bit);
     let state = |v: c_int| {
         u8::try_from(v)
@@ -369,6 +372,7 @@ fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, String> {
         }),
         // The kernel takes one byte; the core refuses (EINVAL) values that do not fit.
         path_mig_state: has(QpAttrMask::PATH_MIG_STATE).then_some(MigState(a.path_mig_state as u32)),
+        bare_mask,
     })
 }
 
@@ -454,9 +458,15 @@ pub unsafe extern "C" fn query_qp(
 
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     // No `ffi::guard`: see the crate docs.
-    let Some(first) = NonNull::new(wr.cast::<CSendWr>()) else {
-        return 0;
-    };
+    // As rdma-core's rxe: no `bad_wr` or no list is EINVAL; `bad_wr` is cleared first.
+    if bad_wr.is_null() | wr.is_null() {
+        // SAFETY: `bad_wr`, when not null, is writable per the libibverbs contract.
+        return unsafe { refuse_no_list(bad_wr) };
+    }
+    // SAFETY: as above.
+    unsafe { *bad_wr = std::ptr::null_mut() };
+    // SAFETY: not null, tested above.
+    let first = unsafe { NonNull::new_unchecked(wr.cast::<CSendWr>()) };
     // SAFETY: libibverbs passes one of our QPs; `wr` is the caller's list, live and unchanged
     // for the call with its SGE arrays and AHs (the ibv_post_send contract), whose buffers the
     // caller keeps valid until completion, the contract `uverbs::Qp::post_send` asks for.
@@ -495,21 +505,39 @@ unsafe fn slow_send_wr<'a>(at: NonNull<CSendWr>, qp_type: QpType) -> Option<Send
     Some(swr.to(ah.ah.ud_dest(ud.remote_qpn, ud.remote_qkey)))
 }
 
-/// Reports a refused or failed post: `bad_wr` names the request it stopped at (the first when
-/// the error names none).
+/// `post_send` without `bad_wr` or without a list: EINVAL, `bad_wr` (if any) cleared.
+///
+/// # Safety
+/// `bad_wr` is null or writable.
+#[cold]
+#[inline(never)]
+unsafe fn refuse_no_list(bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    if !bad_wr.is_null() {
+        // SAFETY: per the contract.
+        unsafe { *bad_wr = std::ptr::null_mut() };
+    }
+    libc::EINVAL
+}
+
+/// Reports a refused or failed post: `bad_wr` names the request it stopped at, none when the
+/// kernel refused the doorbell (all were written), the first for any other error.
 ///
 /// # Safety
 /// `wr` must be the list given to [`post_send`], `bad_wr` writable.
 #[cold]
 #[inline(never)]
 unsafe fn reject_send(wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr, e: &uverbs::Error) -> c_int {
-    let index = match *e {
-        uverbs::Error::WorkRequest { index, .. } => index,
-        _ => 0,
-    };
     // SAFETY: the provider stopped at `index`, counted from `wr` along the list; `bad_wr` is
     // writable per the libibverbs contract.
-    unsafe { *bad_wr = nth(wr, index, |w| w.next) };
+    unsafe {
+        *bad_wr = match *e {
+            uverbs::Error::WorkRequest { index, .. } => nth(wr, index, |w| w.next),
+            // The kernel refused the doorbell (below RTS): every request is in the ring, and
+            // `bad_wr` stays null, as librxe reports it.
+            uverbs::Error::Kernel { .. } => std::ptr::null_mut(),
+            _ => wr,
+        }
+    };
     ffi::fail("post_send", e)
 }
 
@@ -539,6 +567,21 @@ pub unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], lid
 
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     // No `ffi::guard`: see the crate docs.
+    // As rdma-core's rxe: no `bad_wr` is EINVAL; it is cleared first; no list, a QP on an
+    // SRQ (no receive queue) and a QP in RESET by libibverbs' record (C10-97.2.1) are EINVAL
+    // with `bad_wr` left null.
+    if bad_wr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-null `bad_wr` is writable per the libibverbs contract; libibverbs passes
+    // one of our QPs.
+    let refused = unsafe {
+        *bad_wr = std::ptr::null_mut();
+        wr.is_null() || !(*qp).srq.is_null() || (*qp).state == QpState::Reset as c_int
+    };
+    if refused {
+        return libc::EINVAL;
+    }
     // SAFETY: as in post_send.
     unsafe { post_recv_inner(qp_ref(qp), wr, bad_wr) }
 }

@@ -22,11 +22,13 @@ pub(crate) unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Option
     }
 }
 
-/// The `uverbs` operation for a C send work request, or `None` for opcodes uverbs lacks.
+/// The `uverbs` operation for a C send work request (an opcode uverbs does not model is a
+/// `SendOp::Raw`), or `None` for a bind without a window or with immediate data (which
+/// rdma-core's rxe refuses, EINVAL).
 pub(crate) fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
     if WrOpcode(wr.opcode as u32) == WrOpcode::BIND_MW {
         let b = wr.bind_mw;
-        if b.mw.is_null() {
+        if b.mw.is_null() || wr.imm_data != 0 {
             return None;
         }
         // SAFETY: the caller's live MW and MR (the ibv_post_send contract).

@@ -1,7 +1,8 @@
 /* ibv_modify_qp and ibv_query_qp beyond the primary path: the alternate path
  * (IBV_QP_ALT_PATH, which Linux refuses on RoCE ports), the path migration state, the rate
- * limit (which rdma-core v44 sends only through MODIFY_QP_EX, so its rxe refuses it) and mask
- * bits the kernel does not know; every attribute query_qp reports. */
+ * limit (which rdma-core v44 sends only through MODIFY_QP_EX, so its rxe refuses it),
+ * IBV_QP_CAP (which MODIFY_QP carries as a bare mask bit: the kernel answers) and mask bits
+ * the kernel does not know; every attribute query_qp reports. */
 #include "common.h"
 
 static void print_ah(const char *what, const struct ibv_ah_attr *a)
@@ -53,6 +54,11 @@ int main(int argc, char **argv)
 	struct ibv_qp_attr m = { .qp_state = IBV_QPS_INIT, .port_num = 1, .alt_ah_attr = path, .alt_port_num = 1,
 		.alt_timeout = 14, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
 	int init = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+	m.cap = (struct ibv_qp_cap){ .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1 };
+	modify(qp, &m, IBV_QP_CAP, "RESET -> RESET with caps");
+	modify(qp, &m, init | IBV_QP_CAP, "RESET -> INIT with caps");
+	modify(qp, &m, init | (1 << 22), "RESET -> INIT with mask bit 22");
+	modify(qp, &m, init | (1 << 24), "RESET -> INIT with mask bit 24");
 	modify(qp, &m, init | IBV_QP_ALT_PATH, "RESET -> INIT with an alternate path");
 	modify(qp, &m, init | IBV_QP_RATE_LIMIT, "RESET -> INIT with a rate limit");
 	modify(qp, &m, init | (1 << 21), "RESET -> INIT with mask bit 21");
@@ -66,6 +72,7 @@ int main(int argc, char **argv)
 		.alt_timeout = 14 };
 	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 		  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	modify(qp, &m, rtr | IBV_QP_CAP, "INIT -> RTR with caps");
 	modify(qp, &m, rtr | IBV_QP_ALT_PATH, "INIT -> RTR with an alternate path");
 	m.alt_port_num = 2;
 	modify(qp, &m, rtr | IBV_QP_ALT_PATH, "INIT -> RTR with an alternate path on port 2");
@@ -90,6 +97,10 @@ int main(int argc, char **argv)
 	m.path_mig_state = 7;
 	modify(qp, &m, IBV_QP_PATH_MIG_STATE, "RTS -> RTS with migration state 7");
 	query(qp, "after 7");
+	m.cap = (struct ibv_qp_cap){ .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 };
+	modify(qp, &m, IBV_QP_CAP, "RTS -> RTS with caps");
+	modify(qp, &m, IBV_QP_STATE | IBV_QP_CAP, "RTS -> RTS (state named) with caps");
+	query(qp, "after caps");
 	m.rate_limit = 1000;
 	modify(qp, &m, IBV_QP_RATE_LIMIT, "RTS -> RTS with a rate limit");
 	modify(qp, &m, IBV_QP_ALT_PATH, "RTS -> RTS with an alternate path");
