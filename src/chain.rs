@@ -345,8 +345,9 @@ impl<'a> SendChain<'a> {
     }
 
     /// The chain's request when it is its only one and [`SendChain::next`] would read it in
-    /// place, checked ([`ChainWr::Fast`]); `None` otherwise, the chain left as it was. A
-    /// provider's straight path for the single post.
+    /// place ([`ChainWr::Fast`]), read as `next` reads it (the transport rules are the
+    /// provider's); `None` otherwise, the chain left as it was. A provider's straight path for
+    /// the single post.
     #[inline(always)]
     pub fn single(&self, qp_type: QpType) -> Option<FastWr<'a>> {
         let first = NonNull::new(self.next)?;

@@ -123,16 +123,23 @@ impl AsyncEventFile {
         }
         let mut queued = self.queued();
         let was_empty = queued.is_empty();
-        while let Some(desc) = self.read_kernel(&mut queued)? {
-            seen(&desc);
-            queued.push_back(desc);
-        }
+        // A failed read still signals the events queued before it.
+        let read = loop {
+            match self.read_kernel(&mut queued) {
+                Ok(Some(desc)) => {
+                    seen(&desc);
+                    queued.push_back(desc);
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
         if was_empty && !queued.is_empty() {
             self.queued_signal
                 .write(1)
                 .map_err(|e| Error::kernel("get_async_event: eventfd", e))?;
         }
-        Ok(())
+        read
     }
 
     /// The next event, the queued ones first, waiting up to `timeout` (forever with `None`);
@@ -150,7 +157,11 @@ impl AsyncEventFile {
                     if queued.is_empty() {
                         match self.queued_signal.read() {
                             Ok(_) | Err(Errno::EAGAIN) => {}
-                            Err(e) => return Err(Error::kernel("get_async_event: eventfd", e)),
+                            Err(e) => {
+                                // Still the user's: back at the front for the next call.
+                                queued.push_front(desc);
+                                return Err(Error::kernel("get_async_event: eventfd", e));
+                            }
                         }
                     }
                     return Ok(Some(desc));

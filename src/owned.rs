@@ -249,6 +249,12 @@ impl Qp {
             };
             return Err(Refused { error, buf: Some(buf) });
         }
+        if let SendOp::Raw(_) = op {
+            return Err(Refused {
+                error: raw_refused("send_buf"),
+                buf: Some(buf),
+            });
+        }
         let wr = SendWr {
             wr_id: id,
             op,
@@ -290,6 +296,9 @@ impl Qp {
     /// change), each buffer's SGE named where the QP keeps it. No allocation.
     pub fn send_bufs(&mut self, op: SendOp, bufs: &mut Vec<Buf>, flags: SendFlags) -> Result<()> {
         self.owner.check("post_send")?;
+        if let SendOp::Raw(_) = op {
+            return Err(raw_refused("send_bufs"));
+        }
         let queues = &mut self.queues;
         let (posted, stop) = self.sends.post_list(
             bufs,
@@ -482,6 +491,18 @@ impl Qp {
             index: 0,
             reason,
         }
+    }
+}
+
+/// A raw operation ([`SendOp::Raw`]) is not for the safe posts: the core cannot say what the
+/// device does with a buffer lent to an operation it does not model (rule 1 of the module docs
+/// reasons about the operations it does).
+#[cold]
+fn raw_refused(verb: Verb) -> Error {
+    Error::WorkRequest {
+        verb,
+        index: 0,
+        reason: WrReject::OpcodeNotSupported,
     }
 }
 

@@ -257,6 +257,40 @@ fn refused_posts_hand_the_buffer_back_and_failed_requests_still_return_it() {
     );
     let buf = refused.buf.expect("rejected before it was queued");
     assert_eq!(p.a.qp.held_bufs(), (0, 0));
+    // An operation the core does not model is not for a lent buffer, alone or in a list.
+    let raw = SendOp::Raw(RawOp {
+        opcode: 10, // IBV_WR_TSO
+        imm_data: 0,
+        remote: p.b.mr.remote(0).unwrap(),
+    });
+    let refused = p.a.qp.send_buf(raw, buf).unwrap_err();
+    assert!(
+        matches!(
+            refused.error,
+            Error::WorkRequest {
+                reason: WrReject::OpcodeNotSupported,
+                ..
+            }
+        ),
+        "{}",
+        refused.error
+    );
+    let buf = refused.buf.expect("refused before it was queued");
+    let mut list = vec![buf];
+    let err = p.a.qp.send_bufs(raw, &mut list, SendFlags::SIGNALED).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WorkRequest {
+                reason: WrReject::OpcodeNotSupported,
+                index: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let buf = list.pop().expect("the list's buffer stays with the caller");
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
     // A write with a bad rkey fails at the device: the error completion gives it back.
     let bad = Remote {
         addr: p.b.mr.addr(),

@@ -137,15 +137,19 @@ impl RxeQp {
     }
 
     /// Publishes the `posted` requests just written and rings the doorbell if there are any;
-    /// then reports the request refused, if one was.
+    /// then reports the request refused, if one was, whatever the doorbell said (a chain below
+    /// RTS: the kernel refuses the doorbell, and the caller must still learn which requests
+    /// are not in the ring, as librxe's `bad_wr` tells).
     #[inline(always)]
     fn finish(&mut self, posted: usize, rejected: Option<(usize, WrReject)>) -> Result<()> {
-        if posted > 0 {
+        let rung = if posted > 0 {
             self.sq.publish();
-            self.doorbell.ring(self.file.as_fd())?;
-        }
+            self.doorbell.ring(self.file.as_fd())
+        } else {
+            Ok(())
+        };
         match rejected {
-            None => Ok(()),
+            None => rung,
             Some((index, reason)) => Err(Error::WorkRequest {
                 verb: "post_send",
                 index,

@@ -1,6 +1,6 @@
 //! [`AsyncEvents`]: a context's async events as a [`Stream`].
 
-use super::{reactor_error, register, set_nonblocking};
+use super::{reactor_error, register};
 use crate::context::Context;
 use crate::error::Result;
 use crate::event::AsyncEvent;
@@ -37,7 +37,6 @@ impl AsyncEvents {
     /// The async events of `ctx`. Must be called inside a tokio runtime with I/O enabled
     /// (else an error).
     pub fn new(ctx: &Context) -> Result<Self> {
-        set_nonblocking(ctx.async_fd(), "AsyncEvents::new")?;
         // SAFETY: the context keeps its async event fd open while it lives and always names
         // that one.
         let fd = unsafe { register(AsyncEventFd(ctx.clone()), "AsyncEvents::new") }?;

@@ -3,7 +3,8 @@
  * whose receives go to an SRQ (EINVAL, bad_wr left null), bad_wr cleared on success, and
  * which check wins when a receive has too many SGEs for a full queue (the full queue:
  * ENOMEM); sends in RESET and INIT (written into the ring anyway, the doorbell refused: EINVAL
- * with bad_wr null) and their completions once the QP reaches RTS. */
+ * with bad_wr null, or naming a request refused after others went into the ring) and their
+ * completions once the QP reaches RTS. */
 #include "common.h"
 
 #define UNSET ((void *)1)
@@ -68,6 +69,18 @@ int main(int argc, char **argv)
 	w.wr_id = 3;
 	bad = UNSET;
 	sent("post_send in INIT", ibv_post_send(a, &w, &bad), bad, &w);
+	/* A chain whose second request is refused: the first goes into the ring, the doorbell
+	 * is refused, and bad_wr still names the refused one. */
+	struct ibv_send_wr second = w, chain = w;
+	second.wr_id = 6;
+	second.sg_list = three;
+	second.num_sge = 3;
+	chain.wr_id = 5;
+	chain.next = &second;
+	bad = UNSET;
+	sent("post_send in INIT of two, the second with 3 SGEs (max 1)", ibv_post_send(a, &chain, &bad), bad,
+	     &chain);
+	printf("  bad_wr is the second: %s\n", bad == &second ? "yes" : "no");
 	connect_to(a, b->qp_num);
 	connect_to(b, a->qp_num);
 	w.wr_id = 4;
@@ -76,6 +89,7 @@ int main(int argc, char **argv)
 	wait_wc(cq, "first completion");
 	wait_wc(cq, "second completion");
 	wait_wc(cq, "third completion");
+	wait_wc(cq, "fourth completion");
 	rbad = UNSET;
 	received("post_recv in RTS", ibv_post_recv(b, &r, &rbad), rbad, &r);
 
