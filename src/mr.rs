@@ -75,8 +75,11 @@ impl From<OutOfBounds> for Error {
     }
 }
 
-/// Access flags that let a peer change a region's bytes at any time.
-const PEER_WRITES: AccessFlags = AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_ATOMIC);
+/// Access flags that let a peer change a region's bytes at any time: directly, or through a
+/// memory window bound over the region (`MW_BIND`).
+const PEER_WRITES: AccessFlags = AccessFlags::REMOTE_WRITE
+    .union(AccessFlags::REMOTE_ATOMIC)
+    .union(AccessFlags::MW_BIND);
 
 /// A registered memory region that no peer may write (see the module docs for the rule).
 ///
@@ -113,13 +116,14 @@ impl std::fmt::Debug for Mr {
 
 impl Pd {
     /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`, which
-    /// may not include [`AccessFlags::REMOTE_WRITE`] or [`AccessFlags::REMOTE_ATOMIC`]: for
-    /// memory peers write, [`Pd::alloc_remote_mr`].
+    /// may not include [`AccessFlags::REMOTE_WRITE`], [`AccessFlags::REMOTE_ATOMIC`] or
+    /// [`AccessFlags::MW_BIND`] (a window bound over the region could let a peer write it):
+    /// for memory peers write, [`Pd::alloc_remote_mr`].
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
         if access.intersects(PEER_WRITES) {
             return Err(Error::invalid(
                 "alloc_mr",
-                "remote write or atomic access: peers could change the bytes under a slice; use Pd::alloc_remote_mr",
+                "remote write, atomic or window access: peers could change the bytes under a slice; use Pd::alloc_remote_mr",
             ));
         }
         self.alloc_any_mr(len, access)

@@ -348,6 +348,11 @@ fn remotely_writable_memory_is_reached_by_copies_and_never_split() {
             .unwrap_err();
     assert!(err.to_string().contains("alloc_remote_mr"), "{err}");
     assert!(p.pd.alloc_mr(4096, AccessFlags::REMOTE_ATOMIC).is_err());
+    // A window bound over the region could open it to a peer's writes.
+    assert!(p
+        .pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+        .is_err());
     let mut mr =
         p.pd.alloc_remote_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
             .unwrap();
