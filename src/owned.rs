@@ -369,6 +369,7 @@ impl Qp {
     /// Posted while the QP is in [`QpState::Err`], the receive may never complete, not
     /// even flushed (rxe on Linux 6.1, as [`Qp::post_recv`] says): its buffer then stays held
     /// until the QP is destroyed. Move the QP to RESET before posting again.
+    #[inline]
     pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
         let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
             Ok(id) => id,
@@ -382,17 +383,22 @@ impl Qp {
                 self.recvs.commit();
                 Ok(())
             }
-            Err(error) => {
-                let buf = if matches!(error, Error::WorkRequest { .. }) {
-                    Some(self.recvs.unclaim())
-                } else {
-                    // The provider may have queued it: held like a posted one.
-                    self.recvs.commit();
-                    None
-                };
-                Err(Refused { error, buf })
-            }
+            Err(error) => Err(self.recv_failed(error)),
         }
+    }
+
+    /// `recv_buf`'s post failed with `error`: the claimed buffer comes back unless the
+    /// provider may have queued the request.
+    #[cold]
+    fn recv_failed(&mut self, error: Error) -> Refused {
+        let buf = if matches!(error, Error::WorkRequest { .. }) {
+            Some(self.recvs.unclaim())
+        } else {
+            // The provider may have queued it: held like a posted one.
+            self.recvs.commit();
+            None
+        };
+        Refused { error, buf }
     }
 
     /// The next buffer `c` gives back: if `c` is a completion of this QP's send queue (from

@@ -35,7 +35,8 @@
 //!    SRQ keeps the buffer as if it were posted.
 //! 2. **A `Buf` leaves the SRQ only once the device is done with it.** Each request gets an
 //!    id (its `wr_id`) no other request in the process ever had: the SRQ draws blocks of ids
-//!    from the QPs' allocator, and a slot takes a fresh id at every post. The device writes a
+//!    from the QPs' allocator, its ids grow by one with every post (an id whose slot still
+//!    holds a buffer is passed over, never used), and a slot takes a fresh id at every post. The device writes a
 //!    receive's buffer only until it completes that request, with any status: success,
 //!    error, or flush. [`Srq::reclaim`] gives back the buffer of exactly the request `c`
 //!    names, and only when
@@ -148,8 +149,9 @@ impl std::error::Error for SrqReclaimError {}
 impl Srq {
     /// Posts a receive into `buf`'s whole capacity. The SRQ holds it until [`Srq::reclaim`]
     /// gives it back, its length set to the bytes received. On failure the buffer comes back
-    /// in the [`Refused`] unless the request may have been queued ([`Refused::buf`]); when as
-    /// many buffers are held as the SRQ had room for when created, the error is
+    /// in the [`Refused`] unless the request may have been queued ([`Refused::buf`]); when
+    /// every slot holds a buffer (the SRQ has as many as its room when created, rounded up to
+    /// a power of two) or the provider's ring is full, the error is
     /// [`crate::WrReject::QueueFull`].
     #[inline]
     pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
@@ -177,17 +179,22 @@ impl Srq {
                 self.held.commit();
                 Ok(())
             }
-            Err(error) => {
-                let buf = if matches!(error, Error::WorkRequest { .. }) {
-                    self.held.unclaim()
-                } else {
-                    // The provider may have queued it: held like a posted one.
-                    self.held.commit();
-                    None
-                };
-                Err(Refused { error, buf })
-            }
+            Err(error) => Err(self.recv_failed(error)),
         }
+    }
+
+    /// `recv_buf`'s post failed with `error`: the claimed buffer comes back unless the
+    /// provider may have queued the request.
+    #[cold]
+    fn recv_failed(&mut self, error: Error) -> Refused {
+        let buf = if matches!(error, Error::WorkRequest { .. }) {
+            self.held.unclaim()
+        } else {
+            // The provider may have queued it: held like a posted one.
+            self.held.commit();
+            None
+        };
+        Refused { error, buf }
     }
 
     /// The buffer of the receive `c` completes, if `c` is the completion of one posted with
