@@ -19,16 +19,12 @@ use std::sync::Mutex;
 /// The most slots an SRQ keeps (its depth rounded up to a power of two, capped).
 const MAX_SLOTS: u32 = 1 << 24;
 
-/// One slot: the buffer of the request posted there last, while the SRQ holds it.
-struct Slot {
-    id: u64,
-    buf: Option<Buf>,
-}
-
 /// The buffers an SRQ holds for its receives, by slot.
 pub(crate) struct SrqHeld {
-    /// A power of two long, or empty (no safe receives: `claim` always refuses).
-    slots: Box<[Slot]>,
+    /// The buffer of the request posted in each slot last, while the SRQ holds it, its
+    /// request's id kept with it ([`Buf::request`]). A power of two long, or empty (no safe
+    /// receives: `claim` always refuses).
+    slots: Box<[Option<Buf>]>,
     /// `slots.len() - 1` (0 when empty).
     mask: u64,
     /// The next id: [`SAFE_ID`] | [`RECV_ID`] | the current block | the count of ids taken
@@ -50,7 +46,7 @@ impl SrqHeld {
             depth.min(MAX_SLOTS).next_power_of_two()
         };
         Self {
-            slots: (0..len).map(|_| Slot { id: 0, buf: None }).collect(),
+            slots: (0..len).map(|_| None).collect(),
             mask: u64::from(len.saturating_sub(1)),
             next: 0,
             end: 0,
@@ -73,7 +69,7 @@ impl SrqHeld {
         let at = (self.next & self.mask) as usize;
         // SAFETY: past the check above the slots are not empty (`next_block` refuses then),
         // so `mask` is their length less one (a power of two) and `at` is in the ring.
-        if unsafe { self.slots.get_unchecked(at) }.buf.is_some() {
+        if unsafe { self.slots.get_unchecked(at) }.is_some() {
             return self.claim_passing(buf);
         }
         // SAFETY: as above.
@@ -100,7 +96,7 @@ impl SrqHeld {
                 self.next_block()?;
             }
             let at = (self.next & self.mask) as usize;
-            if self.slots[at].buf.is_none() {
+            if self.slots[at].is_none() {
                 return Ok(at);
             }
         }
@@ -117,7 +113,7 @@ impl SrqHeld {
     /// to the device; the next post takes it again).
     pub(crate) fn unclaim(&mut self) -> Option<Buf> {
         let at = (self.next & self.mask) as usize;
-        self.slots.get_mut(at)?.buf.take()
+        self.slots.get_mut(at)?.take()
     }
 
     /// Starts a fresh block of ids; `QueueFull` when there are no slots or the process used up
@@ -144,18 +140,18 @@ impl SrqHeld {
     /// The buffer request `id` holds, if the SRQ holds one for it (each request's once).
     #[inline]
     pub(crate) fn release(&mut self, id: u64) -> Option<Buf> {
-        let slot = self.slots.get_mut((id & self.mask) as usize).filter(|s| s.id == id)?;
-        slot.buf.take()
+        let slot = self.slots.get_mut((id & self.mask) as usize)?;
+        slot.take_if(|buf| buf.request() == id)
     }
 
     /// How many buffers it holds.
     pub(crate) fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.buf.is_some()).count()
+        self.slots.iter().filter(|s| s.is_some()).count()
     }
 
     /// Every buffer it holds, for when the device can no longer reach them.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Buf> + '_ {
-        self.slots.iter_mut().filter_map(|s| s.buf.take())
+        self.slots.iter_mut().filter_map(Option::take)
     }
 
     /// Whether QP `qpn`, with receive CQ `cq` (`Cq::identity`), is on the SRQ now, as
@@ -172,14 +168,15 @@ impl SrqHeld {
     }
 }
 
-/// Puts `buf` in the free `slot` under `id`; returns the id and the buffer's SGE.
+/// Puts `buf` in the free `slot` under `id`; returns the id and the SGE of the buffer's whole
+/// capacity, for the receive.
 #[inline]
-fn fill(slot: &mut Slot, id: u64, buf: Buf) -> (u64, &Sge) {
-    slot.id = id;
+fn fill(slot: &mut Option<Buf>, id: u64, mut buf: Buf) -> (u64, &Sge) {
+    buf.set_request(id);
     // Free: its buffer was given back (or never there).
-    std::mem::forget(slot.buf.replace(buf));
-    let sge = match &slot.buf {
-        Some(buf) => buf.sge(),
+    std::mem::forget(slot.replace(buf));
+    let sge = match slot {
+        Some(buf) => buf.whole_sge(),
         // Never: just filled (and compiled away).
         None => &EMPTY_SGE,
     };

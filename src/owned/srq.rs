@@ -29,7 +29,8 @@
 //!
 //! 1. **Only the holder reaches a `Buf`'s bytes.** As on a QP: the post takes the buffer by
 //!    value (the `compile_fail` examples below), puts it in a free slot of the SRQ, names the
-//!    SGE in its box, and the provider copies the SGE into the SRQ's ring before returning.
+//!    SGE of its whole capacity in its box (which never changes), and the provider copies the
+//!    SGE into the SRQ's ring before returning.
 //!    A request the provider rejected ([`crate::Error::WorkRequest`]) was not queued and its
 //!    buffer comes back in the [`Refused`]; after any other error it may have been, and the
 //!    SRQ keeps the buffer as if it were posted.
@@ -45,8 +46,10 @@
 //!    - `c`'s QP is on this SRQ now and `c` came from that QP's receive CQ. QPs join the SRQ's
 //!      members when created on it and leave once the kernel destroyed them, before their
 //!      number can be given to another QP;
-//!    - the SRQ holds a buffer under `c`'s id: a completion kept and reclaimed again, after
-//!      the slot took a new request with a new id, names nothing held.
+//!    - the SRQ holds a buffer under `c`'s id (in the slot the id's low bits name, the id
+//!      recorded in the buffer's box by the post, which only the SRQ holding it writes): a
+//!      completion kept and reclaimed again, after the slot took a new request with a new
+//!      id, names nothing held.
 //!
 //!    Such a completion is its request's own. The QP has no receive queue of its own, so its
 //!    receive completions name the SRQ's requests; its send completions (when its send CQ is
@@ -154,11 +157,10 @@ impl Srq {
     /// a power of two) or the provider's ring is full, the error is
     /// [`crate::WrReject::QueueFull`].
     #[inline]
-    pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
+    pub fn recv_buf(&mut self, buf: Buf) -> std::result::Result<(), Refused> {
         if let Err(error) = self.owner.check("post_srq_recv") {
             return Err(Refused { error, buf: Some(buf) });
         }
-        buf.open_to_capacity();
         let (id, sge) = match self.held.claim(buf) {
             Ok(claimed) => claimed,
             Err((reason, buf)) => {
