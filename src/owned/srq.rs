@@ -230,7 +230,7 @@ impl Srq {
         into.len() - before
     }
 
-    /// How many buffers from [`Srq::recv_buf`] the SRQ holds.
+    /// How many buffers from [`Srq::recv_buf`] the SRQ holds (a pass over its slots).
     pub fn held_bufs(&self) -> usize {
         self.held.len()
     }
