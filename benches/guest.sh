@@ -60,7 +60,7 @@ step() {
 harness="--device $dev --gid-index $gidx"
 if [ "${skip#*,timing,}" = "$skip" ]; then
     # Interleaved, so that drift in the emulator's speed hits every implementation alike.
-    for group in drain,empty,post,post_built,post_safe,srq_post_built,srq_post_safe,inplace,inplace_copy drain_replay,drain_floor pingpong,rate; do
+    for group in drain,empty,post,post_built,post_safe,srq_post_built,srq_post_safe,recv_built,recv_safe,inplace,inplace_copy drain_replay,drain_floor pingpong,rate; do
         i=0
         while [ $i -lt "$reps" ]; do
             i=$((i + 1))
@@ -87,7 +87,7 @@ if [ "${skip#*,callgrind,}" = "$skip" ]; then
     }
     # shellcheck disable=SC2086
     run_cg rust $cg="$out/cg/rust.out" "$rust" $harness --callgrind \
-        --only drain,empty,post,post_built,post_safe,srq_post_built,srq_post_safe,inplace,inplace_copy,drain_replay,drain_floor
+        --only drain,empty,post,post_built,post_safe,srq_post_built,srq_post_safe,recv_built,recv_safe,inplace,inplace_copy,drain_replay,drain_floor
     # shellcheck disable=SC2086
     run_cg c $cg="$out/cg/c.out" "$c" $harness --callgrind --only drain,empty,post,inplace,drain_replay
     # shellcheck disable=SC2086

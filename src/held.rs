@@ -155,17 +155,23 @@ impl Held {
     }
 
     /// Puts `buf` in the slot of the request `next_id` gave out and returns its SGE for the
-    /// request to name; then `commit` once the provider took the request, or `unclaim`.
+    /// request to name (of its whole capacity if `whole`: a receive's); then `commit` once
+    /// the provider took the request, or `unclaim`.
     #[inline]
     #[allow(unsafe_code)] // indexes the ring unchecked
-    pub(crate) fn claim(&mut self, buf: Buf) -> &Sge {
+    pub(crate) fn claim(&mut self, buf: Buf, whole: bool) -> &Sge {
         let at = self.ids.next as usize & self.mask;
         // SAFETY: `mask` is `slots.len() - 1` and the length a power of two (`new`), so `at`
         // is below the length.
         let slot = unsafe { self.slots.get_unchecked_mut(at) };
         // Free: `next_id` saw room, so the slot's last request (`depth` ago) was released.
         std::mem::forget(slot.replace(buf));
-        sge_of(slot)
+        match &*slot {
+            Some(buf) if whole => buf.whole_sge(),
+            Some(buf) => buf.sge(),
+            // Never: just filled (and compiled away).
+            None => &EMPTY_SGE,
+        }
     }
 
     /// Counts the claimed request: the provider took it.

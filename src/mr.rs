@@ -313,7 +313,12 @@ impl Mr {
                         length: cap,
                         lkey,
                     },
-                    cap,
+                    whole: Sge {
+                        addr: iova + offset as u64,
+                        length: cap,
+                        lkey,
+                    },
+                    request: 0,
                     mr: mr.clone(),
                 }))
             })
@@ -337,7 +342,10 @@ pub struct Buf(Box<BufPart>);
 struct BufPart {
     /// The bytes `0..len` as a work request names them.
     sge: Sge,
-    cap: u32,
+    /// The whole buffer, `0..capacity`, as a receive names it (never changes).
+    whole: Sge,
+    /// The id of the SRQ receive it was last posted with (`crate::held::SrqHeld`).
+    request: u64,
     mr: Arc<Mr>,
 }
 
@@ -350,7 +358,7 @@ impl std::fmt::Debug for Buf {
         f.debug_struct("Buf")
             .field("offset", &self.offset())
             .field("len", &self.0.sge.length)
-            .field("cap", &self.0.cap)
+            .field("cap", &self.0.whole.length)
             .field("lkey", &self.0.sge.lkey)
             .finish()
     }
@@ -374,20 +382,20 @@ impl Buf {
 
     /// Its share of the region: the most `len` may be, and what a receive may fill.
     pub fn capacity(&self) -> usize {
-        self.0.cap as usize
+        self.0.whole.length as usize
     }
 
     /// Sets the length, up to the capacity.
     pub fn set_len(&mut self, len: usize) -> Result<(), OutOfBounds> {
         match u32::try_from(len) {
-            Ok(l) if l <= self.0.cap => {
+            Ok(l) if l <= self.0.whole.length => {
                 self.0.sge.length = l;
                 Ok(())
             }
             _ => Err(OutOfBounds {
                 offset: self.offset(),
                 len,
-                mr_len: self.0.cap as usize,
+                mr_len: self.0.whole.length as usize,
             }),
         }
     }
@@ -427,13 +435,25 @@ impl Buf {
     /// The bytes `0..len` as a receive delivered `byte_len` of them (clamped to the capacity).
     #[inline]
     pub(crate) fn received(&mut self, byte_len: u32) {
-        self.0.sge.length = byte_len.min(self.0.cap);
+        self.0.sge.length = byte_len.min(self.0.whole.length);
     }
 
-    /// For a receive, which may fill the whole capacity.
+    /// Records the id of the SRQ receive it is posted with.
     #[inline]
-    pub(crate) fn open_to_capacity(&mut self) {
-        self.0.sge.length = self.0.cap;
+    pub(crate) fn set_request(&mut self, id: u64) {
+        self.0.request = id;
+    }
+
+    /// The id [`Buf::set_request`] recorded last.
+    #[inline]
+    pub(crate) fn request(&self) -> u64 {
+        self.0.request
+    }
+
+    /// The scatter/gather entry for the whole capacity, which a receive may fill.
+    #[inline]
+    pub(crate) fn whole_sge(&self) -> &Sge {
+        &self.0.whole
     }
 
     fn ptr(&self) -> *mut u8 {

@@ -35,8 +35,9 @@
 //!    the flags), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
 //!    post took it by value, so the caller cannot read, write, reuse or drop it (the
 //!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
-//!    puts it in the QP's slot for the request first, the request names the SGE in that box,
-//!    and the provider copies the SGE into its work queue entry before returning. (The
+//!    puts it in the QP's slot for the request first, the request names the SGE in that box
+//!    (a receive names the second SGE there, of the buffer's whole capacity, which never
+//!    changes), and the provider copies the SGE into its work queue entry before returning. (The
 //!    request array the QP keeps for lists may go on naming the SGE of a buffer given back
 //!    since, but only as `MaybeUninit` bits that are never read: a list post writes each
 //!    entry's SGE before it hands the entry on, `src/held.rs`.) If the
@@ -258,7 +259,7 @@ impl Qp {
         let wr = SendWr {
             wr_id: id,
             op,
-            sg_list: std::slice::from_ref(self.sends.claim(buf)),
+            sg_list: std::slice::from_ref(self.sends.claim(buf, false)),
             flags,
             ud: dest,
         };
@@ -378,30 +379,35 @@ impl Qp {
     /// Posted while the QP is in [`QpState::Err`], the receive may never complete, not
     /// even flushed (rxe on Linux 6.1, as [`Qp::post_recv`] says): its buffer then stays held
     /// until the QP is destroyed. Move the QP to RESET before posting again.
-    pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
+    #[inline]
+    pub fn recv_buf(&mut self, buf: Buf) -> std::result::Result<(), Refused> {
         let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
             Ok(id) => id,
             Err(error) => return Err(Refused { error, buf: Some(buf) }),
         };
-        buf.open_to_capacity();
-        let wr = RecvWr::new(id, std::slice::from_ref(self.recvs.claim(buf)));
+        let wr = RecvWr::new(id, std::slice::from_ref(self.recvs.claim(buf, true)));
         // SAFETY: as in `send_buf`, for the receive queue and its CQ.
         match unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) } {
             Ok(()) => {
                 self.recvs.commit();
                 Ok(())
             }
-            Err(error) => {
-                let buf = if matches!(error, Error::WorkRequest { .. }) {
-                    Some(self.recvs.unclaim())
-                } else {
-                    // The provider may have queued it: held like a posted one.
-                    self.recvs.commit();
-                    None
-                };
-                Err(Refused { error, buf })
-            }
+            Err(error) => Err(self.recv_failed(error)),
         }
+    }
+
+    /// `recv_buf`'s post failed with `error`: the claimed buffer comes back unless the
+    /// provider may have queued the request.
+    #[cold]
+    fn recv_failed(&mut self, error: Error) -> Refused {
+        let buf = if matches!(error, Error::WorkRequest { .. }) {
+            Some(self.recvs.unclaim())
+        } else {
+            // The provider may have queued it: held like a posted one.
+            self.recvs.commit();
+            None
+        };
+        Refused { error, buf }
     }
 
     /// The next buffer `c` gives back: if `c` is a completion of this QP's send queue (from

@@ -213,7 +213,7 @@ impl Srq {
     }
 
     /// Grows the SRQ to at least `max_wr` receives, keeping those posted. [`Srq::recv_buf`]
-    /// keeps as many buffers as the SRQ took when created, no more.
+    /// keeps as many buffers as the SRQ took when created (rounded up to a power of two), no more.
     pub fn resize(&mut self, max_wr: u32) -> Result<()> {
         self.modify(SrqAttrMask::MAX_WR, max_wr, 0)?;
         self.max_wr = self.query()?.max_wr;

@@ -316,3 +316,84 @@ fn dropping_the_srq_handle_keeps_its_buffers_until_the_kernel_destroyed_it() {
     // The region is still alive through the one buffer kept here.
     assert_eq!(probe.capacity(), CAP);
 }
+
+/// Posts from `pool` until the SRQ refuses; the refusal is `QueueFull` with the buffer back.
+/// Returns how many were posted.
+fn post_until_full(srq: &mut Srq, pool: &mut Vec<Buf>) -> usize {
+    let mut posted = 0;
+    loop {
+        match srq.recv_buf(pool.pop().expect("more buffers than room")) {
+            Ok(()) => posted += 1,
+            Err(refused) => {
+                assert!(
+                    matches!(
+                        refused.error,
+                        Error::WorkRequest {
+                            reason: WrReject::QueueFull,
+                            ..
+                        }
+                    ),
+                    "{}",
+                    refused.error
+                );
+                pool.push(refused.buf.expect("refused before it was queued: the buffer is back"));
+                return posted;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_post_passes_over_slots_whose_buffers_are_still_held() {
+    let mut s = setup(8);
+    let mut pool = bufs(&s.pd, 4, CAP);
+    let mut recv = bufs(&s.pd, 64, CAP);
+    // Fill the SRQ, let every receive take a message, and fill it again: every slot is held
+    // (the first receives' completions are reaped but not reclaimed yet).
+    let first = post_until_full(&mut s.srq, &mut recv);
+    for seq in 0..first as u64 {
+        send(&mut s, &mut pool, 0, &message(0, seq));
+    }
+    let mut wc = [WorkCompletion::default(); 64];
+    let reaped = s.recv_cq.reap(&mut wc);
+    assert_eq!(reaped.len(), first, "the sends completed, so did their receives");
+    let second = post_until_full(&mut s.srq, &mut recv);
+    assert_eq!(s.srq.held_bufs(), first + second);
+    // The second receive's buffer back: its slot is free again, the first's still held.
+    let completions: Vec<Completion<'_>> = reaped.iter().collect();
+    let one = s.srq.reclaim(completions[1]).expect("the second receive's buffer");
+    assert_eq!(one.as_slice(), message(0, 1));
+    recv.push(one);
+    // The next post passes over the held slots to the free one, under a new id.
+    let third = post_until_full(&mut s.srq, &mut recv);
+    assert!(third >= 1, "a slot was free");
+    assert_eq!(
+        s.srq.reclaim(completions[1]).unwrap_err(),
+        SrqReclaimError::NotHeld {
+            wr_id: completions[1].wr_id
+        },
+        "the old completion names the old id, not the new request in its slot"
+    );
+    // Every receive still posted takes a message and gives its buffer back once; the first
+    // ones' completions give theirs.
+    let mut back = Vec::new();
+    for c in completions.iter().enumerate().filter(|&(k, _)| k != 1).map(|(_, c)| *c) {
+        back.push(s.srq.reclaim(c).expect("a first receive's buffer"));
+    }
+    let pending = second + third;
+    for seq in 0..pending as u64 {
+        send(&mut s, &mut pool, 0, &message(0, 100 + seq));
+    }
+    let mut wc = [WorkCompletion::default(); 64];
+    let reaped = s.recv_cq.reap(&mut wc);
+    assert_eq!(reaped.len(), pending);
+    for (seq, c) in reaped.iter().enumerate() {
+        assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+        let b = s.srq.reclaim(c).expect("a posted receive's buffer");
+        assert_eq!(b.as_slice(), message(0, 100 + seq as u64), "message {seq}");
+        back.push(b);
+    }
+    assert_eq!(s.srq.held_bufs(), 0);
+    let offsets: BTreeSet<usize> = back.iter().map(Buf::offset).collect();
+    assert_eq!(offsets.len(), first + second + third - 1, "each buffer once");
+}

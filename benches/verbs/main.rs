@@ -11,7 +11,7 @@
 //! Options: `--impl NAME` (label, default "rust"), `--only W1,W2` (workloads: drain, inplace,
 //! inplace_copy (Rust only), drain_replay, drain_floor (Rust only), empty, post, post_built
 //! (1, and lists of 32 built per call) and post_safe (Rust only), srq_post_built and
-//! srq_post_safe (Rust only), pingpong, rate),
+//! srq_post_safe (Rust only), recv_built and recv_safe (Rust only), pingpong, rate),
 //! `--device NAME`, `--gid-index N`,
 //! `--cq-depth N` (default 8192), `--batches B1,B2` (the drain's batch sizes, default
 //! [`DRAIN_BATCHES`]), `--drain-wait-ms N` (the drain's first wait for the device, default 20;
@@ -157,7 +157,7 @@ struct Side {
 }
 
 struct Pair {
-    _ctx: Context,
+    ctx: Context,
     pd: Pd,
     a: Side,
     b: Side,
@@ -211,7 +211,7 @@ impl Pair {
         let (aq, bq) = (a.qp.qpn(), b.qp.qpn());
         connect(&mut a.qp, &gid, lid, bq)?;
         connect(&mut b.qp, &gid, lid, aq)?;
-        Ok(Self { _ctx: ctx, pd, a, b })
+        Ok(Self { ctx, pd, a, b })
     }
 }
 
@@ -748,6 +748,75 @@ fn bench_srq_post(o: &Opts, p: &mut Pair, safe: bool) {
     o.report(workload, 1, v);
 }
 
+/// 3d. Receives posted one per call to a fresh RC QP in INIT (receives are taken from INIT
+/// on; nothing arrives, so nothing completes), `POST_K` deep as the pair's: raw
+/// (`Qp::post_recv`, the request built in the loop; `safe` false) or safe (`Qp::recv_buf`,
+/// each 64-byte buffer moved into the QP and dropped, untimed, with it). Rust only.
+fn bench_recv_post(o: &Opts, p: &mut Pair, safe: bool) {
+    let workload = if safe { "recv_safe" } else { "recv_built" };
+    let rounds = if o.callgrind { 2 } else { 11 };
+    let k = if o.callgrind { 256 } else { POST_K };
+    let mut v = Vec::with_capacity(rounds);
+    let cq = p.ctx.create_cq(1).unwrap_or_else(|e| fail(&format!("create_cq: {e}")));
+    let raw_region =
+        p.pd.alloc_mr(k * MSG as usize, AccessFlags::LOCAL_WRITE)
+            .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
+    let raw: Vec<_> = (0..k)
+        .map(|i| raw_region.sge(i * MSG as usize, MSG).expect("in the MR"))
+        .collect();
+    for r in -1..rounds as isize {
+        let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+        init.cap = QpCap {
+            max_send_wr: 1,
+            max_recv_wr: POST_K as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let mut qp =
+            p.pd.create_qp(&init)
+                .unwrap_or_else(|e| fail(&format!("create_qp: {e}")));
+        qp.to_init(1, access())
+            .unwrap_or_else(|e| fail(&format!("to_init: {e}")));
+        let bufs = if safe {
+            p.pd.alloc_mr(k * MSG as usize, AccessFlags::LOCAL_WRITE)
+                .and_then(|region| region.into_bufs(MSG as usize))
+                .unwrap_or_else(|e| fail(&format!("bufs: {e}")))
+        } else {
+            Vec::new()
+        };
+        let mut posting = bufs.into_iter();
+        if r >= 0 {
+            o.collect_on();
+        }
+        let t0 = Instant::now();
+        if safe {
+            for buf in posting.by_ref() {
+                qp.recv_buf(buf).unwrap_or_else(|e| fail(&format!("recv_buf: {e}")));
+            }
+        } else {
+            for (i, sge) in raw.iter().enumerate() {
+                // SAFETY: the region outlives the QP, and nothing reads or writes those bytes
+                // while the QP lives.
+                unsafe { qp.post_recv(&[RecvWr::new(i as u64, std::slice::from_ref(sge))]) }
+                    .unwrap_or_else(|e| fail(&format!("post_recv: {e}")));
+            }
+        }
+        let dt = t0.elapsed();
+        if r >= 0 {
+            o.collect_off(workload, 1, k);
+        }
+        if posting.len() != 0 || (safe && qp.held_bufs().1 != k) {
+            fail("every receive posted");
+        }
+        drop(qp);
+        if r >= 0 {
+            v.push(dt.as_nanos() as f64 / k as f64);
+        }
+    }
+    o.report(workload, 1, v);
+}
+
 fn post_recv(s: &mut Side, id: u64) {
     let off = MR_LEN / 2 + (id % RECV_DEPTH) as usize * MSG as usize;
     let sge = [s.mr.sge(off, MSG).expect("in the MR")];
@@ -952,6 +1021,8 @@ fn main() -> ExitCode {
         "post_safe",
         "srq_post_built",
         "srq_post_safe",
+        "recv_built",
+        "recv_safe",
     ]
     .iter()
     .any(|w| o.wanted(w))
@@ -982,6 +1053,12 @@ fn main() -> ExitCode {
         }
         if o.wanted("srq_post_safe") {
             bench_srq_post(&o, &mut p, true);
+        }
+        if o.wanted("recv_built") {
+            bench_recv_post(&o, &mut p, false);
+        }
+        if o.wanted("recv_safe") {
+            bench_recv_post(&o, &mut p, true);
         }
     }
     if o.wanted("inplace") {

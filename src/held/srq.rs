@@ -3,9 +3,11 @@
 //!
 //! An SRQ's receives complete in any order (whichever QP a message comes to takes the next
 //! one), so a completion gives back exactly the buffer its id names, not every older one as on
-//! a QP's own queue. Ids come from the same blocks as the QPs' ([`super::NEXT_BLOCK`]), so no
-//! two requests in the process ever share one: a request's id has its slot in the low bits and
-//! the SRQ's count of posts above them.
+//! a QP's own queue. Ids come from the same blocks as the QPs' ([`super::NEXT_BLOCK`]) and
+//! grow by one with every post, so no two requests in the process ever share one; a request's
+//! slot is its id's low bits (the slots are a ring, a power of two long). A post takes the
+//! slot of the next id; if that slot still holds the buffer of a receive not given back yet,
+//! the id is passed over (never used) and the next one tried.
 
 use super::{BLOCK_BITS, EMPTY_SGE, MAX_BLOCKS, NEXT_BLOCK, RECV_ID, SAFE_ID};
 use crate::error::WrReject;
@@ -14,29 +16,20 @@ use crate::wr::Sge;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// The most slots an SRQ keeps: ids keep `32 - 24` bits of each block for the count of posts.
+/// The most slots an SRQ keeps (its depth rounded up to a power of two, capped).
 const MAX_SLOTS: u32 = 1 << 24;
-
-/// One slot: the buffer of the request posted there last, while the SRQ holds it.
-struct Slot {
-    id: u64,
-    buf: Option<Buf>,
-}
 
 /// The buffers an SRQ holds for its receives, by slot.
 pub(crate) struct SrqHeld {
-    slots: Box<[Slot]>,
-    /// The free slots are `free[..free_len]`, distinct indices into `slots` (as long as it);
-    /// a post takes the last.
-    free: Box<[u32]>,
-    free_len: usize,
-    /// How many low bits of an id name its slot.
-    slot_bits: u32,
-    /// The next id less its slot: [`SAFE_ID`] | [`RECV_ID`] | the current block | the count
-    /// of posts in it, shifted by `slot_bits`; it grows by `step` (`1 << slot_bits`) with
-    /// every post, up to `end`, the end of the block.
+    /// The buffer of the request posted in each slot last, while the SRQ holds it, its
+    /// request's id kept with it ([`Buf::request`]). A power of two long, or empty (no safe
+    /// receives: `claim` always refuses).
+    slots: Box<[Option<Buf>]>,
+    /// `slots.len() - 1` (0 when empty).
+    mask: u64,
+    /// The next id: [`SAFE_ID`] | [`RECV_ID`] | the current block | the count of ids taken
+    /// from it; up to `end`, the end of the block (0 and 0 before the first post).
     next: u64,
-    step: u64,
     end: u64,
     /// The QPs on the SRQ as last read from [`SrqMembers`], and that list's version.
     known: Vec<Member>,
@@ -44,72 +37,99 @@ pub(crate) struct SrqHeld {
 }
 
 impl SrqHeld {
-    /// Slots for `depth` receives (at most 2^24); no block of ids is drawn before the first
-    /// post. Allocates nothing for `depth` 0.
+    /// Slots for `depth` receives (rounded up to a power of two, at most 2^24); no block of
+    /// ids is drawn before the first post. Allocates nothing for `depth` 0.
     pub(crate) fn new(depth: u32) -> Self {
-        let depth = depth.min(MAX_SLOTS);
-        let slot_bits = u32::BITS - depth.saturating_sub(1).leading_zeros();
+        let len = if depth == 0 {
+            0
+        } else {
+            depth.min(MAX_SLOTS).next_power_of_two()
+        };
         Self {
-            slots: (0..depth).map(|_| Slot { id: 0, buf: None }).collect(),
-            free: (0..depth).rev().collect(),
-            free_len: depth as usize,
-            slot_bits,
+            slots: (0..len).map(|_| None).collect(),
+            mask: u64::from(len.saturating_sub(1)),
             next: 0,
-            step: 1 << slot_bits,
             end: 0,
             known: Vec::new(),
             known_version: u64::MAX,
         }
     }
 
-    /// Puts `buf` in a free slot under a fresh id and returns the id and the buffer's SGE for
-    /// the request; then `commit` once the provider took the request, or `unclaim`. `QueueFull`
-    /// (and the buffer back) when every slot is taken.
+    /// Puts `buf` in the slot of a fresh id and returns the id and the buffer's SGE for the
+    /// request; then `commit` once the provider took the request, or `unclaim`. `QueueFull`
+    /// (and the buffer back) when every slot holds a buffer.
     #[inline]
     #[allow(unsafe_code)] // indexes the slots unchecked
     pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<(u64, &Sge), (WrReject, Buf)> {
-        if self.free_len == 0 || (self.next == self.end && !self.next_block()) {
-            return Err((WrReject::QueueFull, buf));
+        if self.next == self.end {
+            if let Err(reason) = self.next_block() {
+                return Err((reason, buf));
+            }
         }
-        // SAFETY: `free_len` is at most `free.len()` and not 0 (checked above).
-        let at = unsafe { *self.free.get_unchecked(self.free_len - 1) };
-        let id = self.next | u64::from(at);
-        self.next += self.step;
-        // SAFETY: the free list holds indices into `slots` only.
-        let slot = unsafe { self.slots.get_unchecked_mut(at as usize) };
-        slot.id = id;
-        // Free: its buffer was given back (or never there).
-        std::mem::forget(slot.buf.replace(buf));
-        let sge = match &slot.buf {
-            Some(buf) => buf.sge(),
-            // Never: just filled (and compiled away).
-            None => &EMPTY_SGE,
-        };
-        Ok((id, sge))
+        let at = (self.next & self.mask) as usize;
+        // SAFETY: past the check above the slots are not empty (`next_block` refuses then),
+        // so `mask` is their length less one (a power of two) and `at` is in the ring.
+        if unsafe { self.slots.get_unchecked(at) }.is_some() {
+            return self.claim_passing(buf);
+        }
+        // SAFETY: as above.
+        let slot = unsafe { self.slots.get_unchecked_mut(at) };
+        Ok(fill(slot, self.next, buf))
     }
 
-    /// Counts the claimed slot as held: the provider took its request.
+    /// `claim` when the next id's slot still holds a buffer.
+    #[cold]
+    fn claim_passing(&mut self, buf: Buf) -> std::result::Result<(u64, &Sge), (WrReject, Buf)> {
+        match self.pass_held() {
+            Ok(at) => Ok(fill(&mut self.slots[at], self.next, buf)),
+            Err(reason) => Err((reason, buf)),
+        }
+    }
+
+    /// The next id's slot holds a buffer: passes over ids (never used) to the first whose slot
+    /// is free and returns that slot; `QueueFull` when every slot holds one.
+    #[cold]
+    fn pass_held(&mut self) -> std::result::Result<usize, WrReject> {
+        for _ in 0..self.slots.len() {
+            self.next += 1;
+            if self.next == self.end {
+                self.next_block()?;
+            }
+            let at = (self.next & self.mask) as usize;
+            if self.slots[at].is_none() {
+                return Ok(at);
+            }
+        }
+        Err(WrReject::QueueFull)
+    }
+
+    /// Counts the claimed id as used: the provider took its request.
     #[inline]
     pub(crate) fn commit(&mut self) {
-        self.free_len -= 1;
+        self.next += 1;
     }
 
-    /// The claimed buffer, back: the provider refused the request.
+    /// The claimed buffer, back: the provider refused the request (its id was never given
+    /// to the device; the next post takes it again).
     pub(crate) fn unclaim(&mut self) -> Option<Buf> {
-        let at = self.free[self.free_len - 1] as usize;
-        self.slots[at].buf.take()
+        let at = (self.next & self.mask) as usize;
+        self.slots.get_mut(at)?.take()
     }
 
-    /// Starts a fresh block of ids; false when the process used up every block.
+    /// Starts a fresh block of ids; `QueueFull` when there are no slots or the process used up
+    /// every block.
     #[cold]
-    fn next_block(&mut self) -> bool {
+    fn next_block(&mut self) -> std::result::Result<(), WrReject> {
+        if self.slots.is_empty() {
+            return Err(WrReject::QueueFull);
+        }
         let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
         if block >= MAX_BLOCKS {
-            return false;
+            return Err(WrReject::QueueFull);
         }
         self.next = SAFE_ID | RECV_ID | block << BLOCK_BITS;
         self.end = self.next + (1 << BLOCK_BITS);
-        true
+        Ok(())
     }
 
     /// Whether `id` has the form of a safe receive's (an SRQ's or a QP's own).
@@ -120,26 +140,18 @@ impl SrqHeld {
     /// The buffer request `id` holds, if the SRQ holds one for it (each request's once).
     #[inline]
     pub(crate) fn release(&mut self, id: u64) -> Option<Buf> {
-        let at = (id & ((1 << self.slot_bits) - 1)) as usize;
-        let slot = self.slots.get_mut(at).filter(|s| s.id == id)?;
-        let buf = slot.buf.take()?;
-        self.free[self.free_len] = at as u32;
-        self.free_len += 1;
-        Some(buf)
+        let slot = self.slots.get_mut((id & self.mask) as usize)?;
+        slot.take_if(|buf| buf.request() == id)
     }
 
     /// How many buffers it holds.
     pub(crate) fn len(&self) -> usize {
-        self.slots.len() - self.free_len
+        self.slots.iter().filter(|s| s.is_some()).count()
     }
 
     /// Every buffer it holds, for when the device can no longer reach them.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Buf> + '_ {
-        self.free_len = self.slots.len();
-        for (k, at) in self.free.iter_mut().rev().enumerate() {
-            *at = k as u32;
-        }
-        self.slots.iter_mut().filter_map(|s| s.buf.take())
+        self.slots.iter_mut().filter_map(Option::take)
     }
 
     /// Whether QP `qpn`, with receive CQ `cq` (`Cq::identity`), is on the SRQ now, as
@@ -154,6 +166,21 @@ impl SrqHeld {
             .binary_search_by_key(&qpn, |m| m.qpn)
             .is_ok_and(|at| self.known[at].cq == cq)
     }
+}
+
+/// Puts `buf` in the free `slot` under `id`; returns the id and the SGE of the buffer's whole
+/// capacity, for the receive.
+#[inline]
+fn fill(slot: &mut Option<Buf>, id: u64, mut buf: Buf) -> (u64, &Sge) {
+    buf.set_request(id);
+    // Free: its buffer was given back (or never there).
+    std::mem::forget(slot.replace(buf));
+    let sge = match slot {
+        Some(buf) => buf.whole_sge(),
+        // Never: just filled (and compiled away).
+        None => &EMPTY_SGE,
+    };
+    (id, sge)
 }
 
 /// A QP on an SRQ: its number and its receive CQ.
@@ -229,10 +256,11 @@ mod tests {
     }
 
     #[test]
-    fn slots_and_ids_fit_the_depth() {
+    fn slots_are_a_ring_of_the_depth_rounded_up() {
         let held = SrqHeld::new(1000);
-        assert_eq!((held.slot_bits, held.slots.len(), held.len()), (10, 1000, 0));
-        assert_eq!(SrqHeld::new(1).slot_bits, 0);
+        assert_eq!((held.mask, held.slots.len(), held.len()), (1023, 1024, 0));
+        assert_eq!(SrqHeld::new(1).mask, 0);
+        assert!(SrqHeld::new(0).slots.is_empty());
         assert!(SrqHeld::is_recv_id(SAFE_ID | RECV_ID | 5));
         assert!(!SrqHeld::is_recv_id(SAFE_ID | 5) && !SrqHeld::is_recv_id(5));
     }

@@ -29,13 +29,15 @@
 //!
 //! 1. **Only the holder reaches a `Buf`'s bytes.** As on a QP: the post takes the buffer by
 //!    value (the `compile_fail` examples below), puts it in a free slot of the SRQ, names the
-//!    SGE in its box, and the provider copies the SGE into the SRQ's ring before returning.
+//!    SGE of its whole capacity in its box (which never changes), and the provider copies the
+//!    SGE into the SRQ's ring before returning.
 //!    A request the provider rejected ([`crate::Error::WorkRequest`]) was not queued and its
 //!    buffer comes back in the [`Refused`]; after any other error it may have been, and the
 //!    SRQ keeps the buffer as if it were posted.
 //! 2. **A `Buf` leaves the SRQ only once the device is done with it.** Each request gets an
 //!    id (its `wr_id`) no other request in the process ever had: the SRQ draws blocks of ids
-//!    from the QPs' allocator, and a slot takes a fresh id at every post. The device writes a
+//!    from the QPs' allocator, its ids grow by one with every post (an id whose slot still
+//!    holds a buffer is passed over, never used), and a slot takes a fresh id at every post. The device writes a
 //!    receive's buffer only until it completes that request, with any status: success,
 //!    error, or flush. [`Srq::reclaim`] gives back the buffer of exactly the request `c`
 //!    names, and only when
@@ -44,8 +46,10 @@
 //!    - `c`'s QP is on this SRQ now and `c` came from that QP's receive CQ. QPs join the SRQ's
 //!      members when created on it and leave once the kernel destroyed them, before their
 //!      number can be given to another QP;
-//!    - the SRQ holds a buffer under `c`'s id: a completion kept and reclaimed again, after
-//!      the slot took a new request with a new id, names nothing held.
+//!    - the SRQ holds a buffer under `c`'s id (in the slot the id's low bits name, the id
+//!      recorded in the buffer's box by the post, which only the SRQ holding it writes): a
+//!      completion kept and reclaimed again, after the slot took a new request with a new
+//!      id, names nothing held.
 //!
 //!    Such a completion is its request's own. The QP has no receive queue of its own, so its
 //!    receive completions name the SRQ's requests; its send completions (when its send CQ is
@@ -148,15 +152,15 @@ impl std::error::Error for SrqReclaimError {}
 impl Srq {
     /// Posts a receive into `buf`'s whole capacity. The SRQ holds it until [`Srq::reclaim`]
     /// gives it back, its length set to the bytes received. On failure the buffer comes back
-    /// in the [`Refused`] unless the request may have been queued ([`Refused::buf`]); when as
-    /// many buffers are held as the SRQ had room for when created, the error is
+    /// in the [`Refused`] unless the request may have been queued ([`Refused::buf`]); when
+    /// every slot holds a buffer (the SRQ has as many as its room when created, rounded up to
+    /// a power of two) or the provider's ring is full, the error is
     /// [`crate::WrReject::QueueFull`].
     #[inline]
-    pub fn recv_buf(&mut self, mut buf: Buf) -> std::result::Result<(), Refused> {
+    pub fn recv_buf(&mut self, buf: Buf) -> std::result::Result<(), Refused> {
         if let Err(error) = self.owner.check("post_srq_recv") {
             return Err(Refused { error, buf: Some(buf) });
         }
-        buf.open_to_capacity();
         let (id, sge) = match self.held.claim(buf) {
             Ok(claimed) => claimed,
             Err((reason, buf)) => {
@@ -177,17 +181,22 @@ impl Srq {
                 self.held.commit();
                 Ok(())
             }
-            Err(error) => {
-                let buf = if matches!(error, Error::WorkRequest { .. }) {
-                    self.held.unclaim()
-                } else {
-                    // The provider may have queued it: held like a posted one.
-                    self.held.commit();
-                    None
-                };
-                Err(Refused { error, buf })
-            }
+            Err(error) => Err(self.recv_failed(error)),
         }
+    }
+
+    /// `recv_buf`'s post failed with `error`: the claimed buffer comes back unless the
+    /// provider may have queued the request.
+    #[cold]
+    fn recv_failed(&mut self, error: Error) -> Refused {
+        let buf = if matches!(error, Error::WorkRequest { .. }) {
+            self.held.unclaim()
+        } else {
+            // The provider may have queued it: held like a posted one.
+            self.held.commit();
+            None
+        };
+        Refused { error, buf }
     }
 
     /// The buffer of the receive `c` completes, if `c` is the completion of one posted with
@@ -221,7 +230,7 @@ impl Srq {
         into.len() - before
     }
 
-    /// How many buffers from [`Srq::recv_buf`] the SRQ holds.
+    /// How many buffers from [`Srq::recv_buf`] the SRQ holds (a pass over its slots).
     pub fn held_bufs(&self) -> usize {
         self.held.len()
     }

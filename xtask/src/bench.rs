@@ -448,6 +448,22 @@ fn rows(batches: &[i64]) -> Vec<Row> {
         None,
     ));
     v.push(row(
+        "recv_built",
+        1,
+        "QP post_recv, 1 WR per call, the request built in the loop, Rust only".into(),
+        "ns/WR",
+        None,
+        None,
+    ));
+    v.push(row(
+        "recv_safe",
+        1,
+        "safe QP receive (`Qp::recv_buf`: the buffer moves into the QP), 1 WR per call, Rust only".into(),
+        "ns/WR",
+        None,
+        None,
+    ));
+    v.push(row(
         "post",
         32,
         "post_send, lists of 32 WRs (+ doorbell)".into(),
@@ -518,8 +534,9 @@ fn rows(batches: &[i64]) -> Vec<Row> {
 /// budget: at most 5), when callgrind counted them: one request per call against the raw post
 /// of a prepared request (`post` 1) and of one built in the loop (`post_built`); lists
 /// (`post_safe` 32, `Qp::send_bufs`) against the raw post of lists built per call
-/// (`post_built` 32) and of prepared lists re-posted (`post` 32); and the
-/// SRQ's safe receive over its raw post (`srq_post_safe`, `srq_post_built`).
+/// (`post_built` 32) and of prepared lists re-posted (`post` 32); and the safe receives of a
+/// QP and of an SRQ over their raw posts (`recv_safe` over `recv_built`, `srq_post_safe` over
+/// `srq_post_built`).
 fn safe_post_line(ir: &BTreeMap<Key, f64>) -> String {
     let get = |w: &str, list: i64| ir.get(&(w.to_string(), list, "rust".to_string())).copied();
     let mut md = String::new();
@@ -553,12 +570,18 @@ fn safe_post_line(ir: &BTreeMap<Key, f64>) -> String {
             );
         }
     }
-    if let (Some(safe), Some(raw)) = (get("srq_post_safe", 1), get("srq_post_built", 1)) {
-        let _ = writeln!(
-            md,
-            "\nSafe SRQ receive over the raw SRQ post of a request built per call: {safe:.1} − {raw:.1} = {:+.1} instructions per WR.",
-            safe - raw
-        );
+    for (safe, raw, what) in [
+        ("recv_safe", "recv_built", "QP receive over the raw QP post"),
+        ("srq_post_safe", "srq_post_built", "SRQ receive over the raw SRQ post"),
+    ] {
+        if let (Some(safe), Some(raw)) = (get(safe, 1), get(raw, 1)) {
+            let extra = safe - raw;
+            let _ = writeln!(
+                md,
+                "\nSafe {what} of a request built per call: {safe:.1} − {raw:.1} = {extra:+.1} instructions per WR (budget ≤ 5: {}).",
+                if extra <= 5.0 { "met" } else { "not met" }
+            );
+        }
     }
     md
 }
@@ -815,6 +838,12 @@ mod tests {
         assert!(safe_post_line(&ir).contains(
             "lists of 32 built per call (id and SGE per request), the lists: 113.1 − 110.0 = +3.1 instructions per WR (budget ≤ 5: met)"
         ));
+        ir.insert(key("recv_built"), 140.0);
+        ir.insert(key("recv_safe"), 146.5);
+        assert!(safe_post_line(&ir).contains(
+            "Safe QP receive over the raw QP post of a request built per call: 146.5 − 140.0 = +6.5 instructions per WR (budget ≤ 5: not met)"
+        ));
+        assert!(!safe_post_line(&ir).contains("SRQ"), "no SRQ figures, no SRQ line");
     }
 
     #[test]
