@@ -295,6 +295,24 @@ pub unsafe trait QpQueues: Send {
     /// block, allocate or make a system call.
     fn send_room(&mut self) -> u32;
 
+    /// [`QpQueues::post_send_chain`] of a batch made by libibverbs' extended QP builders
+    /// (`ibv_wr_*`, completed with `ibv_wr_complete`), which a C provider may write with fewer
+    /// checks than `ibv_post_send`'s: a provider checks what its C twin's builders and
+    /// `ibv_wr_complete` check. This default is [`QpQueues::post_send_chain`].
+    ///
+    /// # Safety
+    /// As for [`QpQueues::post_send_chain`].
+    unsafe fn post_send_built(
+        &mut self,
+        chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+        state: QpState,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_send_chain(chain, qp_type, context, state) }
+    }
+
     /// [`QpQueues::post_send`] of a chain of requests in libibverbs' layout, `qp_type` being
     /// the QP's and `state` its state as the core last knew it: the same order, doorbells and
     /// error contract, indices counted from the chain's first request. A provider reads each

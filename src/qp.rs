@@ -750,6 +750,23 @@ impl Qp {
         }
     }
 
+    /// [`Qp::post_send_chain`] of a batch made by libibverbs' extended QP builders
+    /// (`ibv_wr_*`): checked as the provider's C twin checks such a batch at
+    /// `ibv_wr_complete`, which may be less than it checks a chain (a C provider's builders
+    /// may leave an atomic's length and alignment to the kernel, say).
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send_chain`].
+    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    pub unsafe fn post_send_built(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
+        self.owner.check("post_send")?;
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            self.queues
+                .post_send_built(SendChain::new(first, slow), self.qp_type, self.context, self.state)
+        }
+    }
+
     /// Posts `wrs` to the receive queue (no system call).
     ///
     /// A receive posted while the QP is in [`QpState::Err`] may never complete, not even

@@ -160,16 +160,17 @@ impl RxeQp {
 }
 
 impl RxeQp {
-    /// Writes a request read in place into the next slot (not yet published).
+    /// Writes a request read in place into the next slot (not yet published); `ATOMICS` as
+    /// for [`RxeQp::post_chain`].
     ///
     /// # Safety
     /// As for [`QpQueues::post_send`].
     #[inline(always)]
-    unsafe fn post_fast(&mut self, wr: &FastWr<'_>) -> Result<(), WrReject> {
+    unsafe fn post_fast<const ATOMICS: bool>(&mut self, wr: &FastWr<'_>) -> Result<(), WrReject> {
         let inline_len = self.check_limits(wr.sg_list(), wr.flags())?;
         // Out of line; before the slot is taken, so a refused atomic takes none. (`remote_addr`
         // is at the same place in the `rdma` and `atomic` arms.)
-        if wr.is_atomic() {
+        if ATOMICS && wr.is_atomic() {
             check_atomic(wr.sg_list(), wr.rdma().remote_addr)?;
         }
         let index = self.sq.next_index().ok_or(WrReject::QueueFull)?;
@@ -189,11 +190,16 @@ impl RxeQp {
     /// # Safety
     /// As for [`QpQueues::post_send`].
     #[inline(never)]
-    unsafe fn post_slow(&mut self, wr: SlowWr<'_>, qp_type: QpType, context: ContextId) -> Result<(), WrReject> {
+    unsafe fn post_slow<const ATOMICS: bool>(
+        &mut self,
+        wr: SlowWr<'_>,
+        qp_type: QpType,
+        context: ContextId,
+    ) -> Result<(), WrReject> {
         let wr = wr.read(qp_type, context)?;
         let inline_len = self.check_limits(wr.sg_list, wr.flags)?;
         match wr.op {
-            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } if ATOMICS => {
                 check_atomic(wr.sg_list, remote.addr)?
             }
             // As rdma-core's rxe: a bind carries no data and is for connected QPs.
@@ -211,19 +217,26 @@ impl RxeQp {
 
     /// The chain's requests from the caller's structs to the slots: those read in place
     /// through [`RxeQp::post_fast`], the rest through [`RxeQp::post_slow`]; one doorbell.
+    /// `ATOMICS`: whether atomics are checked as librxe's `ibv_post_send` checks them
+    /// ([`check_atomic`]); its `ibv_wr_*` builders leave them to the kernel.
     ///
     /// # Safety
     /// As for [`QpQueues::post_send_chain`].
     #[inline(never)]
-    unsafe fn post_chain(&mut self, mut chain: SendChain<'_>, qp_type: QpType, context: ContextId) -> Result<()> {
+    unsafe fn post_chain<const ATOMICS: bool>(
+        &mut self,
+        mut chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+    ) -> Result<()> {
         let mut rejected = None;
         let mut posted = 0;
         while let Some(wr) = chain.next(qp_type) {
             // SAFETY: forwarded contract.
             let step = wr.and_then(|wr| unsafe {
                 match wr {
-                    ChainWr::Fast(f) => self.post_fast(&f),
-                    ChainWr::Slow(s) => self.post_slow(s, qp_type, context),
+                    ChainWr::Fast(f) => self.post_fast::<ATOMICS>(&f),
+                    ChainWr::Slow(s) => self.post_slow::<ATOMICS>(s, qp_type, context),
                 }
             });
             if let Err(reason) = step {
@@ -538,13 +551,26 @@ unsafe impl QpQueues for RxeQp {
     ) -> Result<()> {
         if let Some(wr) = chain.single(qp_type) {
             // SAFETY: forwarded contract.
-            if unsafe { self.post_fast(&wr) }.is_ok() {
+            if unsafe { self.post_fast::<true>(&wr) }.is_ok() {
                 self.sq.publish();
                 return self.doorbell.ring(self.file.as_fd());
             }
         }
         // SAFETY: forwarded contract.
-        unsafe { self.post_chain(chain, qp_type, context) }
+        unsafe { self.post_chain::<true>(chain, qp_type, context) }
+    }
+
+    /// As librxe's `ibv_wr_complete`: the batch written in any state, atomics unchecked (its
+    /// builders check no length or alignment: the kernel judges them).
+    unsafe fn post_send_built(
+        &mut self,
+        chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+        _state: QpState,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_chain::<false>(chain, qp_type, context) }
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {

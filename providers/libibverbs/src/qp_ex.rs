@@ -6,7 +6,11 @@
 //! QP allocated at creation (one per send queue entry), setters fill in the last one, copying
 //! scatter/gather lists and inline data into room of the QP's own (the caller's may go away
 //! as soon as the setter returns), and `ibv_wr_complete` posts the lot with one
-//! `uverbs::Qp::post_send`: one doorbell, no allocation. As in the C provider, the first
+//! `uverbs::Qp::post_send_built`, a chain as `ibv_post_send` posts: one doorbell, no
+//! allocation, the requests checked as the C provider's `ibv_wr_complete` checks them (no
+//! atomic's length or alignment: the kernel judges) and written in any QP state (the kernel
+//! refuses the doorbell below RTS, EINVAL, and the requests run once the QP is in RTS and a
+//! doorbell rings, as with librxe). As in the C provider, the first
 //! error (a full send queue, too many SGEs, too much inline data) is kept, the rest of the
 //! batch ignored, and `ibv_wr_complete` returns it without posting anything. The send queue
 //! is full for a builder when the batch already holds as many requests as the queue has
@@ -17,7 +21,8 @@ use crate::abi::{ibv_ah, ibv_data_buf, ibv_mw, ibv_mw_bind_info, ibv_qp_ex, ibv_
 use crate::ah::Ah;
 use crate::qp::Qp;
 use libc::{c_int, c_void, size_t};
-use uverbs::{QpCap, Remote, SendFlags, SendOp, SendWr, Sge};
+use std::ptr::NonNull;
+use uverbs::{CRdmaArm, CSendArm, CSendWr, QpCap, QpType, Remote, SendFlags, SendOp, SendWr, Sge};
 
 /// The `ibv_wr_*` builders of each transport, as rdma-core v44's rxe offers them.
 pub(crate) const RC_OPS: u64 = send_ops::RDMA_WRITE
@@ -46,6 +51,8 @@ pub(crate) struct WrBuilder {
     /// destinations at the caller's AHs: `'static` stands for "until the batch ends", which
     /// both outlive (the AHs by the caller's contract, as with `ibv_post_send`).
     wrs: Vec<SendWr<'static>>,
+    /// Room for the chain `ibv_wr_complete` posts: one link per request of `wrs`.
+    links: Vec<Link>,
     /// Scatter/gather entries copied from the setters, and entries naming `inline`.
     sges: Vec<Sge>,
     /// Inline data copied from the setters.
@@ -60,6 +67,7 @@ pub(crate) struct WrBuilder {
 
 // SAFETY: the references inside `wrs` point into `sges` and `inline` (moved along with the
 // builder, and never reallocated: see `WrBuilder::new`) and at AHs, which are `Sync`; the
+// pointers inside `links` name `wrs` and `links`, made again for each post; the
 // builder is used by one thread at a time, under the QP's lock.
 unsafe impl Send for WrBuilder {}
 
@@ -68,6 +76,7 @@ impl WrBuilder {
     pub(crate) fn none() -> Self {
         Self {
             wrs: Vec::new(),
+            links: Vec::new(),
             sges: Vec::new(),
             inline: Vec::new(),
             max_sge: 0,
@@ -87,6 +96,7 @@ impl WrBuilder {
         let max_inline = cap.max_inline_data as usize;
         Self {
             wrs: Vec::with_capacity(wrs),
+            links: Vec::with_capacity(wrs),
             // Inline data takes one entry of its own.
             sges: Vec::with_capacity(wrs * max_sge.max(1)),
             inline: Vec::with_capacity(wrs * max_inline),
@@ -99,6 +109,7 @@ impl WrBuilder {
 
     fn clear(&mut self) {
         self.wrs.clear();
+        self.links.clear();
         self.sges.clear();
         self.inline.clear();
         self.room = 0;
@@ -169,6 +180,61 @@ impl WrBuilder {
     }
 }
 
+/// A link of the chain a batch is posted as: a C request with no opcode libibverbs has, so
+/// that the core hands it to [`built_wr`] (`uverbs::SlowDecode`), which returns the request
+/// built.
+#[repr(C)]
+struct Link {
+    c: CSendWr,
+    wr: *const SendWr<'static>,
+}
+
+impl WrBuilder {
+    /// Links the requests built into a chain in `links`; its first link. `wrs` must not be
+    /// empty, and neither may change until the chain is posted.
+    fn chain(&mut self) -> NonNull<CSendWr> {
+        self.links.clear();
+        for wr in &self.wrs {
+            self.links.push(Link {
+                c: CSendWr {
+                    wr_id: wr.wr_id,
+                    next: std::ptr::null_mut(),
+                    sg_list: std::ptr::null_mut(),
+                    num_sge: 0,
+                    // No libibverbs opcode: the core reads no field of the link itself.
+                    opcode: u32::MAX,
+                    send_flags: 0,
+                    imm_data: 0,
+                    wr: CSendArm {
+                        rdma: CRdmaArm {
+                            remote_addr: 0,
+                            rkey: 0,
+                        },
+                    },
+                },
+                wr,
+            });
+        }
+        // `links` holds as many as `wrs` (same capacity), so it never reallocated above.
+        let base = self.links.as_mut_ptr();
+        for i in 1..self.links.len() {
+            // SAFETY: `i - 1` and `i` are links just written.
+            unsafe { (*base.add(i - 1)).c.next = std::ptr::addr_of_mut!((*base.add(i)).c) };
+        }
+        // SAFETY: not empty (the contract), so `base` is a live link; `c` is its first field.
+        unsafe { NonNull::new_unchecked(std::ptr::addr_of_mut!((*base).c)) }
+    }
+}
+
+/// The request a [`Link`] stands for.
+///
+/// # Safety
+/// `at` must be the `c` of a link made by [`WrBuilder::chain`], whose builder is unchanged.
+unsafe fn built_wr(at: NonNull<CSendWr>, _qp_type: QpType) -> Option<SendWr<'static>> {
+    // SAFETY: `c` is the first field of the `repr(C)` link, which names a live request.
+    Some(unsafe { *(*at.as_ptr().cast::<Link>()).wr })
+}
+
 /// The QP and its builder.
 ///
 /// # Safety
@@ -222,11 +288,13 @@ pub(crate) unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     let rc = if b.err != 0 || b.wrs.is_empty() {
         b.err
     } else {
-        // SAFETY: the lock is held, so this thread alone uses the `uverbs` QP. The buffers
-        // the SGEs name are the caller's registered memory, which the caller keeps valid
-        // until completion (the `ibv_wr_*` contract, as `uverbs::Qp::post_send` asks), or
-        // the inline copies, which the core copies into the queue entry before returning.
-        match unsafe { (*q.qp.held_value()).post_send(&b.wrs) } {
+        let first = b.chain();
+        // SAFETY: the lock is held, so this thread alone uses the `uverbs` QP. The chain's
+        // links and the requests they name stay unchanged for the call. The buffers the SGEs
+        // name are the caller's registered memory, which the caller keeps valid until
+        // completion (the `ibv_wr_*` contract, as `uverbs::Qp::post_send` asks), or the
+        // inline copies, which the provider copies into the queue entry before returning.
+        match unsafe { (*q.qp.held_value()).post_send_built(first, built_wr) } {
             Ok(()) => 0,
             Err(uverbs::Error::WorkRequest {
                 reason: uverbs::WrReject::QueueFull,
@@ -483,6 +551,28 @@ mod tests {
         push(&mut b, 2);
         b.set_inline(&[([0u8; 9].as_ptr(), 9)]);
         assert_eq!(b.err, libc::ENOSPC, "more than max_inline_data");
+    }
+
+    #[test]
+    fn the_chain_links_every_request_built_in_order() {
+        let mut b = builder(4, 1, 0);
+        for wr_id in [7, 8, 9] {
+            push(&mut b, wr_id);
+        }
+        let mut at = b.chain().as_ptr();
+        let mut seen = Vec::new();
+        while !at.is_null() {
+            // SAFETY: a link of the chain just made, the builder unchanged.
+            let (c, wr) = unsafe { (*at, built_wr(NonNull::new_unchecked(at), QpType::Rc)) };
+            assert_eq!(
+                c.opcode,
+                u32::MAX,
+                "no libibverbs opcode: the core reads nothing in place"
+            );
+            seen.push((c.wr_id, wr.map(|w| w.wr_id)));
+            at = c.next;
+        }
+        assert_eq!(seen, [(7, Some(7)), (8, Some(8)), (9, Some(9))]);
     }
 
     #[test]
