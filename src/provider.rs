@@ -302,7 +302,7 @@ pub unsafe trait QpQueues: Send {
     ///
     /// # Safety
     /// As for [`QpQueues::post_send_chain`].
-    unsafe fn post_send_built(
+    unsafe fn post_send_batch(
         &mut self,
         chain: SendChain<'_>,
         qp_type: QpType,

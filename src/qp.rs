@@ -670,7 +670,7 @@ impl Qp {
     /// targets) must not be accessed. Inline requests' buffers are copied before return. On a
     /// QP that also has buffers from the safe posts, no `wr_id` may have bit 63 set (those
     /// ids are the safe posts'), nor on a QP on an SRQ with buffers from [`Srq::recv_buf`].
-    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    #[allow(unsafe_code)] // forwards the caller's contract to the provider
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.owner.check("post_send")?;
         if !self.direct_send {
@@ -687,7 +687,7 @@ impl Qp {
     ///
     /// # Safety
     /// As for [`Qp::post_send`].
-    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    #[allow(unsafe_code)] // forwards the caller's contract to the provider
     #[inline(never)]
     unsafe fn post_send_checked(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.check_send_state()?;
@@ -739,7 +739,7 @@ impl Qp {
     /// [`Qp::post_send`]'s contract for every request of the chain; and every request from
     /// `first` on, following `next` to a null one, must be live and unchanged for the call,
     /// with its scatter/gather list (`num_sge` entries, when positive).
-    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    #[allow(unsafe_code)] // forwards the caller's contract to the provider
     #[inline]
     pub unsafe fn post_send_chain(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
         self.owner.check("post_send")?;
@@ -757,13 +757,13 @@ impl Qp {
     ///
     /// # Safety
     /// As for [`Qp::post_send_chain`].
-    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
-    pub unsafe fn post_send_built(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
+    #[allow(unsafe_code)] // forwards the caller's contract to the provider
+    pub unsafe fn post_send_batch(&mut self, first: NonNull<CSendWr>, slow: SlowDecode<'_>) -> Result<()> {
         self.owner.check("post_send")?;
         // SAFETY: forwarded caller contract.
         unsafe {
             self.queues
-                .post_send_built(SendChain::new(first, slow), self.qp_type, self.context, self.state)
+                .post_send_batch(SendChain::new(first, slow), self.qp_type, self.context, self.state)
         }
     }
 
@@ -779,7 +779,7 @@ impl Qp {
     /// Until each request completes (or the QP is destroyed), the buffers it names must stay
     /// valid and must not be accessed: the device writes incoming data into them. On a QP
     /// that also has buffers from [`Qp::recv_buf`], no `wr_id` may have bit 63 set.
-    #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
+    #[allow(unsafe_code)] // forwards the caller's contract to the provider
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.owner.check("post_recv")?;
         if self.state == QpState::Reset {

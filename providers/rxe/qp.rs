@@ -562,7 +562,7 @@ unsafe impl QpQueues for RxeQp {
 
     /// As librxe's `ibv_wr_complete`: the batch written in any state, atomics unchecked (its
     /// builders check no length or alignment: the kernel judges them).
-    unsafe fn post_send_built(
+    unsafe fn post_send_batch(
         &mut self,
         chain: SendChain<'_>,
         qp_type: QpType,

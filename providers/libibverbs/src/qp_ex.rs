@@ -6,7 +6,7 @@
 //! QP allocated at creation (one per send queue entry), setters fill in the last one, copying
 //! scatter/gather lists and inline data into room of the QP's own (the caller's may go away
 //! as soon as the setter returns), and `ibv_wr_complete` posts the lot with one
-//! `uverbs::Qp::post_send_built`, a chain as `ibv_post_send` posts: one doorbell, no
+//! `uverbs::Qp::post_send_batch`, a chain as `ibv_post_send` posts: one doorbell, no
 //! allocation, the requests checked as the C provider's `ibv_wr_complete` checks them (no
 //! atomic's length or alignment: the kernel judges) and written in any QP state (the kernel
 //! refuses the doorbell below RTS, EINVAL, and the requests run once the QP is in RTS and a
@@ -294,7 +294,7 @@ pub(crate) unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
         // name are the caller's registered memory, which the caller keeps valid until
         // completion (the `ibv_wr_*` contract, as `uverbs::Qp::post_send` asks), or the
         // inline copies, which the provider copies into the queue entry before returning.
-        match unsafe { (*q.qp.held_value()).post_send_built(first, built_wr) } {
+        match unsafe { (*q.qp.held_value()).post_send_batch(first, built_wr) } {
             Ok(()) => 0,
             Err(uverbs::Error::WorkRequest {
                 reason: uverbs::WrReject::QueueFull,
