@@ -541,7 +541,7 @@ unsafe impl QpQueues for RxeQp {
     /// A single request read in place goes straight to its slot; any other chain, or one the
     /// slot refuses (limits, a full queue), goes through [`RxeQp::post_chain`], which reports
     /// why. In any state, as librxe: below RTS the kernel refuses the doorbell and the
-    /// requests stay in the ring until the QP reaches RTS.
+    /// requests stay in the ring and run at the first doorbell after the QP reached RTS.
     unsafe fn post_send_chain(
         &mut self,
         chain: SendChain<'_>,
