@@ -2,14 +2,14 @@
 //! flipping each entry's owner bit, a doorbell record for the consumer index and arming, and
 //! the CQ doorbell in UAR page 0.
 //!
-//! The ring and the table of the QPs completing on it live in [`CqShared`] behind a try-lock:
-//! the poller takes it without waiting (a poll that finds it taken returns nothing), and a QP
-//! scrubbing its CQEs on RESET or destroy, or linking itself at create, waits for the
-//! poller's batch to end. So a QP's state is never freed while a poll reads it, whatever CQE
-//! the device writes.
+//! The ring and the table of the QPs completing on it live in [`CqShared`] behind a lock
+//! ([`gate`]): the poller takes it without waiting (a poll that finds it taken returns
+//! nothing) and without a read-modify-write, and a QP scrubbing its CQEs on RESET or destroy,
+//! or linking itself at create, waits for the poller's batch to end. So a QP's state is never
+//! freed while a poll reads it, whatever CQE the device writes.
 
 use super::cqe::{self, BadCqe, Cqe64, Decoded, WorkQueue, CQE_SIZE, INVALID_OP_OWN, OP_OWN};
-use super::mem::{Buffer, Doorbell};
+use super::mem::{mmio_fence, Buffer, Doorbell};
 use super::qp::{QpShared, SendRun};
 use super::srq::SrqShared;
 use super::wqe::opcode as send_opcode;
@@ -17,12 +17,14 @@ use super::{abi, Ctx};
 use crate::error::{Error, Result};
 use crate::provider::{CqRing, CreateCqCall, ReadyRun, ResizeCqCall};
 use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use gate::Gate;
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
+mod gate;
 #[cfg(any(test, feature = "test-support"))]
 pub mod hostile;
 
@@ -58,16 +60,8 @@ pub(super) fn create(ctx: &Arc<Ctx>, cqe: u32, kernel: CreateCqCall<'_>) -> Resu
     };
     let mut resp = abi::CreateCqResp::default();
     kernel(ncqe - 1, req.as_bytes(), resp.as_mut_bytes())?;
-    let shared = Arc::new(CqShared {
-        locked: AtomicBool::new(false),
-        state: UnsafeCell::new(CqState {
-            ring,
-            qps: QpTable::default(),
-        }),
-        db,
-    });
     Ok(Box::new(Mlx5Cq {
-        shared,
+        poller: CqShared::create(ring, db),
         ctx: ctx.clone(),
         cqn: resp.cqn,
         scratch: vec![WorkCompletion::default(); SCRATCH].into_boxed_slice(),
@@ -242,35 +236,70 @@ struct CqState {
 
 /// A CQ's shared half: the QPs using it hold it too.
 pub(super) struct CqShared {
-    locked: AtomicBool,
+    gate: Gate,
     state: UnsafeCell<CqState>,
     db: Doorbell,
 }
 
-// SAFETY: `state` is only reached through a `CqGuard`, which `locked` makes exclusive.
+// SAFETY: `state` is only reached through a `CqGuard`, which `gate` makes exclusive.
 unsafe impl Sync for CqShared {}
 
-/// Exclusive access to a CQ's state.
+/// Exclusive access to a CQ's state: the poller's ([`Poller`]) or another thread's.
 struct CqGuard<'a> {
     cq: &'a CqShared,
+    poller: bool,
+}
+
+/// The one handle that polls a CQ: its gate's poller side is taken through this only.
+pub(super) struct Poller(Arc<CqShared>);
+
+impl Poller {
+    /// The shared half, for the QPs that complete here.
+    pub(super) fn shared(&self) -> &Arc<CqShared> {
+        &self.0
+    }
+
+    /// The state, if no other thread holds it: never waits.
+    #[inline(always)]
+    fn try_lock(&mut self) -> Option<CqGuard<'_>> {
+        // SAFETY: `&mut self` of the CQ's one `Poller`: no other poller side at once.
+        unsafe { self.0.gate.try_enter() }.then_some(CqGuard {
+            cq: &self.0,
+            poller: true,
+        })
+    }
+
+    /// The state, waiting for another thread's scrub or link to end.
+    fn lock(&mut self) -> CqGuard<'_> {
+        // SAFETY: as in `try_lock`.
+        unsafe { self.0.gate.enter() };
+        CqGuard {
+            cq: &self.0,
+            poller: true,
+        }
+    }
 }
 
 impl CqShared {
-    /// The state, if no one else holds it: never waits.
-    fn try_lock(&self) -> Option<CqGuard<'_>> {
-        self.locked
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-            .then_some(CqGuard { cq: self })
+    /// The shared half of a new CQ, in its poller.
+    fn create(ring: Ring, db: Doorbell) -> Poller {
+        Poller(Arc::new(CqShared {
+            gate: Gate::new(),
+            state: UnsafeCell::new(CqState {
+                ring,
+                qps: QpTable::default(),
+            }),
+            db,
+        }))
     }
 
-    /// The state, waiting for a poll's batch (or another QP's scrub) to end.
+    /// The state for a QP (link, scrub) or a test, waiting for a poll's batch (or another
+    /// QP's scrub) to end. Never from inside the poller's own guard: it would wait for itself.
     fn lock(&self) -> CqGuard<'_> {
-        loop {
-            if let Some(guard) = self.try_lock() {
-                return guard;
-            }
-            std::thread::yield_now();
+        self.gate.lock();
+        CqGuard {
+            cq: self,
+            poller: false,
         }
     }
 
@@ -294,7 +323,12 @@ impl CqShared {
     }
 }
 
-impl CqGuard<'_> {
+impl<'a> CqGuard<'a> {
+    /// The CQ's doorbell record.
+    fn db(&self) -> &'a Doorbell {
+        &self.cq.db
+    }
+
     fn state(&mut self) -> &mut CqState {
         // SAFETY: the guard holds the lock, so this is the only reference.
         unsafe { &mut *self.cq.state.get() }
@@ -302,8 +336,12 @@ impl CqGuard<'_> {
 }
 
 impl Drop for CqGuard<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
-        self.cq.locked.store(false, Ordering::Release);
+        match self.poller {
+            true => self.cq.gate.leave(),
+            false => self.cq.gate.unlock(),
+        }
     }
 }
 
@@ -631,7 +669,7 @@ fn complete(qps: &QpTable, cqe: &Cqe64) -> WorkCompletion {
 
 /// The poller's half of a CQ.
 pub(super) struct Mlx5Cq {
-    shared: Arc<CqShared>,
+    poller: Poller,
     ctx: Arc<Ctx>,
     cqn: u32,
     /// Completions translated for `ready_run`, `pending` of them not yet consumed.
@@ -642,7 +680,7 @@ pub(super) struct Mlx5Cq {
 impl Mlx5Cq {
     /// The shared half, for the QPs that complete here.
     pub(super) fn shared(&self) -> &Arc<CqShared> {
-        &self.shared
+        self.poller.shared()
     }
 
     /// `poll` with completions left in `scratch` by `ready_run`: those first.
@@ -654,10 +692,11 @@ impl Mlx5Cq {
         if queued == wc.len() {
             return queued;
         }
-        let Some(mut guard) = self.shared.try_lock() else {
+        let Some(mut guard) = self.poller.try_lock() else {
             return queued;
         };
-        queued + poll_ring(guard.state(), &self.shared.db, &mut wc[queued..])
+        let db = guard.db();
+        queued + poll_ring(guard.state(), db, &mut wc[queued..])
     }
 }
 
@@ -670,16 +709,22 @@ unsafe impl CqRing for Mlx5Cq {
         if !self.pending.is_empty() {
             return self.poll_pending(wc);
         }
-        match self.shared.try_lock() {
-            Some(mut guard) => poll_ring(guard.state(), &self.shared.db, wc),
+        match self.poller.try_lock() {
+            Some(mut guard) => {
+                let db = guard.db();
+                poll_ring(guard.state(), db, wc)
+            }
             None => 0,
         }
     }
 
     fn ready_run(&mut self) -> ReadyRun {
         if self.pending.is_empty() {
-            let n = match self.shared.try_lock() {
-                Some(mut guard) => poll_ring(guard.state(), &self.shared.db, &mut self.scratch),
+            let n = match self.poller.try_lock() {
+                Some(mut guard) => {
+                    let db = guard.db();
+                    poll_ring(guard.state(), db, &mut self.scratch)
+                }
                 None => 0,
             };
             self.pending = 0..n;
@@ -706,7 +751,8 @@ unsafe impl CqRing for Mlx5Cq {
     /// switched the CQ to it (polls find the CQ taken meanwhile and return nothing).
     fn resize(&mut self, cqe: u32, kernel: ResizeCqCall<'_>) -> Result<u32> {
         let ncqe = ring_size("RESIZE_CQ", cqe)?;
-        let mut guard = self.shared.lock();
+        let mut guard = self.poller.lock();
+        let db = guard.db();
         let state = guard.state();
         let queued = state.ring.queued() + self.pending.len() as u32;
         if ncqe - 1 < queued {
@@ -728,21 +774,23 @@ unsafe impl CqRing for Mlx5Cq {
         let granted = kernel(ncqe - 1, req.as_bytes(), &mut [])?;
         let old = std::mem::replace(&mut state.ring, new);
         let moved = state.ring.take_from(&old);
-        self.shared.db.set(SET_CI, state.ring.ci & 0xff_ffff);
+        db.set(SET_CI, state.ring.ci & 0xff_ffff);
         moved.map(|()| granted)
     }
 
     /// Arms in user space: the doorbell record, then the UAR's CQ doorbell.
     fn arm(&mut self, solicited_only: bool, events: u32, _kernel: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let ci = self.shared.lock().state().ring.ci & 0xff_ffff;
-        let word = arm_word(solicited_only, events, ci);
-        self.shared.db.set(ARM_DB, word);
+        let mut guard = self.poller.lock();
+        let word = arm_word(solicited_only, events, guard.state().ring.ci & 0xff_ffff);
+        guard.db().set(ARM_DB, word);
+        drop(guard);
         // The record must be in memory before the device reads it on the doorbell.
-        std::sync::atomic::fence(Ordering::SeqCst);
+        mmio_fence();
         self.ctx.cq_uar().write64(
             UAR_CQ_DOORBELL,
             (u64::from(word) << 32 | u64::from(self.cqn)).to_be_bytes(),
         );
+        mmio_fence();
         Ok(())
     }
 
@@ -765,14 +813,8 @@ pub(super) mod tests {
 
     /// A CQ's shared half on heap memory, no kernel.
     pub(crate) fn shared(ncqe: u32) -> Arc<CqShared> {
-        Arc::new(CqShared {
-            locked: AtomicBool::new(false),
-            state: UnsafeCell::new(CqState {
-                ring: Ring::new(ncqe, "test").unwrap(),
-                qps: QpTable::default(),
-            }),
-            db: Arc::new(DbPages::new(4096)).alloc("test").unwrap(),
-        })
+        let db = Arc::new(DbPages::new(4096)).alloc("test").unwrap();
+        CqShared::create(Ring::new(ncqe, "test").unwrap(), db).0
     }
 
     /// Plays the device: writes a CQE at producer index `pi`, `op_own` last.

@@ -7,7 +7,7 @@
 //! and the work-request id tables.
 
 use super::cq::{CqShared, Mlx5Cq};
-use super::mem::{Buffer, Doorbell};
+use super::mem::{mmio_fence, Buffer, Doorbell};
 use super::srq::{Mlx5Srq, SrqShared};
 use super::wqe::{self, ctrl_flags, opcode, Ctrl, Words, SEG, SEND_WQE_BB};
 use super::{abi, ah, Ctx};
@@ -771,7 +771,7 @@ impl Mlx5Qp {
             self.shared.publish_sends(self.sq.head);
             self.db.set(SND_DBR, cur_post & 0xffff);
             // The record and the WQEs must be in memory before the device hears the doorbell.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            mmio_fence();
             // BlueFlame (the WQE itself through the UAR, sparing the device its fetch) on
             // libmlx5's terms: a lone request (inline, or any with `prefer_bf`) of more than
             // the control segment that fits the buffer (qp.c post_send_db).
@@ -784,6 +784,7 @@ impl Mlx5Qp {
                 // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive.
                 unsafe { self.doorbell.ring(ctrl) };
             }
+            mmio_fence();
         }
         match rejected {
             None => Ok(()),

@@ -79,7 +79,9 @@ macro_rules! kernel_layouts {
             #[allow(unused_imports)]
             use super::*;
             $(use $import;)*
+            #[allow(unused_imports)] // a file of values only uses neither
             use $crate::sys::layout_check::{optional, Item, Table};
+            #[allow(unused_imports)]
             use ::core::mem::{offset_of, size_of};
 
             #[test]

@@ -1,6 +1,6 @@
 //! The small unsafe backend: the kernel's uverbs ABI as `#[repr(C)]` structs, the two ways
 //! of sending it commands (framed `write()` and the `RDMA_VERBS_IOCTL` attribute ioctl), the
-//! fds the kernel creates, the fork hook, and the RDMA CM's `rdma_ucm` ABI.
+//! fds the kernel creates, the fork hook, `membarrier(2)`, and the RDMA CM's `rdma_ucm` ABI.
 //!
 //! The crate denies `unsafe_code`; besides this module, only the providers (rings and
 //! mappings), `batch` (completions read in place) and `mr` (caller memory) allow it, and a few
@@ -13,6 +13,8 @@ pub mod fork;
 pub mod ioctl;
 #[cfg(test)]
 pub(crate) mod layout_check;
+#[cfg(feature = "mlx5")] // a provider's lock that fences one side only (its one user so far)
+pub(crate) mod membarrier;
 pub mod ucma;
 
 /// Asserts at compile time that an ABI struct has the kernel's size and field offsets.

@@ -34,14 +34,15 @@ pub const CI_FUZZ_SECONDS: u32 = 60;
 const LOOM_MODELS: [&str; 2] = ["providers::rxe::queue::model", "providers::mlx5::qp::model"];
 
 /// The ring-index protocol, the synthetic rings, the rxe poll and the in-place batch; the mlx5
-/// WQE segment encoders, the CQE decoder and the poster/poller tables.
-const MIRI_TESTS: [&str; 6] = [
+/// WQE segment encoders, the CQE decoder, the poster/poller tables and the CQ's poller gate.
+const MIRI_TESTS: [&str; 7] = [
     "providers::rxe::queue::tests",
     "providers::rxe::cq::tests",
     "batch::tests",
     "providers::mlx5::wqe::tests",
     "providers::mlx5::cqe::tests",
     "providers::mlx5::qp::shared::tests",
+    "providers::mlx5::cq::gate::tests",
 ];
 
 /// The fuzz target's host triple (`-Zsanitizer` needs an explicit `--target`).

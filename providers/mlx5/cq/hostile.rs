@@ -16,13 +16,12 @@
 use super::super::cqe::{opcode, CQE_SIZE, OP_OWN};
 use super::super::mem::DbPages;
 use super::super::qp::QpShared;
-use super::{poll_ring, CqShared, CqState, QpTable, Ring, SET_CI};
+use super::{poll_ring, CqShared, Ring, SET_CI};
 use crate::testing::FuzzInput;
 use crate::wc::{WcStatus, WorkCompletion};
-use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// What a run saw.
@@ -95,14 +94,7 @@ pub fn run(data: &[u8]) -> Stats {
     let Ok(db) = Arc::new(DbPages::new(4096)).alloc("hostile CQEs") else {
         return stats;
     };
-    let cq = CqShared {
-        locked: AtomicBool::new(false),
-        state: UnsafeCell::new(CqState {
-            ring,
-            qps: QpTable::default(),
-        }),
-        db,
-    };
+    let cq = CqShared::create(ring, db).0;
     let mut qps: Vec<Qp> = (0..1 + input.below(3))
         .map(|i| {
             let sq_blocks = 1u32 << input.below(4);
