@@ -34,6 +34,25 @@ const DRAIN_WAIT_MS: &str = "2000";
 /// all their samples.
 const NATIVE_PASSES: usize = 3;
 
+/// `prog` on CPU 0 with the model's device thread on CPU 1 (`taskset`, and the model's
+/// `UVERBS_MLX5_MODEL_DEVICE_CPU`), where there are two CPUs and `taskset`: left to the
+/// scheduler the two threads move between the cores, and one process measured up to 2.5×
+/// the time of the next (docs/benchmarks.md). Otherwise unpinned.
+fn pinned(prog: &Path) -> Command {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    match proc::find_program("taskset") {
+        Some(taskset) if cpus >= 2 => {
+            let mut c = Command::new(taskset);
+            c.args(["-c", "0"]).arg(prog).env("UVERBS_MLX5_MODEL_DEVICE_CPU", "1");
+            c
+        }
+        _ => {
+            note!("xtask: bench mlx5: native runs unpinned (needs 2 CPUs and taskset)");
+            Command::new(prog)
+        }
+    }
+}
+
 /// The rows: workload, parameter, what, unit, target (Rust/libmlx5 at most).
 const ROWS: [(&str, i64, &str, &str, f64); 6] = [
     ("drain", 1, "drain 4096 ready, poll 1 at a time", "completion", 0.7),
@@ -101,7 +120,7 @@ pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
     for _ in 0..NATIVE_PASSES {
         for (imp, prog) in harnesses {
             let dir = crate::mlx5::fresh_dir()?;
-            let mut native = Command::new(prog);
+            let mut native = pinned(prog);
             native.args(harness_args(imp)).stderr(Stdio::inherit());
             crate::mlx5::on_model(&mut native, &lib, &dir);
             note!("xtask: bench mlx5: {}", proc::describe(&native));

@@ -52,6 +52,15 @@ pub fn wc_support() -> bool {
     *ON.get_or_init(|| std::env::var_os("UVERBS_MLX5_MODEL_WC").is_some_and(|v| v == "1"))
 }
 
+/// `UVERBS_MLX5_MODEL_DEVICE_CPU=N`: the device thread runs on CPU `N` only. For native
+/// benchmarks, with the harness pinned to another CPU: left to the scheduler, the two threads
+/// move between the cores, and the time a process measures varied up to 2.5× from one
+/// process to the next. `None` when unset.
+pub fn device_cpu() -> Option<usize> {
+    static CPU: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CPU.get_or_init(|| std::env::var("UVERBS_MLX5_MODEL_DEVICE_CPU").ok()?.parse().ok())
+}
+
 /// `bf_reg_size` as GET_CONTEXT reports it (hw/mlx5/main.c:1790: `1 << log_bf_reg_size`
 /// with write combining, 0 without).
 pub fn bf_reg_size() -> u32 {

@@ -132,6 +132,9 @@ fn serve(mut stream: UnixStream) {
 /// (yielding would hand the core to the client's own busy-polling thread for a whole slice).
 fn device_loop() {
     let Some(rt) = runtime() else { return };
+    if let Some(cpu) = crate::device_cpu() {
+        pin_to(cpu);
+    }
     let mut peers: HashMap<u16, UnixStream> = HashMap::new();
     let mut idle = 0u32;
     loop {
@@ -163,6 +166,25 @@ fn device_loop() {
             65..=50_000 => std::thread::sleep(Duration::from_micros(10)),
             _ => std::thread::sleep(Duration::from_micros(500)),
         }
+    }
+}
+
+/// Runs the calling thread on CPU `cpu` only; says so and goes on unpinned if the kernel
+/// refuses (no such CPU, or outside the process's cpuset).
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed `cpu_set_t` is the empty set; CPU_SET stays inside it for any `cpu`
+    // below its size, checked first.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+            -1
+        } else {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        }
+    };
+    if rc != 0 {
+        eprintln!("mlx5 model: UVERBS_MLX5_MODEL_DEVICE_CPU={cpu}: could not pin the device thread");
     }
 }
 
