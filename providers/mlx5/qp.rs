@@ -314,8 +314,7 @@ impl Ring {
     }
 
     /// Asks for the cache line at byte `pos` (unmasked) in a writable state ahead of the
-    /// stores to it (`prefetchw`, a no-op on processors without it): nothing is written, a
-    /// hint to the cache. A list's
+    /// stores to it (`prefetchw`): a no-op for what is written, a hint to the cache. A list's
     /// stores to lines another core (the model's device thread; on hardware the adapter's
     /// reads) last held otherwise fill the store buffer while each line is fetched.
     #[inline(always)]
