@@ -313,26 +313,6 @@ impl Ring {
         }
     }
 
-    /// Asks for the cache line at byte `pos` (unmasked) in a writable state ahead of the
-    /// stores to it (`prefetchw`): a no-op for what is written, a hint to the cache. A list's
-    /// stores to lines another core (the model's device thread; on hardware the adapter's
-    /// reads) last held otherwise fill the store buffer while each line is fetched.
-    #[inline(always)]
-    fn prefetch_for_write(self, pos: usize) {
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        {
-            let at = pos & self.seg_mask;
-            // SAFETY: a prefetch neither faults nor changes memory; `at` is inside the ring.
-            unsafe {
-                std::arch::asm!(
-                    "prefetchw [{0}]",
-                    in(reg) self.base.as_ptr().add(at),
-                    options(nostack, preserves_flags, readonly)
-                )
-            };
-        }
-    }
-
     /// The 8-byte word at byte `at` (unmasked, a multiple of 8), in the ring's byte order.
     #[inline(always)]
     fn word(self, at: usize) -> u64 {
@@ -769,12 +749,6 @@ impl Mlx5Qp {
                 }
             };
             let start = (cur_post as usize * SEND_WQE_BB) & ring.seg_mask;
-            if !LONE {
-                // The line four blocks on, which the device read on the ring's last lap, is
-                // asked for while this request is written (lists only: a lone post's one
-                // store waits in the store buffer).
-                ring.prefetch_for_write(start + 4 * SEND_WQE_BB);
-            }
             // SAFETY: checked above; inline memory is the caller's contract.
             let ds = unsafe {
                 match wr.flags.contains(SendFlags::INLINE) {
