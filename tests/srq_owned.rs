@@ -201,28 +201,7 @@ fn completions_that_are_not_the_srqs_give_typed_errors() {
     // Full: refused with the buffer back, whether the SRQ's slots (as many as it had room
     // for when created) or the provider's ring (mlx5 keeps one WQE free) ran out first.
     let mut many = bufs(&s.pd, s.srq.max_wr() as usize + 1, CAP);
-    let mut posted = 0;
-    let refused = loop {
-        match s.srq.recv_buf(many.pop().expect("refused by then")) {
-            Ok(()) => posted += 1,
-            Err(refused) => break refused,
-        }
-    };
-    assert!(
-        matches!(
-            refused.error,
-            Error::WorkRequest {
-                reason: WrReject::QueueFull,
-                ..
-            }
-        ),
-        "{}",
-        refused.error
-    );
-    assert!(
-        refused.buf.is_some(),
-        "refused before it was queued: the buffer is back"
-    );
+    let posted = post_until_full(&mut s.srq, &mut many);
     assert!(posted + 1 >= s.srq.max_wr() as usize, "{posted} of {}", s.srq.max_wr());
     assert_eq!(s.srq.held_bufs(), posted);
 }
