@@ -16,9 +16,12 @@
 //! `--cq-depth N` (default 8192), `--batches B1,B2` (the drain's batch sizes, default
 //! [`DRAIN_BATCHES`]), `--drain-wait-ms N` (the drain's first wait for the device, default 20;
 //! a round with fewer ready waits twice as long next time, and its dump is named
-//! "<workload>_partial"), `--callgrind` (few rounds, and callgrind client requests around each measured
+//! "<workload>_partial"), `--rounds N` (measured rounds of drain, empty and post, default 11;
+//! with `UVERBS_BENCH_PERF_CTL`, below, the native profile of a missed target: Rust only),
+//! `--callgrind` (few rounds, and callgrind client requests around each measured
 //! region: collect on, work, collect off, then a dump named "<workload> <param> <ops>").
-//! With `UVERBS_REPLAY_TRACE` set, the replayed drain also writes a line to stderr as each
+//! With `UVERBS_BENCH_PERF_CTL=<ctl>,<ack>` (the fifos of `perf record --control`), sampling
+//! is enabled for the measured regions only. With `UVERBS_REPLAY_TRACE` set, the replayed drain also writes a line to stderr as each
 //! block ends: `replay <impl> <workload> <batch> <ns per completion>`.
 
 mod replay;
@@ -58,6 +61,7 @@ struct Opts {
     cq_depth: u32,
     batches: Vec<usize>,
     drain_wait_ms: u64,
+    rounds: Option<usize>,
     callgrind: bool,
 }
 
@@ -80,19 +84,23 @@ impl Opts {
         );
     }
 
-    /// Callgrind: start counting.
+    /// Under `perf record --control`: start sampling. Callgrind: start counting (after, so
+    /// that the count leaves the perf control out).
     fn collect_on(&self) {
+        perf_control::command("enable");
         if self.callgrind {
             callgrind::toggle_collect();
         }
     }
 
-    /// Callgrind: stop counting and dump what was counted since the last dump.
+    /// Callgrind: stop counting and dump what was counted since the last dump. Under `perf
+    /// record --control`: stop sampling.
     fn collect_off(&self, workload: &str, param: usize, ops: usize) {
         if self.callgrind {
             callgrind::toggle_collect();
             callgrind::dump_stats_at(&format!("{workload} {param} {ops}"));
         }
+        perf_control::command("disable");
     }
 }
 
@@ -104,6 +112,43 @@ fn median(v: &mut [f64]) -> f64 {
         v[n / 2]
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// `perf record --control=fifo:<ctl>,<ack> -D -1` around the measured regions, when
+/// `UVERBS_BENCH_PERF_CTL` names the two fifos as `<ctl>,<ack>`: the profile then holds only
+/// samples taken inside them.
+mod perf_control {
+    use std::fs::{File, OpenOptions};
+    use std::io::{Read, Write};
+    use std::sync::{Mutex, OnceLock};
+
+    fn fifos() -> Option<&'static Mutex<(File, File)>> {
+        static FIFOS: OnceLock<Option<Mutex<(File, File)>>> = OnceLock::new();
+        FIFOS
+            .get_or_init(|| {
+                let names = std::env::var("UVERBS_BENCH_PERF_CTL").ok()?;
+                let (ctl, ack) = names.split_once(',')?;
+                let open = |path: &str, write: bool| {
+                    OpenOptions::new()
+                        .read(!write)
+                        .write(write)
+                        .open(path)
+                        .unwrap_or_else(|e| super::fail(&format!("UVERBS_BENCH_PERF_CTL: {path}: {e}")))
+                };
+                Some(Mutex::new((open(ctl, true), open(ack, false))))
+            })
+            .as_ref()
+    }
+
+    /// Sends `cmd` (`enable`, `disable`) and waits for perf's acknowledgement (`ack\n\0`).
+    pub fn command(cmd: &str) {
+        let Some(fifos) = fifos() else { return };
+        let mut f = fifos.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ack = [0u8; 5];
+        if f.0.write_all(format!("{cmd}\n").as_bytes()).is_err() || f.1.read_exact(&mut ack).is_err() {
+            super::fail("perf control: the fifo closed");
+        }
     }
 }
 
@@ -312,7 +357,7 @@ fn bench_drain(o: &Opts, p: &mut Pair, how: Drain) {
         Drain::InPlaceCopy => ("inplace_copy", 0),
     };
     let inplace = !matches!(how, Drain::Poll(_));
-    let rounds = if o.callgrind { 3 } else { 11 };
+    let rounds = o.rounds.unwrap_or(if o.callgrind { 3 } else { 11 });
     let (mut wait_ms, mut retries) = (o.drain_wait_ms, 0);
     let partial = format!("{name}_partial");
     let mut v = Vec::with_capacity(rounds);
@@ -431,7 +476,7 @@ fn bench_replay(o: &Opts, p: &mut Pair, floor: bool) {
 
 /// 2. Polling an empty CQ.
 fn bench_empty(o: &Opts, p: &mut Pair) {
-    let rounds = if o.callgrind { 1 } else { 11 };
+    let rounds = o.rounds.unwrap_or(if o.callgrind { 1 } else { 11 });
     let k: usize = if o.callgrind { 4096 } else { 1 << 18 };
     let mut v = Vec::with_capacity(rounds);
     let mut wc = [WorkCompletion::default(); 16];
@@ -460,7 +505,7 @@ fn bench_empty(o: &Opts, p: &mut Pair) {
 
 /// 3. post_send of POST_K unsignaled 8-byte RDMA writes (the last signaled), `list` per call.
 fn bench_post(o: &Opts, p: &mut Pair, list: usize) {
-    let rounds = if o.callgrind { 2 } else { 11 };
+    let rounds = o.rounds.unwrap_or(if o.callgrind { 2 } else { 11 });
     let k = if o.callgrind { 256 } else { POST_K };
     let mut v = Vec::with_capacity(rounds);
     let sge = [p.a.mr.sge(0, 8).expect("in the MR")];
@@ -966,6 +1011,7 @@ fn parse_args() -> Result<Opts, String> {
         cq_depth: 8192,
         batches: DRAIN_BATCHES.to_vec(),
         drain_wait_ms: 20,
+        rounds: None,
         callgrind: false,
     };
     let mut args = std::env::args().skip(1);
@@ -979,6 +1025,7 @@ fn parse_args() -> Result<Opts, String> {
             "--cq-depth" => o.cq_depth = value()?.parse().map_err(|e| format!("--cq-depth: {e}"))?,
             "--callgrind" => o.callgrind = true,
             "--drain-wait-ms" => o.drain_wait_ms = value()?.parse().map_err(|e| format!("--drain-wait-ms: {e}"))?,
+            "--rounds" => o.rounds = Some(value()?.parse().map_err(|e| format!("--rounds: {e}"))?),
             "--batches" => {
                 o.batches = value()?
                     .split(',')
@@ -1001,7 +1048,7 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!(
-                "verbs_bench: {e}\nusage: verbs [--impl NAME] [--only W,...] [--device D] [--gid-index N] [--cq-depth N] [--batches B,...] [--drain-wait-ms N] [--callgrind]"
+                "verbs_bench: {e}\nusage: verbs [--impl NAME] [--only W,...] [--device D] [--gid-index N] [--cq-depth N] [--batches B,...] [--drain-wait-ms N] [--rounds N] [--callgrind]"
             );
             return ExitCode::from(2);
         }

@@ -12,8 +12,10 @@
 //! the device first, and a round that found fewer is dumped as `drain_partial` and rerun).
 //!
 //! Results: `target/bench/mlx5/` (raw dumps and results.jsonl) and the table
-//! `target/bench/mlx5-summary.md`, with, for every missed target, the functions the measured
-//! region spent its instructions in.
+//! `target/bench/mlx5-summary.md`, with, for every missed instruction target, the functions
+//! the measured region spent its instructions in, and for every missed time target a sampling
+//! profile of the Rust harness running that workload for many rounds (`perf record -e
+//! cpu-clock`, the software clock: this VM has no hardware counters).
 
 use super::{fmt_value, median_iqr, read_callgrind, read_samples};
 use crate::error::{Context, Result};
@@ -133,6 +135,9 @@ pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
         }
     }
     crate::write_atomic(&raw.join("results.jsonl"), results.as_bytes())?;
+    for (w, p, _) in time_misses(&read_samples(&raw)?) {
+        ok &= profile_natively(&raw, rust, &lib, w, p)?;
+    }
     let table = summarize(&raw)?;
     crate::write_atomic(&out.join("mlx5-summary.md"), table.as_bytes())?;
     say!("{table}");
@@ -143,15 +148,7 @@ pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
 fn summarize(raw: &Path) -> Result<String> {
     let samples = read_samples(raw)?;
     let ir = read_callgrind(raw);
-    let ns = |w: &str, p: i64, i: &str| {
-        let mut v: Vec<f64> = samples
-            .get(&(w.to_string(), p, i.to_string()))?
-            .values()
-            .flatten()
-            .copied()
-            .collect();
-        (!v.is_empty()).then(|| median_iqr(&mut v).0)
-    };
+    let ns = |w: &str, p: i64, i: &str| native_median(&samples, w, p, i);
     let ir_of = |w: &str, p: i64, i: &str| ir.get(&(w.to_string(), p, i.to_string())).copied();
     let show = |x: Option<f64>| x.map_or("–".to_string(), fmt_value);
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
@@ -162,9 +159,9 @@ fn summarize(raw: &Path) -> Result<String> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "| workload | per | Ir libmlx5 | Ir Rust | Ir Rust/libmlx5 | ns libmlx5 | ns Rust | ns Rust/libmlx5 | target | met (Ir) |"
+        "| workload | per | Ir libmlx5 | Ir Rust | Ir Rust/libmlx5 | ns libmlx5 | ns Rust | ns Rust/libmlx5 | target | met (Ir) | met (ns) |"
     );
-    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---|---|");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|");
     let mut missed = Vec::new();
     for (w, p, what, per, target) in ROWS {
         let (ic, ir_rust) = (ir_of(w, p, "c"), ir_of(w, p, "rust"));
@@ -178,9 +175,14 @@ fn summarize(raw: &Path) -> Result<String> {
             }
             None => "?",
         };
+        let time_met = match ratio(nr, nc) {
+            Some(r) if r <= target => "yes",
+            Some(_) => "no",
+            None => "?",
+        };
         let _ = writeln!(
             md,
-            "| {what} | {per} | {} | {} | {} | {} | {} | {} | ≤ {target}× | {met} |",
+            "| {what} | {per} | {} | {} | {} | {} | {} | {} | ≤ {target}× | {met} | {time_met} |",
             show(ic),
             show(ir_rust),
             show_ratio(r),
@@ -203,7 +205,185 @@ fn summarize(raw: &Path) -> Result<String> {
             }
         }
     }
+    for (w, p, what) in time_misses(&samples) {
+        let _ = writeln!(
+            md,
+            "\n{what}, rust: time missed; native profile (`{}`)\n",
+            perf_name(w, p)
+        );
+        match std::fs::read_to_string(raw.join("perf").join(perf_name(w, p))) {
+            Ok(text) => text.lines().for_each(|l| {
+                let _ = writeln!(md, "    {l}");
+            }),
+            Err(_) => {
+                let _ = writeln!(md, "    (none taken)");
+            }
+        }
+    }
     Ok(md)
+}
+
+/// The median of the native samples of `imp` for workload `w` at `p`.
+fn native_median(samples: &super::Samples, w: &str, p: i64, imp: &str) -> Option<f64> {
+    let mut v: Vec<f64> = samples
+        .get(&(w.to_string(), p, imp.to_string()))?
+        .values()
+        .flatten()
+        .copied()
+        .collect();
+    (!v.is_empty()).then(|| median_iqr(&mut v).0)
+}
+
+/// The rows whose native time ratio missed its target.
+fn time_misses(samples: &super::Samples) -> Vec<(&'static str, i64, &'static str)> {
+    ROWS.iter()
+        .filter(|&&(w, p, ..)| {
+            let (c, rust) = (native_median(samples, w, p, "c"), native_median(samples, w, p, "rust"));
+            matches!((rust, c), (Some(r), Some(c)) if c > 0.0 && r / c > target_of(w, p))
+        })
+        .map(|&(w, p, what, ..)| (w, p, what))
+        .collect()
+}
+
+fn target_of(w: &str, p: i64) -> f64 {
+    ROWS.iter()
+        .find(|r| r.0 == w && r.1 == p)
+        .map_or(f64::INFINITY, |r| r.4)
+}
+
+/// The file under `perf/` holding the native profile of workload `w` at `p`.
+fn perf_name(w: &str, p: i64) -> String {
+    format!("{w}-{p}.txt")
+}
+
+/// Measured rounds of a profile run, per workload: enough for some hundreds of samples inside
+/// the measured regions (a post round takes 5 to 30 µs under the profiler, an empty-poll round
+/// 0.5 ms, a drain round 20 to 90 µs after a wait of 300 ms for the device).
+fn profile_rounds(w: &str) -> &'static str {
+    match w {
+        "post" => "1000",
+        "empty" => "50",
+        _ => "100",
+    }
+}
+
+/// Runs the Rust harness on workload `w` for many rounds under `perf record -e cpu-clock`, and
+/// keeps the harness thread's hottest functions and the hottest instructions of the hottest
+/// provider function in `perf/<w>-<p>.txt`. Returns whether the run succeeded (a missing
+/// `perf` or a refusal is written into the file instead).
+fn profile_natively(raw: &Path, rust: &Path, lib: &Path, w: &str, p: i64) -> Result<bool> {
+    let dir = raw.join("perf");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let data = dir.join(format!("{w}-{p}.data"));
+    // Sampling only inside the measured regions: the harness enables and disables it through
+    // these fifos (`perf record --control`, events off at the start).
+    let (ctl, ack) = (dir.join(format!("{w}-{p}.ctl")), dir.join(format!("{w}-{p}.ack")));
+    for fifo in [&ctl, &ack] {
+        let _ = std::fs::remove_file(fifo);
+        proc::check(Command::new("mkfifo").arg(fifo))?;
+    }
+    let model_dir = crate::mlx5::fresh_dir()?;
+    let mut rec = Command::new("perf");
+    rec.args(["record", "-q", "-e", "cpu-clock", "-F", "50000", "-D", "-1"])
+        .arg(format!("--control=fifo:{},{}", ctl.display(), ack.display()))
+        .arg("-o")
+        .arg(&data)
+        .arg("--")
+        .env("UVERBS_BENCH_PERF_CTL", format!("{},{}", ctl.display(), ack.display()));
+    let harness = pinned(rust);
+    rec.arg(harness.get_program()).args(harness.get_args());
+    for (k, v) in harness.get_envs() {
+        if let Some(v) = v {
+            rec.env(k, v);
+        }
+    }
+    let batches = p.to_string();
+    let mut args = harness_args("rust");
+    args.extend(["--rounds", profile_rounds(w), "--batches", &batches, "--only", w]);
+    args.extend(["--drain-wait-ms", "300"]);
+    rec.args(&args).stdout(Stdio::null());
+    crate::mlx5::on_model(&mut rec, lib, &model_dir);
+    note!("xtask: bench mlx5: {}", proc::describe(&rec));
+    let recorded = proc::status(&mut rec)?.success();
+    let mut text = String::new();
+    if recorded {
+        let _ = std::fs::remove_dir_all(model_dir);
+        let comm: String = rust
+            .file_name()
+            .map(|n| n.to_string_lossy().chars().take(15).collect())
+            .unwrap_or_default();
+        text = perf_text(&data, &comm, if w == "post" { "post" } else { "poll" })?;
+    } else {
+        let _ = writeln!(text, "perf record failed (see the log above)");
+    }
+    crate::write_atomic(&dir.join(perf_name(w, p)), text.as_bytes())?;
+    Ok(recorded)
+}
+
+/// The harness thread's (`comm`) functions by share of all samples, and the hottest
+/// instructions of its hottest provider function whose name has `hint` in it (the measured
+/// verb's), from `perf report` and `perf annotate`.
+fn perf_text(data: &Path, comm: &str, hint: &str) -> Result<String> {
+    let report = stdout_of(
+        Command::new("perf")
+            .args([
+                "report",
+                "--stdio",
+                "-q",
+                "--no-children",
+                "--sort",
+                "comm,sym",
+                "--percent-limit",
+                "0.3",
+            ])
+            .arg("-i")
+            .arg(data),
+    )?;
+    // Lines: `<share>  <comm>  [.] <function>`; the model's threads have names of their own.
+    let ours: Vec<(&str, &str)> = report
+        .lines()
+        .filter_map(|l| {
+            let mut t = l.split_whitespace();
+            let share = t.next()?;
+            (t.next()? == comm).then_some(())?;
+            Some((share, l.split_once("] ").map_or("?", |(_, f)| f.trim())))
+        })
+        .collect();
+    let mut text = String::from("the harness thread's functions, by share of all samples:\n");
+    for (share, f) in ours.iter().take(12) {
+        let _ = writeln!(text, "{share:>8}  {f}");
+    }
+    let hottest = ours
+        .iter()
+        .map(|&(_, f)| f)
+        .find(|f| f.contains("providers::mlx5") && f.contains(hint));
+    if let Some(f) = hottest {
+        let annotate = stdout_of(
+            Command::new("perf")
+                .args(["annotate", "--stdio", "--no-source", "-i"])
+                .arg(data)
+                .arg(f),
+        )?;
+        let mut hot: Vec<(f64, &str)> = annotate
+            .lines()
+            .filter_map(|l| {
+                let (share, rest) = l.split_once(':')?;
+                Some((share.trim().parse::<f64>().ok()?, rest.trim()))
+            })
+            .filter(|(share, _)| *share > 0.0)
+            .collect();
+        hot.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let _ = writeln!(text, "\nhottest instructions of {f} (share of its samples):");
+        for (share, ins) in hot.into_iter().take(10) {
+            let _ = writeln!(text, "{share:>7.2}%  {ins}");
+        }
+    }
+    Ok(text)
+}
+
+/// `cmd`'s standard output; fails (quoting its standard error) unless it exits with 0.
+fn stdout_of(cmd: &mut Command) -> Result<String> {
+    Ok(String::from_utf8_lossy(&proc::filter(cmd, &[], &[0])?).into_owned())
 }
 
 /// The self cost per function, per operation, of implementation `imp`'s dumps of workload
