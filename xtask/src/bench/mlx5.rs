@@ -262,8 +262,8 @@ fn profile_rounds(w: &str) -> &'static str {
 }
 
 /// Runs the Rust harness on workload `w` for many rounds under `perf record -e cpu-clock`, and
-/// keeps the harness thread's hottest functions and the hottest instructions of the hottest
-/// provider function in `perf/<w>-<p>.txt`. Returns whether the run succeeded (a failed
+/// keeps the harness thread's hottest functions and the hottest instructions of the two hottest
+/// provider functions in `perf/<w>-<p>.txt`. Returns whether the run succeeded (a failed
 /// record is said in the file instead).
 fn profile_natively(raw: &Path, rust: &Path, lib: &Path, w: &str, p: i64) -> Result<bool> {
     let dir = raw.join("perf");
@@ -314,44 +314,40 @@ fn profile_natively(raw: &Path, rust: &Path, lib: &Path, w: &str, p: i64) -> Res
     Ok(recorded)
 }
 
-/// The harness thread's (`comm`) functions by share of all samples, and the hottest
-/// instructions of its hottest provider function whose name has `hint` in it (the measured
-/// verb's), from `perf report` and `perf annotate`.
+/// The harness thread's (`comm`) functions by share of that thread's samples (the model's
+/// device thread, sampled in the same windows, takes most of them), and the hottest
+/// instructions of its two hottest provider functions whose names have `hint` in them (the
+/// measured verb's), from `perf report` and `perf annotate`.
 fn perf_text(data: &Path, comm: &str, hint: &str) -> Result<String> {
     let report = stdout_of(
         Command::new("perf")
-            .args([
-                "report",
-                "--stdio",
-                "-q",
-                "--no-children",
-                "--sort",
-                "comm,sym",
-                "--percent-limit",
-                "0.3",
-            ])
+            .args(["report", "--stdio", "-q", "--no-children", "--sort", "comm,sym"])
             .arg("-i")
             .arg(data),
     )?;
-    // Lines: `<share>  <comm>  [.] <function>`; the model's threads have names of their own.
-    let ours: Vec<(&str, &str)> = report
+    // Lines: `<share>%  <comm>  [.] <function>`; the model's threads have names of their own.
+    let ours: Vec<(f64, &str)> = report
         .lines()
         .filter_map(|l| {
             let mut t = l.split_whitespace();
-            let share = t.next()?;
+            let share = t.next()?.trim_end_matches('%').parse::<f64>().ok()?;
             (t.next()? == comm).then_some(())?;
             Some((share, l.split_once("] ").map_or("?", |(_, f)| f.trim())))
         })
         .collect();
-    let mut text = String::from("the harness thread's functions, by share of all samples:\n");
+    let total: f64 = ours.iter().map(|&(share, _)| share).sum();
+    let mut text = format!(
+        "the harness thread's functions, by share of its samples ({total:.1}% of all; the rest \
+         are the model's threads):\n"
+    );
     for (share, f) in ours.iter().take(12) {
-        let _ = writeln!(text, "{share:>8}  {f}");
+        let _ = writeln!(text, "{:>7.2}%  {f}", 100.0 * share / total.max(f64::MIN_POSITIVE));
     }
     let hottest = ours
         .iter()
         .map(|&(_, f)| f)
-        .find(|f| f.contains("providers::mlx5") && f.contains(hint));
-    if let Some(f) = hottest {
+        .filter(|f| f.contains("providers::mlx5") && f.contains(hint));
+    for f in hottest.take(2) {
         let annotate = stdout_of(
             Command::new("perf")
                 .args(["annotate", "--stdio", "--no-source", "-i"])
