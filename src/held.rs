@@ -1,7 +1,9 @@
 //! The buffers one of a QP's queues holds for the safe posts (`crate::owned`), oldest
-//! first, with the ids of their requests: ids grow with every post, in blocks handed out
-//! once each in the process, so no two requests ever share one. An SRQ's are in [`srq`].
+//! first, with the ids of their requests: ids grow with every post, in runs of values no
+//! request in the process had before ([`blocks`]), so no two requests ever share one. An SRQ's
+//! are in [`srq`].
 
+mod blocks;
 mod srq;
 
 pub(crate) use srq::{SrqHeld, SrqMembers};
@@ -9,8 +11,8 @@ pub(crate) use srq::{SrqHeld, SrqMembers};
 use crate::error::{Error, Result, WrReject};
 use crate::mr::Buf;
 use crate::wr::{SendFlags, SendOp, SendWr, Sge};
+use blocks::BLOCKS;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Set in every id given to a request here; a raw post must not use such `wr_id`s on a QP
 /// with buffers posted here (see `Qp::post_send`).
@@ -23,10 +25,6 @@ static EMPTY_SGE: Sge = Sge {
     length: 0,
     lkey: 0,
 };
-/// Ids come in blocks of 2^32, handed out once each in the process.
-const BLOCK_BITS: u32 = 32;
-const MAX_BLOCKS: u64 = 1 << (62 - BLOCK_BITS);
-static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
 
 /// The buffers one of a QP's queues holds, oldest first. The ids of the requests it counts run
 /// without a gap from `oldest` to `next`, so request `id` sits in slot `id & mask`: a slot is
@@ -323,9 +321,14 @@ impl Held {
     }
 
     /// The oldest held buffer, with its request's id, if that request is `id` or an earlier
-    /// one; requests before it that hold no buffer are let go on the way.
+    /// one; requests before it that hold no buffer are let go on the way. An `id` this queue
+    /// has not given out releases nothing.
     pub(crate) fn release(&mut self, id: u64) -> Option<(u64, Buf)> {
         let ids = &mut self.ids;
+        if id >= ids.next {
+            // Not given out by this queue: another queue's (ids are not ordered by queue).
+            return None;
+        }
         while ids.oldest < ids.next && ids.oldest <= id {
             let at = ids.oldest as usize & self.mask;
             let held = ids.oldest;
@@ -336,6 +339,13 @@ impl Held {
             }
         }
         None
+    }
+}
+
+impl Drop for Held {
+    /// Gives back the ids of the queue's run that no request had, for another queue.
+    fn drop(&mut self) {
+        BLOCKS.give_back_ids(self.ids.kind, self.ids.next, self.ids.end);
     }
 }
 
@@ -377,19 +387,16 @@ impl Ids {
         Ok(usize::try_from(self.limit - self.next).unwrap_or(usize::MAX))
     }
 
-    /// Recomputes `limit`, starting a new block of ids when the current one is used up and
+    /// Recomputes `limit`, drawing a new run of ids when the current one is used up and
     /// nothing is held; `QueueFull` when there is no room (or the queue is closed).
     #[cold]
     fn make_room(&mut self) -> std::result::Result<(), WrReject> {
         if self.open && self.depth > 0 && self.next == self.end && self.next == self.oldest {
-            let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
-            if block >= MAX_BLOCKS {
-                // 2^30 blocks of 2^32 requests each: never in practice, but never reused.
-                return Err(WrReject::QueueFull);
-            }
-            self.next = self.kind | block << BLOCK_BITS;
+            // None: 2^30 blocks of 2^32 requests each were used up, never in practice.
+            let run = BLOCKS.draw().ok_or(WrReject::QueueFull)?;
+            self.next = self.kind + run.start;
             self.oldest = self.next;
-            self.end = self.next + (1 << BLOCK_BITS);
+            self.end = self.kind + run.end;
         }
         self.update_limit();
         if self.next >= self.limit {
@@ -437,7 +444,7 @@ mod tests {
         a.set_open(true);
         b.set_open(true);
         let (x, y) = (a.bare_id().unwrap(), b.bare_id().unwrap());
-        assert_ne!(x >> BLOCK_BITS, y >> BLOCK_BITS, "different blocks");
+        assert_ne!(x >> blocks::BLOCK_BITS, y >> blocks::BLOCK_BITS, "different blocks");
         let mut closed = Held::new(4, false);
         assert_eq!(closed.bare_id(), Err(WrReject::QueueFull), "closed: the QP's state");
         closed.set_open(true);
@@ -449,5 +456,32 @@ mod tests {
         let mut none = Held::new(0, true);
         none.set_open(true);
         assert_eq!(none.bare_id(), Err(WrReject::QueueFull), "no slots (a QP on an SRQ)");
+    }
+
+    #[test]
+    fn an_id_the_queue_did_not_give_out_releases_nothing() {
+        let mut h = Held::new(4, false);
+        h.set_open(true);
+        let first = h.bare_id().unwrap();
+        let next = h.next_id().unwrap();
+        // Another queue's ids are not ordered with this one's: larger ones release nothing.
+        assert!(h.release(next).is_none() && h.release(next + (1 << 40)).is_none());
+        assert_eq!(h.len(), 1, "still counted");
+        assert!(h.release(first).is_none(), "no buffer, but let go");
+        assert_eq!(h.len(), 0);
+    }
+
+    #[test]
+    fn queues_that_come_and_go_leave_their_unused_ids_to_the_next() {
+        let before = BLOCKS.drawn();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..20_000 {
+            let mut h = Held::new(1, true);
+            h.set_open(true);
+            assert!(seen.insert(h.bare_id().unwrap()), "an id given twice");
+        }
+        // Each queue drew one run; without the runs given back that is 20,000 blocks (other
+        // tests running meanwhile draw a few).
+        assert!(BLOCKS.drawn() - before < 100, "{} blocks", BLOCKS.drawn() - before);
     }
 }

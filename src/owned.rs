@@ -46,21 +46,23 @@
 //!    back at once; after any other error the provider may have queued it (a doorbell that
 //!    failed after the ring was published), so the QP keeps the buffer as if it were posted.
 //! 2. **A `Buf` leaves the QP only once the device is done with it.** Each request gets an id
-//!    (its `wr_id`) that grows with every post on the QP's send queue (and another for its
-//!    receive queue); ids are unique in the process, never reused. A queue completes its
-//!    requests in the order they were posted (InfiniBand's rule, which unsignaled sends rely
-//!    on in every verbs library), so a completion for id `n` means every request of that
-//!    queue up to `n` is done, *whatever its status*: an error or flush completion ends a
-//!    request like a success. [`Qp::reclaim`] gives back the buffers of the requests up to `n`,
-//!    oldest first, and only for a [`Completion`]: a value only [`Cq::reap`] makes, from a
-//!    completion the device wrote into that CQ, which `reclaim` checks is the QP's send (or
-//!    receive) CQ, the QP's number, and an id of that queue. A forged `WorkCompletion` cannot
-//!    be turned into a `Completion`; an old one only names ids already given back; one of an
-//!    earlier QP with the same number names smaller ids than any this QP holds (a QP draws its
-//!    blocks of ids after it was created, so after the earlier one was destroyed). Raw posts
-//!    on the same QP keep bit 63 of their `wr_id`s clear (their `unsafe` contract), so their
-//!    completions give nothing back. A QP moved to RESET drops its queued requests; their
-//!    buffers come back with the next completion of that queue, or when the QP is destroyed.
+//!    (its `wr_id`) no other request in the process ever had: each queue's ids grow by one
+//!    with every post, from a run of values handed to that queue alone (a dropped queue's
+//!    unused values go to a later queue, never a value a request had: `src/held/blocks.rs`). A
+//!    queue completes its requests in the order they were posted (InfiniBand's rule, which
+//!    unsignaled sends rely on in every verbs library), so a completion for id `n` means every
+//!    request of that queue up to `n` is done, *whatever its status*: an error or flush
+//!    completion ends a request like a success. [`Qp::reclaim`] gives back the buffers of the
+//!    requests up to `n`, oldest first, and only for a [`Completion`]: a value only
+//!    [`Cq::reap`] makes, from a completion the device wrote into that CQ, which `reclaim`
+//!    checks is the QP's send (or receive) CQ, the QP's number, and an id of that queue. A
+//!    forged `WorkCompletion` cannot be turned into a `Completion`; an old one only names ids
+//!    already given back; one of an earlier QP with the same number names an id this QP never
+//!    gave out, and an id gives back buffers only if it lies between the oldest the queue
+//!    holds and the last it gave out. Raw posts on the same QP keep bit 63 of their `wr_id`s
+//!    clear (their `unsafe` contract), so their completions give nothing back. A QP moved to
+//!    RESET drops its queued requests; their buffers come back with the next completion of
+//!    that queue, or when the QP is destroyed.
 //! 3. **Lost completions lose no soundness.** After a CQ overrun the missing completions' buffers
 //!    come back with the next completion of the same queue (it implies the earlier ones);
 //!    if none comes, they stay in the QP. Unsignaled sends work the same way.

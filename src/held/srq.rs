@@ -3,13 +3,14 @@
 //!
 //! An SRQ's receives complete in any order (whichever QP a message comes to takes the next
 //! one), so a completion gives back exactly the buffer its id names, not every older one as on
-//! a QP's own queue. Ids come from the same blocks as the QPs' ([`super::NEXT_BLOCK`]) and
+//! a QP's own queue. Ids come from the same source as the QPs' ([`super::blocks`]) and
 //! grow by one with every post, so no two requests in the process ever share one; a request's
 //! slot is its id's low bits (the slots are a ring, a power of two long). A post takes the
 //! slot of the next id; if that slot still holds the buffer of a receive not given back yet,
 //! the id is passed over (never used) and the next one tried.
 
-use super::{BLOCK_BITS, EMPTY_SGE, MAX_BLOCKS, NEXT_BLOCK, RECV_ID, SAFE_ID};
+use super::blocks::BLOCKS;
+use super::{EMPTY_SGE, RECV_ID, SAFE_ID};
 use crate::error::WrReject;
 use crate::mr::Buf;
 use crate::wr::Sge;
@@ -18,6 +19,8 @@ use std::sync::Mutex;
 
 /// The most slots an SRQ keeps (its depth rounded up to a power of two, capped).
 const MAX_SLOTS: u32 = 1 << 24;
+/// The kind bits of an SRQ's ids: a safe receive's.
+const KIND: u64 = SAFE_ID | RECV_ID;
 
 /// The buffers an SRQ holds for its receives, by slot.
 pub(crate) struct SrqHeld {
@@ -27,8 +30,8 @@ pub(crate) struct SrqHeld {
     slots: Box<[Option<Buf>]>,
     /// `slots.len() - 1` (0 when empty).
     mask: u64,
-    /// The next id: [`SAFE_ID`] | [`RECV_ID`] | the current block | the count of ids taken
-    /// from it; up to `end`, the end of the block (0 and 0 before the first post).
+    /// The next id: [`KIND`] plus a value of the current run; up to `end`, the end of the run
+    /// (0 and 0 before the first post).
     next: u64,
     end: u64,
     /// The QPs on the SRQ as last read from [`SrqMembers`], and that list's version.
@@ -116,25 +119,22 @@ impl SrqHeld {
         self.slots.get_mut(at)?.take()
     }
 
-    /// Starts a fresh block of ids; `QueueFull` when there are no slots or the process used up
+    /// Draws a fresh run of ids; `QueueFull` when there are no slots or the process used up
     /// every block.
     #[cold]
     fn next_block(&mut self) -> std::result::Result<(), WrReject> {
         if self.slots.is_empty() {
             return Err(WrReject::QueueFull);
         }
-        let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed);
-        if block >= MAX_BLOCKS {
-            return Err(WrReject::QueueFull);
-        }
-        self.next = SAFE_ID | RECV_ID | block << BLOCK_BITS;
-        self.end = self.next + (1 << BLOCK_BITS);
+        let run = BLOCKS.draw().ok_or(WrReject::QueueFull)?;
+        self.next = KIND + run.start;
+        self.end = KIND + run.end;
         Ok(())
     }
 
     /// Whether `id` has the form of a safe receive's (an SRQ's or a QP's own).
     pub(crate) fn is_recv_id(id: u64) -> bool {
-        id & (SAFE_ID | RECV_ID) == SAFE_ID | RECV_ID
+        id & KIND == KIND
     }
 
     /// The buffer request `id` holds, if the SRQ holds one for it (each request's once).
@@ -165,6 +165,13 @@ impl SrqHeld {
         self.known
             .binary_search_by_key(&qpn, |m| m.qpn)
             .is_ok_and(|at| self.known[at].cq == cq)
+    }
+}
+
+impl Drop for SrqHeld {
+    /// Gives back the ids of the SRQ's run that no request had, for another queue.
+    fn drop(&mut self) {
+        BLOCKS.give_back_ids(KIND, self.next, self.end);
     }
 }
 

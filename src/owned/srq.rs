@@ -35,8 +35,8 @@
 //!    buffer comes back in the [`Refused`]; after any other error it may have been, and the
 //!    SRQ keeps the buffer as if it were posted.
 //! 2. **A `Buf` leaves the SRQ only once the device is done with it.** Each request gets an
-//!    id (its `wr_id`) no other request in the process ever had: the SRQ draws blocks of ids
-//!    from the QPs' allocator, its ids grow by one with every post (an id whose slot still
+//!    id (its `wr_id`) no other request in the process ever had: the SRQ draws runs of ids
+//!    from the QPs' source, its ids grow by one with every post (an id whose slot still
 //!    holds a buffer is passed over, never used), and a slot takes a fresh id at every post. The device writes a
 //!    receive's buffer only until it completes that request, with any status: success,
 //!    error, or flush. [`Srq::reclaim`] gives back the buffer of exactly the request `c`

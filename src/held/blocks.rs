@@ -1,0 +1,144 @@
+//! Where the safe posts' request ids come from: runs of id values no request in the process
+//! ever had, each given to one queue at a time. A run is a fresh block of 2^32 values, or what
+//! a dropped queue left unused of its run: queues that come and go (a server's connections)
+//! would otherwise use up the 2^30 blocks, a block for each queue's first post.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A block is 2^32 values; every value is below 2^62 (the two bits above are the ids' kind).
+pub(super) const BLOCK_BITS: u32 = 32;
+const MAX_BLOCKS: u64 = 1 << (62 - BLOCK_BITS);
+/// The shortest run worth keeping when a queue gives it back.
+const MIN_SPARE: u64 = 1 << 16;
+/// The most runs kept at once; beyond that what a queue leaves is lost.
+const MAX_SPARES: usize = 4096;
+
+/// Id values `start..end`, none of them given to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Run {
+    pub(super) start: u64,
+    pub(super) end: u64,
+}
+
+/// The process's id values: blocks not handed out yet, and runs given back.
+pub(super) struct Blocks {
+    next: AtomicU64,
+    spare: Mutex<Vec<Run>>,
+}
+
+/// The one source every queue draws from.
+pub(super) static BLOCKS: Blocks = Blocks::new();
+
+impl Blocks {
+    const fn new() -> Self {
+        Self {
+            next: AtomicU64::new(0),
+            spare: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A run for one queue: one given back if there is one, else a fresh block; `None` once
+    /// every block was handed out and none is given back.
+    pub(super) fn draw(&self) -> Option<Run> {
+        if let Some(run) = self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Some(run);
+        }
+        let block = self.next.fetch_add(1, Ordering::Relaxed);
+        (block < MAX_BLOCKS).then(|| Run {
+            start: block << BLOCK_BITS,
+            end: (block + 1) << BLOCK_BITS,
+        })
+    }
+
+    /// Takes back the values `run` of a queue that gives none of them to a request any more
+    /// (dropped): a later `draw` hands them to another queue.
+    pub(super) fn give_back(&self, run: Run) {
+        if run.end.saturating_sub(run.start) < MIN_SPARE {
+            return;
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < MAX_SPARES {
+            spare.push(run);
+        }
+    }
+
+    /// Takes back the ids `next..end` (kind bits `kind` on both) of a queue dropped with
+    /// them unused.
+    pub(super) fn give_back_ids(&self, kind: u64, next: u64, end: u64) {
+        if next < end {
+            self.give_back(Run {
+                start: next - kind,
+                end: end - kind,
+            });
+        }
+    }
+
+    /// How many fresh blocks were asked for.
+    #[cfg(test)]
+    pub(super) fn drawn(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_given_back_is_drawn_again_before_a_fresh_block() {
+        let blocks = Blocks::new();
+        let first = blocks.draw().unwrap();
+        assert_eq!(
+            first,
+            Run {
+                start: 0,
+                end: 1 << BLOCK_BITS
+            }
+        );
+        // A queue that took 5 ids gives back the rest; the next queue starts there.
+        let rest = Run {
+            start: 5,
+            end: first.end,
+        };
+        blocks.give_back(rest);
+        assert_eq!(blocks.draw(), Some(rest));
+        // Too short to keep: the next draw is a fresh block.
+        blocks.give_back(Run {
+            start: first.end - 10,
+            end: first.end,
+        });
+        assert_eq!(
+            blocks.draw(),
+            Some(Run {
+                start: 1 << BLOCK_BITS,
+                end: 2 << BLOCK_BITS
+            })
+        );
+        assert_eq!(blocks.drawn(), 2);
+    }
+
+    #[test]
+    fn the_last_block_is_below_the_kind_bits_and_then_there_are_none() {
+        let blocks = Blocks::new();
+        blocks.next.store(MAX_BLOCKS - 1, Ordering::Relaxed);
+        assert_eq!(blocks.draw().map(|r| r.end), Some(1 << 62));
+        assert_eq!(blocks.draw(), None);
+        // One given back still serves.
+        blocks.give_back(Run { start: 7, end: 1 << 20 });
+        assert_eq!(blocks.draw(), Some(Run { start: 7, end: 1 << 20 }));
+        assert_eq!(blocks.draw(), None);
+    }
+
+    #[test]
+    fn at_most_max_spares_runs_are_kept() {
+        let blocks = Blocks::new();
+        for k in 0..MAX_SPARES as u64 + 5 {
+            blocks.give_back(Run {
+                start: k << BLOCK_BITS,
+                end: (k + 1) << BLOCK_BITS,
+            });
+        }
+        assert_eq!(blocks.spare.lock().unwrap().len(), MAX_SPARES);
+    }
+}
