@@ -244,7 +244,7 @@ impl Qp {
             Ok(id) => id,
             Err(error) => return Err(Refused { error, buf: Some(buf) }),
         };
-        if dest.is_some_and(|dest| dest.ah.context() != self.context) {
+        if dest.is_some_and(|dest| dest.foreign_to(self.context)) {
             let error = Error::WorkRequest {
                 verb: "send_buf",
                 index: 0,

@@ -238,6 +238,15 @@ pub struct UdDest<'a> {
     pub remote_qkey: u32,
 }
 
+impl UdDest<'_> {
+    /// Whether another device context than `context` made the AH (its provider value means
+    /// nothing to that context's provider).
+    #[inline]
+    pub(crate) fn foreign_to(&self, context: ContextId) -> bool {
+        self.ah.context() != context
+    }
+}
+
 /// A send-queue work request.
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr<'a> {
@@ -320,12 +329,11 @@ impl<'a> SendWr<'a> {
         Ok(())
     }
 
-    /// Whether the request names a UD destination whose AH another device context made (its
-    /// provider value means nothing to this QP's provider): [`WrReject::ForeignAh`] on a UD
-    /// QP of `context`.
+    /// Whether the request names a UD destination [`UdDest::foreign_to`] `context`:
+    /// [`WrReject::ForeignAh`] on a UD QP of `context`.
     #[inline]
     pub(crate) fn foreign_ah(&self, context: ContextId) -> bool {
-        self.ud.is_some_and(|dest| dest.ah.context() != context)
+        self.ud.is_some_and(|dest| dest.foreign_to(context))
     }
 
     /// Total bytes named by the scatter/gather list.
