@@ -262,7 +262,7 @@ impl Held {
             // buffers in their slots (alive until `post` returns, and longer); the rest of each
             // is the template `prepared` wrote. `MaybeUninit<T>` has `T`'s layout.
             let ready = unsafe { std::slice::from_raw_parts(wrs.as_ptr().cast::<SendWr<'_>>(), n) };
-            if let Err(e) = post(ready) {
+            if let Err(e) = without_unwinding(|| post(ready)) {
                 // Only a work-request rejection says what was not queued.
                 let taken = match e {
                     Error::WorkRequest { index, .. } => index.min(n),
@@ -347,6 +347,24 @@ impl Drop for Held {
     fn drop(&mut self) {
         BLOCKS.give_back_ids(self.ids.kind, self.ids.next, self.ids.end);
     }
+}
+
+/// Runs `post`, a provider's post of requests the queue counts once it returns, and aborts
+/// the process if it unwinds: a provider that panicked after queuing requests would leave
+/// their ids uncounted, for the next posts to give again, and a completion of one would then
+/// give back another's buffer. Costs nothing unless it unwinds.
+#[inline(always)]
+pub(crate) fn without_unwinding<R>(post: impl FnOnce() -> R) -> R {
+    struct Abort;
+    impl Drop for Abort {
+        fn drop(&mut self) {
+            std::process::abort();
+        }
+    }
+    let guard = Abort;
+    let result = post();
+    std::mem::forget(guard);
+    result
 }
 
 /// Ends [`Held::post_list`]: `bufs` holds the `front` buffers at its start, then the buffers
@@ -483,5 +501,30 @@ mod tests {
         // Each queue drew one run; without the runs given back that is 20,000 blocks (other
         // tests running meanwhile draw a few).
         assert!(BLOCKS.drawn() - before < 100, "{} blocks", BLOCKS.drawn() - before);
+    }
+
+    /// Run by the test below in a child process: a post that panics.
+    #[test]
+    #[ignore = "run by a_panicking_post_aborts_the_process, in a child process"]
+    fn panicking_post() {
+        without_unwinding(|| panic!("a provider bug"));
+    }
+
+    #[test]
+    fn a_panicking_post_aborts_the_process() {
+        use std::os::unix::process::ExitStatusExt;
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "held::tests::panicking_post",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGABRT), "{status}");
+        assert_eq!(without_unwinding(|| 7), 7, "returns what the post returned");
     }
 }

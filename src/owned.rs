@@ -119,7 +119,7 @@ pub use srq::SrqReclaimError;
 use crate::attr::QpState;
 use crate::cq::Cq;
 use crate::error::{Error, Result, Verb, WrReject};
-use crate::held::ListStop;
+use crate::held::{without_unwinding, ListStop};
 use crate::mr::Buf;
 use crate::qp::Qp;
 use crate::wc::{WcStatus, WorkCompletion};
@@ -268,7 +268,7 @@ impl Qp {
         // SAFETY: the buffer stays in `self.sends` until `reclaim` sees a completion of this
         // request or a later one from this QP's send CQ, or until the QP is destroyed: the
         // device is done with it by then (the module docs). No one else holds it meanwhile.
-        match unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) } {
+        match without_unwinding(|| unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) }) {
             Ok(()) => {
                 self.sends.commit();
                 Ok(())
@@ -389,7 +389,7 @@ impl Qp {
         };
         let wr = RecvWr::new(id, std::slice::from_ref(self.recvs.claim(buf, true)));
         // SAFETY: as in `send_buf`, for the receive queue and its CQ.
-        match unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) } {
+        match without_unwinding(|| unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) }) {
             Ok(()) => {
                 self.recvs.commit();
                 Ok(())

@@ -108,7 +108,7 @@
 use super::{Completion, Reaped, Refused};
 use crate::cq::EventsReported;
 use crate::error::Error;
-use crate::held::SrqHeld;
+use crate::held::{without_unwinding, SrqHeld};
 use crate::mr::Buf;
 use crate::srq::Srq;
 use crate::wc::WcStatus;
@@ -176,7 +176,7 @@ impl Srq {
         // SAFETY: the buffer stays in `self.held` until `reclaim` sees this request's own
         // completion from the receive CQ of a QP on this SRQ, or until the SRQ is destroyed:
         // the device is done with it by then (the module docs). No one else holds it meanwhile.
-        match unsafe { self.queue.post_recv(std::slice::from_ref(&wr)) } {
+        match without_unwinding(|| unsafe { self.queue.post_recv(std::slice::from_ref(&wr)) }) {
             Ok(()) => {
                 self.held.commit();
                 Ok(())
