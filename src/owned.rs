@@ -62,7 +62,8 @@
 //!    holds and the last it gave out. Raw posts on the same QP keep bit 63 of their `wr_id`s
 //!    clear (their `unsafe` contract), so their completions give nothing back. A QP moved to
 //!    RESET drops its queued requests; their buffers come back with the next completion of
-//!    that queue, or when the QP is destroyed.
+//!    that queue, or when the QP is destroyed. A provider that panics during a safe post
+//!    aborts the process: the requests it may have queued are counted when it returns.
 //! 3. **Lost completions lose no soundness.** After a CQ overrun the missing completions' buffers
 //!    come back with the next completion of the same queue (it implies the earlier ones);
 //!    if none comes, they stay in the QP. Unsignaled sends work the same way.
