@@ -59,8 +59,9 @@
 //!    forged `WorkCompletion` cannot be turned into a `Completion`; an old one only names ids
 //!    already given back; one of an earlier QP with the same number names an id this QP never
 //!    gave out, and an id gives back buffers only if it lies between the oldest the queue
-//!    holds and the last it gave out. Raw posts on the same QP keep bit 63 of their `wr_id`s
-//!    clear (their `unsafe` contract), so their completions give nothing back. A QP moved to
+//!    holds and the last it gave out. Raw posts keep bit 63 of their `wr_id`s clear in a
+//!    process that uses the safe posts (their `unsafe` contract), so their completions, this
+//!    QP's or an earlier one's, give nothing back. A QP moved to
 //!    RESET drops its queued requests; their buffers come back with the next completion of
 //!    that queue, or when the QP is destroyed. A provider that panics during a safe post
 //!    aborts the process: the requests it may have queued are counted when it returns.

@@ -667,9 +667,10 @@ impl Qp {
     /// # Safety
     /// Until each request completes (or the QP is destroyed), the memory its scatter/gather
     /// entries name must stay valid, and memory the device writes (RDMA read and atomic
-    /// targets) must not be accessed. Inline requests' buffers are copied before return. On a
-    /// QP that also has buffers from the safe posts, no `wr_id` may have bit 63 set (those
-    /// ids are the safe posts'), nor on a QP on an SRQ with buffers from [`Srq::recv_buf`].
+    /// targets) must not be accessed. Inline requests' buffers are copied before return. In a
+    /// process that uses the safe posts (on any QP or SRQ), no `wr_id` may have bit 63 set:
+    /// those ids are the safe posts', and a completion left in a CQ by a destroyed QP can
+    /// reach a later QP with the same number.
     #[allow(unsafe_code)] // forwards the caller's contract to the provider
     pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.owner.check("post_send")?;
@@ -777,8 +778,9 @@ impl Qp {
     ///
     /// # Safety
     /// Until each request completes (or the QP is destroyed), the buffers it names must stay
-    /// valid and must not be accessed: the device writes incoming data into them. On a QP
-    /// that also has buffers from [`Qp::recv_buf`], no `wr_id` may have bit 63 set.
+    /// valid and must not be accessed: the device writes incoming data into them. In a
+    /// process that uses the safe posts, no `wr_id` may have bit 63 set (as for
+    /// [`Qp::post_send`]).
     #[allow(unsafe_code)] // forwards the caller's contract to the provider
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.owner.check("post_recv")?;

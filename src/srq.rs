@@ -197,8 +197,9 @@ impl Srq {
     ///
     /// # Safety
     /// Until each request completes (or the SRQ is destroyed), the buffers it names must stay
-    /// valid and must not be accessed: the device writes incoming data into them. On an SRQ
-    /// that also has buffers from [`Srq::recv_buf`], no `wr_id` may have bit 63 set.
+    /// valid and must not be accessed: the device writes incoming data into them. In a
+    /// process that uses the safe posts, no `wr_id` may have bit 63 set (as for
+    /// [`Qp::post_send`](crate::Qp::post_send)).
     #[allow(unsafe_code)] // forwards the caller\'s contract to the provider
     pub unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.owner.check("post_srq_recv")?;

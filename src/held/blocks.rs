@@ -6,9 +6,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// A block is 2^32 values; every value is below 2^62 (the two bits above are the ids' kind).
+/// A block is 2^32 values; every value is below 2^62 (the two bits above are the ids' kind),
+/// and so is every end: the kind bits plus a run's end (or its oldest id plus a queue's
+/// depth) never overflow.
 pub(super) const BLOCK_BITS: u32 = 32;
-const MAX_BLOCKS: u64 = 1 << (62 - BLOCK_BITS);
+const MAX_BLOCKS: u64 = (1 << (62 - BLOCK_BITS)) - 1;
 /// The shortest run worth keeping when a queue gives it back.
 const MIN_SPARE: u64 = 1 << 16;
 /// The most runs kept at once; beyond that what a queue leaves is lost.
@@ -122,7 +124,13 @@ mod tests {
     fn the_last_block_is_below_the_kind_bits_and_then_there_are_none() {
         let blocks = Blocks::new();
         blocks.next.store(MAX_BLOCKS - 1, Ordering::Relaxed);
-        assert_eq!(blocks.draw().map(|r| r.end), Some(1 << 62));
+        let last = blocks.draw().unwrap();
+        assert_eq!(last.end, (1 << 62) - (1 << BLOCK_BITS));
+        // A receive id (both kind bits) at the end, plus the largest depth (a `u32` power of
+        // two), still fits.
+        let kind = 3 << 62;
+        let end = u64::checked_add(kind, last.end).and_then(|e| e.checked_add(1 << 31));
+        assert!(end.is_some());
         assert_eq!(blocks.draw(), None);
         // One given back still serves.
         blocks.give_back(Run { start: 7, end: 1 << 20 });

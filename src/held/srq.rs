@@ -3,11 +3,11 @@
 //!
 //! An SRQ's receives complete in any order (whichever QP a message comes to takes the next
 //! one), so a completion gives back exactly the buffer its id names, not every older one as on
-//! a QP's own queue. Ids come from the same source as the QPs' ([`super::blocks`]) and
-//! grow by one with every post, so no two requests in the process ever share one; a request's
-//! slot is its id's low bits (the slots are a ring, a power of two long). A post takes the
-//! slot of the next id; if that slot still holds the buffer of a receive not given back yet,
-//! the id is passed over (never used) and the next one tried.
+//! a QP's own queue. Ids come from the same source as the QPs' ([`super::blocks`]) and grow by
+//! one with every post within a run, so no two requests in the process ever share one; a
+//! request's slot is its id's low bits (the slots are a ring, a power of two long). A post
+//! takes the slot of the next id; if that slot still holds the buffer of a receive not given
+//! back yet, the id is passed over (never used) and the next one tried.
 
 use super::blocks::BLOCKS;
 use super::{EMPTY_SGE, RECV_ID, SAFE_ID};
@@ -40,7 +40,7 @@ pub(crate) struct SrqHeld {
 }
 
 impl SrqHeld {
-    /// Slots for `depth` receives (rounded up to a power of two, at most 2^24); no block of
+    /// Slots for `depth` receives (rounded up to a power of two, at most 2^24); no run of
     /// ids is drawn before the first post. Allocates nothing for `depth` 0.
     pub(crate) fn new(depth: u32) -> Self {
         let len = if depth == 0 {
@@ -65,12 +65,12 @@ impl SrqHeld {
     #[allow(unsafe_code)] // indexes the slots unchecked
     pub(crate) fn claim(&mut self, buf: Buf) -> std::result::Result<(u64, &Sge), (WrReject, Buf)> {
         if self.next == self.end {
-            if let Err(reason) = self.next_block() {
+            if let Err(reason) = self.next_run() {
                 return Err((reason, buf));
             }
         }
         let at = (self.next & self.mask) as usize;
-        // SAFETY: past the check above the slots are not empty (`next_block` refuses then),
+        // SAFETY: past the check above the slots are not empty (`next_run` refuses then),
         // so `mask` is their length less one (a power of two) and `at` is in the ring.
         if unsafe { self.slots.get_unchecked(at) }.is_some() {
             return self.claim_passing(buf);
@@ -96,7 +96,7 @@ impl SrqHeld {
         for _ in 0..self.slots.len() {
             self.next += 1;
             if self.next == self.end {
-                self.next_block()?;
+                self.next_run()?;
             }
             let at = (self.next & self.mask) as usize;
             if self.slots[at].is_none() {
@@ -122,7 +122,7 @@ impl SrqHeld {
     /// Draws a fresh run of ids; `QueueFull` when there are no slots or the process used up
     /// every block.
     #[cold]
-    fn next_block(&mut self) -> std::result::Result<(), WrReject> {
+    fn next_run(&mut self) -> std::result::Result<(), WrReject> {
         if self.slots.is_empty() {
             return Err(WrReject::QueueFull);
         }
