@@ -14,8 +14,8 @@ use crate::wr::{SendFlags, SendOp, SendWr, Sge};
 use blocks::BLOCKS;
 use std::mem::MaybeUninit;
 
-/// Set in every id given to a request here; a raw post must not use such `wr_id`s on a QP
-/// with buffers posted here (see `Qp::post_send`).
+/// Set in every id given to a request here; a raw post must not use such `wr_id`s in a
+/// process that uses the safe posts (see `Qp::post_send`).
 const SAFE_ID: u64 = 1 << 63;
 /// Set in the ids of receive requests.
 const RECV_ID: u64 = 1 << 62;
@@ -410,7 +410,7 @@ impl Ids {
     #[cold]
     fn make_room(&mut self) -> std::result::Result<(), WrReject> {
         if self.open && self.depth > 0 && self.next == self.end && self.next == self.oldest {
-            // None: 2^30 blocks of 2^32 requests each were used up, never in practice.
+            // None: every block of 2^32 ids was used up, never in practice.
             let run = BLOCKS.draw().ok_or(WrReject::QueueFull)?;
             self.next = self.kind + run.start;
             self.oldest = self.next;

@@ -11,8 +11,10 @@ use std::sync::Mutex;
 /// depth) never overflow.
 pub(super) const BLOCK_BITS: u32 = 32;
 const MAX_BLOCKS: u64 = (1 << (62 - BLOCK_BITS)) - 1;
-/// The shortest run worth keeping when a queue gives it back.
-const MIN_SPARE: u64 = 1 << 16;
+/// The shortest run kept when a queue gives it back: half a block. A queue draws a new run
+/// only while it holds nothing (`Held`), so a short run would make a busy queue drain early;
+/// with half a block it drains at most every 2^31 requests, where a fresh block's is 2^32.
+const MIN_SPARE: u64 = 1 << (BLOCK_BITS - 1);
 /// The most runs kept at once; beyond that what a queue leaves is lost.
 const MAX_SPARES: usize = 4096;
 
@@ -105,9 +107,9 @@ mod tests {
         };
         blocks.give_back(rest);
         assert_eq!(blocks.draw(), Some(rest));
-        // Too short to keep: the next draw is a fresh block.
+        // Shorter than half a block, too short to keep: the next draw is a fresh block.
         blocks.give_back(Run {
-            start: first.end - 10,
+            start: first.end - MIN_SPARE + 1,
             end: first.end,
         });
         assert_eq!(
@@ -133,8 +135,8 @@ mod tests {
         assert!(end.is_some());
         assert_eq!(blocks.draw(), None);
         // One given back still serves.
-        blocks.give_back(Run { start: 7, end: 1 << 20 });
-        assert_eq!(blocks.draw(), Some(Run { start: 7, end: 1 << 20 }));
+        blocks.give_back(Run { start: 7, end: 1 << 40 });
+        assert_eq!(blocks.draw(), Some(Run { start: 7, end: 1 << 40 }));
         assert_eq!(blocks.draw(), None);
     }
 
