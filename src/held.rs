@@ -410,7 +410,7 @@ impl Ids {
     #[cold]
     fn make_room(&mut self) -> std::result::Result<(), WrReject> {
         if self.open && self.depth > 0 && self.next == self.end && self.next == self.oldest {
-            // None: every block of 2^32 ids was used up, never in practice.
+            // None: every block of ids was used up, never in practice.
             let run = BLOCKS.draw().ok_or(WrReject::QueueFull)?;
             self.next = self.kind + run.start;
             self.oldest = self.next;

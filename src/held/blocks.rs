@@ -1,22 +1,23 @@
 //! Where the safe posts' request ids come from: runs of id values no request in the process
-//! ever had, each given to one queue at a time. A run is a fresh block of 2^32 values, or what
+//! ever had, each given to one queue at a time. A run is a fresh block of 2^36 values, or what
 //! a dropped queue left unused of its run: queues that come and go (a server's connections)
-//! would otherwise use up the 2^30 blocks, a block for each queue's first post.
+//! would otherwise use up the 2^26 blocks, a block for each queue's first post.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// A block is 2^32 values; every value is below 2^62 (the two bits above are the ids' kind),
-/// and so is every end: the kind bits plus a run's end (or its oldest id plus a queue's
-/// depth) never overflow.
-pub(super) const BLOCK_BITS: u32 = 32;
+/// A block is 2^36 values: a queue draws a new run only while it holds nothing (`Held`), so
+/// the end of a run makes a busy queue drain once (a receive queue kept full runs empty), and
+/// runs are at least half a block: at most once in 2^35 requests (9.5 hours at a million a
+/// second). Every value is below 2^62 (the two bits above are the ids' kind), and so is every
+/// end: the kind bits plus a run's end (or its oldest id plus a queue's depth) never
+/// overflow.
+pub(super) const BLOCK_BITS: u32 = 36;
 const MAX_BLOCKS: u64 = (1 << (62 - BLOCK_BITS)) - 1;
-/// The shortest run kept when a queue gives it back: half a block. A queue draws a new run
-/// only while it holds nothing (`Held`), so a short run would make a busy queue drain early;
-/// with half a block it drains at most every 2^31 requests, where a fresh block's is 2^32.
+/// The shortest run kept when a queue gives it back: half a block.
 const MIN_SPARE: u64 = 1 << (BLOCK_BITS - 1);
-/// The most runs kept at once; beyond that what a queue leaves is lost.
-const MAX_SPARES: usize = 4096;
+/// The most runs kept at once (16 bytes each); beyond that what a queue leaves is lost.
+const MAX_SPARES: usize = 1 << 16;
 
 /// Id values `start..end`, none of them given to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
