@@ -47,7 +47,7 @@
 //!    failed after the ring was published), so the QP keeps the buffer as if it were posted.
 //! 2. **A `Buf` leaves the QP only once the device is done with it.** Each request gets an id
 //!    (its `wr_id`) no other request in the process ever had: each queue's ids grow by one
-//!    with every post, from a run of values handed to that queue alone (a dropped queue's
+//!    with every post, within a run of values handed to that queue alone (a dropped queue's
 //!    unused values go to a later queue, never a value a request had: `src/held/blocks.rs`). A
 //!    queue completes its requests in the order they were posted (InfiniBand's rule, which
 //!    unsignaled sends rely on in every verbs library), so a completion for id `n` means every
@@ -61,10 +61,10 @@
 //!    gave out, and an id gives back buffers only if it lies between the oldest the queue
 //!    holds and the last it gave out. Raw posts keep bit 63 of their `wr_id`s clear in a
 //!    process that uses the safe posts (their `unsafe` contract), so their completions, this
-//!    QP's or an earlier one's, give nothing back. A QP moved to
-//!    RESET drops its queued requests; their buffers come back with the next completion of
-//!    that queue, or when the QP is destroyed. A provider that panics during a safe post
-//!    aborts the process: the requests it may have queued are counted when it returns.
+//!    QP's or an earlier one's, give nothing back. A QP moved to RESET drops its queued
+//!    requests; their buffers come back with the next completion of that queue, or when the QP
+//!    is destroyed. A provider that panics during a safe post aborts the process: the requests
+//!    it may have queued are counted when it returns.
 //! 3. **Lost completions lose no soundness.** After a CQ overrun the missing completions' buffers
 //!    come back with the next completion of the same queue (it implies the earlier ones);
 //!    if none comes, they stay in the QP. Unsignaled sends work the same way.
