@@ -119,8 +119,8 @@ impl SrqHeld {
         self.slots.get_mut(at)?.take()
     }
 
-    /// Draws a fresh run of ids; `QueueFull` when there are no slots or the process used up
-    /// every block.
+    /// Draws a new run of ids (one given back, or a fresh block); `QueueFull` when there are
+    /// no slots or the process used up every block.
     #[cold]
     fn next_run(&mut self) -> std::result::Result<(), WrReject> {
         if self.slots.is_empty() {
