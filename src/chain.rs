@@ -50,17 +50,14 @@ impl CSendWr {
     /// does not model is a [`SendOp::Raw`] of the request's fields, for the provider to write
     /// as given (`IBV_WR_ATOMIC_WRITE` included: this layout has no place for its value).
     pub fn send_op(&self) -> Option<SendOp> {
-        // SAFETY (the union reads): every arm is plain data; the opcode says which applies.
         let rdma = || {
-            // SAFETY: see above.
-            let r = unsafe { self.wr.rdma };
+            let r = self.wr.as_rdma();
             Remote {
                 addr: r.remote_addr,
                 rkey: r.rkey,
             }
         };
-        // SAFETY: see above.
-        let atomic = unsafe { self.wr.atomic };
+        let atomic = self.wr.as_atomic();
         let aremote = Remote {
             addr: atomic.remote_addr,
             rkey: atomic.rkey,
@@ -98,17 +95,97 @@ impl CSendWr {
 }
 
 /// `ibv_send_wr.wr`: the arm the opcode (and the QP type, for `ud`) selects.
+///
+/// Opaque: its 32 bytes are always initialised, whichever arm was written, so reading any
+/// arm is sound. A value is made by one of the constructors ([`CSendArm::rdma`],
+/// [`CSendArm::atomic`], [`CSendArm::ud`]; the bytes no arm field covers are zero), or read
+/// in place from a caller's `struct ibv_send_wr` through the `unsafe` chain posts, whose
+/// contract covers those bytes.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union CSendArm {
-    /// RDMA writes and reads.
-    pub rdma: CRdmaArm,
-    /// Atomics.
-    pub atomic: CAtomicArm,
-    /// Sends on UD QPs: `ah` is the caller's address handle.
-    pub ud: CUdArm,
+    rdma: CRdmaArm,
+    atomic: CAtomicArm,
+    ud: CUdArm,
+    /// The whole union: every byte initialised by the constructors.
+    words: [u64; 4],
 }
 assert_layout!(CSendArm, size 32);
+
+impl Default for CSendArm {
+    /// All zero.
+    fn default() -> Self {
+        Self { words: [0; 4] }
+    }
+}
+
+impl CSendArm {
+    /// The `rdma` arm of RDMA writes and reads; the other bytes zero.
+    pub fn rdma(rdma: CRdmaArm) -> Self {
+        let mut a = Self::default();
+        // Field by field: a whole-struct store may leave its padding uninitialised.
+        a.rdma.remote_addr = rdma.remote_addr;
+        a.rdma.rkey = rdma.rkey;
+        a
+    }
+
+    /// The `atomic` arm of atomics.
+    pub fn atomic(atomic: CAtomicArm) -> Self {
+        let mut a = Self::default();
+        a.atomic.remote_addr = atomic.remote_addr;
+        a.atomic.compare_add = atomic.compare_add;
+        a.atomic.swap = atomic.swap;
+        a.atomic.rkey = atomic.rkey;
+        a
+    }
+
+    /// The `ud` arm of sends on UD QPs; the other bytes zero.
+    pub fn ud(ud: CUdArm) -> Self {
+        let mut a = Self::default();
+        a.ud.ah = ud.ah;
+        a.ud.remote_qpn = ud.remote_qpn;
+        a.ud.remote_qkey = ud.remote_qkey;
+        a
+    }
+
+    /// The bytes read as the `rdma` arm.
+    #[inline(always)]
+    pub fn as_rdma(&self) -> CRdmaArm {
+        // SAFETY: every byte is initialised (the type's invariant) and the arm is plain data.
+        let r = unsafe { &self.rdma };
+        CRdmaArm {
+            remote_addr: r.remote_addr,
+            rkey: r.rkey,
+        }
+    }
+
+    /// The bytes read as the `atomic` arm.
+    #[inline(always)]
+    pub fn as_atomic(&self) -> CAtomicArm {
+        // SAFETY: as in `as_rdma`.
+        unsafe { self.atomic }
+    }
+
+    /// The bytes read as the `ud` arm (its `ah` is only an address: reading it dereferences
+    /// nothing).
+    #[inline(always)]
+    pub fn as_ud(&self) -> CUdArm {
+        // SAFETY: as in `as_rdma`.
+        let u = unsafe { &self.ud };
+        CUdArm {
+            ah: u.ah,
+            remote_qpn: u.remote_qpn,
+            remote_qkey: u.remote_qkey,
+        }
+    }
+}
+
+impl std::fmt::Debug for CSendArm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: as in `as_rdma`.
+        f.debug_tuple("CSendArm").field(unsafe { &self.words }).finish()
+    }
+}
 
 /// `ibv_send_wr.wr.rdma`.
 #[repr(C)]
@@ -271,15 +348,13 @@ impl<'a> FastWr<'a> {
     /// The `rdma` arm.
     #[inline(always)]
     pub fn rdma(&self) -> CRdmaArm {
-        // SAFETY: plain data; which arm applies is the opcode's business.
-        unsafe { self.c.wr.rdma }
+        self.c.wr.as_rdma()
     }
 
     /// The `atomic` arm, `swap` zeroed for a fetch-and-add (which has none).
     #[inline(always)]
     pub fn atomic(&self) -> CAtomicArm {
-        // SAFETY: as in `rdma`.
-        let mut a = unsafe { self.c.wr.atomic };
+        let mut a = self.c.wr.as_atomic();
         if self.c.opcode != WrOpcode::ATOMIC_CMP_AND_SWP.0 {
             a.swap = 0;
         }
@@ -377,21 +452,17 @@ mod tests {
             send_flags: SendFlags::SIGNALED.bits(),
             imm_data: 0x1234_5678u32.to_be(),
             wr: if matches!(opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD) {
-                CSendArm {
-                    atomic: CAtomicArm {
-                        remote_addr: 0x1000,
-                        compare_add: 3,
-                        swap: 4,
-                        rkey: 0x77,
-                    },
-                }
+                CSendArm::atomic(CAtomicArm {
+                    remote_addr: 0x1000,
+                    compare_add: 3,
+                    swap: 4,
+                    rkey: 0x77,
+                })
             } else {
-                CSendArm {
-                    rdma: CRdmaArm {
-                        remote_addr: 0x1000,
-                        rkey: 0x77,
-                    },
-                }
+                CSendArm::rdma(CRdmaArm {
+                    remote_addr: 0x1000,
+                    rkey: 0x77,
+                })
             },
         }
     }
@@ -422,6 +493,44 @@ mod tests {
         std::iter::from_fn(|| chain.next(qp_type))
             .map(|r| r.and_then(|wr| wr.to_send_wr(qp_type, ContextId(0))))
             .collect()
+    }
+
+    /// A request whose arm was built for another operation (an RDMA arm under an atomic
+    /// opcode) reads as that operation with the bytes the arm left zero: the arm's 32 bytes
+    /// are always initialised, so reading any arm from safe code is sound (under Miri, a read
+    /// of uninitialised bytes fails this test).
+    #[test]
+    fn an_arm_built_for_another_operation_reads_as_zeros() {
+        let mut c = blank(WrOpcode::RDMA_WRITE);
+        c.opcode = WrOpcode::ATOMIC_CMP_AND_SWP.0;
+        assert_eq!(
+            c.send_op(),
+            Some(SendOp::CompareSwap {
+                remote: Remote { addr: 0x1000, rkey: 0 },
+                compare: 0x77,
+                swap: 0
+            })
+        );
+        c.opcode = WrOpcode::ATOMIC_FETCH_AND_ADD.0;
+        assert!(matches!(c.send_op(), Some(SendOp::FetchAdd { add: 0x77, .. })));
+        let ud = CSendArm::ud(CUdArm {
+            ah: std::ptr::null_mut(),
+            remote_qpn: 5,
+            remote_qkey: 6,
+        });
+        let a = ud.as_atomic();
+        assert_eq!((a.remote_addr, a.compare_add, a.swap, a.rkey), (0, 5 | 6 << 32, 0, 0));
+        assert_eq!(
+            CSendArm::atomic(CAtomicArm {
+                remote_addr: 0x1000,
+                compare_add: 1,
+                swap: 2,
+                rkey: 0x77
+            })
+            .as_rdma()
+            .rkey,
+            1
+        );
     }
 
     /// Each operation the core reads itself comes out as the `SendOp` the C fields name, with

@@ -23,8 +23,8 @@ use crate::pd::{Pd, PdInner};
 use crate::sys::abi::{self, RegMr, RegMrResp};
 use crate::sys::cmd;
 use crate::sys::ioctl::object;
+use crate::sys::mapping::Mapping;
 use crate::wr::{Remote, Sge};
-use memmap2::MmapMut;
 use std::sync::Arc;
 
 const METHOD_MR_DESTROY: u16 = 1;
@@ -94,7 +94,7 @@ pub struct Mr {
     iova: u64,
     len: usize,
     access: AccessFlags,
-    owned: Option<MmapMut>,
+    owned: Option<Mapping>,
 }
 
 // SAFETY: `addr` is only dereferenced through `&self`/`&mut self` methods that follow Rust's
@@ -138,11 +138,9 @@ impl Pd {
     }
 
     fn alloc_any_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
-        let mut map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::io("mmap anonymous", e))?;
-        // Registered memory stays with the parent across fork(), as with rdma-core's
-        // ibv_fork_init; a child that needs the bytes copies them before forking.
-        map.advise(memmap2::Advice::DontFork)
-            .map_err(|e| Error::io("madvise(DONTFORK)", e))?;
+        // Registered memory stays with the parent across fork(): a child finds zeros there
+        // (`Mapping`); one that needs the bytes copies them before forking.
+        let mut map = Mapping::anon(len, false).map_err(|e| Error::io("mmap anonymous", e))?;
         let addr = map.as_mut_ptr();
         // SAFETY: `map` is kept in the returned `Mr`, so the region outlives the registration.
         let mut mr = unsafe { self.reg_mr(addr, len, access) }?;
@@ -306,7 +304,7 @@ impl Mr {
         Ok((0..len)
             .step_by(size)
             .map(|offset| {
-                let cap = cap.min((len - offset) as u32);
+                let cap = piece_len(len, offset, cap);
                 Buf(Box::new(BufPart {
                     sge: Sge {
                         addr: iova + offset as u64,
@@ -324,6 +322,13 @@ impl Mr {
             })
             .collect())
     }
+}
+
+/// The length of the piece of a `len`-byte region at `offset` (below `len`) cut by
+/// [`Mr::into_bufs`] in pieces of `size`: `size`, or what is left of a shorter tail. Regions
+/// of 4 GiB and more leave tails that do not fit a `u32`, which is then not the shorter one.
+fn piece_len(len: usize, offset: usize, size: u32) -> u32 {
+    u32::try_from(len - offset).map_or(size, |left| left.min(size))
 }
 
 /// A piece of an [`Mr`] with one owner at a time (from [`Mr::into_bufs`]): the caller, who
@@ -619,6 +624,33 @@ impl Drop for Mr {
             .is_ok();
         if !gone {
             std::mem::forget(self.owned.take());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::piece_len;
+
+    /// Each piece is `size` bytes but the last, which is what is left, at every region size
+    /// the kernel registers: the first piece of a 4 GiB region is not 0 bytes.
+    #[test]
+    fn pieces_of_regions_of_any_size() {
+        const GIB: usize = 1 << 30;
+        assert_eq!(piece_len(4 * GIB, 0, 2048), 2048);
+        assert_eq!(piece_len(4 * GIB, 4 * GIB - 2048, 2048), 2048);
+        assert_eq!(piece_len(4 * GIB + 5, 0, u32::MAX), u32::MAX);
+        assert_eq!(piece_len(4 * GIB + 5, u32::MAX as usize, u32::MAX), 6);
+        assert_eq!(piece_len(8 * GIB, 4 * GIB, 4096), 4096);
+        assert_eq!(piece_len(100, 96, 64), 4);
+        assert_eq!(piece_len(1, 0, 1), 1);
+        // The pieces cover the region exactly.
+        for (len, size) in [(4 * GIB + 5, u32::MAX), (5 * GIB, 1 << 31), (3000, 1024)] {
+            let total: usize = (0..len)
+                .step_by(size as usize)
+                .map(|o| piece_len(len, o, size) as usize)
+                .sum();
+            assert_eq!(total, len, "{len} in pieces of {size}");
         }
     }
 }

@@ -76,7 +76,9 @@
 //!    and nothing else ever will). Forgetting a `Buf` leaks its share of the region. No guard
 //!    object exists whose destructor soundness depends on.
 //! 6. **A region outlives its buffers.** Each `Buf` holds the region; it is deregistered and
-//!    unmapped after the last one is dropped, and its mapping is leaked if DEREG_MR fails.
+//!    unmapped after the last one is dropped, and its mapping is leaked if DEREG_MR fails. In
+//!    a forked child the region's pages are zeroed ones of the child's own, never unmapped by
+//!    the child (`crate::sys::mapping`): a `Buf` it inherited reads zeros there.
 //!
 //! A buffer cannot be reused or dropped while posted:
 //!
@@ -96,9 +98,9 @@
 //!
 //! Nor can a completion be made up to get one back early:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0451
 //! # fn f(qp: &mut uverbs::Qp, wc: &uverbs::WorkCompletion) {
-//! let fake = uverbs::Completion { wc }; // private fields: no way to build one
+//! let fake = uverbs::Completion { wc, cq: 0 }; // private fields: E0451
 //! let _ = qp.reclaim(fake);
 //! # }
 //! ```
@@ -254,11 +256,8 @@ impl Qp {
             };
             return Err(Refused { error, buf: Some(buf) });
         }
-        if let SendOp::Raw(_) = op {
-            return Err(Refused {
-                error: raw_refused("send_buf"),
-                buf: Some(buf),
-            });
+        if let Err(error) = modelled(&op, "send_buf") {
+            return Err(Refused { error, buf: Some(buf) });
         }
         let wr = SendWr {
             wr_id: id,
@@ -301,9 +300,7 @@ impl Qp {
     /// change), each buffer's SGE named where the QP keeps it. No allocation.
     pub fn send_bufs(&mut self, op: SendOp, bufs: &mut Vec<Buf>, flags: SendFlags) -> Result<()> {
         self.owner.check("post_send")?;
-        if let SendOp::Raw(_) = op {
-            return Err(raw_refused("send_bufs"));
-        }
+        modelled(&op, "send_bufs")?;
         let queues = &mut self.queues;
         let (posted, stop) = self.sends.post_list(
             bufs,
@@ -342,6 +339,7 @@ impl Qp {
         dest: Option<UdDest<'_>>,
     ) -> Result<()> {
         self.owner.check("post_send")?;
+        modelled(&op, "send_inline")?;
         self.check_send_state()?;
         let length = u32::try_from(data.len()).map_err(|_| Error::WorkRequest {
             verb: "send_inline",
@@ -457,8 +455,18 @@ impl Qp {
         into.len() - before
     }
 
+    /// Moves the buffers of the requests the device dropped when the QP moved to RESET
+    /// ([`Qp::modify`]) into `into`, oldest first, and returns how many. Those requests never
+    /// complete; a completion of one that was already in a CQ gives back nothing.
+    pub fn reclaim_dropped(&mut self, into: &mut Vec<Buf>) -> usize {
+        let n = self.dropped.len();
+        into.append(&mut self.dropped);
+        n
+    }
+
     /// How many requests of the safe posts the send and receive queues still count: those
-    /// holding a buffer, and inline sends no completion has passed yet.
+    /// holding a buffer, and inline sends no completion has passed yet (not those dropped by
+    /// a move to RESET: see [`Qp::reclaim_dropped`]).
     pub fn held_bufs(&self) -> (usize, usize) {
         (self.sends.len(), self.recvs.len())
     }
@@ -504,15 +512,20 @@ impl Qp {
     }
 }
 
-/// A raw operation ([`SendOp::Raw`]) is not for the safe posts: the core cannot say what the
-/// device does with a buffer lent to an operation it does not model (rule 1 of the module docs
-/// reasons about the operations it does).
+/// Refuses a raw operation ([`SendOp::Raw`]) on the safe posts: the core cannot say what the
+/// device does with a buffer lent to an operation it does not model (rule 1 of the module
+/// docs reasons about the operations it does), and an unmodelled opcode reaches the kernel
+/// only through the `unsafe` posts, whose caller answers for it (rxe on Linux 6.1 dereferences
+/// a null pointer on one: docs/kernel-facts.md).
 #[cold]
-fn raw_refused(verb: Verb) -> Error {
-    Error::WorkRequest {
-        verb,
-        index: 0,
-        reason: WrReject::OpcodeNotSupported,
+fn modelled(op: &SendOp, verb: Verb) -> Result<()> {
+    match op {
+        SendOp::Raw(_) => Err(Error::WorkRequest {
+            verb,
+            index: 0,
+            reason: WrReject::OpcodeNotSupported,
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -6,7 +6,7 @@ use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
 use crate::held::Held;
-use crate::mr::AccessFlags;
+use crate::mr::{AccessFlags, Buf};
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelCall, QpCreated, QpQueues, QpRequest};
 use crate::srq::{Srq, SrqInner};
@@ -333,6 +333,9 @@ pub struct Qp {
     /// after the kernel destroyed the QP.
     pub(crate) sends: Held,
     pub(crate) recvs: Held,
+    /// Buffers of requests the device dropped when the QP moved to RESET, until
+    /// [`Qp::reclaim_dropped`] hands them back.
+    pub(crate) dropped: Vec<Buf>,
     handle: u32,
     qpn: u32,
     qp_type: QpType,
@@ -443,6 +446,7 @@ impl Qp {
         Ok(Self {
             sends: Held::new(provider.cap.max_send_wr, false),
             recvs: Held::new(recv_depth, true),
+            dropped: Vec::new(),
             queues: provider.queues,
             owner: ctx.owner,
             handle: created.handle,
@@ -505,6 +509,10 @@ impl Qp {
     }
 
     /// Changes attributes and/or state (MODIFY_QP).
+    ///
+    /// Moving to RESET drops the requests still queued, without completions (the IBA's rule;
+    /// rxe and mlx5 both do: docs/kernel-facts.md): the buffers the safe posts lent those
+    /// requests then wait in [`Qp::reclaim_dropped`], and their ids are free for new posts.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         self.owner.check("MODIFY_QP")?;
         let req = attr.to_abi(self.handle)?;
@@ -514,6 +522,15 @@ impl Qp {
         })?;
         if let Some(state) = attr.state {
             self.set_state(state);
+            if state == QpState::Reset {
+                let empties = self.queues.reset_empties();
+                if empties.send {
+                    self.sends.emptied(&mut self.dropped);
+                }
+                if empties.recv {
+                    self.recvs.emptied(&mut self.dropped);
+                }
+            }
         }
         Ok(())
     }

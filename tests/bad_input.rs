@@ -316,12 +316,10 @@ fn a_single_chained_request_refused_is_reported_and_nothing_posted() {
         opcode: WrOpcode::RDMA_WRITE.0,
         send_flags: send_flags.bits(),
         imm_data: 0,
-        wr: CSendArm {
-            rdma: CRdmaArm {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            },
-        },
+        wr: CSendArm::rdma(CRdmaArm {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        }),
     };
     // SAFETY: each request lives for the call, its SGEs name the MRs, which outlive the QP's
     // use of them, and the device only reads them.

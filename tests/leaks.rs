@@ -198,8 +198,10 @@ fn mapped(addr: *const u8, len: usize) -> bool {
 
 /// After `fork()` the parent keeps its registered memory and objects exactly as before:
 ///
-/// - Memory the library allocated for an MR (`alloc_mr`) and the rings are not mapped in the
-///   child at all (`MADV_DONTFORK`, as rdma-core's `ibv_fork_init` does).
+/// - Memory the library allocated for an MR (`alloc_mr`) is zeroed pages of the child's own
+///   in the child (`MADV_WIPEONFORK`): never the parent's bytes, and its range stays taken, so
+///   nothing the child maps later lands there. The rings mapped from the device are not in
+///   the child at all (`MADV_DONTFORK`, as rdma-core's `ibv_fork_init` does).
 /// - Caller memory registered with `reg_mr` is inherited as a private copy; the child's writes
 ///   to its copy never reach the device, and what the parent writes after the fork is what the
 ///   device sends (the kernel copies pinned pages for the child at fork time, so no
@@ -220,8 +222,13 @@ fn after_fork_registered_memory_stays_the_parents() {
     let owned = p.a.mr.bytes().as_ptr();
     let pid = fork();
     if pid == 0 {
-        // The library's MR memory is absent in the child; the caller's is a private copy.
-        let code = if mapped(owned, 4096) {
+        // The library's MR memory is zeros in the child; the caller's is a private copy.
+        // SAFETY: mapped (checked first), the child's own zeroed pages.
+        let code = if !mapped(owned, 4096)
+            || !unsafe { std::slice::from_raw_parts(owned, 4096) }
+                .iter()
+                .all(|&b| b == 0)
+        {
             3
         } else if !mapped(user_ptr, 4096) {
             4
@@ -235,7 +242,7 @@ fn after_fork_registered_memory_stays_the_parents() {
     assert_eq!(
         wait(pid),
         0,
-        "3: alloc_mr memory mapped in the child; 4: reg_mr memory not inherited"
+        "3: alloc_mr memory not zeroed pages in the child; 4: reg_mr memory not inherited"
     );
     send_and_check(&mut p, 3, user_mr.sge(0, 4096).unwrap(), 0x11);
     let src = p.a.mr.sge(0, 4096).unwrap();
@@ -248,7 +255,85 @@ fn after_fork_registered_memory_stays_the_parents() {
     drop(user_mr);
     drop(user);
     figure(format_args!(
-        "after fork: alloc_mr memory not mapped in the child; the child's writes to its copy of reg_mr memory did not reach the device, the parent's did"
+        "after fork: alloc_mr memory zeroed in the child; the child's writes to its copy of reg_mr memory did not reach the device, the parent's did"
+    ));
+}
+
+/// What a forked child must survive with the library's memory: it drops an inherited `Buf`
+/// (the region's other buffer still inherited), maps memory of the region's size, reads the
+/// other buffer (zeros: neither its new mapping nor the parent's bytes), drops it and every
+/// other inherited object, and its new mapping is still there and untouched: a child unmaps
+/// nothing it inherited. The parent's buffers keep their bytes and work.
+#[test]
+fn a_child_that_drops_inherited_buffers_keeps_the_memory_it_maps_after() {
+    const LEN: usize = 2 * 4096;
+    let mut p = Pair::new();
+    let mut bufs =
+        p.pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .into_bufs(LEN / 2)
+            .unwrap();
+    for b in &mut bufs {
+        b.as_mut_slice().fill(0x5a);
+    }
+    let pid = fork();
+    if pid == 0 {
+        let second = bufs.pop().unwrap();
+        drop(bufs);
+        // SAFETY: a fresh private mapping of the region's size.
+        let fresh = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if fresh == libc::MAP_FAILED {
+            exit_child(2);
+        }
+        let fresh = fresh.cast::<u8>();
+        // SAFETY: the fresh mapping, LEN bytes.
+        unsafe { std::ptr::write_bytes(fresh, 0x3c, LEN) };
+        let at = second.as_slice().as_ptr() as usize;
+        let apart = at + LEN / 2 <= fresh as usize || fresh as usize + LEN <= at;
+        let zeros = second.as_slice().iter().all(|&b| b == 0);
+        // The region's last holder, then everything else the child inherited.
+        drop(second);
+        drop(p);
+        let intact = mapped(fresh, LEN)
+            // SAFETY: checked mapped just before; the child's own mapping.
+            && unsafe { std::slice::from_raw_parts(fresh, LEN) }.iter().all(|&b| b == 0x3c);
+        exit_child(i32::from(!apart) << 2 | i32::from(!zeros) << 3 | i32::from(!intact) << 4);
+    }
+    assert_eq!(
+        wait(pid),
+        0,
+        "2: mmap failed; bit 2: the child's mapping landed on the region; bit 3: the child read bytes other than zeros; bit 4: the child's mapping was unmapped or changed"
+    );
+    for b in &bufs {
+        assert!(b.as_slice().iter().all(|&x| x == 0x5a), "the parent's bytes");
+    }
+    // The parent's region still works: one buffer written to the peer.
+    let buf = bufs.pop().unwrap();
+    p.a.qp
+        .send_buf(SendOp::RdmaWrite(p.b.mr.remote(0).unwrap()), buf)
+        .unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    let start = std::time::Instant::now();
+    let buf = loop {
+        if let Some(c) = p.a.cq.reap(&mut wc).iter().next() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "{c:?}");
+            break p.a.qp.reclaim(c).expect("the buffer back");
+        }
+        assert!(start.elapsed() < TIMEOUT, "no completion");
+    };
+    assert!(p.b.mr.to_vec(0, LEN / 2).unwrap().iter().all(|&x| x == 0x5a));
+    bufs.push(buf);
+    figure(format_args!(
+        "forked child: dropped an inherited Buf, mapped {LEN} bytes (not on the region), read zeros from the other Buf, dropped everything: its mapping intact; the parent's bytes unchanged"
     ));
 }
 

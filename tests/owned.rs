@@ -226,6 +226,67 @@ fn reads_writes_and_atomics_lend_a_buffer_and_give_it_back() {
     assert_eq!(p.a.qp.held_bufs(), (0, 0));
 }
 
+/// No safe post hands the kernel an operation the core does not model: `SendOp::Raw` is
+/// refused by `send_inline` as by `send_buf`. On rxe (Linux 6.1) this exact request, opcode
+/// 0x20 (`IB_WR_REG_MR`) inline on a connected RC QP, made the kernel dereference a NULL MR
+/// pointer (`rxe_reg_fast_mr`); rxe also refuses it, and anything past it, on the unsafe
+/// post, since the kernel's opcode table ends there. The QP works afterwards.
+#[test]
+fn raw_operations_never_reach_the_kernel_from_the_safe_posts() {
+    let mut p = Pair::new();
+    let remote = p.b.mr.remote(0).unwrap();
+    let not_supported = |e: &Error| {
+        matches!(
+            e,
+            Error::WorkRequest {
+                reason: WrReject::OpcodeNotSupported,
+                index: 0,
+                ..
+            }
+        )
+    };
+    for opcode in [10, 0x20, 0x21, 0xff, u32::MAX] {
+        let raw = SendOp::Raw(RawOp {
+            opcode,
+            imm_data: 0,
+            remote,
+        });
+        let e = p.a.qp.send_inline(raw, &[]).unwrap_err();
+        assert!(not_supported(&e), "send_inline, opcode {opcode:#x}: {e}");
+        let e =
+            p.a.qp
+                .send_inline_with(raw, b"x", SendFlags::empty(), None)
+                .unwrap_err();
+        assert!(not_supported(&e), "send_inline_with, opcode {opcode:#x}: {e}");
+    }
+    if driver(&p.ctx) == Driver::Rxe {
+        for opcode in [0x20, 0x21, 0x1000] {
+            let raw = SendOp::Raw(RawOp {
+                opcode,
+                imm_data: 0,
+                remote,
+            });
+            // SAFETY: no buffer: the request names no memory.
+            let e = unsafe { p.a.qp.post_send(&[SendWr::new(1, raw, &[])]) }.unwrap_err();
+            assert!(not_supported(&e), "post_send, opcode {opcode:#x}: {e}");
+        }
+    }
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
+    p.a.qp
+        .send_inline(SendOp::RdmaWrite(p.b.mr.remote(64).unwrap()), b"still works")
+        .unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    let start = Instant::now();
+    loop {
+        if let Some(c) = p.a.cq.reap(&mut wc).iter().next() {
+            assert_eq!(c.status, WcStatus::SUCCESS, "the QP was left as it was");
+            break;
+        }
+        assert!(start.elapsed() < TIMEOUT);
+    }
+    assert_eq!(p.b.mr.to_vec(64, 11).unwrap(), b"still works");
+}
+
 #[test]
 fn refused_posts_hand_the_buffer_back_and_failed_requests_still_return_it() {
     let mut p = Pair::new();
@@ -644,4 +705,114 @@ fn a_list_the_provider_refuses_comes_back_whole_and_in_order() {
     }
     let mut wc = [WorkCompletion::default(); 4];
     assert_eq!(cq.poll(&mut wc), 0, "nothing was queued");
+}
+
+/// Full queues moved to RESET: the device drops what was queued without completions (rxe and
+/// mlx5 alike), the safe posts give those buffers back through `reclaim_dropped`, and their
+/// ids are free again, so the full queues take new posts once the QP is connected again. A
+/// completion of a dropped request still in the CQ gives back nothing, and a dropped receive
+/// takes no message after the reconnection.
+#[test]
+fn full_queues_moved_to_reset_give_back_what_the_device_dropped() {
+    const DEPTH: usize = 16;
+    let mut p = Pair::with(PairOpts {
+        cap: QpCap {
+            max_send_wr: DEPTH as u32,
+            max_recv_wr: DEPTH as u32,
+            ..PairOpts::default().cap
+        },
+        ..PairOpts::default()
+    });
+    let reset = QpAttr {
+        state: Some(QpState::Reset),
+        ..Default::default()
+    };
+    // The peer stops answering: the sends wait, queued, for acknowledgements.
+    p.b.qp.modify(&reset).unwrap();
+    let remote = p.b.mr.remote(0).unwrap();
+    let mut pool = bufs(&p.pd, 4 * DEPTH, 64);
+    let full = |e: &Error| {
+        matches!(
+            e,
+            Error::WorkRequest {
+                reason: WrReject::QueueFull,
+                ..
+            }
+        )
+    };
+    let mut posted = (0, 0);
+    loop {
+        match p.a.qp.send_buf(SendOp::RdmaWrite(remote), pool.pop().unwrap()) {
+            Ok(()) => posted.0 += 1,
+            Err(refused) => {
+                assert!(full(&refused.error), "{}", refused.error);
+                pool.push(refused.buf.unwrap());
+                break;
+            }
+        }
+    }
+    loop {
+        match p.a.qp.recv_buf(pool.pop().unwrap()) {
+            Ok(()) => posted.1 += 1,
+            Err(refused) => {
+                assert!(full(&refused.error), "{}", refused.error);
+                pool.push(refused.buf.unwrap());
+                break;
+            }
+        }
+    }
+    assert!(posted.0 >= DEPTH && posted.1 >= DEPTH, "both queues full: {posted:?}");
+    assert_eq!(p.a.qp.held_bufs(), posted);
+
+    p.a.qp.modify(&reset).unwrap();
+    let n = p.a.qp.reclaim_dropped(&mut pool);
+    assert_eq!(n, posted.0 + posted.1, "every request was dropped");
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
+    assert_eq!(p.a.qp.reclaim_dropped(&mut pool), 0, "given back once");
+    assert_eq!(pool.len(), 4 * DEPTH, "every buffer is back");
+    // Whatever completed or was flushed before the move gives back nothing now.
+    let mut wc = [WorkCompletion::default(); 8];
+    loop {
+        let reaped = p.a.cq.reap(&mut wc);
+        if reaped.is_empty() {
+            break;
+        }
+        for c in reaped.iter() {
+            assert!(p.a.qp.reclaim(c).is_none(), "{c:?}");
+        }
+    }
+    let (a_qpn, b_qpn) = (p.a.qp.qpn(), p.b.qp.qpn());
+    let path = loopback_path(&p.ctx);
+    for (qp, peer) in [(&mut p.a.qp, b_qpn), (&mut p.b.qp, a_qpn)] {
+        qp.to_init(1, PairOpts::default().access).unwrap();
+        qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rts(0).unwrap();
+    }
+    // Full queues' worth of new posts: the dropped requests' ids are free.
+    for k in 0..posted.0 {
+        let mut buf = pool.pop().unwrap();
+        buf.set_len(8).unwrap();
+        buf.as_mut_slice().copy_from_slice(&(k as u64).to_le_bytes());
+        p.a.qp
+            .send_buf(SendOp::RdmaWrite(p.b.mr.remote(8 * k).unwrap()), buf)
+            .unwrap_or_else(|r| panic!("send {k} after the reset: {}", r.error));
+    }
+    for _ in 0..posted.0 {
+        pool.push(one_back(&mut p.a.qp, &mut p.a.cq));
+    }
+    for k in 0..posted.0 {
+        assert_eq!(p.b.mr.to_vec(8 * k, 8).unwrap(), (k as u64).to_le_bytes());
+    }
+    for _ in 0..posted.1 {
+        p.a.qp.recv_buf(pool.pop().unwrap()).unwrap();
+    }
+    for k in 0..posted.1 {
+        p.b.qp.send_inline(SendOp::Send, &(k as u64).to_le_bytes()).unwrap();
+    }
+    for k in 0..posted.1 {
+        let buf = one_back(&mut p.a.qp, &mut p.a.cq);
+        assert_eq!(buf.as_slice(), (k as u64).to_le_bytes(), "the new receives, in order");
+        pool.push(buf);
+    }
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
 }

@@ -2,7 +2,7 @@
 //! per-context pages, and the UAR pages mapped from the device file.
 
 use crate::error::{Error, Result, Verb};
-use memmap2::MmapMut;
+use crate::sys::mapping::Mapping;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +15,7 @@ const DB_SLOT: usize = 64;
 /// orders after the destroy.
 pub(super) struct Buffer {
     /// Keeps the mapping; reached only through `base`.
-    _map: MmapMut,
+    _map: Mapping,
     base: NonNull<u8>,
 }
 
@@ -31,17 +31,9 @@ impl Buffer {
     /// the kernel pins pages that exist, and the first lap of the ring takes no page faults
     /// in the data path (one per 64 send WQEs otherwise, each ~150 ns a post on the model).
     pub(super) fn new(len: usize, verb: Verb) -> Result<Self> {
-        let mut options = memmap2::MmapOptions::new();
-        options.len(len.max(1));
-        if !cfg!(miri) {
-            options.populate();
-        }
-        let mut map = options
-            .map_anon()
-            .map_err(|e| Error::io(format!("{verb}: allocating {len} bytes"), e))?;
-        // The device keeps writing to these pages: a forked child must not get copies.
-        map.advise(memmap2::Advice::DontFork)
-            .map_err(|e| Error::io(format!("{verb}: madvise(DONTFORK)"), e))?;
+        // The device keeps writing to these pages: a forked child gets zeroed ones (`Mapping`).
+        let mut map =
+            Mapping::anon(len, !cfg!(miri)).map_err(|e| Error::io(format!("{verb}: allocating {len} bytes"), e))?;
         let base = NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::malformed(verb, "mmap returned null"))?;
         Ok(Self { _map: map, base })
     }
@@ -165,7 +157,7 @@ impl Drop for Doorbell {
 /// A UAR page mapped from the device file: doorbells are 8-byte stores into it.
 pub(super) struct UarPage {
     /// Keeps the mapping; reached only through `base`.
-    _map: MmapMut,
+    _map: Mapping,
     base: NonNull<u8>,
     len: usize,
 }
@@ -176,7 +168,7 @@ unsafe impl Send for UarPage {}
 unsafe impl Sync for UarPage {}
 
 impl UarPage {
-    pub(super) fn new(mut map: MmapMut) -> Option<Self> {
+    pub(super) fn new(mut map: Mapping) -> Option<Self> {
         let len = map.len();
         let base = NonNull::new(map.as_mut_ptr())?;
         Some(Self { _map: map, base, len })

@@ -29,8 +29,8 @@ use crate::provider::{
     CqRing, CreateCqCall, CreateQpCall, KernelCall, Provider, ProviderContext, ProviderQp, QpRequest, SrqCreated,
     SrqQueue,
 };
+use crate::sys::mapping::Mapping;
 use mem::{DbPages, UarPage};
-use memmap2::MmapOptions;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
 use zerocopy::IntoBytes;
@@ -139,13 +139,14 @@ impl Ctx {
         };
         let uars = (0..u64::from(pages))
             .map(|i| {
-                // SAFETY: a shared mapping of one UAR page of the device; written only with
-                // 8-byte volatile stores at checked offsets (`UarPage::write64`).
+                // SAFETY: one UAR page of the device, written only with 8-byte volatile stores
+                // at checked offsets (`UarPage::write64`).
                 let map = unsafe {
-                    MmapOptions::new()
-                        .offset(((command << 8) | i) * page_size as u64)
-                        .len(page_size)
-                        .map_mut(file.as_fd().as_raw_fd())
+                    Mapping::device(
+                        file.as_fd().as_raw_fd(),
+                        ((command << 8) | i) * page_size as u64,
+                        page_size,
+                    )
                 }
                 .map_err(|e| Error::io(format!("{verb}: mmap of UAR page {i}"), e))?;
                 UarPage::new(map).ok_or_else(|| Error::malformed(verb, "mmap returned null"))

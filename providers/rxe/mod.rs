@@ -18,8 +18,8 @@ use crate::provider::{
     CqRing, CreateCqCall, CreateQpCall, KernelCall, Provider, ProviderContext, ProviderQp, QpRequest, SrqCreated,
     SrqQueue,
 };
+use crate::sys::mapping::Mapping;
 use abi::{CreateAhResp, MmInfo};
-use memmap2::MmapOptions;
 use queue::{Backing, Queue};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
@@ -66,19 +66,12 @@ struct RxeContext {
 impl RxeContext {
     /// Maps a ring the kernel described in `mi` and validates its header.
     fn map(&self, mi: &MmInfo, verb: Verb, min_elem: usize) -> Result<Queue> {
-        // SAFETY: a shared mapping of the device's ring; the kernel keeps the buffer alive
-        // while it is mapped, and all access goes through `Queue`'s checked geometry.
-        let map = unsafe {
-            MmapOptions::new()
-                .offset(mi.offset)
-                .len(mi.size as usize)
-                .map_mut(self.file.as_fd().as_raw_fd())
-        }
-        .map_err(|e| Error::io(format!("{verb}: mmap of ring at cookie {:#x}", mi.offset), e))?;
-        // A forked child gets no copy of the rings: it could only steal or corrupt the
+        // SAFETY: a mapping of the device's ring, which the kernel keeps alive while it is
+        // mapped; all access goes through `Queue`'s checked geometry, with atomics for what
+        // the kernel writes. A forked child gets no copy: it could only steal or corrupt the
         // parent's queues (rdma-core's ibv_fork_init does the same).
-        map.advise(memmap2::Advice::DontFork)
-            .map_err(|e| Error::io(format!("{verb}: madvise(DONTFORK)"), e))?;
+        let map = unsafe { Mapping::device(self.file.as_fd().as_raw_fd(), mi.offset, mi.size as usize) }
+            .map_err(|e| Error::io(format!("{verb}: mmap of ring at cookie {:#x}", mi.offset), e))?;
         Queue::new(Backing::Mapped(map), verb, min_elem)
     }
 }

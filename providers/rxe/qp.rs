@@ -8,7 +8,7 @@ use crate::attr::{QpState, QpType};
 use crate::chain::{ChainWr, FastWr, SendChain, SlowWr};
 use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
-use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
+use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest, ResetEmpties};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
 use crate::wr::{ContextId, RawOp, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
@@ -202,6 +202,7 @@ impl RxeQp {
             SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } if ATOMICS => {
                 check_atomic(wr.sg_list, remote.addr)?
             }
+            SendOp::Raw(raw) => check_raw(raw)?,
             // As rdma-core's rxe: a bind carries no data and is for connected QPs.
             SendOp::BindMw(_) if !wr.sg_list.is_empty() || !matches!(qp_type, QpType::Rc | QpType::Uc) => {
                 return Err(WrReject::OpcodeNotSupported)
@@ -247,6 +248,23 @@ impl RxeQp {
         }
         self.finish(posted, rejected)
     }
+}
+
+/// The first `enum ib_wr_opcode` number the rxe requester cannot be given safely: it indexes
+/// `rxe_wr_opcode_info[opcode]` without a bound (Linux 6.1, `rxe_loc.h` `wr_opcode_mask`), the
+/// table ends at `IB_WR_REG_MR` (0x20), and a REG_MR from user space makes the kernel follow
+/// the MR pointer in the request (a NULL dereference in `rxe_reg_fast_mr`). rdma-core's rxe
+/// posts any opcode; this provider refuses these on every path, the unsafe ones and the
+/// drop-in's included (docs/kernel-facts.md).
+const FIRST_UNSAFE_OPCODE: u32 = 0x20;
+
+/// Refuses a [`SendOp::Raw`] whose opcode would crash the kernel ([`FIRST_UNSAFE_OPCODE`]).
+#[cold]
+fn check_raw(raw: RawOp) -> Result<(), WrReject> {
+    if raw.opcode >= FIRST_UNSAFE_OPCODE {
+        return Err(WrReject::OpcodeNotSupported);
+    }
+    Ok(())
 }
 
 /// What rdma-core's rxe checks of an atomic in a chain (`validate_send_wr`): 8 bytes or
@@ -518,7 +536,13 @@ unsafe impl QpQueues for RxeQp {
         let mut rejected = None;
         let mut posted = 0;
         for (index, wr) in wrs.iter(self.qp_type).enumerate() {
-            let (wr, inline_len) = match wr.and_then(|wr| Ok((wr, self.check_limits(wr.sg_list, wr.flags)?))) {
+            let checked = wr.and_then(|wr| {
+                if let SendOp::Raw(raw) = wr.op {
+                    check_raw(raw)?;
+                }
+                Ok((wr, self.check_limits(wr.sg_list, wr.flags)?))
+            });
+            let (wr, inline_len) = match checked {
                 Ok(checked) => checked,
                 Err(reason) => {
                     rejected = Some((index, reason));
@@ -594,6 +618,14 @@ unsafe impl QpQueues for RxeQp {
 
     /// The kernel flushed or dropped rxe's completions with the QP.
     fn destroyed(&mut self) {}
+
+    /// rxe's move to RESET runs its three state machines once in the RESET state before it
+    /// returns (Linux 6.1 `rxe_qp_reset`): the completer consumes every queued send and the
+    /// responder every queued receive without a completion (`rxe_drain_resp_pkts`,
+    /// `rxe_drain_req_pkts`), after the tasks that could still be working on them stopped.
+    fn reset_empties(&self) -> ResetEmpties {
+        ResetEmpties { send: true, recv: true }
+    }
 }
 
 /// Writes receive WQEs into `rq` (not yet published). Shared by QP receive queues and SRQs.
@@ -894,14 +926,12 @@ mod tests {
                     send_flags: flags.bits(),
                     imm_data: 0x1234_5678,
                     // Every byte set, used or not by the operation.
-                    wr: CSendArm {
-                        atomic: CAtomicArm {
-                            remote_addr: 0x1000_2000,
-                            compare_add: 0x3333,
-                            swap: 0x4444,
-                            rkey: 0x77,
-                        },
-                    },
+                    wr: CSendArm::atomic(CAtomicArm {
+                        remote_addr: 0x1000_2000,
+                        compare_add: 0x3333,
+                        swap: 0x4444,
+                        rkey: 0x77,
+                    }),
                 };
                 // SAFETY: the test's one-request chain, live for the loop body.
                 let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), never) };

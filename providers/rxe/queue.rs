@@ -17,7 +17,7 @@
 
 use super::abi::queue as off;
 use crate::error::{Error, Result, Verb};
-use memmap2::MmapMut;
+use crate::sys::mapping::Mapping;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -160,7 +160,7 @@ impl ConsIndex {
 /// Memory holding a ring.
 pub(super) enum Backing {
     /// A ring mapped from the device.
-    Mapped(MmapMut),
+    Mapped(Mapping),
     /// A synthetic ring (tests, miri, fuzzing), cache-line aligned like the kernel's.
     #[cfg(any(test, feature = "test-support"))]
     Heap(HeapRing),

@@ -1,7 +1,7 @@
-//! Fork detection. A forked child inherits the device fd, the rings and registered memory,
-//! but the kernel objects stay the parent's: a child's ioctls would act on them (the kernel
-//! refuses only `write()` commands from a child), and the rings are not mapped in a child
-//! (`MADV_DONTFORK`). Each context records the [`Owner`] (fork generation) it was made in, and
+//! Fork detection. A forked child inherits the device fd and the handles, but the kernel
+//! objects stay the parent's: a child's ioctls would act on them (the kernel refuses only
+//! `write()` commands from a child), the memory the library allocated is zeroed pages of the
+//! child's own there and the device's rings are not mapped at all ([`super::mapping`]). Each context records the [`Owner`] (fork generation) it was made in, and
 //! the data-path handles copy it; a child sees a newer generation and every verb on inherited
 //! handles becomes [`crate::Error::Forked`] (or, for polling, no completions) instead of
 //! touching the parent's objects.

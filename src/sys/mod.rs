@@ -13,6 +13,7 @@ pub mod fork;
 pub mod ioctl;
 #[cfg(test)]
 pub(crate) mod layout_check;
+pub(crate) mod mapping;
 #[cfg(feature = "mlx5")] // a provider's lock that fences one side only (its one user so far)
 pub(crate) mod membarrier;
 pub mod ucma;

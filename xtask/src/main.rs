@@ -77,6 +77,7 @@ macro_rules! say {
 mod architecture;
 mod bench;
 mod cpio;
+mod doc_examples;
 mod error;
 mod guest;
 mod initramfs;

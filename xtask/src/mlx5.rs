@@ -361,6 +361,8 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
     ("no_alloc", &[], &[]),
     ("qp_attr", &[], &[]),
     ("srq", &[], &[]),
+    // The safe posts (`Qp::send_buf`, `recv_buf`, `reclaim`, `reclaim_dropped`).
+    ("owned", &[], &[]),
     // The safe receives on an SRQ (`Srq::recv_buf`, `reclaim`).
     ("srq_owned", &[], &[]),
     // SRQs as only mlx5 has them (the kernel driver refuses resize): built with the feature.

@@ -164,7 +164,7 @@ pub fn toolchain_cargo(toolchain: &str) -> Command {
 
 /// Makes sure the nightly toolchain with `miri` and `rust-src` is installed, installing
 /// what is missing with rustup.
-fn ensure_nightly() -> Result<()> {
+pub(crate) fn ensure_nightly() -> Result<()> {
     if nightly_has_miri() {
         return Ok(());
     }

@@ -86,6 +86,10 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         Ok(c) => host_steps.push(vec![c]),
         Err(e) => failures.push(format!("host: miri: {e}")),
     }
+    match crate::doc_examples::nightly_doc_tests() {
+        Ok(c) => host_steps.push(vec![c]),
+        Err(e) => failures.push(format!("host: compile_fail error codes: {e}")),
+    }
     match crate::models::fuzz(crate::models::CI_FUZZ_SECONDS) {
         Ok(chain) => host_steps.push(chain),
         Err(e) => failures.push(format!("host: fuzz: {e}")),

@@ -495,8 +495,8 @@ unsafe fn slow_send_wr<'a>(at: NonNull<CSendWr>, qp_type: QpType) -> Option<Send
     if qp_type != QpType::Ud {
         return Some(swr);
     }
-    // SAFETY: on UD QPs the `ud` arm is the one the caller filled.
-    let ud = unsafe { w.wr.ud };
+    // On UD QPs the `ud` arm is the one the caller filled.
+    let ud = w.wr.as_ud();
     if ud.ah.is_null() {
         return None;
     }

@@ -205,12 +205,10 @@ impl WrBuilder {
                     opcode: u32::MAX,
                     send_flags: 0,
                     imm_data: 0,
-                    wr: CSendArm {
-                        rdma: CRdmaArm {
-                            remote_addr: 0,
-                            rkey: 0,
-                        },
-                    },
+                    wr: CSendArm::rdma(CRdmaArm {
+                        remote_addr: 0,
+                        rkey: 0,
+                    }),
                 },
                 wr,
             });
