@@ -27,6 +27,8 @@
 //!   rxe ring code and the mlx5 CQ/QP code under loom, miri (nightly) and libFuzzer with
 //!   ASan (nightly;
 //!   xtask installs nightly if missing); no device needed (xtask/src/models.rs, docs/reliability.md).
+//! - `cargo xtask public-api [--bless]`: the library's public items (rustdoc's JSON, nightly)
+//!   against the snapshot `tests/public-api.txt`, or written to it.
 //! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
 //!   guest boot; table and plot in `target/bench/` (docs/benchmarks.md).
 //!   `--report` redoes table and plot; `--emulator` (root) profiles QEMU itself
@@ -89,6 +91,7 @@ mod models;
 mod msrv;
 mod packages;
 mod proc;
+mod public_api;
 mod qemu;
 mod testrun;
 
@@ -116,6 +119,7 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask bench --mlx5              only the mlx5 provider against libmlx5, on the model
        cargo xtask loom|miri|fuzz [secs]     rxe rings, mlx5 CQ/QP under loom, miri, libFuzzer
        cargo xtask msrv                      the declared rust-version against dependencies and std APIs
+       cargo xtask public-api [--bless]      the public API against tests/public-api.txt (or write it)
 (environment knobs: see the doc comment of xtask/src/main.rs)";
 
 fn main() -> ExitCode {
@@ -148,6 +152,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         "loom" | "miri" | "fuzz" => models::run(cmd, rest),
         "bench" => bench::run(rest),
         "msrv" => msrv::check().map(|()| ExitCode::SUCCESS),
+        "public-api" => public_api::run(rest),
         "help" | "-h" | "--help" => {
             say!("{USAGE}");
             Ok(ExitCode::SUCCESS)

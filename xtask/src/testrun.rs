@@ -94,6 +94,10 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         Ok(chain) => host_steps.push(chain),
         Err(e) => failures.push(format!("host: fuzz: {e}")),
     }
+    // Every public item as the snapshot lists it (xtask/src/public_api.rs).
+    if let Err(e) = crate::public_api::run(&[]) {
+        failures.push(format!("host: public API: {e}"));
+    }
     // The declared rust-version, as far as this toolchain can check it (xtask/src/msrv.rs).
     if let Err(e) = crate::msrv::check() {
         failures.push(format!("host: msrv: {e}"));
