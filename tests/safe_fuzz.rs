@@ -1421,7 +1421,7 @@ impl<'r> Round<'r> {
             let r = self.cqs[c].as_mut().expect("live").resize(cqe);
             let out = match &r {
                 Ok(()) => "ok".to_string(),
-                Err(e) => self.error(e),
+                Err(e) => format!("{} ({e})", self.error(e)),
             };
             step!(self, "cq{c}: resize({cqe}) -> {out}");
         } else {
@@ -1886,4 +1886,35 @@ mod process {
         // harness's remaining code.
         unsafe { libc::_exit(code) }
     }
+}
+
+/// FINDING, reduced from the fuzzer's fork step with [`BUF_BYTES_IN_CHILD`] on; fails until
+/// the library fixes it. A forked child that reads a `Buf` it inherited (`Buf::as_slice`,
+/// safe code) dies of SIGSEGV: the region's memory is `MADV_DONTFORK`, so not mapped in the
+/// child, yet the safe API hands out a slice of it.
+#[test]
+fn finding_a_forked_child_reading_an_inherited_buf_faults() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut bufs = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE)
+        .unwrap()
+        .into_bufs(64)
+        .unwrap();
+    bufs[0].fill_from(b"parent").unwrap();
+    let pid = process::fork();
+    if pid == 0 {
+        let code = catch_unwind(AssertUnwindSafe(|| {
+            // Either a copy of the parent's bytes, or a typed refusal; never a fault.
+            i32::from(std::hint::black_box(bufs[0].as_slice()) != b"parent")
+        }))
+        .unwrap_or(101);
+        process::exit_child(code);
+    }
+    assert_eq!(
+        process::wait(pid),
+        Ok(0),
+        "the child reading its inherited Buf (Err(11): killed by SIGSEGV)"
+    );
+    drop(bufs);
 }
