@@ -1002,7 +1002,17 @@ impl<'r> Round<'r> {
             } else {
                 let len = self.size(MAX_MSG);
                 match op {
-                    SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm(_, imm) => {
+                    // Writes stay within the write area: the read area must keep its pattern.
+                    SendOp::RdmaWrite(r) | SendOp::RdmaWriteWithImm(r, _) => {
+                        let end = self.base().target.addr() + READ_AREA as u64;
+                        let room = end.saturating_sub(r.addr) as usize;
+                        let imm = match op {
+                            SendOp::RdmaWriteWithImm(_, imm) => Some(imm),
+                            _ => None,
+                        };
+                        self.fill_tagged(&mut buf, len.min(room), imm);
+                    }
+                    SendOp::SendWithImm { imm } => {
                         self.fill_tagged(&mut buf, len, Some(imm));
                     }
                     SendOp::RdmaRead(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
