@@ -131,14 +131,9 @@ pub fn run(job: &Job) -> Result<Report> {
         bail!("{why}{}", diagnostics());
     }
     report.status = status;
-    let problems = kernel_problems(&log);
-    if !problems.is_empty() {
-        note!(
-            "xtask: warning: the guest kernel logged problems (see {}):\n{}",
-            log_path.display(),
-            problems.join("\n")
-        );
-    }
+    // A kernel oops, BUG or WARNING fails the run, whatever the command's status: the
+    // command may have survived what the kernel got wrong.
+    report.failure = kernel_failure(&log, &log_path);
     if status.is_none() {
         let why = match out.end {
             End::TimedOut => format!(
@@ -210,6 +205,18 @@ fn kernel_problems(log: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The failure a kernel log with [`kernel_problems`] makes, naming the first of them.
+fn kernel_failure(log: &str, log_path: &Path) -> Option<String> {
+    let problems = kernel_problems(log);
+    let first = problems.first()?;
+    Some(format!(
+        "the guest kernel logged a problem: {}\n{}\n(the kernel log: {})",
+        first.trim(),
+        problems.join("\n"),
+        log_path.display()
+    ))
+}
+
 /// QEMU's stderr and the tail of the kernel log, for error messages.
 fn diagnostics(qemu_stderr: &str, log: &str, log_path: &Path) -> String {
     let mut s = String::new();
@@ -260,6 +267,8 @@ mod tests {
         assert_eq!(guest_errors(log).as_deref(), Some("insmod 9p failed"));
         assert_eq!(guest_errors("[ 1.0] fine\n"), None);
         assert_eq!(kernel_problems(log).len(), 1);
+        assert!(kernel_failure(log, Path::new("/k.log")).is_some_and(|f| f.contains("Kernel panic")));
+        assert_eq!(kernel_failure("[ 1.0] fine\n", Path::new("/k.log")), None);
         assert!(panic_line(log).is_some_and(|l| l.ends_with("sysrq triggered crash")));
         let d = diagnostics("", log, Path::new("/k.log"));
         assert!(d.contains("last 3 lines of the kernel log (/k.log)"), "{d}");

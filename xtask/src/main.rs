@@ -168,8 +168,9 @@ fn run_in_guest(command: &str) -> Result<ExitCode> {
         files: Vec::new(),
     })?;
     match (report.status, &report.failure) {
-        (Some(s), _) => Ok(ExitCode::from(s.clamp(0, 255) as u8)),
-        (None, Some(why)) => bail!("{why}"),
+        (Some(s), None) => Ok(ExitCode::from(s.clamp(0, 255) as u8)),
+        // The guest died, or its kernel logged a problem (whatever the command's status).
+        (_, Some(why)) => bail!("{why}"),
         (None, None) => bail!("the guest reported no exit status"),
     }
 }

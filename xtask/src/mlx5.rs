@@ -373,6 +373,8 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
     ("aio", &[], &["--skip", "a_hundred_thousand_completions_awaited"]),
     // The short form: 100,000 work requests (500,000 on rxe in CI).
     ("soak", &["UVERBS_SOAK_WRS=100000"], &[]),
+    // Random sequences of safe calls for 60 s (`UVERBS_SAFE_FUZZ_SECONDS`).
+    ("safe_fuzz", &[], &[]),
 ];
 
 /// What one item of the step runs, given its model dir.

@@ -1,0 +1,1930 @@
+//! The safe API under random use: seeded sequences of safe calls only (regions cut into
+//! `Buf`s, CQs of random depth, RC, UC, UD and RC-on-SRQ QPs in loopback pairs, state changes
+//! valid and not, every safe post, reaps, reclaims, resizes, destroys while busy, drops in
+//! random order, `fork()`), run round after round until the time budget is spent.
+//!
+//! Every round checks that every `Buf` comes back exactly once (from a reclaim, a refusal or
+//! a destroy), or is still held by a live queue as that queue counts it, or went down with a
+//! dropped queue; that every failure is a typed `uverbs::Error` (nothing panics); that
+//! `SendOp::Raw` is refused by every safe post; and that received and read bytes are what was
+//! sent. In the test guest it also reads the kernel log: an oops, BUG or WARNING fails the
+//! round.
+//!
+//! `UVERBS_SAFE_FUZZ_SEED` sets the seed, `UVERBS_SAFE_FUZZ_SECONDS` the budget (default 60,
+//! the CI run), `UVERBS_SAFE_FUZZ_ROUND=n` replays round `n` alone, and
+//! `UVERBS_SAFE_FUZZ_TRACE=1` prints every step as it runs (for a round that kills the
+//! kernel, where the step log printed on failure never comes).
+
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)] // the shared set-up's raw-post helpers; none is used here
+mod common;
+mod figures;
+
+use common::{driver, loopback_path, open_test_device};
+use figures::figure;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+use uverbs::testing::Rng;
+use uverbs::*;
+
+/// Whether `send_inline`/`send_inline_with` get `SendOp::Raw` too. Off until the inline path
+/// refuses raw operations as the buffer posts do: today an empty raw inline send (opcode
+/// 0x20) on a connected RC QP crashes the rxe guest's kernel.
+const RAW_ON_INLINE: bool = false;
+/// Whether a forked child reads a `Buf`'s bytes (a safe call). The library's region memory is
+/// not mapped in a child (`MADV_DONTFORK`), so today the read faults: off until a child can
+/// do it safely, or is stopped from doing it.
+const BUF_BYTES_IN_CHILD: bool = false;
+
+const DEFAULT_SEED: u64 = 0x5afe_f022;
+/// Steps of the step log printed with a failure.
+const LOG_STEPS: usize = 200;
+const QKEY: u32 = 0x1111_1111;
+/// The region all one-sided operations target: written here, read (a fixed pattern) there,
+/// atomics on the words at the end.
+const WRITE_AREA: usize = 0;
+const READ_AREA: usize = 16 << 10;
+const ATOMIC_AREA: usize = 32 << 10;
+const TARGET_LEN: usize = ATOMIC_AREA + 64;
+/// Longest message sent or read (a buffer may be larger: a receive fills all of it).
+const MAX_MSG: usize = 64 << 10;
+const UD_GRH: usize = 40;
+/// Limits on what one round holds, to keep rounds short on TCG.
+const MAX_QPS: usize = 10;
+const MAX_CQS: usize = 5;
+const MAX_SRQS: usize = 2;
+const MAX_MRS: usize = 6;
+const MAX_BUFS_PER_MR: usize = 256;
+/// Queue ids of SRQs (those of QPs are twice the QP's index, plus one for its receives).
+const SRQ_QUEUE: u32 = 1 << 20;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => {
+            let v = v.trim();
+            let parsed = match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => v.parse(),
+            };
+            parsed.unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+        }
+        Err(_) => default,
+    }
+}
+
+/// Round `n`'s own seed.
+fn round_seed(seed: u64, n: u64) -> u64 {
+    Rng::new(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64()
+}
+
+/// The last [`LOG_STEPS`] steps of a round, printed when it fails.
+struct Log {
+    lines: VecDeque<String>,
+    step: u64,
+    trace: bool,
+}
+
+impl Log {
+    fn new(trace: bool) -> Self {
+        Self {
+            lines: VecDeque::with_capacity(LOG_STEPS),
+            step: 0,
+            trace,
+        }
+    }
+
+    fn push(&mut self, line: String) {
+        self.step += 1;
+        let line = format!("{:5} {line}", self.step);
+        if self.trace {
+            figure(&line);
+        }
+        if self.lines.len() == LOG_STEPS {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line);
+    }
+}
+
+/// Calls, errors and other counts over the whole run.
+#[derive(Default)]
+struct Stats {
+    rounds: u64,
+    calls: BTreeMap<&'static str, u64>,
+    errors: BTreeMap<String, u64>,
+    bufs: u64,
+    returned: u64,
+    dropped_held: u64,
+    payloads: u64,
+    completions: u64,
+    forks: u64,
+    raw_refused: u64,
+}
+
+/// The short name of an error: its variant, the verb, and the reason or errno.
+fn error_kind(e: &Error) -> String {
+    match e {
+        Error::WorkRequest { verb, reason, .. } => format!("{verb}:{}", variant(&format!("{reason:?}"))),
+        Error::Kernel { verb, errno } => format!("{verb}:{errno:?}"),
+        Error::Malformed { verb, .. } | Error::InvalidArgument { verb, .. } | Error::Unsupported { verb, .. } => {
+            format!("{verb}:{}", variant(&format!("{e:?}")))
+        }
+        e => variant(&format!("{e:?}")).to_string(),
+    }
+}
+
+fn variant(debug: &str) -> &str {
+    debug.split([' ', '{', '(']).next().unwrap_or(debug)
+}
+
+/// The name of a `Buf` for accounting: its region (numbered per round) and offset.
+type Key = (u32, usize);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    Hand,
+    Queue(u32),
+    Gone,
+}
+
+/// Where every `Buf` of the round is.
+#[derive(Default)]
+struct Tracker {
+    at: HashMap<Key, At>,
+    per_queue: HashMap<u32, usize>,
+}
+
+impl Tracker {
+    fn add(&mut self, key: Key) {
+        assert!(self.at.insert(key, At::Hand).is_none(), "buffer {key:?} made twice");
+    }
+
+    fn post(&mut self, key: Key, q: u32) {
+        let at = self.at.get_mut(&key).expect("a buffer of this round");
+        assert_eq!(*at, At::Hand, "buffer {key:?} posted to queue {q} from {at:?}");
+        *at = At::Queue(q);
+        *self.per_queue.entry(q).or_default() += 1;
+    }
+
+    fn back(&mut self, key: Key, q: u32, how: &str) {
+        let at = self
+            .at
+            .get_mut(&key)
+            .unwrap_or_else(|| panic!("unknown buffer {key:?} {how}"));
+        assert_eq!(
+            *at,
+            At::Queue(q),
+            "buffer {key:?} given back ({how}) by queue {q}, but it is {at:?}"
+        );
+        *at = At::Hand;
+        *self.per_queue.get_mut(&q).expect("counted") -= 1;
+    }
+
+    fn drop_hand(&mut self, key: Key) {
+        let at = self.at.get_mut(&key).expect("a buffer of this round");
+        assert_eq!(*at, At::Hand, "buffer {key:?} dropped from hand while {at:?}");
+        *at = At::Gone;
+    }
+
+    /// The queue went down with its buffers: how many.
+    fn drop_queue(&mut self, q: u32) -> usize {
+        let mut n = 0;
+        for at in self.at.values_mut().filter(|at| **at == At::Queue(q)) {
+            *at = At::Gone;
+            n += 1;
+        }
+        let counted = self.per_queue.remove(&q).unwrap_or(0);
+        assert_eq!(n, counted, "queue {q}: buffers held");
+        n
+    }
+
+    fn held(&self, q: u32) -> usize {
+        self.per_queue.get(&q).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Rc,
+    Uc,
+    Ud,
+    RcSrq,
+}
+
+/// A request a QP's send queue counts, oldest first.
+#[derive(Debug)]
+enum Sent {
+    Buf { key: Key, read: Option<usize> },
+    Inline,
+}
+
+struct QpSlot {
+    qp: Qp,
+    kind: Kind,
+    peer: u32,
+    srq: Option<usize>,
+    sends: VecDeque<Sent>,
+    recvs: VecDeque<Key>,
+}
+
+struct SrqSlot {
+    srq: Srq,
+    members: usize,
+}
+
+/// What every round starts with.
+struct Base {
+    ctx: Context,
+    pd: Pd,
+    target: RemoteMr,
+    ah: Ah,
+    /// An AH of another context: UD sends through it are refused.
+    foreign: Option<(Ah, Context)>,
+}
+
+struct Round<'r> {
+    rng: Rng,
+    base: Option<Base>,
+    path: AhAttr,
+    cqs: Vec<Option<Cq>>,
+    qps: Vec<Option<QpSlot>>,
+    srqs: Vec<Option<SrqSlot>>,
+    pool: Vec<Buf>,
+    bufs: Tracker,
+    /// Region number by lkey (unique among live regions: a `Buf` keeps its region).
+    regions: HashMap<u32, u32>,
+    mrs: u32,
+    /// Messages sent: tag to length and immediate data.
+    tags: HashMap<u64, (usize, Option<u32>)>,
+    next_tag: u64,
+    stats: &'r mut Stats,
+    log: &'r mut Log,
+}
+
+macro_rules! step {
+    ($r:expr, $($arg:tt)*) => {
+        $r.log.push(format!($($arg)*))
+    };
+}
+
+fn access_all() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
+}
+
+fn read_pattern(i: usize) -> u8 {
+    (i as u8).wrapping_mul(7).wrapping_add(3)
+}
+
+/// Byte `i` of the message tagged `tag`.
+fn msg_byte(tag: u64, i: usize) -> u8 {
+    (tag as u8 ^ (tag >> 8) as u8).wrapping_add((i as u8).wrapping_mul(31))
+}
+
+/// The UD destination of a send to `peer`: through the round's AH (or another context's,
+/// refused), or none.
+fn dest(base: &Base, peer: u32, pick: u64) -> Option<UdDest<'_>> {
+    match pick {
+        0..=79 => Some(base.ah.ud_dest(peer, QKEY)),
+        80..=87 => Some(base.ah.ud_dest(peer, QKEY ^ 1)),
+        88..=93 => base.foreign.as_ref().map(|(ah, _)| ah.ud_dest(peer, QKEY)),
+        _ => None,
+    }
+}
+
+fn state_attr(state: QpState) -> QpAttr {
+    QpAttr {
+        state: Some(state),
+        ..Default::default()
+    }
+}
+
+impl<'r> Round<'r> {
+    fn new(seed: u64, stats: &'r mut Stats, log: &'r mut Log) -> Self {
+        let mut rng = Rng::new(seed);
+        let ctx = open_test_device();
+        let driver = driver(&ctx);
+        let path = loopback_path(&ctx);
+        let pd = ctx.alloc_pd().expect("alloc_pd");
+        let mut target = pd.alloc_remote_mr(TARGET_LEN, access_all()).expect("target region");
+        let pattern: Vec<u8> = (0..ATOMIC_AREA - READ_AREA).map(read_pattern).collect();
+        target.write(READ_AREA, &pattern).expect("in the region");
+        let ah = pd.create_ah(&path).expect("create_ah");
+        let foreign = rng.chance(20).then(|| {
+            let other = open_test_device();
+            let ah = other
+                .alloc_pd()
+                .and_then(|pd| pd.create_ah(&path))
+                .expect("a second context's AH");
+            (ah, other)
+        });
+        log.push(format!(
+            "round seed {seed:#x}: {driver:?}, foreign AH {}",
+            foreign.is_some()
+        ));
+        Self {
+            rng,
+            base: Some(Base {
+                ctx,
+                pd,
+                target,
+                ah,
+                foreign,
+            }),
+            path,
+            cqs: Vec::new(),
+            qps: Vec::new(),
+            srqs: Vec::new(),
+            pool: Vec::new(),
+            bufs: Tracker::default(),
+            regions: HashMap::new(),
+            mrs: 0,
+            tags: HashMap::new(),
+            next_tag: 0x5afe << 48,
+            stats,
+            log,
+        }
+    }
+
+    fn base(&self) -> &Base {
+        self.base.as_ref().expect("the round's base objects")
+    }
+
+    fn call(&mut self, name: &'static str) {
+        *self.stats.calls.entry(name).or_default() += 1;
+    }
+
+    fn error(&mut self, e: &Error) -> String {
+        let kind = error_kind(e);
+        *self.stats.errors.entry(kind.clone()).or_default() += 1;
+        kind
+    }
+
+    fn key(&self, buf: &Buf) -> Key {
+        let region = *self
+            .regions
+            .get(&buf.lkey())
+            .unwrap_or_else(|| panic!("a buffer of no region of this round: {buf:?}"));
+        (region, buf.offset())
+    }
+
+    fn live<T>(v: &[Option<T>]) -> Vec<usize> {
+        v.iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    fn pick<T>(rng: &mut Rng, v: &[Option<T>]) -> Option<usize> {
+        let live = Self::live(v);
+        (!live.is_empty()).then(|| live[rng.below(live.len() as u64) as usize])
+    }
+
+    /// A number from 1 to `max`, log-uniform.
+    fn size(&mut self, max: usize) -> usize {
+        let bits = usize::BITS - max.leading_zeros();
+        let top = 1usize << self.rng.below(bits as u64);
+        (top + self.rng.below(top as u64) as usize).clamp(1, max)
+    }
+
+    fn take_buf(&mut self) -> Option<Buf> {
+        if self.pool.is_empty() {
+            return None;
+        }
+        let i = self.rng.below(self.pool.len() as u64) as usize;
+        Some(self.pool.swap_remove(i))
+    }
+
+    /// Sets `buf` to a message of about `len` bytes and returns its tag and length; `imm`:
+    /// it goes with the tag as immediate data.
+    fn fill(&mut self, buf: &mut Buf, len: usize, imm: bool) -> (u64, usize) {
+        let tag = self.next_tag;
+        self.fill_tagged(buf, len, imm.then_some(tag as u32))
+    }
+
+    /// [`Round::fill`] with the immediate data given.
+    fn fill_tagged(&mut self, buf: &mut Buf, len: usize, imm: Option<u32>) -> (u64, usize) {
+        let len = len.min(buf.capacity());
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        buf.set_len(len).expect("within the capacity");
+        // Short messages carry no tag: their bytes are those of tag 0.
+        let pattern = if len >= 8 { tag } else { 0 };
+        let bytes = buf.as_mut_slice();
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = msg_byte(pattern, i);
+        }
+        if len >= 8 {
+            bytes[..8].copy_from_slice(&tag.to_le_bytes());
+            self.tags.insert(tag, (len, imm));
+        }
+        (tag, len)
+    }
+
+    fn message(&mut self, len: usize, imm: bool) -> (u64, Vec<u8>) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let pattern = if len >= 8 { tag } else { 0 };
+        let mut m: Vec<u8> = (0..len).map(|i| msg_byte(pattern, i)).collect();
+        if len >= 8 {
+            m[..8].copy_from_slice(&tag.to_le_bytes());
+            self.tags.insert(tag, (len, imm.then_some(tag as u32)));
+        }
+        (tag, m)
+    }
+
+    /// Checks a received message against what was sent.
+    fn check_message(&mut self, data: &[u8], imm: Option<u32>) {
+        let tag = if data.len() >= 8 {
+            let tag = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
+            let sent = self.tags.get(&tag).copied();
+            assert_eq!(
+                sent.map(|s| s.0),
+                Some(data.len()),
+                "received {} bytes tagged {tag:#x}: no such message was sent",
+                data.len()
+            );
+            let want_imm = sent.and_then(|s| s.1);
+            if want_imm.is_some() || imm.is_some() {
+                assert_eq!(imm, want_imm, "immediate data of message {tag:#x}");
+            }
+            Some(tag)
+        } else {
+            None
+        };
+        let from = if tag.is_some() { 8 } else { 0 };
+        for (i, &b) in data.iter().enumerate().skip(from) {
+            assert_eq!(b, msg_byte(tag.unwrap_or(0), i), "byte {i} of a received message");
+        }
+        self.stats.payloads += 1;
+    }
+
+    // ---- objects ----
+
+    fn alloc_mr(&mut self) {
+        if Self::live_regions(&self.regions) >= MAX_MRS {
+            return;
+        }
+        let len = self.size(4 << 20);
+        let cut = match self.rng.below(20) {
+            0 => 0, // refused: a size of 0
+            _ => {
+                let min = len.div_ceil(MAX_BUFS_PER_MR);
+                let c = self.size(len);
+                c.max(min)
+            }
+        };
+        self.call("alloc_mr");
+        let mr = match self.base().pd.alloc_mr(len, AccessFlags::LOCAL_WRITE) {
+            Ok(mr) => mr,
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "alloc_mr({len}) -> {k}");
+                return;
+            }
+        };
+        let lkey = mr.lkey();
+        self.call("into_bufs");
+        match mr.into_bufs(cut) {
+            Ok(bufs) => {
+                self.mrs += 1;
+                self.regions.insert(lkey, self.mrs);
+                step!(
+                    self,
+                    "alloc_mr({len}).into_bufs({cut}) -> {} bufs, region {}",
+                    bufs.len(),
+                    self.mrs
+                );
+                for b in bufs {
+                    let key = self.key(&b);
+                    self.bufs.add(key);
+                    self.stats.bufs += 1;
+                    self.pool.push(b);
+                }
+            }
+            Err(e) => {
+                assert_eq!(cut, 0, "into_bufs({cut}) of {len} bytes: {e}");
+                let k = self.error(&e);
+                step!(self, "alloc_mr({len}).into_bufs(0) -> {k}");
+            }
+        }
+    }
+
+    /// Regions are counted by their lkeys while any of their buffers may live (a rough bound).
+    fn live_regions(regions: &HashMap<u32, u32>) -> usize {
+        regions.len()
+    }
+
+    fn create_cq(&mut self) -> Option<usize> {
+        if Self::live(&self.cqs).len() >= MAX_CQS {
+            return Self::pick(&mut self.rng, &self.cqs);
+        }
+        let depth = match self.rng.below(4) {
+            0 => 1 + self.rng.below(4) as u32, // overruns soon
+            _ => self.size(512) as u32,
+        };
+        self.call("create_cq");
+        match self.base().ctx.create_cq(depth) {
+            Ok(cq) => {
+                self.cqs.push(Some(cq));
+                step!(self, "create_cq({depth}) -> cq{}", self.cqs.len() - 1);
+                Some(self.cqs.len() - 1)
+            }
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "create_cq({depth}) -> {k}");
+                None
+            }
+        }
+    }
+
+    fn create_srq(&mut self) -> Option<usize> {
+        if Self::live(&self.srqs).len() >= MAX_SRQS {
+            return Self::pick(&mut self.rng, &self.srqs);
+        }
+        let max_wr = self.size(64) as u32;
+        self.call("create_srq");
+        match self.base().pd.create_srq(&SrqInit::new(max_wr, 1)) {
+            Ok(srq) => {
+                self.srqs.push(Some(SrqSlot { srq, members: 0 }));
+                step!(self, "create_srq({max_wr}) -> srq{}", self.srqs.len() - 1);
+                Some(self.srqs.len() - 1)
+            }
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "create_srq({max_wr}) -> {k}");
+                None
+            }
+        }
+    }
+
+    fn create_qp(&mut self, kind: Kind, srq: Option<usize>) -> Option<usize> {
+        let send_cq = self.create_cq()?;
+        let recv_cq = if self.rng.chance(50) {
+            send_cq
+        } else {
+            self.create_cq()?
+        };
+        let cap = QpCap {
+            max_send_wr: self.size(64) as u32,
+            max_recv_wr: self.size(64) as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: if self.rng.chance(50) { 0 } else { self.size(256) as u32 },
+        };
+        let sq_sig_all = self.rng.chance(10);
+        let qp_type = match kind {
+            Kind::Rc | Kind::RcSrq => QpType::Rc,
+            Kind::Uc => QpType::Uc,
+            Kind::Ud => QpType::Ud,
+        };
+        self.call("create_qp");
+        let made = {
+            let (scq, rcq) = (
+                self.cqs[send_cq].as_ref().expect("live"),
+                self.cqs[recv_cq].as_ref().expect("live"),
+            );
+            let mut init = QpInit::new(qp_type, scq, rcq);
+            init.cap = cap;
+            init.sq_sig_all = sq_sig_all;
+            init.srq = srq.map(|s| &self.srqs[s].as_ref().expect("live").srq);
+            self.base().pd.create_qp(&init)
+        };
+        match made {
+            Ok(qp) => {
+                if let Some(s) = srq {
+                    self.srqs[s].as_mut().expect("live").members += 1;
+                }
+                self.qps.push(Some(QpSlot {
+                    qp,
+                    kind,
+                    peer: 0,
+                    srq,
+                    sends: VecDeque::new(),
+                    recvs: VecDeque::new(),
+                }));
+                let i = self.qps.len() - 1;
+                step!(
+                    self,
+                    "create_qp({kind:?}, cq{send_cq}/cq{recv_cq}, srq {srq:?}, {cap:?}, sig_all {sq_sig_all}) -> qp{i} (qpn {})",
+                    self.qps[i].as_ref().expect("live").qp.qpn()
+                );
+                Some(i)
+            }
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "create_qp({kind:?}, {cap:?}) -> {k}");
+                None
+            }
+        }
+    }
+
+    /// Two QPs of one kind connected to each other, or one connected to itself.
+    fn create_pair(&mut self) {
+        if Self::live(&self.qps).len() + 2 > MAX_QPS {
+            return;
+        }
+        let kind = [Kind::Rc, Kind::Uc, Kind::Ud, Kind::RcSrq][self.rng.below(4) as usize];
+        let srq = match kind {
+            Kind::RcSrq => match self.create_srq() {
+                Some(s) => Some(s),
+                None => return,
+            },
+            _ => None,
+        };
+        let Some(a) = self.create_qp(kind, srq) else { return };
+        let alone = self.rng.chance(15);
+        let b = if alone {
+            a
+        } else {
+            // On an SRQ, the other end takes its receives from the SRQ too, or has its own.
+            let (kind_b, srq_b) = if kind == Kind::RcSrq && self.rng.chance(50) {
+                (Kind::Rc, None)
+            } else {
+                (kind, srq)
+            };
+            let Some(b) = self.create_qp(kind_b, srq_b) else { return };
+            b
+        };
+        let (qa, qb) = (self.qpn(a), self.qpn(b));
+        self.qps[a].as_mut().expect("live").peer = qb;
+        self.qps[b].as_mut().expect("live").peer = qa;
+        for i in [a, b].into_iter().take(if alone { 1 } else { 2 }) {
+            if !self.rng.chance(90) {
+                continue; // left in RESET
+            }
+            let (ok, what) = self.connect(i);
+            assert!(ok.is_ok(), "connecting qp{i} ({what}): {ok:?}");
+        }
+    }
+
+    fn qpn(&self, i: usize) -> u32 {
+        self.qps[i].as_ref().expect("live").qp.qpn()
+    }
+
+    /// RESET to RTS towards the QP's peer.
+    fn connect(&mut self, i: usize) -> (Result<()>, &'static str) {
+        self.call("connect");
+        let path = self.path;
+        let s = self.qps[i].as_mut().expect("live");
+        let r = match s.kind {
+            Kind::Ud => s.qp.ud_to_rts(1, QKEY),
+            _ => {
+                s.qp.to_init(1, access_all())
+                    .and_then(|()| s.qp.to_rtr(path, s.peer, 0, Mtu::Mtu1024))
+                    .and_then(|()| s.qp.to_rts(0))
+            }
+        };
+        let what = if r.is_ok() { "ok" } else { "failed" };
+        let state = s.qp.state();
+        if let Err(e) = &r {
+            self.error(e);
+        }
+        step!(self, "qp{i}: connect -> {r:?}, now {state:?}");
+        (r, what)
+    }
+
+    /// A state change, valid or not.
+    fn change_state(&mut self) {
+        let Some(i) = Self::pick(&mut self.rng, &self.qps) else {
+            return;
+        };
+        let path = self.path;
+        let what = self.rng.below(9);
+        let s = self.qps[i].as_mut().expect("live");
+        let before = s.qp.state();
+        let ud = s.kind == Kind::Ud;
+        let peer = if self.rng.chance(90) { s.peer } else { 0xff_ffff };
+        let (name, target, r): (&'static str, Option<QpState>, Result<()>) = match what {
+            0 if ud => (
+                "modify(INIT, qkey)",
+                Some(QpState::Init),
+                s.qp.modify(&QpAttr {
+                    state: Some(QpState::Init),
+                    pkey_index: Some(0),
+                    port_num: Some(1),
+                    qkey: Some(QKEY),
+                    ..Default::default()
+                }),
+            ),
+            0 => ("to_init", Some(QpState::Init), s.qp.to_init(1, access_all())),
+            1 if ud => (
+                "modify(RTR)",
+                Some(QpState::Rtr),
+                s.qp.modify(&state_attr(QpState::Rtr)),
+            ),
+            1 => ("to_rtr", Some(QpState::Rtr), s.qp.to_rtr(path, peer, 0, Mtu::Mtu1024)),
+            2 if ud => (
+                "modify(RTS, sq_psn)",
+                Some(QpState::Rts),
+                s.qp.modify(&QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(0),
+                    ..Default::default()
+                }),
+            ),
+            2 => ("to_rts", Some(QpState::Rts), s.qp.to_rts(0)),
+            3 => (
+                "modify(ERR)",
+                Some(QpState::Err),
+                s.qp.modify(&state_attr(QpState::Err)),
+            ),
+            4 => (
+                "modify(RESET)",
+                Some(QpState::Reset),
+                s.qp.modify(&state_attr(QpState::Reset)),
+            ),
+            5 => (
+                "modify(SQD)",
+                Some(QpState::Sqd),
+                s.qp.modify(&state_attr(QpState::Sqd)),
+            ),
+            // Attributes that do not belong to the transition or the QP type.
+            6 => (
+                "to_rtr(any type)",
+                Some(QpState::Rtr),
+                s.qp.to_rtr(path, peer, 0, Mtu::Mtu4096),
+            ),
+            7 => ("to_init(port 9)", Some(QpState::Init), s.qp.to_init(9, access_all())),
+            _ => ("query", None, s.qp.query().map(drop)),
+        };
+        let after = s.qp.state();
+        self.call(name);
+        let outcome = match &r {
+            Ok(()) => "ok".to_string(),
+            Err(e) => self.error(e),
+        };
+        step!(self, "qp{i}: {before:?} {name} -> {outcome}, now {after:?}");
+        match (&r, target) {
+            (Ok(()), Some(t)) => assert_eq!(after, t, "qp{i}: {name} succeeded"),
+            (Err(_), Some(_)) => assert_eq!(after, before, "qp{i}: {name} failed yet the state changed"),
+            _ => {}
+        }
+        // Any state may go to RESET, and any but RESET to ERR (Linux's `ib_modify_qp_is_ok`
+        // has no RESET to ERR; the mlx5 model allows it).
+        if target == Some(QpState::Reset) || (target == Some(QpState::Err) && before != QpState::Reset) {
+            assert!(r.is_ok(), "qp{i}: {before:?} to {target:?} is always valid: {r:?}");
+        }
+        if r.is_ok() && matches!(after, QpState::Reset | QpState::Err) {
+            // A reset drops the queued requests; what a read fetched is no longer known.
+            for sent in &mut self.qps[i].as_mut().expect("live").sends {
+                if let Sent::Buf { read, .. } = sent {
+                    *read = None;
+                }
+            }
+        }
+    }
+
+    // ---- posts ----
+
+    /// A random send operation for `qp`, and the offset of the read area it reads, if it
+    /// is a valid read. The buffer's length is set to suit.
+    fn send_op(&mut self, buf: &mut Buf, raw: bool) -> (SendOp, Option<usize>) {
+        let (addr, rkey) = (self.base().target.addr(), self.base().target.rkey());
+        let valid = self.rng.chance(90);
+        let rkey = if valid { rkey } else { rkey ^ 0x80 };
+        let remote = |off: usize| Remote {
+            addr: addr + off as u64,
+            rkey,
+        };
+        let msg_len = self.size(MAX_MSG);
+        let pick = if raw { 12 } else { self.rng.below(12) };
+        match pick {
+            0 | 1 => {
+                self.fill(buf, msg_len, false);
+                (SendOp::Send, None)
+            }
+            2 | 3 => {
+                let (tag, _) = self.fill(buf, msg_len, true);
+                (SendOp::SendWithImm { imm: tag as u32 }, None)
+            }
+            4 => {
+                let (_, len) = self.fill(buf, msg_len.min(READ_AREA), false);
+                let off = self.rng.below((READ_AREA - len + 1) as u64) as usize;
+                (SendOp::RdmaWrite(remote(WRITE_AREA + off)), None)
+            }
+            5 => {
+                let (tag, len) = self.fill(buf, msg_len.min(READ_AREA), false);
+                let off = self.rng.below((READ_AREA - len + 1) as u64) as usize;
+                (SendOp::RdmaWriteWithImm(remote(WRITE_AREA + off), tag as u32), None)
+            }
+            6 | 7 => {
+                let len = msg_len.min(ATOMIC_AREA - READ_AREA).min(buf.capacity());
+                buf.set_len(len).expect("within the capacity");
+                let off = self.rng.below((ATOMIC_AREA - READ_AREA - len + 1) as u64) as usize;
+                (SendOp::RdmaRead(remote(READ_AREA + off)), valid.then_some(off))
+            }
+            8 | 9 => {
+                let len = if self.rng.chance(85) { 8 } else { self.size(16) };
+                let _ = buf.set_len(len.min(buf.capacity()));
+                let word = self.rng.below(8) as usize * 8 + if self.rng.chance(90) { 0 } else { 3 };
+                let remote = remote(ATOMIC_AREA + word);
+                let op = if pick == 8 {
+                    SendOp::FetchAdd {
+                        remote,
+                        add: self.rng.next_u64(),
+                    }
+                } else {
+                    SendOp::CompareSwap {
+                        remote,
+                        compare: self.rng.next_u64() & 3,
+                        swap: self.rng.next_u64(),
+                    }
+                };
+                (op, None)
+            }
+            10 => {
+                self.fill(buf, msg_len, false);
+                (SendOp::SendWithInv { rkey }, None)
+            }
+            11 => match self.rng.below(2) {
+                0 => (SendOp::LocalInv { rkey }, None),
+                _ => (
+                    SendOp::AtomicWrite {
+                        remote: remote(ATOMIC_AREA + 8 * self.rng.below(8) as usize),
+                        value: self.rng.next_u64().to_ne_bytes(),
+                    },
+                    None,
+                ),
+            },
+            _ => {
+                self.fill(buf, msg_len, false);
+                (self.raw_op(), None)
+            }
+        }
+    }
+
+    fn raw_op(&mut self) -> SendOp {
+        let opcode = match self.rng.below(4) {
+            0 => 0x20,
+            1 => self.rng.below(16) as u32,
+            _ => self.rng.next_u64() as u32,
+        };
+        SendOp::Raw(RawOp {
+            opcode,
+            imm_data: self.rng.next_u64() as u32,
+            remote: Remote {
+                addr: self.base().target.addr(),
+                rkey: self.base().target.rkey(),
+            },
+        })
+    }
+
+    fn flags(&mut self) -> SendFlags {
+        let mut f = if self.rng.chance(75) {
+            SendFlags::SIGNALED
+        } else {
+            SendFlags::empty()
+        };
+        for (flag, p) in [
+            (SendFlags::SOLICITED, 10),
+            (SendFlags::FENCE, 10),
+            (SendFlags::INLINE, 5),
+        ] {
+            if self.rng.chance(p) {
+                f |= flag;
+            }
+        }
+        f
+    }
+
+    fn send_buf(&mut self, i: usize) {
+        let Some(mut buf) = self.take_buf() else { return };
+        let raw = self.rng.chance(12);
+        let (op, read) = self.send_op(&mut buf, raw);
+        let key = self.key(&buf);
+        let plain = self.rng.chance(30);
+        let flags = if plain { SendFlags::SIGNALED } else { self.flags() };
+        let dest_pick = self.rng.below(100);
+        let ud = self.qps[i].as_ref().expect("live").kind == Kind::Ud;
+        let held_before = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        let name = if plain { "send_buf" } else { "send_buf_with" };
+        self.call(name);
+        let r = {
+            let peer = self.qps[i].as_ref().expect("live").peer;
+            let base = self.base.as_ref().expect("base");
+            let dest = if ud && !plain {
+                dest(base, peer, dest_pick)
+            } else {
+                None
+            };
+            let s_qp = &mut self.qps[i].as_mut().expect("live").qp;
+            if plain {
+                s_qp.send_buf(op, buf)
+            } else {
+                s_qp.send_buf_with(op, buf, flags, dest)
+            }
+        };
+        let held_after = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        let desc = format!("qp{i}: {name}({op:?}, {key:?}, {flags:?}, dest {})", ud && !plain);
+        self.after_send(i, key, read, r, raw, held_before, held_after, desc);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn after_send(
+        &mut self,
+        i: usize,
+        key: Key,
+        read: Option<usize>,
+        r: std::result::Result<(), Refused>,
+        raw: bool,
+        held_before: (usize, usize),
+        held_after: (usize, usize),
+        desc: String,
+    ) {
+        let q = 2 * i as u32;
+        match r {
+            Ok(()) => {
+                step!(self, "{desc} -> ok");
+                assert!(!raw, "{desc}: a raw operation was posted by a safe post");
+                assert_eq!(held_after.0, held_before.0 + 1, "{desc}: posted, so held");
+                self.bufs.post(key, q);
+                let s = self.qps[i].as_mut().expect("live");
+                s.sends.push_back(Sent::Buf { key, read });
+            }
+            Err(Refused { error, buf }) => {
+                let kind = self.error(&error);
+                step!(self, "{desc} -> {kind} (buffer back: {})", buf.is_some());
+                match buf {
+                    Some(buf) => {
+                        assert_eq!(self.key(&buf), key, "{desc}: refused with another buffer");
+                        assert_eq!(held_after, held_before, "{desc}: refused, yet the QP counts more");
+                        self.pool.push(buf);
+                    }
+                    None => {
+                        assert!(
+                            !matches!(error, Error::WorkRequest { .. }),
+                            "{desc}: a rejected request kept its buffer"
+                        );
+                        assert_eq!(held_after.0, held_before.0 + 1, "{desc}: kept, so held");
+                        self.bufs.post(key, q);
+                        let s = self.qps[i].as_mut().expect("live");
+                        s.sends.push_back(Sent::Buf { key, read: None });
+                    }
+                }
+                if raw {
+                    self.check_raw_refusal(&error, &desc, i);
+                }
+            }
+        }
+    }
+
+    /// A raw operation must be refused: as unsupported once nothing else stands in the way.
+    fn check_raw_refusal(&mut self, error: &Error, desc: &str, i: usize) {
+        self.stats.raw_refused += 1;
+        let Error::WorkRequest { reason, .. } = error else {
+            panic!("{desc}: a raw operation refused with {error:?}, not a typed work request refusal");
+        };
+        let state = self.qps[i].as_ref().expect("live").qp.state();
+        let expected = match reason {
+            WrReject::OpcodeNotSupported | WrReject::QueueFull | WrReject::ForeignAh => true,
+            // The recorded state is what the post checks.
+            WrReject::WrongState(_) => state < QpState::Rts,
+            _ => false,
+        };
+        assert!(expected, "{desc}: a raw operation refused with {reason:?} in {state:?}");
+    }
+
+    fn send_bufs(&mut self, i: usize) {
+        let n = self.rng.below(40) as usize;
+        let raw = self.rng.chance(12);
+        let mut list = Vec::new();
+        // One operation for the whole list, drawn for the first buffer; the others are
+        // filled to suit it.
+        let mut op = if raw { self.raw_op() } else { SendOp::Send };
+        let mut first_read = None;
+        for k in 0..n {
+            let Some(mut buf) = self.take_buf() else { break };
+            if k == 0 {
+                (op, first_read) = self.send_op(&mut buf, raw);
+            } else {
+                let len = self.size(MAX_MSG);
+                match op {
+                    // Writes stay within the write area: the read area must keep its pattern.
+                    SendOp::RdmaWrite(r) | SendOp::RdmaWriteWithImm(r, _) => {
+                        let end = self.base().target.addr() + READ_AREA as u64;
+                        let room = end.saturating_sub(r.addr) as usize;
+                        let imm = match op {
+                            SendOp::RdmaWriteWithImm(_, imm) => Some(imm),
+                            _ => None,
+                        };
+                        self.fill_tagged(&mut buf, len.min(room), imm);
+                    }
+                    SendOp::SendWithImm { imm } => {
+                        self.fill_tagged(&mut buf, len, Some(imm));
+                    }
+                    SendOp::RdmaRead(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                        let len = if self.rng.chance(85) { 8 } else { len };
+                        let _ = buf.set_len(len.min(buf.capacity()));
+                    }
+                    _ => {
+                        self.fill_tagged(&mut buf, len, None);
+                    }
+                }
+            }
+            list.push(buf);
+        }
+        // Only the first buffer was cut for its read: what the others fetch is not checked.
+        let reads: Vec<Option<usize>> = (0..list.len())
+            .map(|k| if k == 0 { first_read } else { None })
+            .collect();
+        let keys: Vec<Key> = list.iter().map(|b| self.key(b)).collect();
+        let flags = self.flags();
+        let before = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        self.call("send_bufs");
+        let r = self.qps[i].as_mut().expect("live").qp.send_bufs(op, &mut list, flags);
+        let after = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        let posted = keys.len() - list.len();
+        let desc = format!("qp{i}: send_bufs({op:?}, {} bufs, {flags:?})", keys.len());
+        let back: Vec<Key> = list.iter().map(|b| self.key(b)).collect();
+        assert_eq!(back, keys[posted..], "{desc}: the buffers not posted, in order");
+        assert_eq!(after.0, before.0 + posted, "{desc}: posted {posted}");
+        match &r {
+            Ok(()) => {
+                step!(self, "{desc} -> ok");
+                assert!(!raw, "{desc}: a raw operation was posted");
+                assert!(list.is_empty(), "{desc}: ok with buffers left");
+            }
+            Err(e) => {
+                let kind = self.error(e);
+                step!(self, "{desc} -> {kind}, {posted} posted");
+                if let Error::WorkRequest { index, .. } = e {
+                    assert_eq!(*index, posted, "{desc}: the refused request's index");
+                }
+                if raw {
+                    assert!(
+                        matches!(
+                            e,
+                            Error::WorkRequest {
+                                reason: WrReject::OpcodeNotSupported,
+                                ..
+                            }
+                        ),
+                        "{desc}: a raw list refused with {e:?}"
+                    );
+                    self.stats.raw_refused += 1;
+                }
+            }
+        }
+        let q = 2 * i as u32;
+        for (k, key) in keys[..posted].iter().enumerate() {
+            self.bufs.post(*key, q);
+            let s = self.qps[i].as_mut().expect("live");
+            s.sends.push_back(Sent::Buf {
+                key: *key,
+                read: reads[k],
+            });
+        }
+        self.pool.append(&mut list);
+    }
+
+    fn send_inline(&mut self, i: usize) {
+        let max = self.qps[i].as_ref().expect("live").qp.cap().max_inline_data as usize;
+        let len = match self.rng.below(4) {
+            0 => 0,
+            1 => self.size(max.max(1) + 64), // past the limit, sometimes
+            _ => self.size(max.max(1)).min(max),
+        };
+        let (addr, rkey) = (self.base().target.addr(), self.base().target.rkey());
+        let remote = Remote {
+            addr: addr + WRITE_AREA as u64,
+            rkey,
+        };
+        let raw = RAW_ON_INLINE && self.rng.chance(10);
+        let pick = self.rng.below(10);
+        let imm = matches!(pick, 2 | 3);
+        let (tag, data) = self.message(len, imm);
+        let op = if raw {
+            self.raw_op()
+        } else {
+            match pick {
+                0 | 1 => SendOp::Send,
+                2 => SendOp::SendWithImm { imm: tag as u32 },
+                3 => SendOp::RdmaWriteWithImm(remote, tag as u32),
+                4 | 5 => SendOp::RdmaWrite(remote),
+                // Operations the device writes into: never inline.
+                6 => SendOp::RdmaRead(remote),
+                7 => SendOp::FetchAdd { remote, add: 1 },
+                8 => SendOp::SendWithInv { rkey },
+                _ => SendOp::LocalInv { rkey },
+            }
+        };
+        let plain = self.rng.chance(30);
+        let flags = self.flags();
+        let dest_pick = self.rng.below(100);
+        let ud = self.qps[i].as_ref().expect("live").kind == Kind::Ud;
+        let before = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        let name = if plain { "send_inline" } else { "send_inline_with" };
+        self.call(name);
+        let r = {
+            let peer = self.qps[i].as_ref().expect("live").peer;
+            let base = self.base.as_ref().expect("base");
+            let dest = if ud && !plain {
+                dest(base, peer, dest_pick)
+            } else {
+                None
+            };
+            let qp = &mut self.qps[i].as_mut().expect("live").qp;
+            if plain {
+                qp.send_inline(op, &data)
+            } else {
+                qp.send_inline_with(op, &data, flags, dest)
+            }
+        };
+        let after = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        let desc = format!("qp{i}: {name}({op:?}, {len} bytes, {flags:?})");
+        match &r {
+            Ok(()) => {
+                step!(self, "{desc} -> ok");
+                assert!(!raw, "{desc}: a raw operation was posted");
+            }
+            Err(e) => {
+                let kind = self.error(e);
+                step!(self, "{desc} -> {kind}");
+                if raw {
+                    self.check_raw_refusal(e, &desc, i);
+                }
+            }
+        }
+        assert!(after.0 <= before.0 + 1, "{desc}: one request counts at most one");
+        assert_eq!(after.1, before.1, "{desc}: the receive queue moved");
+        if after.0 > before.0 {
+            self.qps[i].as_mut().expect("live").sends.push_back(Sent::Inline);
+        }
+    }
+
+    fn recv_buf(&mut self, i: usize) {
+        let Some(buf) = self.take_buf() else { return };
+        let key = self.key(&buf);
+        let before = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        self.call("recv_buf");
+        let r = self.qps[i].as_mut().expect("live").qp.recv_buf(buf);
+        let after = self.qps[i].as_ref().expect("live").qp.held_bufs();
+        let desc = format!("qp{i}: recv_buf({key:?})");
+        let q = 2 * i as u32 + 1;
+        match r {
+            Ok(()) => {
+                step!(self, "{desc} -> ok");
+                assert_eq!(after.1, before.1 + 1, "{desc}: posted, so held");
+                self.bufs.post(key, q);
+                self.qps[i].as_mut().expect("live").recvs.push_back(key);
+            }
+            Err(Refused { error, buf }) => {
+                let kind = self.error(&error);
+                step!(self, "{desc} -> {kind} (buffer back: {})", buf.is_some());
+                match buf {
+                    Some(buf) => {
+                        assert_eq!(self.key(&buf), key, "{desc}: refused with another buffer");
+                        assert_eq!(after, before, "{desc}: refused, yet counted");
+                        self.pool.push(buf);
+                    }
+                    None => {
+                        assert!(!matches!(error, Error::WorkRequest { .. }), "{desc}: kept");
+                        self.bufs.post(key, q);
+                        self.qps[i].as_mut().expect("live").recvs.push_back(key);
+                    }
+                }
+            }
+        }
+    }
+
+    fn srq_recv_buf(&mut self) {
+        let Some(j) = Self::pick(&mut self.rng, &self.srqs) else {
+            return;
+        };
+        let Some(buf) = self.take_buf() else { return };
+        let key = self.key(&buf);
+        let srq = &mut self.srqs[j].as_mut().expect("live").srq;
+        let before = srq.held_bufs();
+        let r = srq.recv_buf(buf);
+        let after = srq.held_bufs();
+        self.call("srq_recv_buf");
+        let desc = format!("srq{j}: recv_buf({key:?})");
+        let q = SRQ_QUEUE + j as u32;
+        match r {
+            Ok(()) => {
+                step!(self, "{desc} -> ok");
+                assert_eq!(after, before + 1, "{desc}: posted, so held");
+                self.bufs.post(key, q);
+            }
+            Err(Refused { error, buf }) => {
+                let kind = self.error(&error);
+                step!(self, "{desc} -> {kind} (buffer back: {})", buf.is_some());
+                match buf {
+                    Some(buf) => {
+                        assert_eq!(self.key(&buf), key, "{desc}: refused with another buffer");
+                        assert_eq!(after, before, "{desc}: refused, yet counted");
+                        self.pool.push(buf);
+                    }
+                    None => {
+                        assert!(!matches!(error, Error::WorkRequest { .. }), "{desc}: kept");
+                        self.bufs.post(key, q);
+                    }
+                }
+            }
+        }
+    }
+
+    fn post(&mut self) {
+        let Some(i) = Self::pick(&mut self.rng, &self.qps) else {
+            return;
+        };
+        match self.rng.below(100) {
+            0..=29 => self.send_buf(i),
+            30..=41 => self.send_bufs(i),
+            42..=56 => self.send_inline(i),
+            57..=84 => {
+                let on_srq = self.qps[i].as_ref().expect("live").srq.is_some();
+                if on_srq && self.rng.chance(80) {
+                    self.srq_recv_buf();
+                } else {
+                    self.recv_buf(i);
+                }
+            }
+            _ => self.srq_recv_buf(),
+        }
+    }
+
+    // ---- completions ----
+
+    fn reap(&mut self) {
+        let Some(c) = Self::pick(&mut self.rng, &self.cqs) else {
+            return;
+        };
+        let n = 1 + self.rng.below(32) as usize;
+        let mut wc = vec![WorkCompletion::default(); n];
+        let checked = self.rng.chance(50);
+        let all = self.rng.chance(30);
+        self.call(if checked { "try_reap" } else { "reap" });
+        let cq = self.cqs[c].as_mut().expect("live");
+        let reaped = if checked {
+            let r = cq.try_reap(&mut wc);
+            match r {
+                Ok(r) => r,
+                Err(e) => {
+                    let kind = self.error(&e);
+                    step!(self, "cq{c}: try_reap({n}) -> {kind}");
+                    assert!(matches!(e, Error::CqOverrun { .. }), "try_reap: {e:?}");
+                    return;
+                }
+            }
+        } else {
+            cq.reap(&mut wc)
+        };
+        self.stats.completions += reaped.len() as u64;
+        let summary: Vec<String> = reaped
+            .iter()
+            .map(|c| {
+                format!(
+                    "{:#x}@{}:{:?}/{:?}/{}",
+                    c.wr_id, c.qp_num, c.status, c.opcode, c.byte_len
+                )
+            })
+            .collect();
+        step!(
+            self,
+            "cq{c}: {}({n}) -> [{}]",
+            if checked { "try_reap" } else { "reap" },
+            summary.join(", ")
+        );
+        if reaped.is_empty() {
+            return;
+        }
+        if all {
+            self.reclaim_all(&reaped);
+        } else {
+            for c in reaped.iter() {
+                self.reclaim_one(c);
+            }
+        }
+    }
+
+    /// Offers `c` to every live queue: only its own may give buffers back.
+    fn reclaim_one(&mut self, c: Completion<'_>) {
+        let success = c.status == WcStatus::SUCCESS;
+        for i in Self::live(&self.qps) {
+            let mut last = None;
+            loop {
+                self.call("reclaim");
+                let Some(buf) = self.qps[i].as_mut().expect("live").qp.reclaim(c) else {
+                    break;
+                };
+                let key = self.key(&buf);
+                let recv = self.taken_back(i, key, success, &buf);
+                if let Some((earlier, _)) = last.replace((buf, recv)) {
+                    self.pool.push(earlier);
+                }
+            }
+            if let Some((buf, true)) = last {
+                // The last buffer a receive completion gives back is that receive's own.
+                if success && c.opcode == WcOpcode::RECV {
+                    let ud = self.qps[i].as_ref().expect("live").kind == Kind::Ud;
+                    let data = buf.as_slice();
+                    let data = if ud {
+                        assert!(data.len() >= UD_GRH, "a UD receive of {} bytes", data.len());
+                        &data[UD_GRH..]
+                    } else {
+                        data
+                    };
+                    let data = data.to_vec();
+                    self.check_message(&data, c.imm());
+                }
+                self.pool.push(buf);
+            } else if let Some((buf, false)) = last {
+                self.pool.push(buf);
+            }
+        }
+        for j in Self::live(&self.srqs) {
+            self.call("srq_reclaim");
+            match self.srqs[j].as_mut().expect("live").srq.reclaim(c) {
+                Ok(buf) => {
+                    let key = self.key(&buf);
+                    self.bufs.back(key, SRQ_QUEUE + j as u32, "by Srq::reclaim");
+                    self.stats.returned += 1;
+                    if success && c.opcode == WcOpcode::RECV {
+                        let data = buf.as_slice().to_vec();
+                        self.check_message(&data, c.imm());
+                    }
+                    self.pool.push(buf);
+                }
+                Err(e) => {
+                    *self
+                        .stats
+                        .errors
+                        .entry(format!("srq_reclaim:{}", variant(&format!("{e:?}"))))
+                        .or_default() += 1;
+                }
+            }
+        }
+    }
+
+    /// Buffer `key` came back from QP `i` (by `reclaim`): it must be the oldest its queue
+    /// holds. Checks what a read fetched. Returns whether it was a receive's.
+    fn taken_back(&mut self, i: usize, key: Key, success: bool, buf: &Buf) -> bool {
+        self.stats.returned += 1;
+        let s = self.qps[i].as_mut().expect("live");
+        let rc = s.kind != Kind::Uc && s.kind != Kind::Ud;
+        if s.recvs.front() == Some(&key) {
+            s.recvs.pop_front();
+            self.bufs.back(key, 2 * i as u32 + 1, "by Qp::reclaim (receive)");
+            return true;
+        }
+        // Inline sends before it hold nothing; the first buffer must be this one.
+        while let Some(Sent::Inline) = s.sends.front() {
+            s.sends.pop_front();
+        }
+        match s.sends.pop_front() {
+            Some(Sent::Buf { key: k, read }) => {
+                assert_eq!(
+                    k, key,
+                    "qp{i}: reclaim gave back {key:?}, but the oldest send holds {k:?}"
+                );
+                self.bufs.back(key, 2 * i as u32, "by Qp::reclaim (send)");
+                if let (Some(off), true, true) = (read, success, rc) {
+                    // A successful completion on RC: every request before it succeeded.
+                    let want: Vec<u8> = (off..off + buf.len()).map(read_pattern).collect();
+                    assert_eq!(buf.as_slice(), &want[..], "qp{i}: what the read of {key:?} fetched");
+                    self.stats.payloads += 1;
+                }
+            }
+            other => panic!("qp{i}: reclaim gave back {key:?}, which neither queue holds first ({other:?})"),
+        }
+        false
+    }
+
+    fn reclaim_all(&mut self, reaped: &Reaped<'_>) {
+        for i in Self::live(&self.qps) {
+            let mut into = Vec::new();
+            self.call("reclaim_all");
+            self.qps[i].as_mut().expect("live").qp.reclaim_all(reaped, &mut into);
+            for buf in into {
+                let key = self.key(&buf);
+                // Which completion gave it back is not known here: no payload checks.
+                self.taken_back(i, key, false, &buf);
+                self.pool.push(buf);
+            }
+        }
+        for j in Self::live(&self.srqs) {
+            let mut into = Vec::new();
+            self.call("srq_reclaim_all");
+            self.srqs[j].as_mut().expect("live").srq.reclaim_all(reaped, &mut into);
+            for buf in into {
+                let key = self.key(&buf);
+                self.bufs.back(key, SRQ_QUEUE + j as u32, "by Srq::reclaim_all");
+                self.stats.returned += 1;
+                self.pool.push(buf);
+            }
+        }
+    }
+
+    // ---- resizes, destroys, drops ----
+
+    fn resize(&mut self) {
+        if self.rng.chance(70) {
+            let Some(c) = Self::pick(&mut self.rng, &self.cqs) else {
+                return;
+            };
+            let cqe = self.size(1024) as u32;
+            self.call("cq_resize");
+            let r = self.cqs[c].as_mut().expect("live").resize(cqe);
+            let out = match &r {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("{} ({e})", self.error(e)),
+            };
+            step!(self, "cq{c}: resize({cqe}) -> {out}");
+        } else {
+            let Some(j) = Self::pick(&mut self.rng, &self.srqs) else {
+                return;
+            };
+            let max_wr = self.size(256) as u32;
+            self.call("srq_resize");
+            let r = self.srqs[j].as_mut().expect("live").srq.resize(max_wr);
+            let out = match &r {
+                Ok(()) => "ok".to_string(),
+                Err(e) => self.error(e),
+            };
+            step!(self, "srq{j}: resize({max_wr}) -> {out}");
+        }
+    }
+
+    /// QP `i` went down (dropped or destroyed) with the buffers it held.
+    fn qp_gone(&mut self, i: usize, srq: Option<usize>, held: (usize, usize), how: &str) {
+        let sent = self.bufs.drop_queue(2 * i as u32);
+        let recv = self.bufs.drop_queue(2 * i as u32 + 1);
+        assert!(sent <= held.0, "qp{i}: {sent} send buffers tracked, {} held", held.0);
+        assert_eq!(recv, held.1, "qp{i}: receive buffers held");
+        self.stats.dropped_held += (sent + recv) as u64;
+        if let Some(srq) = srq.and_then(|j| self.srqs[j].as_mut()) {
+            srq.members -= 1;
+        }
+        step!(self, "qp{i} {how}: {sent} send and {recv} receive buffers went with it");
+    }
+
+    /// Drops or destroys QP `i`, busy or not.
+    fn destroy_qp(&mut self, i: usize) {
+        let mut s = self.qps[i].take().expect("live");
+        let held = s.qp.held_bufs();
+        if self.rng.chance(50) {
+            self.call("qp_drop");
+            drop(s.qp);
+            self.qp_gone(i, s.srq, held, "dropped");
+            return;
+        }
+        self.call("qp_destroy");
+        let QpSlot {
+            qp,
+            kind,
+            peer,
+            srq,
+            sends,
+            recvs,
+        } = s;
+        match qp.destroy() {
+            Ok(_) => self.qp_gone(i, srq, held, "destroyed"),
+            Err((qp, e)) => {
+                let kind_e = self.error(&e);
+                step!(self, "qp{i}: destroy -> {kind_e}");
+                assert_eq!(qp.held_bufs(), held, "qp{i}: a failed destroy changed what it holds");
+                s = QpSlot {
+                    qp,
+                    kind,
+                    peer,
+                    srq,
+                    sends,
+                    recvs,
+                };
+                self.qps[i] = Some(s);
+            }
+        }
+    }
+
+    /// Drops or destroys SRQ `j`; `destroy_reclaim` gives its buffers back once no QP uses it.
+    fn destroy_srq(&mut self, j: usize) {
+        let slot = self.srqs[j].take().expect("live");
+        let q = SRQ_QUEUE + j as u32;
+        let held = slot.srq.held_bufs();
+        assert_eq!(held, self.bufs.held(q), "srq{j}: buffers held");
+        if self.rng.chance(30) {
+            self.call("srq_drop");
+            drop(slot.srq);
+            let n = self.bufs.drop_queue(q);
+            self.stats.dropped_held += n as u64;
+            step!(
+                self,
+                "srq{j} dropped ({} QPs on it): {n} buffers went with it",
+                slot.members
+            );
+            return;
+        }
+        let mut into = Vec::new();
+        self.call("srq_destroy_reclaim");
+        let members = slot.members;
+        match slot.srq.destroy_reclaim(&mut into) {
+            Ok(_) => {
+                assert_eq!(into.len(), held, "srq{j}: destroy_reclaim gave back what it held");
+                step!(
+                    self,
+                    "srq{j}: destroy_reclaim ({members} QPs on it) -> ok, {} back",
+                    into.len()
+                );
+                for buf in into {
+                    let key = self.key(&buf);
+                    self.bufs.back(key, q, "by Srq::destroy_reclaim");
+                    self.stats.returned += 1;
+                    self.pool.push(buf);
+                }
+            }
+            Err((srq, e)) => {
+                let kind = self.error(&e);
+                step!(self, "srq{j}: destroy_reclaim ({members} QPs on it) -> {kind}");
+                assert!(into.is_empty(), "srq{j}: a failed destroy gave buffers back");
+                assert_eq!(srq.held_bufs(), held, "srq{j}: a failed destroy changed what it holds");
+                self.srqs[j] = Some(SrqSlot { srq, members });
+            }
+        }
+    }
+
+    fn destroy_cq(&mut self, c: usize) {
+        let cq = self.cqs[c].take().expect("live");
+        if self.rng.chance(50) {
+            self.call("cq_drop");
+            drop(cq);
+            step!(self, "cq{c} dropped");
+            return;
+        }
+        self.call("cq_destroy");
+        match cq.destroy() {
+            Ok(_) => step!(self, "cq{c}: destroy -> ok"),
+            Err((cq, e)) => {
+                let kind = self.error(&e);
+                step!(self, "cq{c}: destroy -> {kind}");
+                self.cqs[c] = Some(cq);
+            }
+        }
+    }
+
+    fn drop_something(&mut self) {
+        match self.rng.below(10) {
+            0..=4 => {
+                if let Some(i) = Self::pick(&mut self.rng, &self.qps) {
+                    self.destroy_qp(i);
+                }
+            }
+            5 | 6 => {
+                if let Some(j) = Self::pick(&mut self.rng, &self.srqs) {
+                    self.destroy_srq(j);
+                }
+            }
+            7 => {
+                if let Some(c) = Self::pick(&mut self.rng, &self.cqs) {
+                    self.destroy_cq(c);
+                }
+            }
+            _ => {
+                let n = self.rng.below(8) as usize;
+                for _ in 0..n {
+                    let Some(buf) = self.take_buf() else { break };
+                    let key = self.key(&buf);
+                    self.bufs.drop_hand(key);
+                    drop(buf);
+                }
+                self.call("buf_drop");
+                step!(self, "dropped {n} buffers from hand");
+            }
+        }
+    }
+
+    /// What each live queue counts agrees with what it was given and gave back.
+    fn check_counts(&self) {
+        for i in Self::live(&self.qps) {
+            let s = self.qps[i].as_ref().expect("live");
+            let (sends, recvs) = s.qp.held_bufs();
+            let bufs = self.bufs.held(2 * i as u32);
+            assert!(
+                bufs <= sends && sends <= s.sends.len(),
+                "qp{i}: {bufs} send buffers posted and not back, the QP counts {sends}, {} requests tracked",
+                s.sends.len()
+            );
+            assert_eq!(recvs, self.bufs.held(2 * i as u32 + 1), "qp{i}: receive buffers held");
+            assert_eq!(recvs, s.recvs.len(), "qp{i}: receives tracked");
+        }
+        for j in Self::live(&self.srqs) {
+            let held = self.srqs[j].as_ref().expect("live").srq.held_bufs();
+            assert_eq!(held, self.bufs.held(SRQ_QUEUE + j as u32), "srq{j}: buffers held");
+        }
+    }
+
+    // ---- fork ----
+
+    /// Forks: the child checks that the inherited objects refuse work and drops all of them.
+    fn fork(&mut self) {
+        self.call("fork");
+        self.stats.forks += 1;
+        let pid = process::fork();
+        if pid == 0 {
+            let code = catch_unwind(AssertUnwindSafe(|| self.child())).unwrap_or(101);
+            process::exit_child(code);
+        }
+        let status = process::wait(pid);
+        step!(self, "fork -> child {status:?}");
+        assert_eq!(
+            status,
+            Ok(0),
+            "the forked child: 10 a post was not refused as forked, 11 the refusal kept the \
+             buffer, 12 alloc_pd was not refused, 13 a reap found completions, 101 it panicked; \
+             Err(signal) it was killed"
+        );
+    }
+
+    /// The child's side of [`Round::fork`]: only inherited handles, then every one dropped.
+    fn child(&mut self) -> i32 {
+        let mut code = 0;
+        if let (Some(i), Some(buf)) = (Self::live(&self.qps).first().copied(), self.pool.pop()) {
+            if BUF_BYTES_IN_CHILD {
+                std::hint::black_box(buf.as_slice().first().copied());
+            }
+            match self.qps[i].as_mut().expect("live").qp.send_buf(SendOp::Send, buf) {
+                Err(Refused {
+                    error: Error::Forked { .. },
+                    buf: Some(_),
+                }) => {}
+                Err(Refused { buf: None, .. }) => code = 11,
+                _ => code = 10,
+            }
+        }
+        if !matches!(self.base().ctx.alloc_pd(), Err(Error::Forked { .. })) {
+            code = 12;
+        }
+        let mut wc = [WorkCompletion::default(); 4];
+        for cq in self.cqs.iter_mut().flatten() {
+            if !cq.reap(&mut wc).is_empty() {
+                code = 13;
+            }
+        }
+        self.qps.clear();
+        self.srqs.clear();
+        self.cqs.clear();
+        self.pool.clear();
+        self.base = None;
+        code
+    }
+
+    // ---- the round ----
+
+    fn step(&mut self) {
+        match self.rng.below(1000) {
+            0..=49 => self.alloc_mr(),
+            50..=99 => self.create_pair(),
+            100..=119 => {
+                self.create_cq();
+            }
+            120..=129 => {
+                self.create_srq();
+            }
+            130..=199 => self.change_state(),
+            200..=549 => self.post(),
+            550..=869 => self.reap(),
+            870..=899 => self.resize(),
+            900..=994 => self.drop_something(),
+            _ => self.fork(),
+        }
+        self.check_counts();
+    }
+
+    /// Drops everything left, in random order.
+    fn teardown(&mut self) {
+        let mut things: Vec<(u8, usize)> = Vec::new();
+        things.extend(Self::live(&self.qps).into_iter().map(|i| (0, i)));
+        things.extend(Self::live(&self.srqs).into_iter().map(|j| (1, j)));
+        things.extend(Self::live(&self.cqs).into_iter().map(|c| (2, c)));
+        things.push((3, 0));
+        for k in (1..things.len()).rev() {
+            let o = self.rng.below(k as u64 + 1) as usize;
+            things.swap(k, o);
+        }
+        for (what, i) in things {
+            match what {
+                0 => self.destroy_qp(i),
+                1 => self.destroy_srq(i),
+                2 => self.destroy_cq(i),
+                _ => {
+                    step!(self, "base objects dropped");
+                    self.base = None;
+                }
+            }
+            self.check_counts();
+        }
+        // Failed destroys (a CQ or SRQ still in use) left some: drop them now.
+        for i in Self::live(&self.qps) {
+            let s = self.qps[i].take().expect("live");
+            let held = s.qp.held_bufs();
+            drop(s.qp);
+            self.qp_gone(i, s.srq, held, "dropped");
+        }
+        for j in Self::live(&self.srqs) {
+            let slot = self.srqs[j].take().expect("live");
+            drop(slot.srq);
+            let n = self.bufs.drop_queue(SRQ_QUEUE + j as u32);
+            self.stats.dropped_held += n as u64;
+        }
+        self.cqs.clear();
+        for buf in std::mem::take(&mut self.pool) {
+            let key = self.key(&buf);
+            self.bufs.drop_hand(key);
+        }
+        let left: Vec<_> = self.bufs.at.iter().filter(|(_, at)| **at != At::Gone).collect();
+        assert!(left.is_empty(), "buffers neither back nor gone: {left:?}");
+    }
+}
+
+fn run_round(seed: u64, stats: &mut Stats, log: &mut Log) {
+    let mut r = Round::new(seed, stats, log);
+    let steps = 50 + r.rng.below(250);
+    for _ in 0..steps {
+        r.step();
+    }
+    r.teardown();
+}
+
+/// Kernel log lines of a bug or warning (as the guest harness looks for), read from
+/// `/dev/kmsg` where this process may (root in the test guest); nothing elsewhere.
+struct Kmsg(Option<std::fs::File>);
+
+const KERNEL_SIGNS: &[&str] = &[
+    "BUG:",
+    "WARNING:",
+    "Oops",
+    "general protection fault",
+    "UBSAN:",
+    "KASAN:",
+    "Kernel panic",
+];
+
+impl Kmsg {
+    fn open() -> Self {
+        use std::io::{Seek, SeekFrom};
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .ok()
+            .and_then(|mut f| f.seek(SeekFrom::End(0)).ok().map(|_| f));
+        Self(file)
+    }
+
+    /// The new records that report a problem.
+    fn problems(&mut self) -> Vec<String> {
+        use std::io::Read;
+        let Some(f) = &mut self.0 else { return Vec::new() };
+        let mut out = Vec::new();
+        let mut record = vec![0u8; 8192];
+        loop {
+            match f.read(&mut record) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let text = String::from_utf8_lossy(&record[..n]);
+                    if KERNEL_SIGNS.iter().any(|s| text.contains(s)) {
+                        out.push(text.trim_end().to_string());
+                    }
+                }
+                // EPIPE: records were overwritten before they were read; go on from here.
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(_) => break,
+            }
+        }
+        out
+    }
+
+    fn present(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+#[test]
+fn random_safe_calls_lose_no_buffer_and_never_panic() {
+    let seed = env_u64("UVERBS_SAFE_FUZZ_SEED", DEFAULT_SEED);
+    let budget = Duration::from_secs(env_u64("UVERBS_SAFE_FUZZ_SECONDS", 60));
+    let only = std::env::var("UVERBS_SAFE_FUZZ_ROUND")
+        .ok()
+        .map(|_| env_u64("UVERBS_SAFE_FUZZ_ROUND", 0));
+    let trace = std::env::var_os("UVERBS_SAFE_FUZZ_TRACE").is_some_and(|v| v != "0");
+    let mut stats = Stats::default();
+    let mut kmsg = Kmsg::open();
+    let start = Instant::now();
+    let mut round = only.unwrap_or(0);
+    loop {
+        let mut log = Log::new(trace);
+        let rseed = round_seed(seed, round);
+        if trace {
+            figure(format_args!("safe_fuzz: round {round}, seed {seed:#x}"));
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| run_round(rseed, &mut stats, &mut log)));
+        let kernel = kmsg.problems();
+        if r.is_err() || !kernel.is_empty() {
+            eprintln!(
+                "safe_fuzz: round {round} failed; replay: UVERBS_SAFE_FUZZ_SEED={seed:#x} UVERBS_SAFE_FUZZ_ROUND={round}\nlast {} steps:\n{}",
+                log.lines.len(),
+                Vec::from(log.lines.clone()).join("\n")
+            );
+            if !kernel.is_empty() {
+                eprintln!("kernel log:\n{}", kernel.join("\n"));
+            }
+            match r {
+                Err(panic) => resume_unwind(panic),
+                Ok(()) => panic!("round {round} (seed {seed:#x}): the kernel logged a problem: {kernel:?}"),
+            }
+        }
+        stats.rounds += 1;
+        round += 1;
+        if only.is_some() || start.elapsed() >= budget {
+            break;
+        }
+    }
+    let calls: u64 = stats.calls.values().sum();
+    let errors: u64 = stats.errors.values().sum();
+    fn list<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> String {
+        m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+    }
+    figure(format_args!(
+        "safe_fuzz (seed {seed:#x}, {:.0} s): {} rounds, {calls} calls ({}), {errors} typed errors ({}), \
+         {} bufs tracked ({} given back, {} went down with their queue), {} completions, {} payloads checked, \
+         {} raw ops refused, {} forks, kernel log {}",
+        start.elapsed().as_secs_f64(),
+        stats.rounds,
+        list(&stats.calls),
+        list(&stats.errors),
+        stats.bufs,
+        stats.returned,
+        stats.dropped_held,
+        stats.completions,
+        stats.payloads,
+        stats.raw_refused,
+        stats.forks,
+        if kmsg.present() { "watched" } else { "not readable" },
+    ));
+}
+
+/// `fork()`, `waitpid()` and `_exit()`: the only `unsafe` of this test.
+#[allow(unsafe_code)]
+mod process {
+    pub fn fork() -> libc::pid_t {
+        // SAFETY: the child only drops the objects it inherited (the library refuses every
+        // verb in a child and its drops destroy nothing) and `_exit`s; glibc's malloc is
+        // usable after fork.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        pid
+    }
+
+    /// The child's exit status, or the signal that killed it.
+    pub fn wait(pid: libc::pid_t) -> Result<i32, i32> {
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        if libc::WIFEXITED(status) {
+            Ok(libc::WEXITSTATUS(status))
+        } else {
+            Err(libc::WTERMSIG(status))
+        }
+    }
+
+    pub fn exit_child(code: i32) -> ! {
+        // SAFETY: ends the child without running destructors, atexit handlers or the test
+        // harness's remaining code.
+        unsafe { libc::_exit(code) }
+    }
+}
+
+/// FINDING, reduced from the fuzzer's fork step with [`BUF_BYTES_IN_CHILD`] on; fails until
+/// the library fixes it. A forked child that reads a `Buf` it inherited (`Buf::as_slice`,
+/// safe code) dies of SIGSEGV: the region's memory is `MADV_DONTFORK`, so not mapped in the
+/// child, yet the safe API hands out a slice of it.
+#[test]
+fn finding_a_forked_child_reading_an_inherited_buf_faults() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut bufs = pd
+        .alloc_mr(4096, AccessFlags::LOCAL_WRITE)
+        .unwrap()
+        .into_bufs(64)
+        .unwrap();
+    bufs[0].fill_from(b"parent").unwrap();
+    let pid = process::fork();
+    if pid == 0 {
+        let code = catch_unwind(AssertUnwindSafe(|| {
+            // Either a copy of the parent's bytes, or a typed refusal; never a fault.
+            i32::from(std::hint::black_box(bufs[0].as_slice()) != b"parent")
+        }))
+        .unwrap_or(101);
+        process::exit_child(code);
+    }
+    assert_eq!(
+        process::wait(pid),
+        Ok(0),
+        "the child reading its inherited Buf (Err(11): killed by SIGSEGV)"
+    );
+    drop(bufs);
+}
