@@ -90,6 +90,20 @@ pub enum Error {
         /// `Cq::user_handle` of the CQ.
         cq_user_handle: u64,
     },
+    /// A QP may not move to RESET while the safe posts still count requests of its queues:
+    /// a device may still be writing their buffers (rxe's move to RESET races a transfer in
+    /// progress: docs/kernel-facts.md), and no completion would ever give them back. Move it
+    /// to ERR, which completes every queued request (flushed), reap those completions
+    /// (`Qp::reclaim`), then move it to RESET; or destroy the QP.
+    #[error("{verb}: the safe posts still count {send} send and {recv} receive requests of this QP; move it to ERR and reap their completions before RESET")]
+    RequestsOutstanding {
+        /// The verb.
+        verb: Verb,
+        /// Requests of the send queue, holding a buffer or not (inline sends).
+        send: usize,
+        /// Requests of the receive queue.
+        recv: usize,
+    },
     /// A forked child used a handle it inherited: the kernel objects belong to the parent.
     /// The child must open its own context.
     #[error("{verb}: this process is a fork of the one that opened the device; open a new context here")]

@@ -305,18 +305,6 @@ impl Held {
         Ok(id)
     }
 
-    /// The device dropped every request of this queue without a completion (the QP moved to
-    /// RESET): each one counted is let go, and its buffer, oldest first, goes into `into`. A
-    /// completion of one of them still in a CQ gives back nothing (its id is below `oldest`).
-    pub(crate) fn emptied(&mut self, into: &mut Vec<Buf>) {
-        while self.ids.oldest < self.ids.next {
-            let at = self.ids.oldest as usize & self.mask;
-            self.ids.oldest += 1;
-            into.extend(self.slots[at].take());
-        }
-        self.ids.update_limit();
-    }
-
     /// How many requests it still counts (holding a buffer or not).
     pub(crate) fn len(&self) -> usize {
         (self.ids.next - self.ids.oldest) as usize

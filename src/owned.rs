@@ -61,9 +61,11 @@
 //!    gave out, and an id gives back buffers only if it lies between the oldest the queue
 //!    holds and the last it gave out. Raw posts keep bit 63 of their `wr_id`s clear in a
 //!    process that uses the safe posts (their `unsafe` contract), so their completions, this
-//!    QP's or an earlier one's, give nothing back. A QP moved to RESET drops its queued
-//!    requests; their buffers come back with the next completion of that queue, or when the QP
-//!    is destroyed. A provider that panics during a safe post aborts the process: the requests
+//!    QP's or an earlier one's, give nothing back. A QP does not move to RESET while its
+//!    queues count requests ([`Error::RequestsOutstanding`]): a device drops queued requests
+//!    at RESET without completions, and rxe may still be writing one's buffer after the move;
+//!    a move to ERR flushes every request instead, and the flushes give the buffers back. A
+//!    provider that panics during a safe post aborts the process: the requests
 //!    it may have queued are counted when it returns.
 //! 3. **Lost completions lose no soundness.** After a CQ overrun the missing completions' buffers
 //!    come back with the next completion of the same queue (it implies the earlier ones);
@@ -378,9 +380,9 @@ impl Qp {
     /// gives it back, its length set to the bytes received. Not for QPs on an SRQ: their
     /// receives are the SRQ's ([`crate::Srq::recv_buf`]).
     ///
-    /// Posted while the QP is in [`QpState::Err`], the receive may never complete, not
-    /// even flushed (rxe on Linux 6.1, as [`Qp::post_recv`] says): its buffer then stays held
-    /// until the QP is destroyed. Move the QP to RESET before posting again.
+    /// Refused in RESET and in ERR ([`WrReject::WrongState`]): a receive posted in ERR may
+    /// never complete, not even flushed (rxe on Linux 6.1, as [`Qp::post_recv`] says), and
+    /// would keep the QP from RESET ([`Error::RequestsOutstanding`]).
     #[inline]
     pub fn recv_buf(&mut self, buf: Buf) -> std::result::Result<(), Refused> {
         let id = match self.owner.check("post_recv").and_then(|()| self.recv_id()) {
@@ -455,18 +457,9 @@ impl Qp {
         into.len() - before
     }
 
-    /// Moves the buffers of the requests the device dropped when the QP moved to RESET
-    /// ([`Qp::modify`]) into `into`, oldest first, and returns how many. Those requests never
-    /// complete; a completion of one that was already in a CQ gives back nothing.
-    pub fn reclaim_dropped(&mut self, into: &mut Vec<Buf>) -> usize {
-        let n = self.dropped.len();
-        into.append(&mut self.dropped);
-        n
-    }
-
     /// How many requests of the safe posts the send and receive queues still count: those
-    /// holding a buffer, and inline sends no completion has passed yet (not those dropped by
-    /// a move to RESET: see [`Qp::reclaim_dropped`]).
+    /// holding a buffer, and inline sends no completion has passed yet. While either is not 0
+    /// the QP may not move to RESET ([`crate::Error::RequestsOutstanding`]).
     pub fn held_bufs(&self) -> (usize, usize) {
         (self.sends.len(), self.recvs.len())
     }
@@ -499,7 +492,7 @@ impl Qp {
 
     #[cold]
     fn recv_refusal(&self, reason: WrReject) -> Error {
-        let reason = if self.state() == QpState::Reset {
+        let reason = if matches!(self.state(), QpState::Reset | QpState::Err) {
             WrReject::WrongState(self.state())
         } else {
             reason

@@ -37,16 +37,6 @@ use std::sync::Arc;
 /// What [`QpQueues::post_send`] takes.
 pub use crate::wr::SendList;
 
-/// Which of a QP's queues the device empties when the QP moves to RESET
-/// ([`QpQueues::reset_empties`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ResetEmpties {
-    /// The send queue: no request posted before the move runs or touches its buffers after.
-    pub send: bool,
-    /// The receive queue, likewise.
-    pub recv: bool,
-}
-
 /// Runs a kernel command with the provider's driver request bytes, writing the driver's
 /// response bytes into the buffer given, and returns the core results `T`.
 pub type KernelCall<'a, T> = &'a mut dyn FnMut(&[u8], &mut [u8]) -> Result<T>;
@@ -289,9 +279,7 @@ pub unsafe trait SrqQueue: Send + Any {
 /// its [`SendList`]; the provider checks its own limits.
 ///
 /// # Safety
-/// The addresses in driver bytes it passes to `modify` follow [`ProviderContext`]'s contract,
-/// and [`QpQueues::reset_empties`] names a queue only if the device never touches the memory
-/// of that queue's requests again once the QP reached RESET.
+/// The addresses in driver bytes it passes to `modify` follow [`ProviderContext`]'s contract.
 #[allow(unsafe_code)] // declares the contract above
 pub unsafe trait QpQueues: Send {
     /// Writes `wrs` into the send queue in order and rings the doorbell once. On a rejected
@@ -413,14 +401,6 @@ pub unsafe trait QpQueues: Send {
     /// Told once the kernel destroyed the QP, before the queues are dropped: scrub the QP's
     /// completions from its CQs, free its number in per-context tables.
     fn destroyed(&mut self);
-
-    /// The queues whose requests the device drops, without completions, when the QP moves to
-    /// RESET (as the IBA says a device does): the core then gives back the buffers the safe
-    /// posts lent them (`crate::Qp::reclaim_dropped`). The default, neither, is always sound:
-    /// those buffers come back as their completions arrive, or are freed with the QP.
-    fn reset_empties(&self) -> ResetEmpties {
-        ResetEmpties::default()
-    }
 }
 
 /// Runs a provider's create step around the core's kernel command, destroying the kernel

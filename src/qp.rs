@@ -6,7 +6,7 @@ use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
 use crate::held::Held;
-use crate::mr::{AccessFlags, Buf};
+use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelCall, QpCreated, QpQueues, QpRequest};
 use crate::srq::{Srq, SrqInner};
@@ -333,9 +333,6 @@ pub struct Qp {
     /// after the kernel destroyed the QP.
     pub(crate) sends: Held,
     pub(crate) recvs: Held,
-    /// Buffers of requests the device dropped when the QP moved to RESET, until
-    /// [`Qp::reclaim_dropped`] hands them back.
-    pub(crate) dropped: Vec<Buf>,
     handle: u32,
     qpn: u32,
     qp_type: QpType,
@@ -446,7 +443,6 @@ impl Qp {
         Ok(Self {
             sends: Held::new(provider.cap.max_send_wr, false),
             recvs: Held::new(recv_depth, true),
-            dropped: Vec::new(),
             queues: provider.queues,
             owner: ctx.owner,
             handle: created.handle,
@@ -510,11 +506,20 @@ impl Qp {
 
     /// Changes attributes and/or state (MODIFY_QP).
     ///
-    /// Moving to RESET drops the requests still queued, without completions (the IBA's rule;
-    /// rxe and mlx5 both do: docs/kernel-facts.md): the buffers the safe posts lent those
-    /// requests then wait in [`Qp::reclaim_dropped`], and their ids are free for new posts.
+    /// A move to RESET is refused with [`Error::RequestsOutstanding`] while the safe posts
+    /// (`crate::owned`) count requests of the QP: the device drops queued requests at RESET
+    /// without completions, so their buffers would never come back, and on rxe a transfer in
+    /// progress may still write one after the move (docs/kernel-facts.md). Move the QP to ERR
+    /// first: every queued request then completes, flushed, and gives its buffer back.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         self.owner.check("MODIFY_QP")?;
+        if attr.state == Some(QpState::Reset) && (self.sends.len(), self.recvs.len()) != (0, 0) {
+            return Err(Error::RequestsOutstanding {
+                verb: "MODIFY_QP",
+                send: self.sends.len(),
+                recv: self.recvs.len(),
+            });
+        }
         let req = attr.to_abi(self.handle)?;
         let ctx = &self.pd.ctx;
         self.queues.modify(attr.state, &mut |drv_in, drv_out| {
@@ -522,15 +527,6 @@ impl Qp {
         })?;
         if let Some(state) = attr.state {
             self.set_state(state);
-            if state == QpState::Reset {
-                let empties = self.queues.reset_empties();
-                if empties.send {
-                    self.sends.emptied(&mut self.dropped);
-                }
-                if empties.recv {
-                    self.recvs.emptied(&mut self.dropped);
-                }
-            }
         }
         Ok(())
     }
@@ -540,7 +536,9 @@ impl Qp {
         self.state = state;
         self.direct_send = state >= QpState::Rts && self.qp_type != QpType::Ud;
         self.sends.set_open(state >= QpState::Rts);
-        self.recvs.set_open(state != QpState::Reset);
+        // Closed in ERR too: a receive posted then may never be flushed (rxe on Linux 6.1
+        // flushes only what was queued when the QP failed), and would hold off RESET for good.
+        self.recvs.set_open(!matches!(state, QpState::Reset | QpState::Err));
     }
 
     /// Reads back every attribute (QUERY_QP).

@@ -707,13 +707,13 @@ fn a_list_the_provider_refuses_comes_back_whole_and_in_order() {
     assert_eq!(cq.poll(&mut wc), 0, "nothing was queued");
 }
 
-/// Full queues moved to RESET: the device drops what was queued without completions (rxe and
-/// mlx5 alike), the safe posts give those buffers back through `reclaim_dropped`, and their
-/// ids are free again, so the full queues take new posts once the QP is connected again. A
-/// completion of a dropped request still in the CQ gives back nothing, and a dropped receive
-/// takes no message after the reconnection.
+/// Full queues may not move to RESET, where the device would drop their requests without
+/// completions (and rxe may still write a buffer after the move): the modify is refused with
+/// the counts, and nothing changes. A move to ERR flushes every request, the flushes give
+/// every buffer back, and then RESET is allowed; the full queues' ids are free again, so they
+/// take new posts once the QP is connected again. A receive is refused in ERR.
 #[test]
-fn full_queues_moved_to_reset_give_back_what_the_device_dropped() {
+fn full_queues_move_to_reset_only_after_their_flushes_are_reaped() {
     const DEPTH: usize = 16;
     let mut p = Pair::with(PairOpts {
         cap: QpCap {
@@ -723,12 +723,12 @@ fn full_queues_moved_to_reset_give_back_what_the_device_dropped() {
         },
         ..PairOpts::default()
     });
-    let reset = QpAttr {
-        state: Some(QpState::Reset),
+    let state = |s| QpAttr {
+        state: Some(s),
         ..Default::default()
     };
     // The peer stops answering: the sends wait, queued, for acknowledgements.
-    p.b.qp.modify(&reset).unwrap();
+    p.b.qp.modify(&state(QpState::Reset)).unwrap();
     let remote = p.b.mr.remote(0).unwrap();
     let mut pool = bufs(&p.pd, 4 * DEPTH, 64);
     let full = |e: &Error| {
@@ -764,23 +764,36 @@ fn full_queues_moved_to_reset_give_back_what_the_device_dropped() {
     assert!(posted.0 >= DEPTH && posted.1 >= DEPTH, "both queues full: {posted:?}");
     assert_eq!(p.a.qp.held_bufs(), posted);
 
-    p.a.qp.modify(&reset).unwrap();
-    let n = p.a.qp.reclaim_dropped(&mut pool);
-    assert_eq!(n, posted.0 + posted.1, "every request was dropped");
-    assert_eq!(p.a.qp.held_bufs(), (0, 0));
-    assert_eq!(p.a.qp.reclaim_dropped(&mut pool), 0, "given back once");
-    assert_eq!(pool.len(), 4 * DEPTH, "every buffer is back");
-    // Whatever completed or was flushed before the move gives back nothing now.
+    let e = p.a.qp.modify(&state(QpState::Reset)).unwrap_err();
+    assert!(
+        matches!(e, Error::RequestsOutstanding { send, recv, .. } if (send, recv) == posted),
+        "{e}"
+    );
+    assert_eq!(p.a.qp.state(), QpState::Rts, "nothing changed");
+    p.a.qp.modify(&state(QpState::Err)).unwrap();
+    let refused = p.a.qp.recv_buf(pool.pop().unwrap()).unwrap_err();
+    assert!(
+        matches!(
+            refused.error,
+            Error::WorkRequest {
+                reason: WrReject::WrongState(QpState::Err),
+                ..
+            }
+        ),
+        "{}",
+        refused.error
+    );
+    pool.push(refused.buf.unwrap());
+    // Every request completes, flushed (or done, for a send that got through first).
     let mut wc = [WorkCompletion::default(); 8];
-    loop {
+    let start = Instant::now();
+    while p.a.qp.held_bufs() != (0, 0) {
         let reaped = p.a.cq.reap(&mut wc);
-        if reaped.is_empty() {
-            break;
-        }
-        for c in reaped.iter() {
-            assert!(p.a.qp.reclaim(c).is_none(), "{c:?}");
-        }
+        p.a.qp.reclaim_all(&reaped, &mut pool);
+        assert!(start.elapsed() < TIMEOUT, "still held: {:?}", p.a.qp.held_bufs());
     }
+    assert_eq!(pool.len(), 4 * DEPTH, "every buffer is back");
+    p.a.qp.modify(&state(QpState::Reset)).unwrap();
     let (a_qpn, b_qpn) = (p.a.qp.qpn(), p.b.qp.qpn());
     let path = loopback_path(&p.ctx);
     for (qp, peer) in [(&mut p.a.qp, b_qpn), (&mut p.b.qp, a_qpn)] {
@@ -788,7 +801,7 @@ fn full_queues_moved_to_reset_give_back_what_the_device_dropped() {
         qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
         qp.to_rts(0).unwrap();
     }
-    // Full queues' worth of new posts: the dropped requests' ids are free.
+    // Full queues' worth of new posts: the flushed requests' ids are free.
     for k in 0..posted.0 {
         let mut buf = pool.pop().unwrap();
         buf.set_len(8).unwrap();

@@ -13,7 +13,7 @@ use super::wqe::{self, ctrl_flags, opcode, Ctrl, Words, SEG, SEND_WQE_BB};
 use super::{abi, ah, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
 use crate::error::{Error, Result, WrReject};
-use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest, ResetEmpties};
+use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -784,12 +784,6 @@ unsafe impl QpQueues for Mlx5Qp {
 
     fn destroyed(&mut self) {
         self.scrub(true);
-    }
-
-    /// A move to RESET drops both work queues (the PRM's 2RST; `modify` starts the rings
-    /// over).
-    fn reset_empties(&self) -> ResetEmpties {
-        ResetEmpties { send: true, recv: true }
     }
 }
 

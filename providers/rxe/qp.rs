@@ -8,7 +8,7 @@ use crate::attr::{QpState, QpType};
 use crate::chain::{ChainWr, FastWr, SendChain, SlowWr};
 use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
-use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest, ResetEmpties};
+use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
 use crate::wr::{ContextId, RawOp, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
@@ -618,14 +618,6 @@ unsafe impl QpQueues for RxeQp {
 
     /// The kernel flushed or dropped rxe's completions with the QP.
     fn destroyed(&mut self) {}
-
-    /// rxe's move to RESET runs its three state machines once in the RESET state before it
-    /// returns (Linux 6.1 `rxe_qp_reset`): the completer consumes every queued send and the
-    /// responder every queued receive without a completion (`rxe_drain_resp_pkts`,
-    /// `rxe_drain_req_pkts`), after the tasks that could still be working on them stopped.
-    fn reset_empties(&self) -> ResetEmpties {
-        ResetEmpties { send: true, recv: true }
-    }
 }
 
 /// Writes receive WQEs into `rq` (not yet published). Shared by QP receive queues and SRQs.

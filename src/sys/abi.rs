@@ -505,28 +505,54 @@ assert_layout!(AsyncEventDesc, size 16, event_type @ 8);
 /// `IB_EVENT_CQ_ERR`, the `event_type` of a CQ overrun.
 pub const ASYNC_EVENT_CQ_ERR: u32 = 0;
 
-/// Requests whose only user address is `response` (or that have none).
-macro_rules! plain_requests {
-    ($($t:ty),* $(,)?) => {
-        // SAFETY: each of these holds handles, sizes, flags and attributes; its only user
-        // address, if any, is the `response` field `execute` fills in.
-        $(unsafe impl super::cmd::PlainRequest for $t {})*
+/// The framed commands' core requests, each with its C struct and whether it begins with
+/// the `response` pointer (checked against the installed header by
+/// `sys::cmd::tests::every_request_frames_as_built`); `plain`: its only user address, if
+/// any, is that pointer.
+macro_rules! requests {
+    ($($t:ident = $c:literal, $response:ident, $plain:ident;)*) => {
+        $(
+            // SAFETY: `RESPONSE` is true exactly for the layouts whose first field is
+            // `response` (asserted at offset 0 below, and against the kernel's header by
+            // the framing test).
+            unsafe impl super::cmd::Request for $t {
+                const RESPONSE: bool = requests!(@bool $response);
+            }
+            requests!(@response $response $t);
+            requests!(@plain $plain $t);
+        )*
+        /// Each request type with its C struct name, for the framing test.
+        #[cfg(test)]
+        pub(crate) fn each_request(check: &mut impl super::cmd::tests::RequestCheck) {
+            $(check.check::<$t>($c);)*
+        }
     };
+    (@bool response) => { true };
+    (@bool none) => { false };
+    (@response response $t:ident) => {
+        const _: () = assert!(::core::mem::offset_of!($t, response) == 0);
+    };
+    (@response none $t:ident) => {};
+    // SAFETY: each of these holds handles, sizes, flags and attributes; its only user
+    // address, if any, is the `response` field `execute` fills in.
+    (@plain plain $t:ident) => { unsafe impl super::cmd::PlainRequest for $t {} };
+    (@plain user_addresses $t:ident) => {};
 }
-plain_requests!(
-    QueryDevice,
-    AllocPd,
-    AllocMw,
-    AttachMcast,
-    ModifyQp,
-    QueryQp,
-    CreateCompChannel,
-    ReqNotifyCq,
-    ResizeCq,
-    CreateAh,
-    ModifySrq,
-    QuerySrq,
-);
+requests! {
+    QueryDevice = "ib_uverbs_query_device", response, plain;
+    AllocPd = "ib_uverbs_alloc_pd", response, plain;
+    RegMr = "ib_uverbs_reg_mr", response, user_addresses;
+    AllocMw = "ib_uverbs_alloc_mw", response, plain;
+    AttachMcast = "ib_uverbs_attach_mcast", none, plain;
+    ModifyQp = "ib_uverbs_modify_qp", none, plain;
+    QueryQp = "ib_uverbs_query_qp", response, plain;
+    CreateCompChannel = "ib_uverbs_create_comp_channel", response, plain;
+    ReqNotifyCq = "ib_uverbs_req_notify_cq", none, plain;
+    ResizeCq = "ib_uverbs_resize_cq", response, plain;
+    CreateAh = "ib_uverbs_create_ah", response, plain;
+    ModifySrq = "ib_uverbs_modify_srq", none, plain;
+    QuerySrq = "ib_uverbs_query_srq", response, plain;
+}
 
 #[cfg(test)]
 super::layout_check::kernel_layouts! {

@@ -12,12 +12,26 @@ const MAX_CMD: usize = 256;
 /// Largest response (core + driver) this crate accepts.
 const MAX_RESP: usize = 512;
 
+/// The core request of a framed command.
+///
+/// # Safety
+/// [`Request::RESPONSE`] is true exactly when the layout begins with the ABI's `response`
+/// user pointer (`__aligned_u64 response`): [`execute`] writes that pointer over the
+/// request's first 8 bytes.
+pub unsafe trait Request: IntoBytes + Immutable {
+    /// Whether the command answers: its request begins with the `response` pointer, and the
+    /// kernel writes the core response, then the driver's, there. A command without one gets
+    /// no response at all: Linux's `ib_uverbs_write` gives its driver no response buffer
+    /// either (`has_resp` unset: `driver_udata.outlen` 0).
+    const RESPONSE: bool;
+}
+
 /// Sends one non-extended command and returns the response bytes it asked for.
 ///
-/// `req` is the core request. When `Resp` is not zero-sized the request must begin with the
-/// ABI's `response` user pointer (every uverbs command that answers does); this fills it in.
-/// `driver_in` follows the core request; `driver_out` receives the driver's part of the
-/// response.
+/// `req` is the core request. A command that answers ([`Request::RESPONSE`]) gets its
+/// `response` pointer filled in, and `Resp` and `driver_out` receive the core and driver
+/// parts of the answer; one that does not is sent exactly as built, with no response words,
+/// `Resp` zero-sized and `driver_out` left as given. `driver_in` follows the core request.
 ///
 /// # Safety
 /// Any user pointer in `req` or `driver_in` other than the `response` field (which this
@@ -31,11 +45,21 @@ pub unsafe fn execute<Req, Resp>(
     driver_out: &mut [u8],
 ) -> Result<Resp>
 where
-    Req: IntoBytes + Immutable,
+    Req: Request,
     Resp: FromBytes + IntoBytes,
 {
     let core_resp_len = size_of::<Resp>();
-    let resp_len = core_resp_len + driver_out.len();
+    if Req::RESPONSE != (core_resp_len > 0) {
+        return Err(Error::invalid(
+            verb,
+            "the core response does not match the command's layout",
+        ));
+    }
+    let resp_len = if Req::RESPONSE {
+        core_resp_len + driver_out.len()
+    } else {
+        0
+    };
     let cmd_len = size_of::<CmdHdr>() + size_of::<Req>() + driver_in.len();
     if cmd_len > MAX_CMD || resp_len > MAX_RESP || cmd_len % 4 != 0 || resp_len % 4 != 0 {
         return Err(Error::invalid(
@@ -58,7 +82,8 @@ where
         buf[at..at + part.len()].copy_from_slice(part);
         at += part.len();
     }
-    if resp_len > 0 {
+    if Req::RESPONSE {
+        // The request's first field, right after the 8-byte header.
         let ptr = resp_bytes.as_mut_ptr() as u64;
         buf[8..16].copy_from_slice(&ptr.to_ne_bytes());
     }
@@ -66,6 +91,9 @@ where
     // `out_words` the header declares; other pointers are the caller's contract.
     unsafe { write_raw(fd, &buf[..cmd_len]) }.map_err(|e| Error::kernel(verb, e))?;
 
+    if !Req::RESPONSE {
+        return Resp::read_from_bytes(&[]).map_err(|_| Error::malformed(verb, "short response"));
+    }
     let (core, drv) = resp_bytes.split_at(core_resp_len);
     driver_out.copy_from_slice(drv);
     Resp::read_from_bytes(core).map_err(|_| Error::malformed(verb, "short response"))
@@ -76,7 +104,7 @@ where
 ///
 /// # Safety
 /// Implementors hold no other user address the kernel would access.
-pub unsafe trait PlainRequest: IntoBytes + Immutable {}
+pub unsafe trait PlainRequest: Request {}
 
 /// [`execute`] for a plain core request, with driver bytes that come from a provider. Every
 /// provider trait that runs kernel commands is `unsafe` to implement, and its implementation
@@ -118,4 +146,103 @@ pub unsafe fn write_raw(fd: BorrowedFd<'_>, cmd: &[u8]) -> Result<(), Errno> {
         return Err(Errno::EIO);
     }
     Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    /// Checks one request type (`sys::abi::each_request` calls it for each).
+    pub(crate) trait RequestCheck {
+        fn check<T: Request + FromBytes>(&mut self, c_name: &str);
+    }
+
+    /// The installed `rdma/ib_user_verbs.h`, and the structs checked so far.
+    struct Framing {
+        header: String,
+        checked: Vec<String>,
+    }
+
+    impl Framing {
+        /// The first member of `struct c_name` in the header.
+        fn first_member(&self, c_name: &str) -> &str {
+            let open = format!("struct {c_name} {{");
+            let at = self
+                .header
+                .find(&open)
+                .unwrap_or_else(|| panic!("`{open}` in rdma/ib_user_verbs.h"));
+            self.header[at + open.len()..]
+                .lines()
+                .map(str::trim)
+                .find(|l| l.ends_with(';'))
+                .unwrap_or_default()
+        }
+    }
+
+    impl RequestCheck for Framing {
+        fn check<T: Request + FromBytes>(&mut self, c_name: &str) {
+            let first = self.first_member(c_name).to_string();
+            let begins_with_response = first.split_whitespace().last() == Some("response;");
+            assert_eq!(
+                begins_with_response,
+                T::RESPONSE,
+                "{c_name} begins with `{first}`: RESPONSE must say whether that is the response pointer"
+            );
+            // Framed into a pipe: what the kernel would read.
+            let size = size_of::<T>();
+            let pattern: Vec<u8> = (0..size).map(|i| 0xa0 ^ i as u8).collect();
+            let req = T::read_from_bytes(&pattern).unwrap();
+            let (rx, tx) = nix::unistd::pipe().unwrap();
+            let driver_in = [1u8, 2, 3, 4, 5, 6, 7, 8];
+            let mut driver_out = [0x77u8; 16];
+            // SAFETY: the request holds the test's pattern, no address the pipe would follow.
+            let sent = unsafe {
+                if T::RESPONSE {
+                    execute::<T, [u8; 8]>(tx.as_fd(), "test", 77, &req, &driver_in, &mut driver_out).map(drop)
+                } else {
+                    execute::<T, ()>(tx.as_fd(), "test", 77, &req, &driver_in, &mut driver_out)
+                }
+            };
+            sent.unwrap_or_else(|e| panic!("{c_name}: {e}"));
+            let mut got = [0u8; MAX_CMD];
+            let n = nix::unistd::read(rx.as_raw_fd(), &mut got).unwrap();
+            let got = &got[..n];
+            assert_eq!(n, 8 + size + driver_in.len(), "{c_name}: the command's length");
+            let hdr = CmdHdr::read_from_bytes(&got[..8]).unwrap();
+            let out_words = if T::RESPONSE { (8 + 16) / 4 } else { 0 };
+            assert_eq!(
+                (hdr.command, usize::from(hdr.in_words), hdr.out_words),
+                (77, n / 4, out_words),
+                "{c_name}: the header"
+            );
+            let body = &got[8..8 + size];
+            if T::RESPONSE {
+                assert_ne!(&body[..8], &pattern[..8], "{c_name}: the response pointer");
+                assert_eq!(&body[8..], &pattern[8..], "{c_name}: the request past the pointer");
+            } else {
+                assert_eq!(body, &pattern[..], "{c_name}: every byte as built");
+                assert_eq!(driver_out, [0x77; 16], "{c_name}: no driver response");
+            }
+            assert_eq!(&got[8 + size..], &driver_in, "{c_name}: the driver's request");
+            self.checked.push(c_name.to_string());
+        }
+    }
+
+    /// Every framed command's request reaches the kernel as the caller built it: the
+    /// response pointer only over a `response` field (the header's layouts decide), and no
+    /// response words for a command that has none. MODIFY_QP with a driver response once had
+    /// its destination GID's first 8 bytes replaced by a stack address.
+    #[test]
+    #[cfg_attr(miri, ignore)] // pipe(2)
+    fn every_request_frames_as_built() {
+        let header = std::fs::read_to_string("/usr/include/rdma/ib_user_verbs.h")
+            .expect("rdma/ib_user_verbs.h (linux-libc-dev)");
+        let mut framing = Framing {
+            header,
+            checked: Vec::new(),
+        };
+        super::super::abi::each_request(&mut framing);
+        assert_eq!(framing.checked.len(), 13, "{:?}", framing.checked);
+    }
 }
