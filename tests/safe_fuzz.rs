@@ -1,7 +1,13 @@
 //! The safe API under random use: seeded sequences of safe calls only (regions cut into
 //! `Buf`s, CQs of random depth, RC, UC, UD and RC-on-SRQ QPs in loopback pairs, state changes
 //! valid and not, every safe post, reaps, reclaims, resizes, destroys while busy, drops in
-//! random order, `fork()`), run round after round until the time budget is spent.
+//! random order, `fork()`), run round after round until the time budget is spent. Where the
+//! RDMA CM is (`UVERBS_CM_ADDR`: rxe_cm on a dummy netdev in the test guest), rounds also
+//! listen, connect (accepted, rejected, dropped on either side on the way up, or nobody
+//! there or answering: typed rejects and timeouts), post over the connected QPs with the
+//! same buffer accounting, disconnect from either side, and drop connections and listeners
+//! while connected; those steps take at most [`CM_SHARE`] of the run. Without it (the mlx5
+//! model) they are skipped and the summary says so.
 //!
 //! Every round checks that every `Buf` comes back exactly once (from a reclaim, a refusal or
 //! a destroy), or is still held by a live queue as that queue counts it, or went down with a
@@ -23,9 +29,11 @@ mod figures;
 
 use common::{driver, loopback_path, open_test_device};
 use figures::figure;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
+use uverbs::cm::{ConnParam, Connection, Connector, Establishing, Listener};
 use uverbs::testing::Rng;
 use uverbs::*;
 
@@ -48,6 +56,14 @@ const MAX_CQS: usize = 5;
 const MAX_SRQS: usize = 2;
 const MAX_MRS: usize = 6;
 const MAX_BUFS_PER_MR: usize = 256;
+/// CQs and listeners on the RDMA CM's device at once.
+const MAX_CM_CQS: usize = 3;
+const MAX_LISTENERS: usize = 2;
+/// The ports listeners bind (the round picks among them), and one nothing listens on.
+const CM_PORTS: [u16; 3] = [7701, 7702, 7703];
+const CM_PORT_NOBODY: u16 = 7709;
+/// The share of the run's time CM steps may take (a connect takes tens of ms under TCG).
+const CM_SHARE: f64 = 0.18;
 /// Queue ids of SRQs (those of QPs are twice the QP's index, plus one for its receives).
 const SRQ_QUEUE: u32 = 1 << 20;
 
@@ -100,7 +116,6 @@ impl Log {
 }
 
 /// Calls, errors and other counts over the whole run.
-#[derive(Default)]
 struct Stats {
     rounds: u64,
     calls: BTreeMap<&'static str, u64>,
@@ -112,6 +127,32 @@ struct Stats {
     completions: u64,
     forks: u64,
     raw_refused: u64,
+    /// The RDMA CM: its address, or why the CM steps are skipped.
+    cm: std::result::Result<IpAddr, String>,
+    cm_time: Duration,
+    cm_connections: u64,
+    start: Option<Instant>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            rounds: 0,
+            calls: BTreeMap::new(),
+            errors: BTreeMap::new(),
+            bufs: 0,
+            returned: 0,
+            dropped_held: 0,
+            payloads: 0,
+            completions: 0,
+            forks: 0,
+            raw_refused: 0,
+            cm: Err("not looked for".into()),
+            cm_time: Duration::ZERO,
+            cm_connections: 0,
+            start: None,
+        }
+    }
 }
 
 /// The short name of an error: its variant, the verb, and the reason or errno.
@@ -122,6 +163,9 @@ fn error_kind(e: &Error) -> String {
         Error::Malformed { verb, .. } | Error::InvalidArgument { verb, .. } | Error::Unsupported { verb, .. } => {
             format!("{verb}:{}", variant(&format!("{e:?}")))
         }
+        Error::Rejected { status, .. } => format!("Rejected:{status}"),
+        Error::CmEvent { verb, event, status } => format!("{verb}:{event}:{status}"),
+        Error::TimedOut { verb, .. } => format!("{verb}:TimedOut"),
         e => variant(&format!("{e:?}")).to_string(),
     }
 }
@@ -211,8 +255,37 @@ enum Sent {
     Inline,
 }
 
+/// A QP of the round: made by the fuzzer, or one end of an RDMA CM connection (which owns
+/// its QP); posts, reaps and state changes go to either through `Deref`.
+#[allow(clippy::large_enum_variant)] // a few per round
+enum Handle {
+    Plain(Qp),
+    Conn(Box<Connection>),
+}
+
+impl std::ops::Deref for Handle {
+    type Target = Qp;
+    fn deref(&self) -> &Qp {
+        match self {
+            Handle::Plain(qp) => qp,
+            Handle::Conn(c) => c.qp(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for Handle {
+    fn deref_mut(&mut self) -> &mut Qp {
+        match self {
+            Handle::Plain(qp) => qp,
+            Handle::Conn(c) => c.qp_mut(),
+        }
+    }
+}
+
 struct QpSlot {
-    qp: Qp,
+    qp: Handle,
+    /// On the RDMA CM's device.
+    cm: bool,
     kind: Kind,
     peer: u32,
     srq: Option<usize>,
@@ -223,6 +296,15 @@ struct QpSlot {
 struct SrqSlot {
     srq: Srq,
     members: usize,
+}
+
+/// The round's objects on the RDMA CM's device (rxe_cm in the guest; the round's own device
+/// is another), made at its first connect: connections post buffers of this PD's regions, and
+/// one-sided operations go to `target`, laid out as the round's.
+struct CmSide {
+    ctx: Context,
+    pd: Pd,
+    target: RemoteMr,
 }
 
 /// What every round starts with.
@@ -252,6 +334,12 @@ struct Round<'r> {
     next_tag: u64,
     stats: &'r mut Stats,
     log: &'r mut Log,
+    cm_ip: Option<IpAddr>,
+    cm: Option<CmSide>,
+    cm_cqs: HashSet<usize>,
+    listeners: Vec<Option<(Listener, u16)>>,
+    /// A CM step ran this round.
+    cm_touched: bool,
 }
 
 macro_rules! step {
@@ -333,8 +421,23 @@ impl<'r> Round<'r> {
             mrs: 0,
             tags: HashMap::new(),
             next_tag: 0x5afe << 48,
+            cm_ip: stats.cm.as_ref().ok().copied(),
             stats,
             log,
+            cm: None,
+            cm_cqs: HashSet::new(),
+            listeners: Vec::new(),
+            cm_touched: false,
+        }
+    }
+
+    /// The address and rkey of the region one-sided operations of QP `i` target: the round's,
+    /// or for a QP on the CM's device that device's.
+    fn target_of(&self, i: usize) -> (u64, u32) {
+        let on_cm = self.qps[i].as_ref().is_some_and(|s| s.cm);
+        match (&self.cm, on_cm) {
+            (Some(cm), true) => (cm.target.addr(), cm.target.rkey()),
+            _ => (self.base().target.addr(), self.base().target.rkey()),
         }
     }
 
@@ -468,7 +571,13 @@ impl<'r> Round<'r> {
             }
         };
         self.call("alloc_mr");
-        let mr = match self.base().pd.alloc_mr(len, AccessFlags::LOCAL_WRITE) {
+        // On the RDMA CM's device too, once there is one: its connections post those.
+        let cm = self.cm.is_some() && self.rng.chance(40);
+        let pd = match cm {
+            true => &self.cm.as_ref().expect("the CM side").pd,
+            false => &self.base().pd,
+        };
+        let mr = match pd.alloc_mr(len, AccessFlags::LOCAL_WRITE) {
             Ok(mr) => mr,
             Err(e) => {
                 let k = self.error(&e);
@@ -477,6 +586,15 @@ impl<'r> Round<'r> {
             }
         };
         let lkey = mr.lkey();
+        if self.regions.contains_key(&lkey) {
+            // Two devices number their regions apart: a key another region of the round had
+            // would make the buffers' names ambiguous.
+            step!(
+                self,
+                "alloc_mr({len}, cm {cm}): lkey {lkey:#x} taken by an earlier region, dropped"
+            );
+            return;
+        }
         self.call("into_bufs");
         match mr.into_bufs(cut) {
             Ok(bufs) => {
@@ -484,7 +602,7 @@ impl<'r> Round<'r> {
                 self.regions.insert(lkey, self.mrs);
                 step!(
                     self,
-                    "alloc_mr({len}).into_bufs({cut}) -> {} bufs, region {}",
+                    "alloc_mr({len}, cm {cm}).into_bufs({cut}) -> {} bufs, region {}",
                     bufs.len(),
                     self.mrs
                 );
@@ -509,18 +627,35 @@ impl<'r> Round<'r> {
     }
 
     fn create_cq(&mut self) -> Option<usize> {
-        if Self::live(&self.cqs).len() >= MAX_CQS {
-            return Self::pick(&mut self.rng, &self.cqs);
+        self.create_cq_on(false)
+    }
+
+    /// A CQ on the round's device, or (`cm`) on the RDMA CM's: a new one, or one of those
+    /// there are once they are many.
+    fn create_cq_on(&mut self, cm: bool) -> Option<usize> {
+        let on: Vec<usize> = Self::live(&self.cqs)
+            .into_iter()
+            .filter(|c| self.cm_cqs.contains(c) == cm)
+            .collect();
+        if on.len() >= if cm { MAX_CM_CQS } else { MAX_CQS } {
+            return Some(on[self.rng.below(on.len() as u64) as usize]);
         }
         let depth = match self.rng.below(4) {
             0 => 1 + self.rng.below(4) as u32, // overruns soon
             _ => self.size(512) as u32,
         };
         self.call("create_cq");
-        match self.base().ctx.create_cq(depth) {
+        let ctx = match cm {
+            true => &self.cm.as_ref().expect("the CM side is set up").ctx,
+            false => &self.base().ctx,
+        };
+        match ctx.create_cq(depth) {
             Ok(cq) => {
                 self.cqs.push(Some(cq));
-                step!(self, "create_cq({depth}) -> cq{}", self.cqs.len() - 1);
+                if cm {
+                    self.cm_cqs.insert(self.cqs.len() - 1);
+                }
+                step!(self, "create_cq({depth}, cm {cm}) -> cq{}", self.cqs.len() - 1);
                 Some(self.cqs.len() - 1)
             }
             Err(e) => {
@@ -552,11 +687,16 @@ impl<'r> Round<'r> {
     }
 
     fn create_qp(&mut self, kind: Kind, srq: Option<usize>) -> Option<usize> {
-        let send_cq = self.create_cq()?;
+        self.create_qp_on(kind, srq, false)
+    }
+
+    /// A QP on the round's PD, or (`cm`) on the RDMA CM device's, with CQs there.
+    fn create_qp_on(&mut self, kind: Kind, srq: Option<usize>, cm: bool) -> Option<usize> {
+        let send_cq = self.create_cq_on(cm)?;
         let recv_cq = if self.rng.chance(50) {
             send_cq
         } else {
-            self.create_cq()?
+            self.create_cq_on(cm)?
         };
         let cap = QpCap {
             max_send_wr: self.size(64) as u32,
@@ -581,7 +721,10 @@ impl<'r> Round<'r> {
             init.cap = cap;
             init.sq_sig_all = sq_sig_all;
             init.srq = srq.map(|s| &self.srqs[s].as_ref().expect("live").srq);
-            self.base().pd.create_qp(&init)
+            match cm {
+                true => self.cm.as_ref().expect("the CM side").pd.create_qp(&init),
+                false => self.base().pd.create_qp(&init),
+            }
         };
         match made {
             Ok(qp) => {
@@ -589,7 +732,8 @@ impl<'r> Round<'r> {
                     self.srqs[s].as_mut().expect("live").members += 1;
                 }
                 self.qps.push(Some(QpSlot {
-                    qp,
+                    qp: Handle::Plain(qp),
+                    cm,
                     kind,
                     peer: 0,
                     srq,
@@ -779,8 +923,8 @@ impl<'r> Round<'r> {
 
     /// A random send operation for `qp`, and the offset of the read area it reads, if it
     /// is a valid read. The buffer's length is set to suit.
-    fn send_op(&mut self, buf: &mut Buf, raw: bool) -> (SendOp, Option<usize>) {
-        let (addr, rkey) = (self.base().target.addr(), self.base().target.rkey());
+    fn send_op(&mut self, i: usize, buf: &mut Buf, raw: bool) -> (SendOp, Option<usize>) {
+        let (addr, rkey) = self.target_of(i);
         let valid = self.rng.chance(90);
         let rkey = if valid { rkey } else { rkey ^ 0x80 };
         let remote = |off: usize| Remote {
@@ -891,7 +1035,7 @@ impl<'r> Round<'r> {
     fn send_buf(&mut self, i: usize) {
         let Some(mut buf) = self.take_buf() else { return };
         let raw = self.rng.chance(12);
-        let (op, read) = self.send_op(&mut buf, raw);
+        let (op, read) = self.send_op(i, &mut buf, raw);
         let key = self.key(&buf);
         let plain = self.rng.chance(30);
         let flags = if plain { SendFlags::SIGNALED } else { self.flags() };
@@ -996,13 +1140,13 @@ impl<'r> Round<'r> {
         for k in 0..n {
             let Some(mut buf) = self.take_buf() else { break };
             if k == 0 {
-                (op, first_read) = self.send_op(&mut buf, raw);
+                (op, first_read) = self.send_op(i, &mut buf, raw);
             } else {
                 let len = self.size(MAX_MSG);
                 match op {
                     // Writes stay within the write area: the read area must keep its pattern.
                     SendOp::RdmaWrite(r) | SendOp::RdmaWriteWithImm(r, _) => {
-                        let end = self.base().target.addr() + READ_AREA as u64;
+                        let end = self.target_of(i).0 + READ_AREA as u64;
                         let room = end.saturating_sub(r.addr) as usize;
                         let imm = match op {
                             SendOp::RdmaWriteWithImm(_, imm) => Some(imm),
@@ -1085,7 +1229,7 @@ impl<'r> Round<'r> {
             1 => self.size(max.max(1) + 64), // past the limit, sometimes
             _ => self.size(max.max(1)).min(max),
         };
-        let (addr, rkey) = (self.base().target.addr(), self.base().target.rkey());
+        let (addr, rkey) = self.target_of(i);
         let remote = Remote {
             addr: addr + WRITE_AREA as u64,
             rkey,
@@ -1470,15 +1614,40 @@ impl<'r> Round<'r> {
             self.qp_gone(i, s.srq, held, "dropped");
             return;
         }
-        self.call("qp_destroy");
         let QpSlot {
             qp,
+            cm,
             kind,
             peer,
             srq,
             sends,
             recvs,
         } = s;
+        let qp = match qp {
+            Handle::Plain(qp) => qp,
+            Handle::Conn(mut conn) => {
+                // A connected id destroyed with its QP: at once (the id's destruction sends the
+                // disconnect request), or after starting a disconnect of its own.
+                let how = if self.rng.chance(30) {
+                    self.call("cm_start_disconnect");
+                    match conn.start_disconnect() {
+                        Ok(()) => "disconnecting, then dropped",
+                        Err(e) => {
+                            let k = self.error(&e);
+                            step!(self, "qp{i}: cm start_disconnect -> {k}");
+                            "dropped after a failed disconnect"
+                        }
+                    }
+                } else {
+                    "connection dropped"
+                };
+                self.call("cm_conn_drop");
+                drop(conn);
+                self.qp_gone(i, srq, held, how);
+                return;
+            }
+        };
+        self.call("qp_destroy");
         match qp.destroy() {
             Ok(_) => self.qp_gone(i, srq, held, "destroyed"),
             Err((qp, e)) => {
@@ -1486,7 +1655,8 @@ impl<'r> Round<'r> {
                 step!(self, "qp{i}: destroy -> {kind_e}");
                 assert_eq!(qp.held_bufs(), held, "qp{i}: a failed destroy changed what it holds");
                 s = QpSlot {
-                    qp,
+                    qp: Handle::Plain(qp),
+                    cm,
                     kind,
                     peer,
                     srq,
@@ -1627,6 +1797,7 @@ impl<'r> Round<'r> {
         }
         let status = process::wait(pid);
         step!(self, "fork -> child {status:?}");
+        self.check_cm_ids_alive("after a forked child dropped its copies");
         assert_eq!(
             status,
             Ok(0),
@@ -1666,6 +1837,8 @@ impl<'r> Round<'r> {
         self.srqs.clear();
         self.cqs.clear();
         self.pool.clear();
+        self.listeners.clear();
+        self.cm = None;
         self.base = None;
         code
     }
@@ -1673,6 +1846,15 @@ impl<'r> Round<'r> {
     // ---- the round ----
 
     fn step(&mut self) {
+        if self.cm_ip.is_some() && self.rng.chance(4) {
+            if self.cm_allowed() {
+                let t = Instant::now();
+                self.cm_step();
+                self.stats.cm_time += t.elapsed();
+                self.check_counts();
+            }
+            return;
+        }
         match self.rng.below(1000) {
             0..=49 => self.alloc_mr(),
             50..=99 => self.create_pair(),
@@ -1699,6 +1881,10 @@ impl<'r> Round<'r> {
         things.extend(Self::live(&self.srqs).into_iter().map(|j| (1, j)));
         things.extend(Self::live(&self.cqs).into_iter().map(|c| (2, c)));
         things.push((3, 0));
+        things.extend(Self::live(&self.listeners).into_iter().map(|l| (4, l)));
+        if self.cm.is_some() {
+            things.push((5, 0));
+        }
         for k in (1..things.len()).rev() {
             let o = self.rng.below(k as u64 + 1) as usize;
             things.swap(k, o);
@@ -1708,6 +1894,11 @@ impl<'r> Round<'r> {
                 0 => self.destroy_qp(i),
                 1 => self.destroy_srq(i),
                 2 => self.destroy_cq(i),
+                4 => self.drop_listener(i),
+                5 => {
+                    step!(self, "the CM device's context, PD and target dropped");
+                    self.cm = None;
+                }
                 _ => {
                     step!(self, "base objects dropped");
                     self.base = None;
@@ -1735,6 +1926,596 @@ impl<'r> Round<'r> {
         }
         let left: Vec<_> = self.bufs.at.iter().filter(|(_, at)| **at != At::Gone).collect();
         assert!(left.is_empty(), "buffers neither back nor gone: {left:?}");
+        if self.cm_used() {
+            // The kernel destroys an id inside DESTROY_ID: none may be left.
+            let ids = common::cm::my_cm_ids();
+            assert!(ids.is_empty(), "cm_ids left after the round: {ids:#?}");
+        }
+    }
+}
+
+// ---- the RDMA connection manager ----
+
+/// Whether a CM step may run now: CM steps take at most [`CM_SHARE`] of the time so far.
+fn cm_time_left(stats: &Stats) -> bool {
+    let elapsed = stats.start.map_or(Duration::ZERO, |s| s.elapsed());
+    stats.cm_time.as_secs_f64() <= CM_SHARE * elapsed.as_secs_f64() + 0.2
+}
+
+/// Polls `advance` of each end that is still on its way up, in random order, until both
+/// ended or `deadline`; returns each end's outcome (`None`: still pending at the deadline).
+fn drive(rng: &mut Rng, ends: [&mut Option<Establishing>; 2], deadline: Instant) -> [Option<Result<Connection>>; 2] {
+    let mut out: [Option<Result<Connection>>; 2] = [None, None];
+    let [a, b] = ends;
+    let ends = [a, b];
+    loop {
+        let first = rng.below(2) as usize;
+        for k in [first, 1 - first] {
+            let Some(e) = ends[k].as_mut() else { continue };
+            match e.advance() {
+                Ok(false) => {}
+                Ok(true) => out[k] = Some(ends[k].take().expect("pending").finish()),
+                Err(err) => {
+                    // The end (its id, channel and QP) goes down with the error.
+                    *ends[k] = None;
+                    out[k] = Some(Err(err));
+                }
+            }
+        }
+        if ends.iter().all(|e| e.is_none()) || Instant::now() >= deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Private data of `len` bytes, different each time.
+fn cm_data(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let seed = rng.next_u64();
+    (0..len).map(|i| (seed >> (8 * (i % 8))) as u8 ^ i as u8).collect()
+}
+
+impl Round<'_> {
+    fn cm_allowed(&self) -> bool {
+        cm_time_left(self.stats)
+    }
+
+    fn cm_step(&mut self) {
+        self.cm_touched = true;
+        match self.rng.below(100) {
+            0..=11 => {
+                self.cm_listen();
+            }
+            12..=56 => self.cm_connect(),
+            57..=63 => self.cm_connect_nobody(),
+            64..=67 => self.cm_time_out(),
+            68..=70 => self.cm_unreachable(),
+            71..=92 => self.cm_disconnect(),
+            _ => {
+                if let Some(l) = Self::pick(&mut self.rng, &self.listeners) {
+                    self.drop_listener(l);
+                }
+            }
+        }
+    }
+
+    fn cm_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.cm_ip.expect("the CM is available"), port)
+    }
+
+    /// The round's objects on the CM's device, made from the first id bound to it.
+    fn cm_side(&mut self, ctx: Result<Context>) -> bool {
+        if self.cm.is_some() {
+            return true;
+        }
+        self.call("cm_context");
+        let ctx = match ctx {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "cm: context -> {k}");
+                return false;
+            }
+        };
+        let pd = ctx.alloc_pd().expect("alloc_pd on the CM's device");
+        let mut target = pd
+            .alloc_remote_mr(TARGET_LEN, access_all())
+            .expect("a target region on the CM's device");
+        let pattern: Vec<u8> = (0..ATOMIC_AREA - READ_AREA).map(read_pattern).collect();
+        target.write(READ_AREA, &pattern).expect("in the region");
+        step!(self, "cm: the CM's device is {}", ctx.device().name);
+        self.cm = Some(CmSide { ctx, pd, target });
+        true
+    }
+
+    fn cm_listen(&mut self) -> Option<usize> {
+        if Self::live(&self.listeners).len() >= MAX_LISTENERS {
+            return Self::pick(&mut self.rng, &self.listeners);
+        }
+        if self.rng.chance(5) {
+            self.call("cm_listen");
+            let r = Listener::bind("127.0.0.1:7701".parse().expect("an address"));
+            let e = r.expect_err("the RDMA CM takes no loopback address");
+            let k = self.error(&e);
+            assert!(matches!(e, Error::Loopback { .. }), "a loopback bind: {e:?}");
+            step!(self, "cm: listen on 127.0.0.1 -> {k}");
+            return None;
+        }
+        let port = CM_PORTS[self.rng.below(CM_PORTS.len() as u64) as usize];
+        let taken = self.listeners.iter().flatten().any(|(_, p)| *p == port);
+        self.call("cm_listen");
+        match Listener::bind(self.cm_addr(port)) {
+            Ok(l) => {
+                assert!(!taken, "cm: a second listener on port {port}");
+                self.listeners.push(Some((l, port)));
+                step!(self, "cm: listen on {port} -> l{}", self.listeners.len() - 1);
+                Some(self.listeners.len() - 1)
+            }
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "cm: listen on {port} -> {k}");
+                None
+            }
+        }
+    }
+
+    fn drop_listener(&mut self, l: usize) {
+        let (listener, port) = self.listeners[l].take().expect("live");
+        self.call("cm_listener_drop");
+        drop(listener);
+        step!(self, "cm: l{l} (port {port}) dropped");
+    }
+
+    /// Resolves `addr` on a new connector, bounded by `timeout` a step.
+    fn cm_resolve(&mut self, addr: SocketAddr, timeout: Duration) -> Option<Connector> {
+        self.call("cm_resolve");
+        match Connector::resolve(addr, timeout) {
+            Ok(c) => {
+                let ctx = c.context();
+                self.cm_side(ctx).then_some(c)
+            }
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "cm: resolve {addr} -> {k}");
+                None
+            }
+        }
+    }
+
+    fn conn_param<'d>(&mut self, data: &'d [u8]) -> ConnParam<'d> {
+        let small = |rng: &mut Rng| rng.chance(50).then(|| rng.below(5) as u8);
+        ConnParam {
+            private_data: data,
+            responder_resources: small(&mut self.rng),
+            initiator_depth: small(&mut self.rng),
+            flow_control: self.rng.chance(50),
+            retry_count: if self.rng.chance(3) { 8 } else { self.rng.below(8) as u8 },
+            rnr_retry_count: self.rng.below(8) as u8,
+        }
+    }
+
+    /// A QP on the CM's device for one end, in a slot of its own while receives are posted
+    /// on it before the connect or accept (`init_qp` first), then taken out for the CM: the
+    /// slot's index, the QP and the receives it holds.
+    fn cm_qp(&mut self, init: impl FnOnce(&mut Qp) -> Result<()>) -> Option<(usize, Qp, VecDeque<Key>)> {
+        let i = self.create_qp_on(Kind::Rc, None, true)?;
+        if self.rng.chance(50) {
+            self.call("cm_init_qp");
+            let r = init(&mut self.qps[i].as_mut().expect("live").qp);
+            let k = match &r {
+                Ok(()) => "ok".to_string(),
+                Err(e) => self.error(e),
+            };
+            step!(self, "qp{i}: cm init_qp -> {k}");
+            if r.is_ok() {
+                for _ in 0..self.rng.below(5) {
+                    self.recv_buf(i);
+                }
+            }
+        }
+        let slot = self.qps[i].take().expect("live");
+        let Handle::Plain(qp) = slot.qp else {
+            unreachable!("made plain")
+        };
+        Some((i, qp, slot.recvs))
+    }
+
+    /// An end that came up goes into slot `i`; one that did not took its QP down with it.
+    fn cm_end(
+        &mut self,
+        i: usize,
+        held: (usize, usize),
+        recvs: VecDeque<Key>,
+        r: Option<Result<Connection>>,
+        peer: u32,
+        who: &str,
+    ) -> bool {
+        match r {
+            Some(Ok(conn)) => {
+                assert_eq!(conn.qp().state(), QpState::Rts, "qp{i}: the {who}'s established QP");
+                assert_eq!(conn.qp().held_bufs(), held, "qp{i}: the {who}'s buffers");
+                self.stats.cm_connections += 1;
+                step!(self, "qp{i}: the {who} is connected (qpn {})", conn.qp().qpn());
+                self.qps[i] = Some(QpSlot {
+                    qp: Handle::Conn(Box::new(conn)),
+                    cm: true,
+                    kind: Kind::Rc,
+                    peer,
+                    srq: None,
+                    sends: VecDeque::new(),
+                    recvs,
+                });
+                true
+            }
+            Some(Err(e)) => {
+                let k = self.error(&e);
+                self.qp_gone(i, None, held, &format!("({who}) failed: {k}"));
+                false
+            }
+            None => {
+                self.call("cm_dropped_in_flight");
+                self.qp_gone(i, None, held, &format!("({who}) dropped on its way up"));
+                false
+            }
+        }
+    }
+
+    /// A client connects to a listener; the listener takes the request and accepts, rejects,
+    /// drops it, or goes away; either end may be dropped on its way up.
+    fn cm_connect(&mut self) {
+        if Self::live(&self.qps).len() + 2 > MAX_QPS {
+            return;
+        }
+        let Some(l) = self.cm_listen() else { return };
+        let port = self.listeners[l].as_ref().expect("live").1;
+        let addr = self.cm_addr(port);
+        let Some(connector) = self.cm_resolve(addr, Duration::from_secs(2)) else {
+            return;
+        };
+        let from = connector.id().query_addr().ok().and_then(|a| a.src);
+        let Some((ci, qp, crecvs)) = self.cm_qp(|qp| connector.id().init_qp(qp)) else {
+            return;
+        };
+        let cqpn = qp.qpn();
+        let len = if self.rng.chance(8) {
+            57 + self.rng.below(4)
+        } else {
+            self.rng.below(57)
+        } as usize;
+        let cdata = cm_data(&mut self.rng, len);
+        let param = self.conn_param(&cdata);
+        let cheld = qp.held_bufs();
+        self.call("cm_start_connect");
+        let mut client = match connector.start_connect(qp, &param) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                let k = self.error(&e);
+                step!(self, "qp{ci}: cm connect to {addr} ({len} bytes, {param:?}) -> {k}");
+                assert!(len <= 56 || matches!(e, Error::PrivateDataTooLong { .. }), "{e:?}");
+                self.qp_gone(ci, None, cheld, "dropped with its failed connect");
+                return;
+            }
+        };
+        step!(self, "qp{ci}: cm connect to {addr} ({len} bytes) sent");
+        // The listener's side: its request (stale ones of clients gone are dropped).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut req = None;
+        while Instant::now() < deadline {
+            self.call("cm_try_request");
+            let Some((listener, _)) = self.listeners[l].as_ref() else {
+                break;
+            };
+            match listener.try_request() {
+                Ok(Some(r)) => {
+                    let dst = r.query_addr().ok().and_then(|a| a.dst);
+                    if dst.is_some() && dst == from {
+                        req = Some(r);
+                        break;
+                    }
+                    step!(self, "cm: l{l}: a stale request (from {dst:?}) dropped");
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => {
+                    let k = self.error(&e);
+                    step!(self, "cm: l{l}: try_request -> {k}");
+                }
+            }
+        }
+        let mut server = None;
+        let mut server_end = None;
+        let mut rejected = None;
+        match (req, self.rng.below(100)) {
+            (None, _) => step!(self, "cm: l{l}: no request came"),
+            (Some(req), 0..=69) => {
+                assert_eq!(&req.private_data[..len], &cdata[..], "the request's private data");
+                self.call("cm_request_context");
+                let same = req.context().map(|c| c.device().name.clone());
+                let cm_dev = self.cm.as_ref().expect("the CM side").ctx.device().name.clone();
+                assert_eq!(same.as_ref().ok(), Some(&cm_dev), "the request's device");
+                if let Some((si, qp, srecvs)) = self.cm_qp(|qp| req.init_qp(qp)) {
+                    let slen = if self.rng.chance(8) {
+                        197 + self.rng.below(4)
+                    } else {
+                        self.rng.below(197)
+                    } as usize;
+                    let sdata = cm_data(&mut self.rng, slen);
+                    let sparam = self.conn_param(&sdata);
+                    let sheld = qp.held_bufs();
+                    let sqpn = qp.qpn();
+                    self.call("cm_start_accept");
+                    match req.start_accept(qp, &sparam) {
+                        Ok(e) => {
+                            step!(self, "qp{si}: cm accept ({slen} bytes) sent");
+                            server = Some(e);
+                            server_end = Some((si, sheld, srecvs, sqpn, sdata));
+                        }
+                        Err(e) => {
+                            let k = self.error(&e);
+                            step!(self, "qp{si}: cm accept ({slen} bytes, {sparam:?}) -> {k}");
+                            assert!(slen <= 196 || matches!(e, Error::PrivateDataTooLong { .. }), "{e:?}");
+                            self.qp_gone(si, None, sheld, "dropped with its failed accept");
+                        }
+                    }
+                }
+            }
+            (Some(req), 70..=84) => {
+                let rlen = if self.rng.chance(10) { 149 } else { self.rng.below(149) } as usize;
+                let rdata = cm_data(&mut self.rng, rlen);
+                self.call("cm_reject");
+                let r = req.reject(&rdata);
+                let k = match &r {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => self.error(e),
+                };
+                step!(self, "cm: l{l}: reject ({rlen} bytes) -> {k}");
+                assert_eq!(r.is_ok(), rlen <= 148, "reject with {rlen} bytes: {r:?}");
+                if r.is_ok() {
+                    rejected = Some(rdata);
+                }
+            }
+            (Some(req), 85..=92) => {
+                self.call("cm_request_drop");
+                drop(req);
+                step!(self, "cm: l{l}: request dropped");
+            }
+            (Some(req), _) => {
+                // The listener goes, then the request it handed out.
+                self.drop_listener(l);
+                drop(req);
+            }
+        }
+        // Either end dropped on its way up, sometimes.
+        if self.rng.chance(4) {
+            client = None;
+            step!(self, "qp{ci}: the connect dropped in flight");
+        }
+        if server.is_some() && self.rng.chance(4) {
+            server = None;
+            step!(self, "cm: the accept dropped in flight");
+        }
+        let had = [client.is_some(), server.is_some()];
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let [c, s] = drive(&mut self.rng, [&mut client, &mut server], deadline);
+        if let (Some(data), Some(Err(Error::Rejected { status, private_data }))) = (&rejected, &c) {
+            assert_eq!(*status, 28, "a consumer reject's reason");
+            assert_eq!(&private_data[..data.len()], &data[..], "the reject's private data");
+        }
+        if rejected.is_some() {
+            assert!(!matches!(c, Some(Ok(_))), "rejected, yet connected");
+        }
+        if let (Some(Ok(conn)), Some((_, _, _, _, sdata))) = (&c, &server_end) {
+            assert_eq!(
+                &conn.peer_private_data()[..sdata.len()],
+                &sdata[..],
+                "the accept's private data"
+            );
+        }
+        let c = if had[0] { c } else { None };
+        let speer = server_end.as_ref().map_or(0, |e| e.3);
+        self.cm_end(ci, cheld, crecvs, c, speer, "client");
+        if let Some((si, sheld, srecvs, _, _)) = server_end {
+            let s = if had[1] { s } else { None };
+            self.cm_end(si, sheld, srecvs, s, cqpn, "server");
+        }
+    }
+
+    /// A connect where nothing listens: a typed reject.
+    fn cm_connect_nobody(&mut self) {
+        let addr = self.cm_addr(CM_PORT_NOBODY);
+        let Some(connector) = self.cm_resolve(addr, Duration::from_secs(2)) else {
+            return;
+        };
+        let Some((i, qp, _)) = self.cm_qp(|qp| connector.id().init_qp(qp)) else {
+            return;
+        };
+        let held = qp.held_bufs();
+        self.call("cm_connect");
+        let r = connector.connect(qp, &ConnParam::default(), Duration::from_secs(2));
+        let e = r.expect_err("a connect where nothing listens");
+        let k = self.error(&e);
+        step!(self, "qp{i}: cm connect to {addr}, nobody there -> {k}");
+        assert!(matches!(e, Error::Rejected { status: 8, .. }), "no listener: {e:?}");
+        self.qp_gone(i, None, held, "dropped with its rejected connect");
+    }
+
+    /// A connect nobody answers: a listener that never takes the request, or an address with
+    /// no host behind it (the dummy netdev is NOARP). A typed timeout.
+    fn cm_time_out(&mut self) {
+        let listener = self.rng.chance(50).then(|| self.cm_listen()).flatten();
+        let addr = match listener {
+            Some(l) => self.cm_addr(self.listeners[l].as_ref().expect("live").1),
+            None => {
+                let IpAddr::V4(ip) = self.cm_ip.expect("the CM") else {
+                    return;
+                };
+                let [a, b, c, d] = ip.octets();
+                SocketAddr::new(IpAddr::from([a, b, c, d.wrapping_add(98)]), 7711)
+            }
+        };
+        let Some(connector) = self.cm_resolve(addr, Duration::from_secs(2)) else {
+            return;
+        };
+        let Some((i, qp, _)) = self.cm_qp(|qp| connector.id().init_qp(qp)) else {
+            return;
+        };
+        let held = qp.held_bufs();
+        let t = Duration::from_millis(50 + self.rng.below(150));
+        self.call("cm_connect");
+        let r = connector.connect(qp, &ConnParam::default(), t);
+        let e = r.expect_err("a connect nobody answers");
+        let k = self.error(&e);
+        step!(self, "qp{i}: cm connect to {addr}, unanswered, {t:?} -> {k}");
+        assert!(
+            matches!(e, Error::TimedOut { verb: "connect", .. }),
+            "unanswered: {e:?}"
+        );
+        self.qp_gone(i, None, held, "dropped with its connect timed out");
+        // The request left on the listener: taken and dropped, or left for later.
+        if let Some(l) = listener.filter(|_| self.rng.chance(70)) {
+            let listener = &self.listeners[l].as_ref().expect("live").0;
+            let r = listener.get_request(Duration::from_millis(20));
+            self.call("cm_get_request");
+            let k = match &r {
+                Ok(_) => "a request, dropped".to_string(),
+                Err(e) => self.error(e),
+            };
+            step!(self, "cm: l{l}: get_request -> {k}");
+        }
+    }
+
+    /// An address no route leads to: a typed error from the resolution.
+    fn cm_unreachable(&mut self) {
+        let addr: SocketAddr = "169.254.178.1:7712".parse().expect("an address");
+        self.call("cm_resolve");
+        let r = Connector::resolve(addr, Duration::from_millis(100));
+        let e = r.expect_err("no route to 169.254.178.1");
+        let k = self.error(&e);
+        step!(self, "cm: resolve {addr} -> {k}");
+    }
+
+    /// The live connections' slots.
+    fn conns(&self) -> Vec<usize> {
+        Self::live(&self.qps)
+            .into_iter()
+            .filter(|&i| matches!(self.qps[i].as_ref().expect("live").qp, Handle::Conn(_)))
+            .collect()
+    }
+
+    fn conn(&mut self, i: usize) -> &mut Connection {
+        match &mut self.qps[i].as_mut().expect("live").qp {
+            Handle::Conn(c) => c,
+            Handle::Plain(_) => unreachable!("a connection"),
+        }
+    }
+
+    /// A disconnect from either side, waited for or not, both at once, or a poll.
+    fn cm_disconnect(&mut self) {
+        let conns = self.conns();
+        if conns.is_empty() {
+            return;
+        }
+        let i = conns[self.rng.below(conns.len() as u64) as usize];
+        let peer = self.qps[i].as_ref().expect("live").peer;
+        // The other end, if it is a live connection of the round on the CM's device.
+        let p = conns
+            .iter()
+            .copied()
+            .find(|&p| p != i && self.qps[p].as_ref().expect("live").qp.qpn() == peer);
+        let how = self.rng.below(6);
+        let mut outcome = Vec::new();
+        let start = |r: &mut Self, k: usize| {
+            r.call("cm_start_disconnect");
+            let res = r.conn(k).start_disconnect();
+            if res.is_ok() {
+                assert_eq!(r.conn(k).qp().state(), QpState::Err, "qp{k}: disconnecting, so in ERR");
+            }
+            match res {
+                Ok(()) => format!("qp{k}: start_disconnect ok"),
+                Err(e) => format!("qp{k}: start_disconnect {}", r.error(&e)),
+            }
+        };
+        match how {
+            0..=2 => {
+                outcome.push(start(self, i));
+                if how == 1 {
+                    if let Some(p) = p {
+                        outcome.push(start(self, p));
+                    }
+                }
+                if how <= 1 {
+                    // Both ends advance until each has seen DISCONNECTED.
+                    let deadline = Instant::now() + Duration::from_millis(1500);
+                    let mut left: Vec<usize> = [Some(i), p].into_iter().flatten().collect();
+                    while !left.is_empty() && Instant::now() < deadline {
+                        let k = left[self.rng.below(left.len() as u64) as usize];
+                        self.call("cm_advance");
+                        match self.conn(k).advance() {
+                            Ok(true) => {
+                                left.retain(|&x| x != k);
+                                outcome.push(format!("qp{k}: down"));
+                            }
+                            Ok(false) => std::thread::sleep(Duration::from_millis(1)),
+                            Err(e) => {
+                                left.retain(|&x| x != k);
+                                let kind = self.error(&e);
+                                outcome.push(format!("qp{k}: advance {kind}"));
+                            }
+                        }
+                    }
+                    if !left.is_empty() {
+                        outcome.push(format!("{left:?} not down in time"));
+                    }
+                }
+            }
+            3 => {
+                let t = Duration::from_millis(20 + self.rng.below(80));
+                self.call("cm_disconnect");
+                let r = self.conn(i).disconnect(t);
+                let k = match &r {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => self.error(e),
+                };
+                outcome.push(format!("qp{i}: disconnect({t:?}) -> {k}"));
+            }
+            4 => {
+                self.call("cm_wait_disconnected");
+                let r = self.conn(i).wait_disconnected(Duration::ZERO);
+                let k = match &r {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => self.error(e),
+                };
+                outcome.push(format!("qp{i}: wait_disconnected(0) -> {k}"));
+            }
+            _ => {
+                self.call("cm_advance");
+                let r = self.conn(i).advance();
+                let k = match &r {
+                    Ok(down) => format!("{down}"),
+                    Err(e) => self.error(e),
+                };
+                outcome.push(format!("qp{i}: advance -> {k}"));
+            }
+        }
+        step!(self, "cm disconnect (peer qp{p:?}): {}", outcome.join("; "));
+    }
+
+    /// Every id of the round still answers: a forked child's drops destroyed none of them.
+    fn check_cm_ids_alive(&mut self, when: &str) {
+        for (listener, port) in self.listeners.iter().flatten() {
+            let a = listener.local_addr();
+            assert!(
+                matches!(a, Ok(a) if a.port() == *port),
+                "a listener on {port} {when}: {a:?}"
+            );
+        }
+        for i in self.conns() {
+            let a = self.conn(i).id().query_addr();
+            assert!(a.is_ok(), "qp{i}'s connection {when}: {a:?}");
+        }
+    }
+
+    fn cm_used(&self) -> bool {
+        self.cm_touched
     }
 }
 
@@ -1810,9 +2591,13 @@ fn random_safe_calls_lose_no_buffer_and_never_panic() {
         .ok()
         .map(|_| env_u64("UVERBS_SAFE_FUZZ_ROUND", 0));
     let trace = std::env::var_os("UVERBS_SAFE_FUZZ_TRACE").is_some_and(|v| v != "0");
-    let mut stats = Stats::default();
-    let mut kmsg = Kmsg::open();
     let start = Instant::now();
+    let mut stats = Stats {
+        cm: cm_available(),
+        start: Some(start),
+        ..Default::default()
+    };
+    let mut kmsg = Kmsg::open();
     let mut round = only.unwrap_or(0);
     loop {
         let mut log = Log::new(trace);
@@ -1843,6 +2628,21 @@ fn random_safe_calls_lose_no_buffer_and_never_panic() {
         }
     }
     let calls: u64 = stats.calls.values().sum();
+    let cm_calls: u64 = stats
+        .calls
+        .iter()
+        .filter(|(k, _)| k.starts_with("cm_"))
+        .map(|(_, v)| v)
+        .sum();
+    let cm = match &stats.cm {
+        Ok(ip) => format!(
+            "CM on {ip}: {cm_calls} calls, {} ends connected, {:.1} s ({:.0}% of the run)",
+            stats.cm_connections,
+            stats.cm_time.as_secs_f64(),
+            100.0 * stats.cm_time.as_secs_f64() / start.elapsed().as_secs_f64()
+        ),
+        Err(why) => format!("CM steps skipped ({why}), {cm_calls} CM calls"),
+    };
     let errors: u64 = stats.errors.values().sum();
     fn list<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> String {
         m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
@@ -1850,7 +2650,7 @@ fn random_safe_calls_lose_no_buffer_and_never_panic() {
     figure(format_args!(
         "safe_fuzz (seed {seed:#x}, {:.0} s): {} rounds, {calls} calls ({}), {errors} typed errors ({}), \
          {} bufs tracked ({} given back, {} went down with their queue), {} completions, {} payloads checked, \
-         {} raw ops refused, {} forks, kernel log {}",
+         {} raw ops refused, {} forks, {cm}, kernel log {}",
         start.elapsed().as_secs_f64(),
         stats.rounds,
         list(&stats.calls),
@@ -1864,6 +2664,16 @@ fn random_safe_calls_lose_no_buffer_and_never_panic() {
         stats.forks,
         if kmsg.present() { "watched" } else { "not readable" },
     ));
+}
+
+/// The RDMA CM's address (`UVERBS_CM_ADDR`, which the test guest sets for rxe_cm on a dummy
+/// netdev: the CM takes no loopback address), or why there is none (the mlx5 model has no
+/// CM).
+fn cm_available() -> std::result::Result<IpAddr, String> {
+    let ip = std::env::var("UVERBS_CM_ADDR").map_err(|_| "UVERBS_CM_ADDR is not set: no RDMA CM device".to_string())?;
+    let ip: IpAddr = ip.parse().map_err(|e| format!("UVERBS_CM_ADDR={ip:?}: {e}"))?;
+    uverbs::cm::EventChannel::open().map_err(|e| format!("no RDMA CM: {e}"))?;
+    Ok(ip)
 }
 
 /// `fork()`, `waitpid()` and `_exit()`: the only `unsafe` of this test.
