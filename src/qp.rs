@@ -737,8 +737,12 @@ impl Qp {
 
     /// How many more send requests fit in the send queue now: its depth less those posted
     /// and not yet completed by the device (which only ever frees more). A list of at most
-    /// this many is never refused with [`WrReject::QueueFull`] (no system call).
+    /// this many is never refused with [`WrReject::QueueFull`] (no system call). 0 in a forked
+    /// child, which may not post (the ring is not mapped there).
     pub fn send_room(&mut self) -> u32 {
+        if self.owner.forked() {
+            return 0;
+        }
         self.queues.send_room()
     }
 

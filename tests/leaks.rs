@@ -373,6 +373,8 @@ fn in_a_forked_child_inherited_handles_are_error_forked_and_drops_destroy_nothin
             // The checked poll and the check read no async event of the parent's.
             forked(p.a.cq.try_poll(&mut wc).map(drop)),
             forked(p.a.cq.check()),
+            // The send ring is not mapped in the child: nothing is read.
+            p.a.qp.send_room() == 0,
         ];
         let failed = checks.iter().position(|ok| !ok).map_or(0, |i| 10 + i as i32);
         // Every inherited handle dropped: with the parent's objects untouched.
@@ -382,7 +384,7 @@ fn in_a_forked_child_inherited_handles_are_error_forked_and_drops_destroy_nothin
     assert_eq!(
         wait(pid),
         0,
-        "the child's check 10 + i failed (query, alloc_pd, query_device, create_cq, post_send, post_recv, poll, try_poll, check)"
+        "the child's check 10 + i failed (query, alloc_pd, query_device, create_cq, post_send, post_recv, poll, try_poll, check, send_room)"
     );
     assert!(p.a.qp.query().is_ok(), "the parent's QP survived the child's drops");
     assert_eq!(

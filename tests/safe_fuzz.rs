@@ -1802,7 +1802,7 @@ impl<'r> Round<'r> {
             status,
             Ok(0),
             "the forked child: 10 a post was not refused as forked, 11 the refusal kept the \
-             buffer, 12 alloc_pd was not refused, 13 a reap found completions, 14 an inherited buffer held non-zero bytes, 101 it panicked; \
+             buffer, 12 alloc_pd was not refused, 13 a reap found completions, 14 an inherited buffer held non-zero bytes, 15 send_room was not 0, 101 it panicked; \
              Err(signal) it was killed"
         );
     }
@@ -1814,6 +1814,10 @@ impl<'r> Round<'r> {
             // The region's pages are the child's own, zeroed: never the parent's bytes.
             if buf.as_slice().iter().any(|&b| b != 0) {
                 code = 14;
+            }
+            // The ring is not mapped in a child: no room, and nothing read.
+            if self.qps[i].as_mut().expect("live").qp.send_room() != 0 {
+                code = 15;
             }
             match self.qps[i].as_mut().expect("live").qp.send_buf(SendOp::Send, buf) {
                 Err(Refused {

@@ -29,6 +29,8 @@ pub struct Work {
     pub dlid: u16,
     pub request: Request,
     wqe_index: u16,
+    /// The QP's `epoch` when the request was taken.
+    epoch: u32,
     nbb: u16,
     opcode: u8,
     signaled: bool,
@@ -641,6 +643,7 @@ impl Device {
                 op,
             },
             wqe_index: wqe.index,
+            epoch: qp.epoch,
             nbb: wqe.nbb,
             opcode: wqe.opcode,
             signaled: wqe.signaled,
@@ -689,8 +692,8 @@ impl Device {
         let h = work.qp;
         let Some(qp) = model.qps.get_mut(h) else { return };
         // The QP left RTS while the request was out (modify to ERR/RESET): it is flushed or
-        // reset instead.
-        if qp.sq_ci != work.wqe_index || !matches!(qp.state, qps::RTS | qps::SQD) {
+        // reset instead, even if the QP is back in RTS at the same ring position by now.
+        if qp.epoch != work.epoch || qp.sq_ci != work.wqe_index || !matches!(qp.state, qps::RTS | qps::SQD) {
             return;
         }
         let unacknowledged = matches!(qp.qp_type, abi::qpt::UC | abi::qpt::UD);

@@ -1219,6 +1219,7 @@ impl Model {
             sq_ci: 0,
             rq_ci: 0,
             stall: None,
+            epoch: 0,
             async_events: 0,
         });
         let dresp = abi::Mlx5CreateQpResp {
@@ -1390,6 +1391,9 @@ impl Model {
         // known migration states (others leave it as it was); qp.c:4921 reports it back.
         if mask & qp_attr::PATH_MIG_STATE != 0 && req.path_mig_state <= 2 {
             a.path_mig_state = req.path_mig_state;
+        }
+        if new == qps::RESET || new == qps::ERR {
+            qp.epoch = qp.epoch.wrapping_add(1);
         }
         if new == qps::RESET {
             // The hardware forgets its ring positions; user space resets its own.

@@ -125,6 +125,9 @@ pub struct Qp {
     pub rq_ci: u16,
     pub stall: Option<Stall>,
     pub async_events: u32,
+    /// Counts the moves that end the requests in flight (to ERR or RESET): a request taken
+    /// before one never completes after it, as on a device, whatever the ring positions say.
+    pub epoch: u32,
 }
 
 impl Qp {

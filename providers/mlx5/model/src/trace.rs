@@ -422,6 +422,7 @@ mod tests {
             rq_ci: 0,
             stall: None,
             async_events: 0,
+            epoch: 0,
         }
     }
 
