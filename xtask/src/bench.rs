@@ -5,8 +5,10 @@
 //! harness (`benches/c/verbs_bench.c`, compiled here with gcc against the system libibverbs:
 //! a comparison tool, never part of the library), runs `benches/guest.sh` in one guest (or
 //! natively, as `cargo xtask test` decides), and turns what it wrote into
-//! `target/bench/summary.md` (the table), `bench-poll.csv` and `bench-poll.png` (the plot,
-//! with python3 and matplotlib). The raw results stay in `target/bench/raw/`.
+//! `target/bench/summary.md` (the table, TCG timings beside the instruction counts),
+//! `instructions.md` (the instruction tables docs/benchmarks.md shows), `bench-poll.csv` and
+//! `bench-poll.png` (the plot, with python3 and matplotlib). The raw results stay in
+//! `target/bench/raw/`.
 //!
 //! Then the mlx5 step (bench/mlx5.rs): the same harnesses on the mlx5 device model on the host,
 //! the Rust mlx5 provider against Debian's libmlx5 (`target/bench/mlx5-summary.md`).
@@ -27,8 +29,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-/// `cargo xtask bench [--report | --emulator | --mlx5]`: `--report` only redoes the table and
-/// plot from the raw results of the last run; `--emulator` runs benches/emulator-profile.sh
+/// `cargo xtask bench [--report | --emulator | --mlx5]`: `--report` only redoes the tables and
+/// plot from the raw results of the last run (rxe, mlx5 or both, whichever are there); `--emulator` runs benches/emulator-profile.sh
 /// instead of the benchmarks (the replayed drain beside the soft-TLB flushes of a QEMU built
 /// with symbols; results in `target/bench/emulator/`); `--mlx5` runs only the mlx5 step.
 pub fn run(args: &[String]) -> Result<ExitCode> {
@@ -36,7 +38,16 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     let (emulator, only_mlx5) = match args {
         [] => (false, false),
         [a] if a == "--report" => {
-            report(&out)?;
+            let (rxe, mlx5) = (out.join("raw/results.jsonl"), out.join("mlx5/results.jsonl"));
+            if !rxe.exists() && !mlx5.exists() {
+                bail!("no results to report: run `cargo xtask bench` (or `--mlx5`) first");
+            }
+            if rxe.exists() {
+                report(&out)?;
+            }
+            if mlx5.exists() {
+                mlx5::report(&out)?;
+            }
             return Ok(ExitCode::SUCCESS);
         }
         [a] if a == "--emulator" => (true, false),
@@ -147,7 +158,10 @@ fn report(out: &Path) -> Result<()> {
     let summary = summarize(&raw)?;
     crate::write_atomic(&out.join("summary.md"), summary.markdown.as_bytes())?;
     crate::write_atomic(&out.join("bench-poll.csv"), summary.csv.as_bytes())?;
+    let tables = instruction_tables(&read_callgrind(&raw));
+    crate::write_atomic(&out.join("instructions.md"), tables.as_bytes())?;
     say!("{}", summary.markdown);
+    say!("{tables}");
     let png = out.join("bench-poll.png");
     let mut plot = Command::new("python3");
     plot.arg(paths::root().join("benches/plot.py"))
@@ -586,6 +600,191 @@ fn safe_post_line(ir: &BTreeMap<Key, f64>) -> String {
     md
 }
 
+/// Rows of the instruction tables: workload, parameter, what, per, target (implementation
+/// over librxe, at most).
+type IrRow = (&'static str, i64, &'static str, &'static str, Option<f64>);
+
+/// The Rust API's rows against librxe.
+const RUST_IR_ROWS: [IrRow; 8] = [
+    (
+        "drain",
+        1,
+        "drain 4096 ready, poll 1 at a time",
+        "completion",
+        Some(0.5),
+    ),
+    (
+        "drain",
+        16,
+        "drain 4096 ready, poll 16 at a time",
+        "completion",
+        Some(0.5),
+    ),
+    (
+        "drain",
+        64,
+        "drain 4096 ready, poll 64 at a time",
+        "completion",
+        Some(0.5),
+    ),
+    (
+        "drain_floor",
+        1,
+        "drain replayed, the floor loop (Rust only)",
+        "completion",
+        None,
+    ),
+    (
+        "inplace",
+        0,
+        "drain 4096 ready in place (`Cq::batch` / `ibv_next_poll`)",
+        "completion",
+        None,
+    ),
+    ("empty", 16, "poll an empty CQ (16 asked)", "call", Some(0.5)),
+    ("post", 1, "post_send, 1 WR per call (+ doorbell)", "WR", Some(1.0)),
+    ("post", 32, "post_send, lists of 32 WRs (+ doorbell)", "WR", Some(1.0)),
+];
+
+/// The drop-in's rows against librxe (the same C program on either provider): those with a
+/// target.
+const DROPIN_IR_ROWS: [IrRow; 5] = [
+    ("drain", 1, "`ibv_poll_cq`, 1 at a time", "completion", Some(1.0)),
+    (
+        "inplace",
+        0,
+        "in place (`ibv_start_poll` / `ibv_next_poll`)",
+        "completion",
+        Some(1.0),
+    ),
+    (
+        "empty",
+        16,
+        "`ibv_poll_cq` on an empty CQ (16 asked)",
+        "call",
+        Some(1.0),
+    ),
+    (
+        "post",
+        1,
+        "`ibv_post_send`, 1 WR per call (+ doorbell)",
+        "WR",
+        Some(1.0),
+    ),
+    (
+        "post",
+        32,
+        "`ibv_post_send`, lists of 32 WRs (+ doorbell)",
+        "WR",
+        Some(1.0),
+    ),
+];
+
+/// The safe posts against the raw ones: what, the raw post of a prepared request (if any), the
+/// raw post of a request built per call, the safe post (workload and parameter each).
+type SafeRow = (
+    &'static str,
+    Option<(&'static str, i64)>,
+    (&'static str, i64),
+    (&'static str, i64),
+);
+
+const SAFE_ROWS: [SafeRow; 4] = [
+    (
+        "send, 1 WR per call (`send_buf_with`)",
+        Some(("post", 1)),
+        ("post_built", 1),
+        ("post_safe", 1),
+    ),
+    (
+        "send, lists of 32 (`send_bufs`)",
+        Some(("post", 32)),
+        ("post_built", 32),
+        ("post_safe", 32),
+    ),
+    (
+        "QP receive, 1 WR per call (`Qp::recv_buf`)",
+        None,
+        ("recv_built", 1),
+        ("recv_safe", 1),
+    ),
+    (
+        "SRQ receive, 1 WR per call (`Srq::recv_buf`)",
+        None,
+        ("srq_post_built", 1),
+        ("srq_post_safe", 1),
+    ),
+];
+
+/// The instruction tables of the rxe run (`target/bench/instructions.md`), in the form
+/// docs/benchmarks.md shows them: the Rust API against librxe, the drop-in against librxe, and
+/// the safe posts against the raw ones (the budget: at most 5 instructions per WR over the raw
+/// post of a request built per call). Rows without counts are left out.
+fn instruction_tables(ir: &BTreeMap<Key, f64>) -> String {
+    let get = |w: &str, p: i64, i: &str| ir.get(&(w.to_string(), p, i.to_string())).copied();
+    let ir_cell = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.1}"));
+    let mut md = String::new();
+    for (title, imp, name, rows) in [
+        ("The Rust API against librxe", "rust", "Rust", &RUST_IR_ROWS[..]),
+        ("The drop-in against librxe", "dropin", "drop-in", &DROPIN_IR_ROWS[..]),
+    ] {
+        let _ = writeln!(md, "### {title}\n");
+        let _ = writeln!(
+            md,
+            "| workload | per | Ir librxe | Ir {name} | {name}/librxe | target | met |"
+        );
+        let _ = writeln!(md, "|---|---|---:|---:|---:|---|---|");
+        for &(w, p, what, per, target) in rows {
+            let (c, x) = (get(w, p, "c"), get(w, p, imp));
+            if c.is_none() && x.is_none() {
+                continue;
+            }
+            let r = match (x, c) {
+                (Some(x), Some(c)) if c > 0.0 => Some(x / c),
+                _ => None,
+            };
+            let (t, met) = match (target, r) {
+                (None, _) => ("–".to_string(), "–"),
+                (Some(t), None) => (format!("≤ {t}×"), "?"),
+                (Some(t), Some(r)) => (format!("≤ {t}×"), if r <= t { "yes" } else { "no" }),
+            };
+            let _ = writeln!(
+                md,
+                "| {what} | {per} | {} | {} | {} | {t} | {met} |",
+                ir_cell(c),
+                ir_cell(x),
+                r.map_or("–".to_string(), |r| format!("{r:.2}")),
+            );
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(md, "### Safe posts against raw posts\n");
+    let _ = writeln!(
+        md,
+        "| request | Ir raw, prepared | Ir raw, built per call | Ir safe | safe − built | budget | met |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---|---|");
+    for (what, prepared, (bw, bp), (sw, sp)) in SAFE_ROWS {
+        let prepared = prepared.and_then(|(w, p)| get(w, p, "rust"));
+        let (built, safe) = (get(bw, bp, "rust"), get(sw, sp, "rust"));
+        if built.is_none() && safe.is_none() {
+            continue;
+        }
+        let (extra, met) = match (safe, built) {
+            (Some(s), Some(b)) => (format!("{:+.1}", s - b), if s - b <= 5.0 { "yes" } else { "no" }),
+            _ => ("–".to_string(), "?"),
+        };
+        let _ = writeln!(
+            md,
+            "| {what} | {} | {} | {} | {extra} | ≤ +5 | {met} |",
+            ir_cell(prepared),
+            ir_cell(built),
+            ir_cell(safe),
+        );
+    }
+    md
+}
+
 /// The replayed drain's batch sizes (the harnesses' REPLAY_BATCHES).
 const REPLAY_BATCHES: [i64; 3] = [1, 16, 64];
 
@@ -844,6 +1043,49 @@ mod tests {
             "Safe QP receive over the raw QP post of a request built per call: 146.5 − 140.0 = +6.5 instructions per WR (budget ≤ 5: not met)"
         ));
         assert!(!safe_post_line(&ir).contains("SRQ"), "no SRQ figures, no SRQ line");
+    }
+
+    #[test]
+    fn instruction_tables_compare_with_librxe_and_the_raw_posts() {
+        let mut ir = BTreeMap::new();
+        let mut put = |w: &str, p: i64, i: &str, v: f64| ir.insert((w.to_string(), p, i.to_string()), v);
+        put("drain", 1, "c", 70.0);
+        put("drain", 1, "rust", 49.0);
+        put("drain", 1, "dropin", 69.0);
+        put("empty", 16, "c", 51.0);
+        put("empty", 16, "rust", 21.0);
+        put("post", 1, "rust", 186.6);
+        put("post_built", 1, "rust", 197.6);
+        put("post_safe", 1, "rust", 199.6);
+        put("recv_built", 1, "rust", 144.6);
+        put("recv_safe", 1, "rust", 142.8);
+        let t = instruction_tables(&ir);
+        assert!(
+            t.contains("| drain 4096 ready, poll 1 at a time | completion | 70.0 | 49.0 | 0.70 | ≤ 0.5× | no |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| poll an empty CQ (16 asked) | call | 51.0 | 21.0 | 0.41 | ≤ 0.5× | yes |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| `ibv_poll_cq`, 1 at a time | completion | 70.0 | 69.0 | 0.99 | ≤ 1× | yes |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| `ibv_poll_cq` on an empty CQ (16 asked) | call | 51.0 | – | – | ≤ 1× | ? |"),
+            "no drop-in count, but C's: {t}"
+        );
+        assert!(!t.contains("64 at a time"), "no counts at all, no row: {t}");
+        assert!(
+            t.contains("| send, 1 WR per call (`send_buf_with`) | 186.6 | 197.6 | 199.6 | +2.0 | ≤ +5 | yes |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| QP receive, 1 WR per call (`Qp::recv_buf`) | – | 144.6 | 142.8 | -1.8 | ≤ +5 | yes |"),
+            "{t}"
+        );
+        assert!(!t.contains("SRQ receive"), "no SRQ counts, no SRQ row: {t}");
     }
 
     #[test]

@@ -138,10 +138,28 @@ pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
     for (w, p, _) in time_misses(&read_samples(&raw)?) {
         ok &= profile_natively(&raw, rust, &lib, w, p)?;
     }
-    let table = summarize(&raw)?;
+    report(out)?;
+    Ok(ok)
+}
+
+/// Writes `mlx5-summary.md` from the last run's results in `out/mlx5` (`cargo xtask bench
+/// --report` redoes it too, when there are any).
+pub fn report(out: &Path) -> Result<()> {
+    let table = summarize(&out.join("mlx5"))?;
     crate::write_atomic(&out.join("mlx5-summary.md"), table.as_bytes())?;
     say!("{table}");
-    Ok(ok)
+    Ok(())
+}
+
+/// Nanoseconds to three significant digits (the form docs/benchmarks.md shows them in).
+fn fmt_ns(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
 }
 
 /// The table from `raw` (results.jsonl and the callgrind dumps in cg/).
@@ -151,6 +169,7 @@ fn summarize(raw: &Path) -> Result<String> {
     let ns = |w: &str, p: i64, i: &str| native_median(&samples, w, p, i);
     let ir_of = |w: &str, p: i64, i: &str| ir.get(&(w.to_string(), p, i.to_string())).copied();
     let show = |x: Option<f64>| x.map_or("–".to_string(), fmt_value);
+    let show_ns = |x: Option<f64>| x.map_or("–".to_string(), fmt_ns);
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
@@ -186,8 +205,8 @@ fn summarize(raw: &Path) -> Result<String> {
             show(ic),
             show(ir_rust),
             show_ratio(r),
-            show(nc),
-            show(nr),
+            show_ns(nc),
+            show_ns(nr),
             show_ratio(ratio(nr, nc)),
         );
     }
