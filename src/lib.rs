@@ -45,6 +45,8 @@ mod owned;
 mod parked;
 mod pd;
 pub mod provider;
+// The vendor providers are part of this crate (they implement the contract's `pub(crate)`
+// parts), kept in the top-level `providers/` folder so that vendor code is apart from the core.
 #[path = "../providers/mod.rs"]
 #[allow(unsafe_code)] // rings and mappings
 mod providers;

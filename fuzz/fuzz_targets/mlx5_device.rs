@@ -1,7 +1,7 @@
 //! `cargo +nightly fuzz run mlx5_device`: the fuzzer's bytes become rounds of hostile work
 //! queue entries and doorbell values (control segments that lie about their size and opcode,
 //! wrong keys, producer indices out of range, garbage in the receive queue and the CQ arm
-//! record) thrown at the mlx5 device model (`providers/mlx5/model/`), through the harness its
+//! record) thrown at the mlx5 device model (`tests/mlx5/model/`), through the harness its
 //! unit tests use with seeded inputs (feature `harness`). A panic, or an access outside the
 //! buffers the client registered, is a finding.
 

@@ -6,7 +6,7 @@
 //! compiles a C program printing every size and offset, and fails on any number that differs
 //! from Rust's, on a `#[repr(C)]` item of the file without an entry, and on a missing C
 //! compiler or header. [`every_file_with_kernel_structs_checks_them`] makes sure no file is
-//! left out. The drop-in's own structs (`providers/libibverbs`) are checked against
+//! left out. The drop-in's own structs (`dropin/libibverbs`) are checked against
 //! `<infiniband/verbs.h>` by that crate.
 
 use std::fmt::Write as _;
@@ -38,7 +38,7 @@ const NOT_KERNEL: &[(&str, &str, &str)] = &[
 /// drop-in checks its structs against `<infiniband/verbs.h>`; the mlx5 model's are asserted
 /// at compile time and not yet against the headers).
 const SCANNED: &[&str] = &["src", "providers"];
-const SKIPPED: &[&str] = &["providers/libibverbs", "providers/mlx5/model"];
+const SKIPPED: &[&str] = &["dropin/libibverbs", "tests/mlx5/model"];
 
 /// Declares the kernel C counterpart of every `#[repr(C)]` item of the calling file and
 /// generates the test comparing their layouts (module docs). Invoke under `#[cfg(test)]`.

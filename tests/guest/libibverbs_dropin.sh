@@ -1,5 +1,5 @@
 #!/bin/sh
-# The Rust rxe provider (providers/libibverbs) as a drop-in for rdma-core's C one:
+# The Rust rxe provider (dropin/libibverbs) as a drop-in for rdma-core's C one:
 # unmodified Debian binaries (ibverbs-utils, perftest) run on it, alone and against the C
 # provider. Needs an rxe device (the test guest has rxe0 on lo, GID 1 = ::ffff:127.0.0.1) and
 # the provider built beforehand:  cargo build -p uverbs-libibverbs

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The drop-in provider (providers/libibverbs) against rdma-core's C rxe provider, verb by verb:
+# The drop-in provider (dropin/libibverbs) against rdma-core's C rxe provider, verb by verb:
 # each tests/guest/c/dropin_*.c program is compiled against libibverbs, run on the C provider
 # (the reference) and then on the drop-in, and the two outputs (completion fields, remote
 # memory, error statuses) must be identical. Needs an rxe device (the test guest's rxe0, GID

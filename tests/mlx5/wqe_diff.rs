@@ -53,7 +53,7 @@ type Step = unsafe extern "C" fn(*const c_char) -> c_int;
 fn model_step() -> Option<Step> {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks a symbol up.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"uverbs_mlx5_model_step".as_ptr()) };
-    // SAFETY: the model exports the symbol with this signature (providers/mlx5/model).
+    // SAFETY: the model exports the symbol with this signature (tests/mlx5/model).
     (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Step>(f) })
 }
 

@@ -3,7 +3,7 @@
 //! libmlx5 (through libibverbs) on it, then the Rust provider's examples and integration tests:
 //! no guest, no root, no ConnectX anywhere.
 //!
-//! The model is the crate `providers/mlx5/model` (package `uverbs-mlx5-model`), an
+//! The model is the crate `tests/mlx5/model` (package `uverbs-mlx5-model`), an
 //! `LD_PRELOAD` interposer. A program runs on it with `UVERBS_MLX5_MODEL_DIR=<dir>` and
 //! `LD_PRELOAD=<abs path of target/debug/libuverbs_mlx5_model.so>`; every process started with
 //! the same dir sees the same device `mlx5_0` (port 1 ACTIVE) and can reach the others. Each
@@ -24,7 +24,7 @@ const ITEM_TIMEOUT: u32 = 300;
 /// The model's directory variable (the contract with the model crate).
 const ENV_DIR: &str = "UVERBS_MLX5_MODEL_DIR";
 const MODEL_PACKAGE: &str = "uverbs-mlx5-model";
-const MODEL_MANIFEST: &str = "providers/mlx5/model/Cargo.toml";
+const MODEL_MANIFEST: &str = "tests/mlx5/model/Cargo.toml";
 const MODEL_LIB: &str = "libuverbs_mlx5_model.so";
 const DEVICE: &str = "mlx5_0";
 /// Source of the C check program, compiled at test time (never part of the library).
