@@ -1,21 +1,33 @@
 //! Architecture rules checked on the source tree, as unit tests: no import loop among the
-//! modules of `src/`.
+//! modules of the library: those of `src/` and each vendor provider under `providers/`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The modules of the crate root `src/` each module of it names: through `crate::module`
-/// paths, or through a type the crate root re-exports from a module (`crate::Pd`).
-/// `src/sys/*` and `src/x/*` count as `sys` and `x`.
+/// The modules of the library each module of it names: through `crate::module` paths, or
+/// through a type the crate root re-exports from a module (`crate::Pd`). `src/sys/*` and
+/// `src/x/*` count as `sys` and `x`; `providers/rxe/**` as `providers::rxe`, and
+/// `providers/mod.rs` (the vendor table) as `providers`.
 fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
     let lib = std::fs::read_to_string(src.join("lib.rs"))?;
     let reexports = reexported_types(&lib);
     let mut graph = BTreeMap::new();
-    for (module, text) in module_sources(src)? {
+    let mut sources = module_sources(src)?;
+    sources.extend(provider_sources(&src.join("../providers"))?);
+    for (module, text) in sources {
         let mut names = BTreeSet::new();
         for path in crate_paths(&text) {
-            let first = path.split("::").next().unwrap_or_default();
-            let target = reexports.get(first).map_or(first, String::as_str);
+            let mut segments = path.split("::");
+            let first = segments.next().unwrap_or_default();
+            let vendor = match (first, segments.next()) {
+                ("providers", Some(v)) if !v.is_empty() => format!("providers::{v}"),
+                _ => String::new(),
+            };
+            let target = if vendor.is_empty() {
+                reexports.get(first).map_or(first, String::as_str)
+            } else {
+                vendor.as_str()
+            };
             if target != module && !target.is_empty() {
                 names.insert(target.to_string());
             }
@@ -48,6 +60,31 @@ fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
             }
         } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" {
             out.push((stem, std::fs::read_to_string(&path)?));
+        }
+    }
+    Ok(out)
+}
+
+/// `(module, source)` of every file under `providers/`: `providers::<vendor>` for a vendor's
+/// folder, `providers` for the table in `mod.rs`.
+fn provider_sources(dir: &Path) -> std::io::Result<Vec<(String, String)>> {
+    fn walk(dir: &Path, module: &str, out: &mut Vec<(String, String)>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(&path, module, out)?;
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push((module.to_string(), std::fs::read_to_string(&path)?));
+            }
+        }
+        Ok(())
+    }
+    let mut out = vec![("providers".to_string(), std::fs::read_to_string(dir.join("mod.rs"))?)];
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            let vendor = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            walk(&path, &format!("providers::{vendor}"), &mut out)?;
         }
     }
     Ok(out)
@@ -144,6 +181,19 @@ mod tests {
         assert!(graph.len() > 10, "read the modules of src/: {graph:?}");
         if let Some(cycle) = find_cycle(&graph) {
             panic!("src/ modules import each other in a loop: {}", cycle.join(" -> "));
+        }
+    }
+
+    /// The core reaches vendor code only through the table in `providers/mod.rs`.
+    #[test]
+    fn the_core_names_no_vendor() {
+        let graph = module_imports(&src()).unwrap();
+        for vendor in ["providers::rxe", "providers::mlx5"] {
+            assert!(graph.contains_key(vendor), "read {vendor}: {graph:?}");
+        }
+        for (module, names) in graph.iter().filter(|(m, _)| !m.starts_with("providers")) {
+            let vendors: Vec<&String> = names.iter().filter(|n| n.starts_with("providers::")).collect();
+            assert!(vendors.is_empty(), "the core module `{module}` names {vendors:?}");
         }
     }
 
