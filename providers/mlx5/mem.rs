@@ -205,22 +205,18 @@ impl UarPage {
 /// The barrier around a write to a UAR page, which the kernel may map write-combining:
 /// before it, the WQEs and doorbell records in memory are ordered ahead of it; after it, the
 /// write leaves the write-combining buffer. rdma-core's `mmio_wc_start` and
-/// `mmio_flush_writes`, which libmlx5 puts on both sides of each doorbell: `sfence` on x86,
-/// `dsb st` on Arm. Both are compiler barriers too (an `asm!` without `nomem`).
+/// `mmio_flush_writes`, which libmlx5 puts on both sides of each doorbell: `sfence` on
+/// x86-64 (the only architecture this provider builds for: `mod.rs`). A compiler barrier too
+/// (an `asm!` without `nomem`).
 #[inline(always)]
 pub(super) fn mmio_fence() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[cfg(not(miri))]
     // SAFETY: a store fence: no operands, no memory of ours changed; SSE is in x86_64's
     // baseline.
     unsafe {
         std::arch::asm!("sfence", options(nostack, preserves_flags))
     };
-    #[cfg(all(target_arch = "aarch64", not(miri)))]
-    // SAFETY: a store barrier: no operands, no memory of ours changed.
-    unsafe {
-        std::arch::asm!("dsb st", options(nostack, preserves_flags))
-    };
-    #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    #[cfg(miri)]
     std::sync::atomic::fence(Ordering::SeqCst);
 }
 

@@ -7,6 +7,17 @@
 //! kernel driver has none), UD QPs with address handles on InfiniBand ports (RoCE ones:
 //! `Error::Unsupported`).
 
+// The device sees the WQEs, doorbell records and CQEs through memory ordered for x86-64
+// (Release and Acquire there are enough for a DMA device, and `sfence` around the UAR store);
+// on Arm a device outside the CPUs' shareability domain needs rdma-core's `dmb oshst`/`oshld`
+// around them, which this provider does not issue (docs/mlx5-model.md, "Barriers").
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!(
+    "the mlx5 provider orders its device memory for x86-64 only: on this architecture build \
+     uverbs without its `mlx5` feature (`default-features = false`); see docs/mlx5-model.md, \
+     \"Barriers\""
+);
+
 mod abi;
 mod ah;
 mod cq;

@@ -27,6 +27,7 @@
 //!   rxe ring code and the mlx5 CQ/QP code under loom, miri (nightly) and libFuzzer with
 //!   ASan (nightly;
 //!   xtask installs nightly if missing); no device needed (xtask/src/models.rs, docs/reliability.md).
+//! - `cargo xtask cross`: `cargo check` of the library for aarch64 (xtask/src/cross.rs).
 //! - `cargo xtask public-api [--bless]`: the library's public items (rustdoc's JSON, nightly)
 //!   against the snapshot `tests/public-api.txt`, or written to it.
 //! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
@@ -79,6 +80,7 @@ macro_rules! say {
 mod architecture;
 mod bench;
 mod cpio;
+mod cross;
 mod doc_examples;
 mod error;
 mod guest;
@@ -120,6 +122,7 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask loom|miri|fuzz [secs]     rxe rings, mlx5 CQ/QP under loom, miri, libFuzzer
        cargo xtask msrv                      the declared rust-version against dependencies and std APIs
        cargo xtask public-api [--bless]      the public API against tests/public-api.txt (or write it)
+       cargo xtask cross                     the library for aarch64: rxe builds, the mlx5 provider refuses
 (environment knobs: see the doc comment of xtask/src/main.rs)";
 
 fn main() -> ExitCode {
@@ -153,6 +156,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         "bench" => bench::run(rest),
         "msrv" => msrv::check().map(|()| ExitCode::SUCCESS),
         "public-api" => public_api::run(rest),
+        "cross" => cross::check().map(|()| ExitCode::SUCCESS),
         "help" | "-h" | "--help" => {
             say!("{USAGE}");
             Ok(ExitCode::SUCCESS)

@@ -94,6 +94,10 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         Ok(chain) => host_steps.push(chain),
         Err(e) => failures.push(format!("host: fuzz: {e}")),
     }
+    // The library for 64-bit Arm: rxe builds, the mlx5 provider refuses (xtask/src/cross.rs).
+    if let Err(e) = crate::cross::check() {
+        failures.push(format!("host: aarch64: {e}"));
+    }
     // Every public item as the snapshot lists it (xtask/src/public_api.rs).
     if let Err(e) = crate::public_api::run(&[]) {
         failures.push(format!("host: public API: {e}"));
