@@ -1,12 +1,12 @@
-//! Contexts: `alloc_context`/`free_context`, device and port queries, and the op table.
+//! Contexts: `alloc_context`/`free_context`, device and port queries. The op table that
+//! names them, and every object module's ops, is [`crate::ops`]'s.
 
 use crate::abi::{
     ibv_context, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_port_attr, ibv_query_device_ex_input,
     verbs_context, verbs_context_ops, verbs_device,
 };
-use crate::device;
-use crate::{ah, cq, ffi, libibverbs, mr, mw, pd, qp, srq};
-use libc::{c_int, c_void, size_t};
+use crate::{device, ffi, libibverbs};
+use libc::{c_int, size_t};
 use std::mem::{offset_of, size_of};
 use std::os::fd::{BorrowedFd, IntoRawFd};
 
@@ -38,69 +38,21 @@ impl Context {
     }
 }
 
-/// The op table installed in every context. Unset slots make libibverbs answer EOPNOTSUPP
-/// (or its own fallback).
-static OPS: verbs_context_ops = verbs_context_ops {
-    query_device_ex: Some(query_device_ex),
-    query_port: Some(query_port),
-    free_context: Some(free_context),
-    alloc_pd: Some(pd::alloc_pd),
-    dealloc_pd: Some(pd::dealloc_pd),
-    reg_mr: Some(mr::reg_mr),
-    dereg_mr: Some(mr::dereg_mr),
-    alloc_mw: Some(mw::alloc_mw),
-    dealloc_mw: Some(mw::dealloc_mw),
-    bind_mw: Some(mw::bind_mw),
-    create_cq: Some(cq::create_cq),
-    create_cq_ex: Some(cq::create_cq_ex),
-    poll_cq: Some(cq::poll_cq),
-    req_notify_cq: Some(cq::req_notify_cq),
-    resize_cq: Some(cq::resize_cq),
-    destroy_cq: Some(cq::destroy_cq),
-    create_qp: Some(qp::create_qp),
-    create_qp_ex: Some(qp::create_qp_ex),
-    query_qp: Some(qp::query_qp),
-    modify_qp: Some(qp::modify_qp),
-    destroy_qp: Some(qp::destroy_qp),
-    post_send: Some(qp::post_send),
-    post_recv: Some(qp::post_recv),
-    attach_mcast: Some(qp::attach_mcast),
-    detach_mcast: Some(qp::detach_mcast),
-    create_ah: Some(ah::create_ah),
-    destroy_ah: Some(ah::destroy_ah),
-    create_srq: Some(srq::create_srq),
-    create_srq_ex: Some(srq::create_srq_ex),
-    modify_srq: Some(srq::modify_srq),
-    query_srq: Some(srq::query_srq),
-    destroy_srq: Some(srq::destroy_srq),
-    post_srq_recv: Some(srq::post_srq_recv),
-    ..verbs_context_ops::EMPTY
-};
-
-impl verbs_context_ops {
-    /// Every slot unset.
-    // SAFETY: the struct is only `Option` function pointers, for which all-zero is `None`.
-    pub const EMPTY: Self = unsafe { std::mem::zeroed() };
-}
-
 fn dup(fd: BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
     fd.try_clone_to_owned()
 }
 
-/// `verbs_device_ops.alloc_context`: libibverbs opened `cmd_fd` on one of our devices and
-/// hands it over (closing it is ours on failure).
-pub unsafe extern "C" fn alloc_context(
+/// `verbs_device_ops.alloc_context` (through [`crate::ops`], which runs it under
+/// [`ffi::guard`]): libibverbs opened `cmd_fd` on one of our devices and hands it over
+/// (closing it is ours on failure); the context gets the op table `ops`.
+///
+/// # Safety
+/// `ibdev` must be a device `alloc_device` made.
+pub(crate) unsafe fn alloc_context(
     ibdev: *mut ibv_device,
     cmd_fd: c_int,
-    _private_data: *mut c_void,
+    ops: &'static verbs_context_ops,
 ) -> *mut verbs_context {
-    ffi::guard("alloc_context", std::ptr::null_mut(), || {
-        // SAFETY: libibverbs calls this only with a device `alloc_device` made.
-        unsafe { alloc_context_inner(ibdev, cmd_fd) }
-    })
-}
-
-unsafe fn alloc_context_inner(ibdev: *mut ibv_device, cmd_fd: c_int) -> *mut verbs_context {
     let Some(imports) = libibverbs::imports() else {
         // Unreachable: the provider registers only after resolving its imports.
         // SAFETY: we own cmd_fd and nothing else uses it.
@@ -180,12 +132,12 @@ unsafe fn alloc_context_inner(ibdev: *mut ibv_device, cmd_fd: c_int) -> *mut ver
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE), "dup of async fd"),
     };
     // SAFETY: `ctx` is live and not yet visible to anyone else; `vctx` is initialized and
-    // OPS is a 'static table of the layout libibverbs expects.
+    // `ops` is a 'static table of the layout libibverbs expects.
     unsafe {
         (*vctx).context.async_fd = async_fd;
         (*vctx).context.num_comp_vectors = core.num_comp_vectors() as c_int;
         *std::ptr::addr_of_mut!((*ctx).core) = Some(core);
-        (imports.set_ops)(vctx, &OPS);
+        (imports.set_ops)(vctx, ops);
     }
     ffi::verbose(format_args!(
         "opened {} on fd {cmd_fd} (async fd {async_fd})",
@@ -195,7 +147,7 @@ unsafe fn alloc_context_inner(ibdev: *mut ibv_device, cmd_fd: c_int) -> *mut ver
 }
 
 /// `free_context` (from `ibv_close_device`).
-unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
+pub(crate) unsafe extern "C" fn free_context(ibctx: *mut ibv_context) {
     ffi::guard("free_context", (), || {
         let Some(imports) = libibverbs::imports() else {
             return;
@@ -266,7 +218,7 @@ fn device_attr(a: &uverbs::DeviceAttr, fw_ver: fn(u64) -> String) -> ibv_device_
 /// `query_device_ex` (also behind the legacy `ibv_query_device`). The base attributes come
 /// from the kernel's QUERY_DEVICE via `uverbs`; of the extended ones, rxe reports only its
 /// capability flags (the same 32 bits) and the port count, the rest are zero.
-unsafe extern "C" fn query_device_ex(
+pub(crate) unsafe extern "C" fn query_device_ex(
     ibctx: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
     attr: *mut ibv_device_attr_ex,
@@ -319,7 +271,7 @@ unsafe extern "C" fn query_device_ex(
 }
 
 /// `query_port`.
-unsafe extern "C" fn query_port(ibctx: *mut ibv_context, port: u8, out: *mut ibv_port_attr) -> c_int {
+pub(crate) unsafe extern "C" fn query_port(ibctx: *mut ibv_context, port: u8, out: *mut ibv_port_attr) -> c_int {
     ffi::guard("query_port", libc::EIO, || {
         // SAFETY: `ibctx` is one of our contexts.
         let ctx = unsafe { Context::from_ibv(ibctx) };

@@ -1,9 +1,10 @@
-//! The provider's device-level entry points: one registration with libibverbs per provider of
-//! the `uverbs` core, with the devices it matches, and the per-device object.
+//! The provider's device level: the providers of the `uverbs` core it fronts, each registered
+//! with libibverbs as a driver of its own (with the table [`crate::ops::device_ops`] makes),
+//! and the per-device object with its entry points.
 
-use crate::abi::{match_kind, verbs_device, verbs_device_ops, verbs_match_ent, verbs_sysfs_dev};
+use crate::abi::{verbs_device, verbs_sysfs_dev};
 use crate::ffi;
-use libc::{c_char, c_void};
+use libc::c_char;
 use std::ffi::CStr;
 use std::ops::RangeInclusive;
 
@@ -42,43 +43,6 @@ pub struct Matched {
     pub driver_id: u32,
 }
 
-/// The op table to register for `frontend`: it matches devices by the core provider's kernel
-/// driver id first, else by name, as the C provider does. `None` when the core has no
-/// provider of that name. Allocated once per process and never freed: libibverbs keeps the
-/// pointers for as long as the library is loaded, which is until the process exits.
-pub fn device_ops(frontend: &'static Frontend) -> Option<&'static verbs_device_ops> {
-    let core = uverbs::providers().iter().find(|p| p.name() == frontend.core)?;
-    let matched: &'static Matched = Box::leak(Box::new(Matched {
-        frontend,
-        driver_id: core.driver_id(),
-    }));
-    let entry = |kind: u8, u: u64| verbs_match_ent {
-        driver_data: std::ptr::from_ref(matched).cast_mut().cast::<c_void>(),
-        u,
-        vendor: 0,
-        device: 0,
-        kind,
-    };
-    let table: &'static [verbs_match_ent; 3] = Box::leak(Box::new([
-        entry(match_kind::DRIVER_ID, u64::from(matched.driver_id)),
-        // `u` is a union: here the `modalias` pointer.
-        entry(match_kind::MODALIAS, frontend.name_modalias.as_ptr() as u64),
-        entry(match_kind::SENTINEL, 0),
-    ]));
-    Some(Box::leak(Box::new(verbs_device_ops {
-        name: frontend.driver.as_ptr(),
-        match_min_abi_version: *frontend.abi_versions.start(),
-        match_max_abi_version: *frontend.abi_versions.end(),
-        match_table: table.as_ptr(),
-        static_providers: std::ptr::null(),
-        match_device: None,
-        alloc_context: Some(crate::context::alloc_context),
-        import_context: None,
-        alloc_device: Some(alloc_device),
-        uninit_device: Some(uninit_device),
-    })))
-}
-
 /// Our per-device object: libibverbs' `verbs_device` first (it fills it after
 /// `alloc_device`), then what the provider keeps.
 #[repr(C)]
@@ -98,7 +62,7 @@ fn c_chars(s: &[c_char]) -> String {
 }
 
 /// `verbs_device_ops.alloc_device`: libibverbs matched `sysfs_dev` to this provider.
-unsafe extern "C" fn alloc_device(sysfs_dev: *mut verbs_sysfs_dev) -> *mut verbs_device {
+pub(crate) unsafe extern "C" fn alloc_device(sysfs_dev: *mut verbs_sysfs_dev) -> *mut verbs_device {
     ffi::guard("alloc_device", std::ptr::null_mut(), || {
         // SAFETY: libibverbs passes a live, initialized verbs_sysfs_dev.
         let sysfs = unsafe { &*sysfs_dev };
@@ -107,7 +71,7 @@ unsafe extern "C" fn alloc_device(sysfs_dev: *mut verbs_sysfs_dev) -> *mut verbs
         if sysfs.match_.is_null() {
             return ffi::refuse_null("alloc_device", libc::ENODEV, "no match table entry");
         }
-        // SAFETY: `match_` points into a table `device_ops` made, whose every entry's
+        // SAFETY: `match_` points into a table `ops::device_ops` made, whose every entry's
         // `driver_data` is a leaked, never-freed `Matched`.
         let matched = unsafe { &*(*sysfs.match_).driver_data.cast::<Matched>() };
         let dev = Box::new(Device {
@@ -129,7 +93,7 @@ unsafe extern "C" fn alloc_device(sysfs_dev: *mut verbs_sysfs_dev) -> *mut verbs
 }
 
 /// `verbs_device_ops.uninit_device`: the last reference to the device went away.
-unsafe extern "C" fn uninit_device(vdev: *mut verbs_device) {
+pub(crate) unsafe extern "C" fn uninit_device(vdev: *mut verbs_device) {
     ffi::guard("uninit_device", (), || {
         // SAFETY: every verbs_device libibverbs hands back was made by `alloc_device` as the
         // first field of a boxed `Device`, and this is its last use.
@@ -149,33 +113,6 @@ pub unsafe fn from_ibv<'a>(dev: *mut crate::abi::ibv_device) -> &'a Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_frontend_matches_its_core_providers_driver_id_then_the_c_providers_name() {
-        for frontend in FRONTENDS {
-            let core = uverbs::providers().iter().find(|p| p.name() == frontend.core);
-            let core = core.unwrap_or_else(|| panic!("the core has no provider {:?}", frontend.core));
-            let ops = device_ops(frontend).unwrap();
-            assert_eq!(ops.name, frontend.driver.as_ptr());
-            // SAFETY: `device_ops` made a table of three entries.
-            let table = unsafe { std::slice::from_raw_parts(ops.match_table, 3) };
-            assert_eq!(
-                (table[0].kind, table[0].u),
-                (match_kind::DRIVER_ID, u64::from(core.driver_id()))
-            );
-            assert_eq!(table[1].kind, match_kind::MODALIAS);
-            // SAFETY: a modalias entry's `u` is the pointer to a 'static C string.
-            let modalias = unsafe { CStr::from_ptr(table[1].u as *const c_char) };
-            assert_eq!(modalias, frontend.name_modalias);
-            assert_eq!(table[2].kind, match_kind::SENTINEL);
-            for entry in table {
-                // SAFETY: every entry's `driver_data` is the leaked `Matched`.
-                let matched = unsafe { &*entry.driver_data.cast::<Matched>() };
-                assert!(std::ptr::eq(matched.frontend, frontend));
-                assert_eq!(matched.driver_id, core.driver_id());
-            }
-        }
-    }
 
     #[test]
     fn rxe_matches_as_the_c_provider() {

@@ -10,11 +10,13 @@
 //!   the four libibverbs entry points it needs at symbol version `IBVERBS_PRIVATE_34`
 //!   ([`libibverbs`]) and registers, with `verbs_register_driver_34`, one driver per
 //!   provider of the `uverbs` core it fronts ([`device::FRONTENDS`]: rxe today), each with a
-//!   match table made from the core provider's kernel driver id ([`uverbs::providers`]). On a
-//!   libibverbs with another provider ABI it prints why and registers nothing.
+//!   match table made from the core provider's kernel driver id ([`uverbs::providers`],
+//!   [`ops::device_ops`]). On a libibverbs with another provider ABI it prints why and
+//!   registers nothing.
 //! - libibverbs matches devices to a driver by kernel driver id (or name, as the C provider)
 //!   and calls `alloc_context` with the device fd it opened; [`context`] builds a
-//!   `uverbs::Context` on that fd, which picks the core provider, and installs the op table.
+//!   `uverbs::Context` on that fd, which picks the core provider, and installs the op table
+//!   ([`ops`], the one module that names every object module's entry points).
 //! - Every op converts the C arguments, calls the `uverbs` API and converts back, one module
 //!   per object kind as in the core: [`pd`], [`mr`], [`cq`], [`qp`], [`srq`], [`ah`], with
 //!   work requests in [`wr`] and what events ask of every object in [`event`]. No op can
@@ -53,6 +55,7 @@ mod ffi;
 mod libibverbs;
 mod mr;
 mod mw;
+mod ops;
 mod pd;
 mod qp;
 mod qp_ex;
@@ -70,7 +73,7 @@ extern "C" fn on_load() {
         match libibverbs::resolve() {
             Ok(imports) => {
                 for frontend in device::FRONTENDS {
-                    let Some(ops) = device::device_ops(frontend) else {
+                    let Some(ops) = ops::device_ops(frontend) else {
                         ffi::warn(format_args!(
                             "not registering driver \"{}\": the uverbs core has no {} provider",
                             frontend.driver.to_string_lossy(),

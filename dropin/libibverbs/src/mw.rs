@@ -1,14 +1,15 @@
 //! Memory windows: `alloc_mw`, `dealloc_mw`, `bind_mw` (type 1, through a BIND_MW request as
-//! rdma-core's rxe posts it), and the C bind arguments as the core's `MwBind`.
+//! rdma-core's rxe posts it). The C bind arguments as the core's `MwBind` are [`crate::wr`]'s.
 
-use crate::abi::{ibv_mw, ibv_mw_bind, ibv_mw_bind_info, ibv_pd, ibv_qp};
+use crate::abi::{ibv_mw, ibv_mw_bind, ibv_pd, ibv_qp};
 use crate::ffi;
 use crate::pd::{pd_ref, Pd};
 use crate::qp::qp_ref;
+use crate::wr::mw_bind;
 use libc::c_int;
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
-use uverbs::{MwBind, MwType, SendFlags, SendOp, SendWr};
+use uverbs::{MwType, SendFlags, SendOp, SendWr};
 
 /// An MW: `ibv_mw` (whose `rkey` is the program's record of the window's key: binds change
 /// it), then the `uverbs` MW and the PD it counts against.
@@ -76,29 +77,6 @@ pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
             }
         }
     })
-}
-
-/// The core's form of a bind of `mw` under `new_rkey`.
-///
-/// # Safety
-/// `mw` must be a live MW and `info.mr` null or a live MR (the caller's contract).
-pub(crate) unsafe fn mw_bind(mw: *const ibv_mw, new_rkey: u32, info: &ibv_mw_bind_info) -> MwBind {
-    // An unbind (length 0) may name no MR.
-    let mr_lkey = if info.mr.is_null() {
-        0
-    } else {
-        // SAFETY: per the contract.
-        unsafe { (*info.mr).lkey }
-    };
-    MwBind {
-        // SAFETY: per the contract.
-        mw_rkey: unsafe { (*mw).rkey },
-        new_rkey,
-        mr_lkey,
-        addr: info.addr,
-        length: info.length,
-        access: info.mw_access_flags,
-    }
 }
 
 /// `bind_mw` (type 1; libibverbs' `ibv_bind_mw` refuses other types): posts a BIND_MW request

@@ -396,7 +396,7 @@ pub(crate) unsafe extern "C" fn wr_bind_mw(
     info: *const ibv_mw_bind_info,
 ) {
     // SAFETY: as in `wr_send`; `mw` and `info` (and its MR) are the caller's, live.
-    unsafe { build(qpx, SendOp::BindMw(crate::mw::mw_bind(mw, rkey, &*info))) }
+    unsafe { build(qpx, SendOp::BindMw(crate::wr::mw_bind(mw, rkey, &*info))) }
 }
 
 // The setters: they fill in the last request built.

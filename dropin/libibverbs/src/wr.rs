@@ -1,11 +1,11 @@
 //! Work requests: C scatter/gather lists, send opcodes and receive lists as the `uverbs`
 //! types, in batches that neither allocate nor clear.
 
-use crate::abi::{ibv_recv_wr, ibv_send_wr, ibv_sge};
+use crate::abi::{ibv_mw, ibv_mw_bind_info, ibv_recv_wr, ibv_send_wr, ibv_sge};
 use crate::ffi;
 use libc::c_int;
 use std::mem::MaybeUninit;
-use uverbs::{CSendWr, RecvWr, SendOp, WrOpcode};
+use uverbs::{CSendWr, MwBind, RecvWr, SendOp, WrOpcode};
 
 /// The scatter/gather list of a C work request.
 ///
@@ -32,15 +32,36 @@ pub(crate) fn send_op(wr: &ibv_send_wr) -> Option<SendOp> {
             return None;
         }
         // SAFETY: the caller's live MW and MR (the ibv_post_send contract).
-        return Some(SendOp::BindMw(unsafe {
-            crate::mw::mw_bind(b.mw, b.rkey, &b.bind_info)
-        }));
+        return Some(SendOp::BindMw(unsafe { mw_bind(b.mw, b.rkey, &b.bind_info) }));
     }
     // SAFETY: `CSendWr` is the head of `ibv_send_wr`, field for field (both layouts asserted
     // in `abi.rs`), and `wr` is a live reference.
     let head = unsafe { &*std::ptr::from_ref(wr).cast::<CSendWr>() };
     // Negative opcodes become values no `WrOpcode` has.
     head.send_op()
+}
+
+/// The core's form of a bind of `mw` under `new_rkey`.
+///
+/// # Safety
+/// `mw` must be a live MW and `info.mr` null or a live MR (the caller's contract).
+pub(crate) unsafe fn mw_bind(mw: *const ibv_mw, new_rkey: u32, info: &ibv_mw_bind_info) -> MwBind {
+    // An unbind (length 0) may name no MR.
+    let mr_lkey = if info.mr.is_null() {
+        0
+    } else {
+        // SAFETY: per the contract.
+        unsafe { (*info.mr).lkey }
+    };
+    MwBind {
+        // SAFETY: per the contract.
+        mw_rkey: unsafe { (*mw).rkey },
+        new_rkey,
+        mr_lkey,
+        addr: info.addr,
+        length: info.length,
+        access: info.mw_access_flags,
+    }
 }
 
 /// How many work requests one uverbs call takes at most (one doorbell each).
@@ -106,7 +127,8 @@ pub(crate) unsafe fn post_recv_list(
 }
 
 /// [`post_recv_list`] of a list (or of nothing), in batches of up to [`BATCH`]: out of line,
-/// as [`crate::qp::post_send_batches`].
+/// so that the one-request path does not pay for its stack and registers. (Sends batch in the
+/// core instead: `post_send` hands the C list to `uverbs::Qp::post_send_chain`.)
 ///
 /// # Safety
 /// As for [`post_recv_list`].
@@ -140,7 +162,8 @@ unsafe fn post_recv_batches(
                     uverbs::Error::WorkRequest { index, .. } => index.min(n - 1),
                     _ => 0,
                 };
-                // SAFETY: as in post_send_batches.
+                // SAFETY: the batch came from the `n` (> `index`) elements from `first`;
+                // `bad_wr` is writable per the libibverbs contract.
                 unsafe { *bad_wr = nth(first, index, |w| w.next) };
                 return ffi::fail("post_recv", &e);
             }
