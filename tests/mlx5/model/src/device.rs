@@ -691,9 +691,11 @@ impl Device {
     pub fn complete(model: &mut Model, work: Work, answer: Option<Response>, mem: &dyn Memory, now: Instant) {
         let h = work.qp;
         let Some(qp) = model.qps.get_mut(h) else { return };
-        // The QP left RTS while the request was out (modify to ERR/RESET): it is flushed or
-        // reset instead, even if the QP is back in RTS at the same ring position by now.
-        if qp.epoch != work.epoch || qp.sq_ci != work.wqe_index || !matches!(qp.state, qps::RTS | qps::SQD) {
+        // The QP was destroyed while the request was out, and its handle may name a newer QP
+        // by now (QP numbers are never reused); or it left RTS (modify to ERR/RESET): it is
+        // flushed or reset instead, even if the QP is back in RTS at the same ring position.
+        let stale = qp.qpn != work.request.src_qpn || qp.epoch != work.epoch;
+        if stale || qp.sq_ci != work.wqe_index || !matches!(qp.state, qps::RTS | qps::SQD) {
             return;
         }
         let unacknowledged = matches!(qp.qp_type, abi::qpt::UC | abi::qpt::UD);
