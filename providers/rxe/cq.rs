@@ -336,11 +336,65 @@ unsafe fn copy_avx(s: *const u8, o: &mut WorkCompletion) {
     }
 }
 
+/// One plain copy of each `WorkCompletion` (the compiler picks the moves). For comparison in
+/// the poll bench only.
+#[cfg(test)]
+struct Plain;
+
+#[cfg(test)]
+impl Copy48 for Plain {
+    #[inline(always)]
+    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
+        let Some(ready) = ready(ring) else {
+            return 0;
+        };
+        let copy = |s: *const u8, o: &mut WorkCompletion| {
+            // SAFETY: only ready slots are passed: 48 readable bytes, 64-aligned.
+            *o = unsafe { s.cast::<WorkCompletion>().read() };
+        };
+        take_few(ring, stride, wc, ready, copy, |ring, stride, wc, ready| {
+            take_with(ring, stride, wc, ready, copy)
+        })
+    }
+}
+
+/// [`Plain`] with the many-completion path out of line, as [`Avx`] has it.
+#[cfg(test)]
+struct PlainSplit;
+
+#[cfg(test)]
+impl Copy48 for PlainSplit {
+    #[inline(always)]
+    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
+        let Some(ready) = ready(ring) else {
+            return 0;
+        };
+        let copy = |s: *const u8, o: &mut WorkCompletion| {
+            // SAFETY: only ready slots are passed: 48 readable bytes, 64-aligned.
+            *o = unsafe { s.cast::<WorkCompletion>().read() };
+        };
+        take_few(ring, stride, wc, ready, copy, plain_many)
+    }
+}
+
+#[cfg(test)]
+#[inline(never)]
+fn plain_many(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion], ready: usize) -> usize {
+    let copy = |s: *const u8, o: &mut WorkCompletion| {
+        // SAFETY: only ready slots are passed: 48 readable bytes, 64-aligned.
+        *o = unsafe { s.cast::<WorkCompletion>().read() };
+    };
+    take_with(ring, stride, wc, ready, copy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::providers::rxe::abi::queue as off;
-    use crate::providers::rxe::queue::{tests::heap_ring, Queue};
+    use crate::providers::rxe::queue::{
+        tests::{heap_ring, report},
+        Queue,
+    };
     use std::sync::atomic::{AtomicU32, Ordering};
 
     type Poll = fn(&mut Consumer, usize, &mut [WorkCompletion]) -> usize;
@@ -406,6 +460,167 @@ mod tests {
                 assert_eq!(seen, next);
                 assert!(next > 1000, "{next}");
                 assert_eq!(poll(&mut ring, stride, &mut out), 0);
+            }
+        }
+    }
+
+    /// Valgrind's client requests (`<valgrind/callgrind.h>`), a no-op on a real CPU.
+    mod callgrind {
+        const BASE: u64 = ((b'C' as u64) << 24) | ((b'T' as u64) << 16);
+
+        #[cfg(target_arch = "x86_64")]
+        fn request(code: u64, arg1: u64) {
+            let args: [u64; 6] = [code, arg1, 0, 0, 0, 0];
+            // SAFETY: valgrind's amd64 client-request preamble (rdi rotated by 128 bits in all,
+            // then `xchg rbx, rbx`): a no-op natively; valgrind reads the words at rax.
+            unsafe {
+                std::arch::asm!(
+                    "rol rdi, 3", "rol rdi, 13", "rol rdi, 61", "rol rdi, 51", "xchg rbx, rbx",
+                    in("rax") args.as_ptr(), inout("rdx") 0u64 => _, out("rdi") _, options(nostack),
+                );
+            }
+        }
+
+        #[cfg(not(target_arch = "x86_64"))]
+        fn request(_code: u64, _arg1: u64) {}
+
+        pub fn toggle_collect() {
+            request(BASE + 2, 0);
+        }
+
+        pub fn dump_stats_at(name: &str) {
+            let c = std::ffi::CString::new(name).unwrap();
+            request(BASE + 3, c.as_ptr() as u64);
+        }
+    }
+
+    /// `RxeCq` without its device file: the ring and stride behind a trait object.
+    trait BenchPoll {
+        fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize;
+    }
+
+    struct BenchCq<K> {
+        ring: Consumer,
+        stride: usize,
+        _copy: PhantomData<K>,
+    }
+
+    impl<K: Copy48> BenchPoll for BenchCq<K> {
+        #[inline]
+        fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
+            K::poll(&mut self.ring, self.stride, wc)
+        }
+    }
+
+    const BENCH_SLOTS: u32 = 8192;
+    const BENCH_READY: u32 = 4096;
+
+    /// An rxe-shaped CQ ring (128-byte slots) on the heap, every slot a completion.
+    fn bench_cq<K: Copy48>() -> (Box<dyn BenchPoll>, *const AtomicU32) {
+        let q = Queue::new(heap_ring(7, BENCH_SLOTS), "bench", 48).unwrap();
+        let stride = q.elem_size();
+        let ring = Consumer::new(q);
+        let data = ring.entry(0).as_ptr();
+        for i in 0..BENCH_SLOTS as usize {
+            // SAFETY: a slot of the heap ring, none ready yet.
+            unsafe { data.add(i * stride).cast::<WorkCompletion>().write(wc(i as u64)) };
+        }
+        // SAFETY: the producer index word of the ring header.
+        let prod = unsafe { data.sub(off::DATA - off::PRODUCER_INDEX).cast::<AtomicU32>() };
+        let cq = BenchCq::<K> {
+            ring,
+            stride,
+            _copy: PhantomData,
+        };
+        (Box::new(cq), prod)
+    }
+
+    /// Polls `total` completions `batch` at a time (`total` 0: `BENCH_READY` calls on an empty
+    /// ring).
+    #[inline(never)]
+    fn drain(cq: &mut dyn BenchPoll, out: &mut [WorkCompletion; 64], batch: usize, total: usize) -> usize {
+        let mut n = 0;
+        if total == 0 {
+            for _ in 0..BENCH_READY {
+                n += cq.poll(&mut out[..batch]);
+            }
+            return n;
+        }
+        while n < total {
+            n += cq.poll(&mut out[..batch]);
+        }
+        std::hint::black_box(out);
+        n
+    }
+
+    /// The poll's cost per completion on an in-memory ring, for each copy: instructions
+    /// (run the test binary under `valgrind --tool=callgrind --collect-atstart=no`; one dump
+    /// per case) or native time (median of `UVERBS_POLL_BENCH_ROUNDS` rounds, default 201).
+    /// `cargo test --release -p uverbs --lib poll_bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn poll_bench() {
+        let rounds: usize = std::env::var("UVERBS_POLL_BENCH_ROUNDS").map_or(201, |v| v.parse().unwrap());
+        let mut kinds: Vec<(&str, Box<dyn BenchPoll>, *const AtomicU32)> = Vec::new();
+        let add = |kinds: &mut Vec<_>, name, (cq, prod)| kinds.push((name, cq, prod));
+        add(&mut kinds, "words", bench_cq::<Words>());
+        add(&mut kinds, "plain", bench_cq::<Plain>());
+        add(&mut kinds, "plain-split", bench_cq::<PlainSplit>());
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            add(&mut kinds, "avx", bench_cq::<Avx>());
+        }
+        let cases = [
+            (1usize, BENCH_READY as usize),
+            (16, BENCH_READY as usize),
+            (64, BENCH_READY as usize),
+            (16, 0),
+        ];
+        let mut ns = vec![vec![Vec::new(); cases.len()]; kinds.len()];
+        let mut out = [WorkCompletion::default(); 64];
+        for round in 0..rounds {
+            for (c, &(batch, total)) in cases.iter().enumerate() {
+                for (k, (name, cq, prod)) in kinds.iter_mut().enumerate() {
+                    // Replay: offer the next `total` slots (the ring is always full of completions).
+                    // SAFETY: the header word of the ring `cq` owns.
+                    let prod = unsafe { &**prod };
+                    let cons = prod
+                        .as_ptr()
+                        .wrapping_add((off::CONSUMER_INDEX - off::PRODUCER_INDEX) / 4);
+                    // SAFETY: the consumer index word, written only by `cq` (not running now).
+                    let cons = unsafe { cons.read() };
+                    prod.store((cons + total as u32) % BENCH_SLOTS, Ordering::Release);
+                    let first = round == 0;
+                    if first {
+                        callgrind::toggle_collect();
+                    }
+                    let t = std::time::Instant::now();
+                    let got = drain(&mut **cq, &mut out, batch, total);
+                    let dt = t.elapsed();
+                    if first {
+                        callgrind::toggle_collect();
+                        callgrind::dump_stats_at(&format!("{name} batch={batch} total={total}"));
+                    }
+                    assert_eq!(got, total);
+                    ns[k][c].push(dt.as_nanos() as f64 / total.max(BENCH_READY as usize) as f64);
+                }
+            }
+        }
+        for (k, (name, _, _)) in kinds.iter().enumerate() {
+            for (c, &(batch, total)) in cases.iter().enumerate() {
+                let v = &mut ns[k][c];
+                v.sort_by(f64::total_cmp);
+                let what = if total == 0 {
+                    "empty poll, per call"
+                } else {
+                    "per completion"
+                };
+                report(format!(
+                    "poll_bench {name:12} batch {batch:2} {what:22} ns median {:.3} (p10 {:.3}, p90 {:.3})",
+                    v[v.len() / 2],
+                    v[v.len() / 10],
+                    v[v.len() * 9 / 10]
+                ));
             }
         }
     }
