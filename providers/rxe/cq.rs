@@ -7,8 +7,8 @@
 //! indices once per completion. The ready slots are one run `stride` bytes apart unless the
 //! ring wraps inside them (once per lap), so the copy walks the run with a pointer, four
 //! completions per step. Each completion moves as one 32-byte and one 16-byte AVX move where
-//! the CPU has AVX (the copy is chosen once, when the CQ is created), else as six 8-byte
-//! moves (see [`copy_words`] for why not three 16-byte SSE moves).
+//! the CPU has AVX (the copy is chosen once, when the CQ is created), else as one plain
+//! 48-byte copy, whose moves the compiler picks.
 
 use super::abi::MmInfo;
 use super::queue::Consumer;
@@ -29,7 +29,7 @@ pub(super) fn create(ctx: &RxeContext, cqe: u32, kernel: CreateCqCall<'_>) -> Re
     if std::arch::is_x86_feature_detected!("avx") {
         return Ok(Box::new(RxeCq::<Avx>::new(ring, stride, ctx)));
     }
-    Ok(Box::new(RxeCq::<Words>::new(ring, stride, ctx)))
+    Ok(Box::new(RxeCq::<Baseline>::new(ring, stride, ctx)))
 }
 
 /// Maps a CQ ring; returns it with its slot size.
@@ -44,7 +44,7 @@ struct RxeCq<K> {
     /// Bytes from one slot to the next (the ring's element size, at least 48).
     stride: usize,
     ctx: RxeContext,
-    _copy: PhantomData<K>,
+    _take: PhantomData<K>,
 }
 
 impl<K> RxeCq<K> {
@@ -53,7 +53,7 @@ impl<K> RxeCq<K> {
             ring,
             stride,
             ctx,
-            _copy: PhantomData,
+            _take: PhantomData,
         }
     }
 }
@@ -63,10 +63,10 @@ impl<K> RxeCq<K> {
 // until we release them, which only `consume` and `poll` (both `&mut self`) do. Slots are
 // 64-byte aligned and at least 48 bytes (checked at map time), and every bit pattern is a
 // valid `WorkCompletion`.
-unsafe impl<K: Copy48> CqRing for RxeCq<K> {
+unsafe impl<K: Take> CqRing for RxeCq<K> {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
-        K::poll(&mut self.ring, self.stride, wc)
+        poll::<K>(&mut self.ring, self.stride, wc)
     }
 
     #[inline]
@@ -105,59 +105,66 @@ unsafe impl<K: Copy48> CqRing for RxeCq<K> {
     }
 }
 
-/// How a CQ copies completions out of its ring: [`Words`] anywhere, [`Avx`] where the CPU
-/// has it.
-trait Copy48: Send + 'static {
-    /// [`CqRing::poll`] on `ring`, whose slots are `stride` bytes apart.
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize;
-}
-
-/// Reads the producer index: how many completions are ready, or `None` for none.
+/// [`CqRing::poll`] on `ring`, whose slots are `stride` bytes apart. An empty CQ is answered
+/// here; the rest is [`Take::take`], out of line.
 #[inline(always)]
-fn ready(ring: &Consumer) -> Option<usize> {
+fn poll<K: Take>(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
     let ready = ring.ready() as usize;
-    (ready != 0).then_some(ready)
+    if ready == 0 {
+        return 0;
+    }
+    // SAFETY: an `RxeCq<K>` is only made where `K` runs (`create`; the tests check it
+    // themselves).
+    unsafe { K::take(ring, wc, stride, ready) }
 }
 
-/// Six 8-byte moves per completion.
-struct Words;
+/// How a CQ copies completions out of its ring: [`Baseline`] anywhere, [`Avx`] where the CPU
+/// has it.
+trait Take: Send + 'static {
+    /// [`take_few`] with this copy, for `ready` (at least 1) ready completions. (`wc` comes
+    /// before `stride` so that the `CqRing::poll` that jumps here need not move its arguments
+    /// between registers.)
+    ///
+    /// # Safety
+    /// The CPU must have the features this copy needs.
+    unsafe fn take(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize;
+}
 
-impl Copy48 for Words {
+/// The plain copy ([`copy`]), compiled for the target's baseline features.
+struct Baseline;
+
+impl Take for Baseline {
     #[inline(always)]
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
-        let Some(ready) = ready(ring) else {
-            return 0;
-        };
-        let copy = |s, o: &mut WorkCompletion| {
-            // SAFETY: `take_few` and `take_with` pass only ready slots, all `copy_words` needs.
-            unsafe { copy_words(s, o) }
-        };
-        take_few(ring, stride, wc, ready, copy, |ring, stride, wc, ready| {
-            take_with(ring, stride, wc, ready, copy)
-        })
+    unsafe fn take(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+        take_few_baseline(ring, wc, stride, ready)
     }
 }
 
-/// One 32-byte and one 16-byte AVX move per completion. Only made where the CPU has AVX.
+#[inline(never)]
+fn take_few_baseline(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+    take_few(ring, stride, wc, ready, copy, take_many_baseline)
+}
+
+#[inline(never)]
+fn take_many_baseline(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+    take_with(ring, stride, wc, ready, copy)
+}
+
+/// One 32-byte and one 16-byte AVX move per completion ([`copy_avx`]). Only made where the
+/// CPU has AVX.
 #[cfg(target_arch = "x86_64")]
 struct Avx;
 
 #[cfg(target_arch = "x86_64")]
-impl Copy48 for Avx {
+impl Take for Avx {
     #[inline(always)]
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
-        // An empty CQ is answered here, without entering AVX code.
-        let Some(ready) = ready(ring) else {
-            return 0;
-        };
-        // SAFETY: an `RxeCq<Avx>` is only made after checking the CPU has AVX; the tests
-        // check it themselves.
+    unsafe fn take(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+        // SAFETY: per the contract, the CPU has AVX.
         unsafe { take_few_avx(ring, wc, stride, ready) }
     }
 }
 
-/// [`take_few`] with AVX enabled, so that the copy inlines. (`wc` comes before `stride` so
-/// that the `CqRing::poll` that jumps here need not move its arguments between registers.)
+/// [`take_few`] with AVX enabled, so that the copy inlines.
 ///
 /// # Safety
 /// The CPU must have AVX.
@@ -170,9 +177,9 @@ unsafe fn take_few_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: u
         // our caller guarantees.
         unsafe { copy_avx(s, o) }
     };
-    let many = |ring: &mut Consumer, stride, wc: &mut [WorkCompletion], ready| {
+    let many = |ring: &mut Consumer, wc: &mut [WorkCompletion], stride, ready| {
         // SAFETY: our caller guarantees AVX.
-        unsafe { take_avx(ring, wc, stride, ready) }
+        unsafe { take_many_avx(ring, wc, stride, ready) }
     };
     take_few(ring, stride, wc, ready, copy, many)
 }
@@ -184,7 +191,7 @@ unsafe fn take_few_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: u
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 #[inline(never)]
-unsafe fn take_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+unsafe fn take_many_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
     let copy = |s, o: &mut WorkCompletion| {
         // SAFETY: `take_with` passes only ready slots, all `copy_avx` needs besides AVX, which
         // our caller guarantees.
@@ -195,11 +202,10 @@ unsafe fn take_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize
 
 /// Moves `min(ready, wc.len())` completions (`ready` at least 1) into `wc` and hands their
 /// slots back with one index store; returns how many. One or two are moved right here with
-/// `copy`, more (or none, for an empty `wc`: rare, so it gets no branch of its own) by `many`
-/// (which [`Avx`] keeps out of line, so that taking one or two does not pay for the registers
-/// the loop needs; `many` clamps `ready` itself, so that the call can be a jump). `copy(s, o)`
-/// is only called with `s` pointing at a ready slot (48 readable bytes, 64-byte aligned, a
-/// completion the kernel finished writing) and copies that completion to `o`.
+/// `copy`, more (or none, for an empty `wc`: rare, so it gets no branch of its own) by `many`,
+/// out of line so that taking one or two does not pay for the registers the loop needs
+/// (`many` clamps `ready` itself, so that the call can be a jump). `copy(s, o)` is only called
+/// with `s` pointing at a ready slot (as [`copy`] needs) and copies that completion to `o`.
 #[inline(always)]
 fn take_few(
     ring: &mut Consumer,
@@ -207,7 +213,7 @@ fn take_few(
     wc: &mut [WorkCompletion],
     ready: usize,
     copy: impl Fn(*const u8, &mut WorkCompletion),
-    many: impl FnOnce(&mut Consumer, usize, &mut [WorkCompletion], usize) -> usize,
+    many: impl FnOnce(&mut Consumer, &mut [WorkCompletion], usize, usize) -> usize,
 ) -> usize {
     match ready.min(wc.len()) {
         1 => {
@@ -221,7 +227,7 @@ fn take_few(
             ring.release(2);
             2
         }
-        _ => many(ring, stride, wc, ready),
+        _ => many(ring, wc, stride, ready),
     }
 }
 
@@ -256,10 +262,6 @@ fn take_with(
 #[inline(never)]
 fn take_other(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
     let n = wc.len();
-    let copy = |s, o: &mut WorkCompletion| {
-        // SAFETY: only ready slots are passed below, all `copy_words` needs.
-        unsafe { copy_words(s, o) }
-    };
     let run = ring.run(n as u32);
     let (before, after) = wc.split_at_mut((run.before_wrap as usize).min(n));
     copy_run(run.first.as_ptr().cast_const(), stride, before, &copy);
@@ -290,31 +292,20 @@ fn copy_run(
     }
 }
 
-/// Copies the completion at `s` to `o` as six 8-byte moves (on CPUs without AVX).
-///
-/// Not as three 16-byte SSE moves, which is what the compiler (and gcc, for rdma-core's
-/// `memcpy`) would pick: QEMU's TCG, the emulated CPU the benchmarks run on, executes a
-/// 16-byte SSE load or store several times slower than an 8-byte one (docs/benchmarks.md);
-/// on hardware they cost about the same. The accesses are volatile so that the compiler keeps
-/// them as they are instead of merging them back into 16-byte moves.
-///
-/// # Safety
-/// `s` must have 48 readable, 8-aligned bytes.
+/// Copies the completion at `s` to `o`: one plain 48-byte copy, whose moves the compiler picks
+/// (three 16-byte moves on x86-64). `s` is only ever a ready slot: 48 readable bytes, 64-byte
+/// aligned, a completion the kernel finished writing ([`take_few`]'s callers pass nothing
+/// else).
 #[inline(always)]
-unsafe fn copy_words(s: *const u8, o: &mut WorkCompletion) {
-    let from = s.cast::<u64>();
-    let to = std::ptr::from_mut(o).cast::<u64>();
-    // SAFETY: per the contract for `from`; `to` is the 48-byte, 8-aligned `*o`, and any bytes
-    // are a valid `WorkCompletion`.
-    unsafe {
-        for w in 0..6 {
-            to.add(w).write_volatile(from.add(w).read_volatile());
-        }
-    }
+fn copy(s: *const u8, o: &mut WorkCompletion) {
+    // SAFETY: `s` is a ready slot (above); `o` is 48 writable bytes that do not overlap the
+    // ring, and any bytes are a valid `WorkCompletion`.
+    unsafe { std::ptr::copy_nonoverlapping(s, std::ptr::from_mut(o).cast::<u8>(), size_of::<WorkCompletion>()) }
 }
 
 /// Copies the completion at `s` to `o` as one 32-byte and one 16-byte move: 4 instructions,
-/// where [`copy_words`] takes 12 and rdma-core's `memcpy` 6.
+/// where [`copy`] takes 6. With AVX enabled the compiler would pick two overlapping 32-byte
+/// moves for [`copy`] instead, the same count but slower (docs/benchmarks.md).
 ///
 /// # Safety
 /// `s` must have 48 readable, 8-aligned bytes, and the CPU must have AVX.
@@ -334,57 +325,6 @@ unsafe fn copy_avx(s: *const u8, o: &mut WorkCompletion) {
         _mm256_storeu_si256(d.cast::<__m256i>(), head);
         _mm_storeu_si128(d.add(32).cast::<__m128i>(), tail);
     }
-}
-
-/// One plain copy of each `WorkCompletion` (the compiler picks the moves). For comparison in
-/// the poll bench only.
-#[cfg(test)]
-struct Plain;
-
-#[cfg(test)]
-impl Copy48 for Plain {
-    #[inline(always)]
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
-        let Some(ready) = ready(ring) else {
-            return 0;
-        };
-        let copy = |s: *const u8, o: &mut WorkCompletion| {
-            // SAFETY: only ready slots are passed: 48 readable bytes, 64-aligned.
-            *o = unsafe { s.cast::<WorkCompletion>().read() };
-        };
-        take_few(ring, stride, wc, ready, copy, |ring, stride, wc, ready| {
-            take_with(ring, stride, wc, ready, copy)
-        })
-    }
-}
-
-/// [`Plain`] with the many-completion path out of line, as [`Avx`] has it.
-#[cfg(test)]
-struct PlainSplit;
-
-#[cfg(test)]
-impl Copy48 for PlainSplit {
-    #[inline(always)]
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
-        let Some(ready) = ready(ring) else {
-            return 0;
-        };
-        let copy = |s: *const u8, o: &mut WorkCompletion| {
-            // SAFETY: only ready slots are passed: 48 readable bytes, 64-aligned.
-            *o = unsafe { s.cast::<WorkCompletion>().read() };
-        };
-        take_few(ring, stride, wc, ready, copy, plain_many)
-    }
-}
-
-#[cfg(test)]
-#[inline(never)]
-fn plain_many(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion], ready: usize) -> usize {
-    let copy = |s: *const u8, o: &mut WorkCompletion| {
-        // SAFETY: only ready slots are passed: 48 readable bytes, 64-aligned.
-        *o = unsafe { s.cast::<WorkCompletion>().read() };
-    };
-    take_with(ring, stride, wc, ready, copy)
 }
 
 #[cfg(test)]
@@ -413,10 +353,10 @@ mod tests {
     /// for more or fewer completions than are ready.
     #[test]
     fn poll_copies_runs_and_wrapped_runs_exactly() {
-        let kinds: Vec<(&str, Poll)> = vec![("words", Words::poll)];
+        let kinds: Vec<(&str, Poll)> = vec![("baseline", poll::<Baseline>)];
         #[cfg(target_arch = "x86_64")]
         let kinds = if std::arch::is_x86_feature_detected!("avx") {
-            [kinds, vec![("avx", Avx::poll as Poll)]].concat()
+            [kinds, vec![("avx", poll::<Avx> as Poll)]].concat()
         } else {
             kinds
         };
@@ -505,10 +445,10 @@ mod tests {
         _copy: PhantomData<K>,
     }
 
-    impl<K: Copy48> BenchPoll for BenchCq<K> {
+    impl<K: Take> BenchPoll for BenchCq<K> {
         #[inline]
         fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
-            K::poll(&mut self.ring, self.stride, wc)
+            poll::<K>(&mut self.ring, self.stride, wc)
         }
     }
 
@@ -516,7 +456,7 @@ mod tests {
     const BENCH_READY: u32 = 4096;
 
     /// An rxe-shaped CQ ring (128-byte slots) on the heap, every slot a completion.
-    fn bench_cq<K: Copy48>() -> (Box<dyn BenchPoll>, *const AtomicU32) {
+    fn bench_cq<K: Take>() -> (Box<dyn BenchPoll>, *const AtomicU32) {
         let q = Queue::new(heap_ring(7, BENCH_SLOTS), "bench", 48).unwrap();
         let stride = q.elem_size();
         let ring = Consumer::new(q);
@@ -562,10 +502,13 @@ mod tests {
     fn poll_bench() {
         let rounds: usize = std::env::var("UVERBS_POLL_BENCH_ROUNDS").map_or(201, |v| v.parse().unwrap());
         let mut kinds: Vec<(&str, Box<dyn BenchPoll>, *const AtomicU32)> = Vec::new();
-        let add = |kinds: &mut Vec<_>, name, (cq, prod)| kinds.push((name, cq, prod));
-        add(&mut kinds, "words", bench_cq::<Words>());
-        add(&mut kinds, "plain", bench_cq::<Plain>());
-        add(&mut kinds, "plain-split", bench_cq::<PlainSplit>());
+        let only = std::env::var("UVERBS_POLL_BENCH_KIND").ok();
+        let add = |kinds: &mut Vec<_>, name: &'static str, (cq, prod)| {
+            if only.as_deref().is_none_or(|o| o == name) {
+                kinds.push((name, cq, prod));
+            }
+        };
+        add(&mut kinds, "baseline", bench_cq::<Baseline>());
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx") {
             add(&mut kinds, "avx", bench_cq::<Avx>());
