@@ -32,9 +32,6 @@ const SND_DBR: usize = 1;
 /// address (RC, UC) or the datagram segment (UD).
 const SQ_HEADER: usize = 2 * SEG;
 const UD_SQ_HEADER: usize = SEG + ah::AV_SIZE;
-/// The most blocks a list post prefetches before it writes (a list of 32 covers its WQEs;
-/// longer lists stream behind them).
-const PREFETCH_BLOCKS: usize = 32;
 
 /// The queue geometry a QP is created with, from the capabilities asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,25 +313,6 @@ impl Ring {
         }
     }
 
-    /// Asks for the `n` basic blocks from block `first` in a writable state (`prefetchw`), a
-    /// hint that changes no memory. A list's WQE lines were last read by the device (on the
-    /// model, its thread on another core), so each store needs its line back: without the
-    /// hint the stores wait in the store buffer one line after another; with it the lines are
-    /// fetched all at once.
-    #[inline(never)]
-    fn prefetch_for_write(self, first: u32, n: usize) {
-        let mask = self.seg_mask | (SEG - 1);
-        let start = (first as usize * SEND_WQE_BB) & mask;
-        if n == PREFETCH_BLOCKS && start + PREFETCH_BLOCKS * SEND_WQE_BB <= mask + 1 {
-            // The common case, straight-line: a whole run inside the ring.
-            prefetchw_run(self.base.as_ptr().wrapping_add(start));
-        } else {
-            for k in 0..n {
-                prefetchw(self.base.as_ptr().wrapping_add((start + k * SEND_WQE_BB) & mask));
-            }
-        }
-    }
-
     /// The 8-byte word at byte `at` (unmasked, a multiple of 8), in the ring's byte order.
     #[inline(always)]
     fn word(self, at: usize) -> u64 {
@@ -539,47 +517,6 @@ impl Ring {
     }
 }
 
-/// Asks for the cache line holding `at` in a writable state: a hint, for any address.
-#[inline(always)]
-fn prefetchw(at: *const u8) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: a prefetch neither faults nor changes memory, whatever the address.
-    unsafe {
-        std::arch::asm!("prefetchw [{0}]", in(reg) at, options(nostack, preserves_flags, readonly))
-    };
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = at;
-}
-
-/// [`prefetchw`] of the `PREFETCH_BLOCKS` blocks from `at`, one instruction each.
-#[inline(always)]
-fn prefetchw_run(at: *const u8) {
-    macro_rules! run {
-        ($($offset:literal)*) => {
-            #[cfg(all(target_arch = "x86_64", not(miri)))]
-            // SAFETY: prefetches neither fault nor change memory, whatever the address.
-            unsafe {
-                std::arch::asm!(
-                    $(concat!("prefetchw [{at} + ", $offset, "]"),)*
-                    at = in(reg) at,
-                    options(nostack, preserves_flags, readonly)
-                )
-            };
-            const OFFSETS: [usize; PREFETCH_BLOCKS] = [$($offset),*];
-            const _: () = {
-                let mut k = 0;
-                while k < PREFETCH_BLOCKS {
-                    assert!(OFFSETS[k] == k * SEND_WQE_BB, "one line a block, in order");
-                    k += 1;
-                }
-            };
-        };
-    }
-    run!(0 64 128 192 256 320 384 448 512 576 640 704 768 832 896 960 1024 1088 1152 1216 1280 1344 1408 1472 1536 1600 1664 1728 1792 1856 1920 1984);
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = at;
-}
-
 /// The `SendFlags` bits that map to the control segment's `fm_ce_se`.
 const CTRL_FLAG_BITS: u32 = SendFlags::FENCE.bits() | SendFlags::SIGNALED.bits() | SendFlags::SOLICITED.bits();
 const _: () = assert!(CTRL_FLAG_BITS == 7, "FM_CE_SE is indexed by the three low flag bits");
@@ -669,13 +606,6 @@ impl SendQueue {
         Ok(())
     }
 
-    /// Before a list of `requests`: asks for the blocks they will take (one each, the common
-    /// WQE), up to `PREFETCH_BLOCKS`, in a writable state.
-    fn prefetch(&self, requests: usize) {
-        self.ring()
-            .prefetch_for_write(self.cur_post, requests.min(PREFETCH_BLOCKS));
-    }
-
     /// The ring, for one call's writes.
     fn ring(&self) -> Ring {
         Ring {
@@ -717,16 +647,8 @@ unsafe impl QpQueues for Mlx5Qp {
         unsafe {
             match (self.sq.plain, wrs.len()) {
                 (true, 1) => self.post_sends::<true, false, false>(wrs),
-                (true, n) => {
-                    self.sq.prefetch(n);
-                    self.post_list(wrs)
-                }
-                (false, n) => {
-                    if n > 1 {
-                        self.sq.prefetch(n);
-                    }
-                    self.post_other(wrs)
-                }
+                (true, _) => self.post_list(wrs),
+                (false, _) => self.post_other(wrs),
             }
         }
     }

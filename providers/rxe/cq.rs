@@ -7,8 +7,8 @@
 //! indices once per completion. The ready slots are one run `stride` bytes apart unless the
 //! ring wraps inside them (once per lap), so the copy walks the run with a pointer, four
 //! completions per step. Each completion moves as one 32-byte and one 16-byte AVX move where
-//! the CPU has AVX (the copy is chosen once, when the CQ is created), else as six 8-byte
-//! moves (see [`copy_words`] for why not three 16-byte SSE moves).
+//! the CPU has AVX (the copy is chosen once, when the CQ is created), else as one plain
+//! 48-byte copy, whose moves the compiler picks.
 
 use super::abi::MmInfo;
 use super::queue::Consumer;
@@ -29,7 +29,7 @@ pub(super) fn create(ctx: &RxeContext, cqe: u32, kernel: CreateCqCall<'_>) -> Re
     if std::arch::is_x86_feature_detected!("avx") {
         return Ok(Box::new(RxeCq::<Avx>::new(ring, stride, ctx)));
     }
-    Ok(Box::new(RxeCq::<Words>::new(ring, stride, ctx)))
+    Ok(Box::new(RxeCq::<Baseline>::new(ring, stride, ctx)))
 }
 
 /// Maps a CQ ring; returns it with its slot size.
@@ -44,7 +44,7 @@ struct RxeCq<K> {
     /// Bytes from one slot to the next (the ring's element size, at least 48).
     stride: usize,
     ctx: RxeContext,
-    _copy: PhantomData<K>,
+    _take: PhantomData<K>,
 }
 
 impl<K> RxeCq<K> {
@@ -53,7 +53,7 @@ impl<K> RxeCq<K> {
             ring,
             stride,
             ctx,
-            _copy: PhantomData,
+            _take: PhantomData,
         }
     }
 }
@@ -63,10 +63,10 @@ impl<K> RxeCq<K> {
 // until we release them, which only `consume` and `poll` (both `&mut self`) do. Slots are
 // 64-byte aligned and at least 48 bytes (checked at map time), and every bit pattern is a
 // valid `WorkCompletion`.
-unsafe impl<K: Copy48> CqRing for RxeCq<K> {
+unsafe impl<K: Take> CqRing for RxeCq<K> {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
-        K::poll(&mut self.ring, self.stride, wc)
+        poll::<K>(&mut self.ring, self.stride, wc)
     }
 
     #[inline]
@@ -105,59 +105,66 @@ unsafe impl<K: Copy48> CqRing for RxeCq<K> {
     }
 }
 
-/// How a CQ copies completions out of its ring: [`Words`] anywhere, [`Avx`] where the CPU
-/// has it.
-trait Copy48: Send + 'static {
-    /// [`CqRing::poll`] on `ring`, whose slots are `stride` bytes apart.
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize;
-}
-
-/// Reads the producer index: how many completions are ready, or `None` for none.
+/// [`CqRing::poll`] on `ring`, whose slots are `stride` bytes apart. An empty CQ is answered
+/// here; the rest is [`Take::take`], out of line.
 #[inline(always)]
-fn ready(ring: &Consumer) -> Option<usize> {
+fn poll<K: Take>(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
     let ready = ring.ready() as usize;
-    (ready != 0).then_some(ready)
+    if ready == 0 {
+        return 0;
+    }
+    // SAFETY: an `RxeCq<K>` is only made where `K` runs (`create`; the tests check it
+    // themselves).
+    unsafe { K::take(ring, wc, stride, ready) }
 }
 
-/// Six 8-byte moves per completion.
-struct Words;
+/// How a CQ copies completions out of its ring: [`Baseline`] anywhere, [`Avx`] where the CPU
+/// has it.
+trait Take: Send + 'static {
+    /// [`take_few`] with this copy, for `ready` (at least 1) ready completions. (`wc` comes
+    /// before `stride` so that the `CqRing::poll` that jumps here need not move its arguments
+    /// between registers.)
+    ///
+    /// # Safety
+    /// The CPU must have the features this copy needs.
+    unsafe fn take(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize;
+}
 
-impl Copy48 for Words {
+/// The plain copy ([`copy`]), compiled for the target's baseline features.
+struct Baseline;
+
+impl Take for Baseline {
     #[inline(always)]
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
-        let Some(ready) = ready(ring) else {
-            return 0;
-        };
-        let copy = |s, o: &mut WorkCompletion| {
-            // SAFETY: `take_few` and `take_with` pass only ready slots, all `copy_words` needs.
-            unsafe { copy_words(s, o) }
-        };
-        take_few(ring, stride, wc, ready, copy, |ring, stride, wc, ready| {
-            take_with(ring, stride, wc, ready, copy)
-        })
+    unsafe fn take(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+        take_few_baseline(ring, wc, stride, ready)
     }
 }
 
-/// One 32-byte and one 16-byte AVX move per completion. Only made where the CPU has AVX.
+#[inline(never)]
+fn take_few_baseline(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+    take_few(ring, stride, wc, ready, copy, take_many_baseline)
+}
+
+#[inline(never)]
+fn take_many_baseline(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+    take_with(ring, stride, wc, ready, copy)
+}
+
+/// One 32-byte and one 16-byte AVX move per completion ([`copy_avx`]). Only made where the
+/// CPU has AVX.
 #[cfg(target_arch = "x86_64")]
 struct Avx;
 
 #[cfg(target_arch = "x86_64")]
-impl Copy48 for Avx {
+impl Take for Avx {
     #[inline(always)]
-    fn poll(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
-        // An empty CQ is answered here, without entering AVX code.
-        let Some(ready) = ready(ring) else {
-            return 0;
-        };
-        // SAFETY: an `RxeCq<Avx>` is only made after checking the CPU has AVX; the tests
-        // check it themselves.
+    unsafe fn take(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+        // SAFETY: per the contract, the CPU has AVX.
         unsafe { take_few_avx(ring, wc, stride, ready) }
     }
 }
 
-/// [`take_few`] with AVX enabled, so that the copy inlines. (`wc` comes before `stride` so
-/// that the `CqRing::poll` that jumps here need not move its arguments between registers.)
+/// [`take_few`] with AVX enabled, so that the copy inlines.
 ///
 /// # Safety
 /// The CPU must have AVX.
@@ -170,9 +177,9 @@ unsafe fn take_few_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: u
         // our caller guarantees.
         unsafe { copy_avx(s, o) }
     };
-    let many = |ring: &mut Consumer, stride, wc: &mut [WorkCompletion], ready| {
+    let many = |ring: &mut Consumer, wc: &mut [WorkCompletion], stride, ready| {
         // SAFETY: our caller guarantees AVX.
-        unsafe { take_avx(ring, wc, stride, ready) }
+        unsafe { take_many_avx(ring, wc, stride, ready) }
     };
     take_few(ring, stride, wc, ready, copy, many)
 }
@@ -184,7 +191,7 @@ unsafe fn take_few_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: u
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 #[inline(never)]
-unsafe fn take_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
+unsafe fn take_many_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize, ready: usize) -> usize {
     let copy = |s, o: &mut WorkCompletion| {
         // SAFETY: `take_with` passes only ready slots, all `copy_avx` needs besides AVX, which
         // our caller guarantees.
@@ -195,11 +202,10 @@ unsafe fn take_avx(ring: &mut Consumer, wc: &mut [WorkCompletion], stride: usize
 
 /// Moves `min(ready, wc.len())` completions (`ready` at least 1) into `wc` and hands their
 /// slots back with one index store; returns how many. One or two are moved right here with
-/// `copy`, more (or none, for an empty `wc`: rare, so it gets no branch of its own) by `many`
-/// (which [`Avx`] keeps out of line, so that taking one or two does not pay for the registers
-/// the loop needs; `many` clamps `ready` itself, so that the call can be a jump). `copy(s, o)`
-/// is only called with `s` pointing at a ready slot (48 readable bytes, 64-byte aligned, a
-/// completion the kernel finished writing) and copies that completion to `o`.
+/// `copy`, more (or none, for an empty `wc`: rare, so it gets no branch of its own) by `many`,
+/// out of line so that taking one or two does not pay for the registers the loop needs
+/// (`many` clamps `ready` itself, so that the call can be a jump). `copy(s, o)` is only called
+/// with `s` pointing at a ready slot (as [`copy`] needs) and copies that completion to `o`.
 #[inline(always)]
 fn take_few(
     ring: &mut Consumer,
@@ -207,7 +213,7 @@ fn take_few(
     wc: &mut [WorkCompletion],
     ready: usize,
     copy: impl Fn(*const u8, &mut WorkCompletion),
-    many: impl FnOnce(&mut Consumer, usize, &mut [WorkCompletion], usize) -> usize,
+    many: impl FnOnce(&mut Consumer, &mut [WorkCompletion], usize, usize) -> usize,
 ) -> usize {
     match ready.min(wc.len()) {
         1 => {
@@ -221,7 +227,7 @@ fn take_few(
             ring.release(2);
             2
         }
-        _ => many(ring, stride, wc, ready),
+        _ => many(ring, wc, stride, ready),
     }
 }
 
@@ -256,10 +262,6 @@ fn take_with(
 #[inline(never)]
 fn take_other(ring: &mut Consumer, stride: usize, wc: &mut [WorkCompletion]) -> usize {
     let n = wc.len();
-    let copy = |s, o: &mut WorkCompletion| {
-        // SAFETY: only ready slots are passed below, all `copy_words` needs.
-        unsafe { copy_words(s, o) }
-    };
     let run = ring.run(n as u32);
     let (before, after) = wc.split_at_mut((run.before_wrap as usize).min(n));
     copy_run(run.first.as_ptr().cast_const(), stride, before, &copy);
@@ -290,31 +292,20 @@ fn copy_run(
     }
 }
 
-/// Copies the completion at `s` to `o` as six 8-byte moves (on CPUs without AVX).
-///
-/// Not as three 16-byte SSE moves, which is what the compiler (and gcc, for rdma-core's
-/// `memcpy`) would pick: QEMU's TCG, the emulated CPU the benchmarks run on, executes a
-/// 16-byte SSE load or store several times slower than an 8-byte one (docs/benchmarks.md);
-/// on hardware they cost about the same. The accesses are volatile so that the compiler keeps
-/// them as they are instead of merging them back into 16-byte moves.
-///
-/// # Safety
-/// `s` must have 48 readable, 8-aligned bytes.
+/// Copies the completion at `s` to `o`: one plain 48-byte copy, whose moves the compiler picks
+/// (three 16-byte moves on x86-64). `s` is only ever a ready slot: 48 readable bytes, 64-byte
+/// aligned, a completion the kernel finished writing ([`take_few`]'s callers pass nothing
+/// else).
 #[inline(always)]
-unsafe fn copy_words(s: *const u8, o: &mut WorkCompletion) {
-    let from = s.cast::<u64>();
-    let to = std::ptr::from_mut(o).cast::<u64>();
-    // SAFETY: per the contract for `from`; `to` is the 48-byte, 8-aligned `*o`, and any bytes
-    // are a valid `WorkCompletion`.
-    unsafe {
-        for w in 0..6 {
-            to.add(w).write_volatile(from.add(w).read_volatile());
-        }
-    }
+fn copy(s: *const u8, o: &mut WorkCompletion) {
+    // SAFETY: `s` is a ready slot (above); `o` is 48 writable bytes that do not overlap the
+    // ring, and any bytes are a valid `WorkCompletion`.
+    unsafe { std::ptr::copy_nonoverlapping(s, std::ptr::from_mut(o).cast::<u8>(), size_of::<WorkCompletion>()) }
 }
 
 /// Copies the completion at `s` to `o` as one 32-byte and one 16-byte move: 4 instructions,
-/// where [`copy_words`] takes 12 and rdma-core's `memcpy` 6.
+/// where [`copy`] takes 6. With AVX enabled the compiler would pick two overlapping 32-byte
+/// moves for [`copy`] instead, the same count but slower (docs/benchmarks.md).
 ///
 /// # Safety
 /// `s` must have 48 readable, 8-aligned bytes, and the CPU must have AVX.
@@ -340,7 +331,10 @@ unsafe fn copy_avx(s: *const u8, o: &mut WorkCompletion) {
 mod tests {
     use super::*;
     use crate::providers::rxe::abi::queue as off;
-    use crate::providers::rxe::queue::{tests::heap_ring, Queue};
+    use crate::providers::rxe::queue::{
+        tests::{heap_ring, report},
+        Queue,
+    };
     use std::sync::atomic::{AtomicU32, Ordering};
 
     type Poll = fn(&mut Consumer, usize, &mut [WorkCompletion]) -> usize;
@@ -359,10 +353,10 @@ mod tests {
     /// for more or fewer completions than are ready.
     #[test]
     fn poll_copies_runs_and_wrapped_runs_exactly() {
-        let kinds: Vec<(&str, Poll)> = vec![("words", Words::poll)];
+        let kinds: Vec<(&str, Poll)> = vec![("baseline", poll::<Baseline>)];
         #[cfg(target_arch = "x86_64")]
         let kinds = if std::arch::is_x86_feature_detected!("avx") {
-            [kinds, vec![("avx", Avx::poll as Poll)]].concat()
+            [kinds, vec![("avx", poll::<Avx> as Poll)]].concat()
         } else {
             kinds
         };
@@ -406,6 +400,170 @@ mod tests {
                 assert_eq!(seen, next);
                 assert!(next > 1000, "{next}");
                 assert_eq!(poll(&mut ring, stride, &mut out), 0);
+            }
+        }
+    }
+
+    /// Valgrind's client requests (`<valgrind/callgrind.h>`), a no-op on a real CPU.
+    mod callgrind {
+        const BASE: u64 = ((b'C' as u64) << 24) | ((b'T' as u64) << 16);
+
+        #[cfg(target_arch = "x86_64")]
+        fn request(code: u64, arg1: u64) {
+            let args: [u64; 6] = [code, arg1, 0, 0, 0, 0];
+            // SAFETY: valgrind's amd64 client-request preamble (rdi rotated by 128 bits in all,
+            // then `xchg rbx, rbx`): a no-op natively; valgrind reads the words at rax.
+            unsafe {
+                std::arch::asm!(
+                    "rol rdi, 3", "rol rdi, 13", "rol rdi, 61", "rol rdi, 51", "xchg rbx, rbx",
+                    in("rax") args.as_ptr(), inout("rdx") 0u64 => _, out("rdi") _, options(nostack),
+                );
+            }
+        }
+
+        #[cfg(not(target_arch = "x86_64"))]
+        fn request(_code: u64, _arg1: u64) {}
+
+        pub fn toggle_collect() {
+            request(BASE + 2, 0);
+        }
+
+        pub fn dump_stats_at(name: &str) {
+            let c = std::ffi::CString::new(name).unwrap();
+            request(BASE + 3, c.as_ptr() as u64);
+        }
+    }
+
+    /// `RxeCq` without its device file: the ring and stride behind a trait object.
+    trait BenchPoll {
+        fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize;
+    }
+
+    struct BenchCq<K> {
+        ring: Consumer,
+        stride: usize,
+        _copy: PhantomData<K>,
+    }
+
+    impl<K: Take> BenchPoll for BenchCq<K> {
+        #[inline]
+        fn poll(&mut self, wc: &mut [WorkCompletion]) -> usize {
+            poll::<K>(&mut self.ring, self.stride, wc)
+        }
+    }
+
+    const BENCH_SLOTS: u32 = 8192;
+    const BENCH_READY: u32 = 4096;
+
+    /// An rxe-shaped CQ ring (128-byte slots) on the heap, every slot a completion.
+    fn bench_cq<K: Take>() -> (Box<dyn BenchPoll>, *const AtomicU32) {
+        let q = Queue::new(heap_ring(7, BENCH_SLOTS), "bench", 48).unwrap();
+        let stride = q.elem_size();
+        let ring = Consumer::new(q);
+        let data = ring.entry(0).as_ptr();
+        for i in 0..BENCH_SLOTS as usize {
+            // SAFETY: a slot of the heap ring, none ready yet.
+            unsafe { data.add(i * stride).cast::<WorkCompletion>().write(wc(i as u64)) };
+        }
+        // SAFETY: the producer index word of the ring header.
+        let prod = unsafe { data.sub(off::DATA - off::PRODUCER_INDEX).cast::<AtomicU32>() };
+        let cq = BenchCq::<K> {
+            ring,
+            stride,
+            _copy: PhantomData,
+        };
+        (Box::new(cq), prod)
+    }
+
+    /// Polls `total` completions `batch` at a time (`total` 0: `BENCH_READY` calls on an empty
+    /// ring).
+    #[inline(never)]
+    fn drain(cq: &mut dyn BenchPoll, out: &mut [WorkCompletion; 64], batch: usize, total: usize) -> usize {
+        let mut n = 0;
+        if total == 0 {
+            for _ in 0..BENCH_READY {
+                n += cq.poll(&mut out[..batch]);
+            }
+            return n;
+        }
+        while n < total {
+            n += cq.poll(&mut out[..batch]);
+        }
+        std::hint::black_box(out);
+        n
+    }
+
+    /// The poll's cost per completion on an in-memory ring, for each copy: instructions
+    /// (run the test binary under `valgrind --tool=callgrind --collect-atstart=no`; one dump
+    /// per case) or native time (median of `UVERBS_POLL_BENCH_ROUNDS` rounds, default 201).
+    /// `cargo test --release -p uverbs --lib poll_bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn poll_bench() {
+        let rounds: usize = std::env::var("UVERBS_POLL_BENCH_ROUNDS").map_or(201, |v| v.parse().unwrap());
+        let mut kinds: Vec<(&str, Box<dyn BenchPoll>, *const AtomicU32)> = Vec::new();
+        let only = std::env::var("UVERBS_POLL_BENCH_KIND").ok();
+        let add = |kinds: &mut Vec<_>, name: &'static str, (cq, prod)| {
+            if only.as_deref().is_none_or(|o| o == name) {
+                kinds.push((name, cq, prod));
+            }
+        };
+        add(&mut kinds, "baseline", bench_cq::<Baseline>());
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            add(&mut kinds, "avx", bench_cq::<Avx>());
+        }
+        let cases = [
+            (1usize, BENCH_READY as usize),
+            (16, BENCH_READY as usize),
+            (64, BENCH_READY as usize),
+            (16, 0),
+        ];
+        let mut ns = vec![vec![Vec::new(); cases.len()]; kinds.len()];
+        let mut out = [WorkCompletion::default(); 64];
+        for round in 0..rounds {
+            for (c, &(batch, total)) in cases.iter().enumerate() {
+                for (k, (name, cq, prod)) in kinds.iter_mut().enumerate() {
+                    // Replay: offer the next `total` slots (the ring is always full of completions).
+                    // SAFETY: the header word of the ring `cq` owns.
+                    let prod = unsafe { &**prod };
+                    let cons = prod
+                        .as_ptr()
+                        .wrapping_add((off::CONSUMER_INDEX - off::PRODUCER_INDEX) / 4);
+                    // SAFETY: the consumer index word, written only by `cq` (not running now).
+                    let cons = unsafe { cons.read() };
+                    prod.store((cons + total as u32) % BENCH_SLOTS, Ordering::Release);
+                    let first = round == 0;
+                    if first {
+                        callgrind::toggle_collect();
+                    }
+                    let t = std::time::Instant::now();
+                    let got = drain(&mut **cq, &mut out, batch, total);
+                    let dt = t.elapsed();
+                    if first {
+                        callgrind::toggle_collect();
+                        callgrind::dump_stats_at(&format!("{name} batch={batch} total={total}"));
+                    }
+                    assert_eq!(got, total);
+                    ns[k][c].push(dt.as_nanos() as f64 / total.max(BENCH_READY as usize) as f64);
+                }
+            }
+        }
+        for (k, (name, _, _)) in kinds.iter().enumerate() {
+            for (c, &(batch, total)) in cases.iter().enumerate() {
+                let v = &mut ns[k][c];
+                v.sort_by(f64::total_cmp);
+                let what = if total == 0 {
+                    "empty poll, per call"
+                } else {
+                    "per completion"
+                };
+                report(format!(
+                    "poll_bench {name:12} batch {batch:2} {what:22} ns median {:.3} (p10 {:.3}, p90 {:.3})",
+                    v[v.len() / 2],
+                    v[v.len() / 10],
+                    v[v.len() * 9 / 10]
+                ));
             }
         }
     }

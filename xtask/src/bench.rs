@@ -29,14 +29,13 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-/// `cargo xtask bench [--report | --emulator | --mlx5]`: `--report` only redoes the tables and
-/// plot from the raw results of the last run (rxe, mlx5 or both, whichever are there); `--emulator` runs benches/emulator-profile.sh
-/// instead of the benchmarks (the replayed drain beside the soft-TLB flushes of a QEMU built
-/// with symbols; results in `target/bench/emulator/`); `--mlx5` runs only the mlx5 step.
+/// `cargo xtask bench [--report | --mlx5]`: `--report` only redoes the tables and plot from the
+/// raw results of the last run (rxe, mlx5 or both, whichever are there); `--mlx5` runs only the
+/// mlx5 step.
 pub fn run(args: &[String]) -> Result<ExitCode> {
     let out = paths::target_dir().join("bench");
-    let (emulator, only_mlx5) = match args {
-        [] => (false, false),
+    let only_mlx5 = match args {
+        [] => false,
         [a] if a == "--report" => {
             let (rxe, mlx5) = (out.join("raw/results.jsonl"), out.join("mlx5/results.jsonl"));
             if !rxe.exists() && !mlx5.exists() {
@@ -50,9 +49,8 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
             }
             return Ok(ExitCode::SUCCESS);
         }
-        [a] if a == "--emulator" => (true, false),
-        [a] if a == "--mlx5" => (false, true),
-        _ => bail!("usage: cargo xtask bench [--report | --emulator | --mlx5] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
+        [a] if a == "--mlx5" => true,
+        _ => bail!("usage: cargo xtask bench [--report | --mlx5] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
     };
     let native = crate::native();
     let tools = [
@@ -86,16 +84,6 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     proc::check(&mut gcc).context("building the C harness (needs libibverbs-dev and valgrind's headers)")?;
     if only_mlx5 {
         let ok = mlx5::run(&out, &rust, &c_harness)?;
-        return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
-    }
-    if emulator {
-        let dir = out.join("emulator");
-        let mut c = Command::new("sh");
-        c.arg(paths::root().join("benches/emulator-profile.sh"))
-            .args([&rust, &c_harness, &dir])
-            .current_dir(paths::root());
-        note!("xtask: {}", proc::describe(&c));
-        let ok = proc::status(&mut c)?.success();
         return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
 

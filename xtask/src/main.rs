@@ -32,8 +32,7 @@
 //!   against the snapshot `tests/public-api.txt`, or written to it.
 //! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
 //!   guest boot; table and plot in `target/bench/` (docs/benchmarks.md).
-//!   `--report` redoes table and plot; `--emulator` (root) profiles QEMU itself
-//!   during the replayed drain (benches/emulator-profile.sh).
+//!   `--report` redoes table and plot; `--mlx5` runs only the mlx5 step.
 //!
 //! Environment knobs:
 //! - `UVERBS_GUEST_KERNEL=<release>`: kernel to boot (default: newest
@@ -117,7 +116,6 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask mlx5 --step               run only the mlx5 model checks of `test`
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider
-       cargo xtask bench --emulator          QEMU's soft-TLB flushes during the replayed drain
        cargo xtask bench --mlx5              only the mlx5 provider against libmlx5, on the model
        cargo xtask loom|miri|fuzz [secs]     rxe rings, mlx5 CQ/QP under loom, miri, libFuzzer
        cargo xtask msrv                      the declared rust-version against dependencies and std APIs
