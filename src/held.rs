@@ -494,7 +494,7 @@ mod tests {
         let before = BLOCKS.drawn();
         let mut seen = std::collections::HashSet::new();
         // Under miri fewer queues, still more than the bound below.
-        let queues = if cfg!(miri) { 300 } else { 20_000 };
+        let queues = if cfg!(miri) { 150 } else { 20_000 };
         for _ in 0..queues {
             let mut h = Held::new(1, true);
             h.set_open(true);
