@@ -34,9 +34,9 @@ pub const CI_FUZZ_SECONDS: u32 = 60;
 const LOOM_MODELS: [&str; 2] = ["providers::rxe::queue::model", "providers::mlx5::qp::model"];
 
 /// The unit tests miri runs: those of every module with `unsafe` code (an architecture test
-/// keeps this list complete, less [`MIRI_EXEMPT`]) and the pure mlx5 encoders and decoder.
-/// Tests that need what miri cannot emulate (other processes, a mapped file, a syscall it
-/// lacks) are `#[cfg_attr(miri, ignore)]` where they are, with the reason.
+/// keeps this list complete, less `MIRI_EXEMPT`) and the pure mlx5 encoders and decoder.
+/// A single test that needs what miri cannot emulate (another process) is
+/// `#[cfg_attr(miri, ignore)]` where it is, with the reason.
 pub(crate) const MIRI_TESTS: [&str; 20] = [
     // Core: the in-place batch, libibverbs-layout chains, the held-buffer rings, the provider
     // contract's default chain post, the QP's mask checks, the rdma_ucm command framing.
