@@ -982,7 +982,9 @@ pub(super) mod tests {
     fn drains_equal_the_decoder() {
         let mut rng = crate::testing::Rng::new(0x0f45_7a7e);
         let (mut fast, mut total) = (0, 0);
-        for _ in 0..300 {
+        // Under miri (seconds a round) 4 rounds, where both kinds of completion occur.
+        let (rounds, fast_floor, slow_floor) = if cfg!(miri) { (4, 0, 0) } else { (300, 2000, 500) };
+        for _ in 0..rounds {
             let (a, b) = (state_with_sends(8, 40), state_with_sends(8, 40));
             let (mut pi, mut polled) = (0u32, 0u32);
             // Different passes over the ring.
@@ -1033,7 +1035,10 @@ pub(super) mod tests {
                 }
             }
         }
-        assert!(fast > 2000 && total - fast > 500, "{fast} of {total} successful");
+        assert!(
+            fast > fast_floor && total - fast > slow_floor,
+            "{fast} of {total} successful"
+        );
     }
 
     /// A run ends at the first entry of the last pass, even one equal to the run's CQEs but

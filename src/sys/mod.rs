@@ -2,10 +2,25 @@
 //! of sending it commands (framed `write()` and the `RDMA_VERBS_IOCTL` attribute ioctl), the
 //! fds the kernel creates, the fork hook, `membarrier(2)`, and the RDMA CM's `rdma_ucm` ABI.
 //!
-//! The crate denies `unsafe_code`; besides this module, only the providers (rings and
-//! mappings), `batch` (completions read in place) and `mr` (caller memory) allow it, and a few
-//! items elsewhere that *declare* an unsafe contract (`unsafe fn post_*`, the provider
-//! traits) and forward it.
+//! Where `unsafe` is allowed: the crate denies `unsafe_code` and, test code aside, allows it
+//! only here (the README's list is the same; an xtask test checks both against the
+//! `allow(unsafe_code)` sites):
+//!
+//! - `sys`: the kernel ABI, its commands, the fds the kernel creates, the fork hook,
+//!   `membarrier(2)`
+//! - `providers`: rings and mappings
+//! - `batch`: completions read in place through the provider's pointers
+//! - `chain`: send requests read in libibverbs' layout through the caller's pointers
+//! - `mr`: registers caller memory and hands out views of it
+//! - `owned`: posts the buffers it holds, until their completions
+//! - `aio` (feature `tokio`): registers the event fds with the reactor
+//! - `provider::stub` (feature `test-support`): a stub provider implementing the unsafe traits
+//! - items of `provider`: the unsafe provider traits, declaring their contract
+//! - items of `qp`, `srq`: `unsafe fn post_*`, forwarding the caller's contract; the empty
+//!   queues' trait impls; `Srq`'s `Sync`
+//! - items of `cq`: the empty ring's `CqRing` impl
+//! - items of `held`, `held::srq`: the rings of held buffers, indexed unchecked and moved out
+//!   by hand
 
 pub mod abi;
 pub mod cmd;

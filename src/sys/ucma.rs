@@ -581,8 +581,12 @@ mod tests {
         execute(std::os::fd::AsFd::as_fd(&tx), &req, CreateIdResp::default()).unwrap();
         execute(std::os::fd::AsFd::as_fd(&tx), &Listen { id: 3, backlog: 9 }, ()).unwrap();
         drop(tx);
-        let mut bytes = Vec::new();
-        std::fs::File::from(rx).read_to_end(&mut bytes).unwrap();
+        // Plain reads: `read_to_end` asks the file's size first (statx), which miri refuses.
+        let (mut rx, mut bytes, mut at) = (std::fs::File::from(rx), vec![0; 64], 0);
+        while let n @ 1.. = rx.read(&mut bytes[at..]).unwrap() {
+            at += n;
+        }
+        bytes.truncate(at);
         assert_eq!(bytes.len(), 8 + 24 + 8 + 8);
         assert_eq!(
             &bytes[..8],

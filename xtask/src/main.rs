@@ -24,7 +24,8 @@
 //!   only the mlx5 step of `cargo xtask test` and prints each item.
 //! - `cargo xtask demo`: build and run `examples/demo` (release) in the guest.
 //! - `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the
-//!   rxe ring code and the mlx5 CQ/QP code under loom, miri (nightly) and libFuzzer with
+//!   rxe ring code and the mlx5 CQ/QP code under loom, the unit tests of every module
+//!   with `unsafe` under miri (nightly), the rings and CQE decoder under libFuzzer with
 //!   ASan (nightly;
 //!   xtask installs nightly if missing); no device needed (xtask/src/models.rs, docs/reliability.md).
 //! - `cargo xtask cross`: `cargo check` of the library for aarch64 (xtask/src/cross.rs).
@@ -117,7 +118,7 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider
        cargo xtask bench --mlx5              only the mlx5 provider against libmlx5, on the model
-       cargo xtask loom|miri|fuzz [secs]     rxe rings, mlx5 CQ/QP under loom, miri, libFuzzer
+       cargo xtask loom|miri|fuzz [secs]     loom, miri (unsafe modules' unit tests), libFuzzer
        cargo xtask msrv                      the declared rust-version against dependencies and std APIs
        cargo xtask public-api [--bless]      the public API against tests/public-api.txt (or write it)
        cargo xtask cross                     the library for aarch64: rxe builds, the mlx5 provider refuses

@@ -1,17 +1,17 @@
 //! `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the rxe ring code
-//! (`providers/rxe/queue.rs`), the in-place CQ batch and the mlx5 provider's pure and shared
-//! parts (the CQE decoder and poll, the WQE encoders, the poster/poller state of
-//! `providers/mlx5/qp/shared.rs`) under a model checker, an interpreter that detects undefined
-//! behaviour and data races, and a coverage-guided fuzzer. None needs
+//! (`providers/rxe/queue.rs`) and the mlx5 provider's shared state under a model checker, the
+//! unit tests of every module with `unsafe` code under an interpreter that detects undefined
+//! behaviour and data races, and the rings and CQE decoder under a coverage-guided fuzzer.
+//! None needs
 //! an RDMA device or a guest, and `cargo xtask test` runs all three (fuzzing for
 //! [`CI_FUZZ_SECONDS`]). docs/reliability.md has what they check and the last results.
 //!
 //! - loom: `RUSTFLAGS="--cfg loom"`, its own target dir (`target/loom`), release; runs
 //!   `providers::rxe::queue::model` and `providers::mlx5::qp::model`. `LOOM_MAX_PREEMPTIONS` is passed through (default 3).
-//! - miri: `cargo +nightly miri test` of the ring and CQ unit tests (synthetic rings, threads
-//!   standing in for the kernel, the hostile-ring harness, `Batch` across a wrap) and of the
-//!   mlx5 WQE encoders, CQE decoder and poster/poller tables under
-//!   several scheduler seeds. `MIRIFLAGS` from the environment replaces the default.
+//! - miri: `cargo +nightly miri test` of the unit tests of every module with `unsafe` code
+//!   ([`MIRI_TESTS`]; an architecture test keeps it complete) and of the mlx5 WQE encoders and
+//!   CQE decoder, under several scheduler seeds. `MIRIFLAGS` from the environment replaces
+//!   the default.
 //! - fuzz: builds `fuzz/`'s targets the way `cargo fuzz build` does (libFuzzer, sanitizer
 //!   coverage, AddressSanitizer, `--cfg fuzzing`), so no `cargo-fuzz` install is needed, and
 //!   runs `rings` (the rxe rings) for the given seconds on `fuzz/corpus/rings`, then
@@ -33,16 +33,70 @@ pub const CI_FUZZ_SECONDS: u32 = 60;
 /// The loom models: the rxe ring-index protocol, the mlx5 QP's poster/poller shared state.
 const LOOM_MODELS: [&str; 2] = ["providers::rxe::queue::model", "providers::mlx5::qp::model"];
 
-/// The ring-index protocol, the synthetic rings, the rxe poll and the in-place batch; the mlx5
-/// WQE segment encoders, the CQE decoder, the poster/poller tables and the CQ's poller gate.
-const MIRI_TESTS: [&str; 7] = [
+/// The unit tests miri runs: those of every module with `unsafe` code (an architecture test
+/// keeps this list complete, less `MIRI_EXEMPT`) and the pure mlx5 encoders and decoder.
+/// A single test that needs what miri cannot emulate (another process) is
+/// `#[cfg_attr(miri, ignore)]` where it is, with the reason.
+pub(crate) const MIRI_TESTS: [&str; 21] = [
+    // Core: the in-place batch, libibverbs-layout chains, the held-buffer rings, the pieces
+    // of a region, the provider contract's default chain post, the QP's mask checks, the
+    // rdma_ucm command framing.
+    "batch::tests",
+    "chain::tests",
+    "held::tests",
+    "held::srq::tests",
+    "mr::tests",
+    "provider::tests",
+    "qp::tests",
+    "sys::ucma::tests",
+    // rxe: the ring-index protocol, synthetic and hostile rings, the poll, the WQE writer.
     "providers::rxe::queue::tests",
     "providers::rxe::cq::tests",
-    "batch::tests",
+    "providers::rxe::qp::tests",
+    // mlx5: the WQE segment encoders, the CQE decoder, the poster/poller tables, the CQ's
+    // poller gate, the CQ poll and resize, hostile CQEs, the QP and SRQ rings, doorbell
+    // records, address vectors.
     "providers::mlx5::wqe::tests",
     "providers::mlx5::cqe::tests",
     "providers::mlx5::qp::shared::tests",
     "providers::mlx5::cq::gate::tests",
+    "providers::mlx5::cq::tests",
+    "providers::mlx5::cq::hostile::tests",
+    "providers::mlx5::qp::tests",
+    "providers::mlx5::srq::tests",
+    "providers::mlx5::mem::tests",
+    "providers::mlx5::ah::tests",
+];
+
+/// Test modules of files with `unsafe` code that miri does not run, and why.
+#[cfg(test)]
+pub(crate) const MIRI_EXEMPT: [(&str, &str); 6] = [
+    (
+        "providers::rxe::queue::model",
+        "loom models, built only with `--cfg loom` (`cargo xtask loom`)",
+    ),
+    (
+        "providers::mlx5::qp::model",
+        "loom models, built only with `--cfg loom` (`cargo xtask loom`)",
+    ),
+    (
+        "providers::rxe::queue::provider_fuzz",
+        "maps a regular file as the device, which miri cannot mmap; its rings run under miri in \
+         `providers::rxe::queue::tests`",
+    ),
+    (
+        "sys::membarrier::tests",
+        "the membarrier(2) syscall itself, which miri lacks (built without it under miri)",
+    ),
+    (
+        "sys::cmd::tests",
+        "frames each command into a pipe(2) and reads the installed kernel header, which miri \
+         cannot do (ignored there)",
+    ),
+    (
+        "sys::mapping::tests",
+        "fork(2) and what a child sees of its mappings, which miri cannot run (ignored there)",
+    ),
 ];
 
 /// The fuzz target's host triple (`-Zsanitizer` needs an explicit `--target`).
@@ -85,7 +139,7 @@ pub fn loom() -> Command {
     c
 }
 
-/// The ring and batch unit tests under miri, four scheduler seeds.
+/// [`MIRI_TESTS`] under miri, four scheduler seeds.
 pub fn miri() -> Result<Command> {
     ensure_nightly()?;
     let mut c = nightly_cargo();

@@ -79,8 +79,9 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
             command(&["test", "-p", "uverbs", "--no-default-features", "--lib"]),
         ],
     ];
-    // Every interleaving of the rxe ring protocol's producer and consumer (loom), the ring
-    // and batch code under miri, and the ring code under the fuzzer (build, then run).
+    // Every interleaving of the rxe ring protocol's producer and consumer (loom), the unit
+    // tests of the modules with `unsafe` under miri, and the ring code under the fuzzer
+    // (build, then run).
     host_steps.push(vec![crate::models::loom()]);
     match crate::models::miri() {
         Ok(c) => host_steps.push(vec![c]),

@@ -271,7 +271,9 @@ mod tests {
     fn hostile_cqes_give_typed_errors_or_outstanding_wr_ids() {
         let mut rng = Rng::new(0x6d6c_7835);
         let mut total = super::Stats::default();
-        for _ in 0..2000 {
+        // Under miri (about a second an input) 8 inputs, where both outcomes occur.
+        let (inputs, floor) = if cfg!(miri) { (8, 0) } else { (2000, 1000) };
+        for _ in 0..inputs {
             let len = rng.below(2048) as usize;
             let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             let s = super::run(&data);
@@ -282,6 +284,6 @@ mod tests {
             total.completions += s.completions;
         }
         println!("{total}");
-        assert!(total.completions > 1000 && total.typed_errors > 1000, "{total}");
+        assert!(total.completions > floor && total.typed_errors > floor, "{total}");
     }
 }
