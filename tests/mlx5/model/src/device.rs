@@ -203,7 +203,7 @@ impl Device {
         }
     }
 
-    /// Writes a CQE given whole (the trace's retirement, `trace.rs`), as [`Self::post`] does.
+    /// Writes a CQE given whole (the trace's retirement, `stepper.rs`), as [`Self::post`] does.
     pub fn post_raw(cq: &mut Cq, bytes: [u8; 64], mem: &dyn Memory) {
         Self::post(cq, Cqe(bytes), mem, None);
     }
@@ -268,23 +268,6 @@ impl Device {
                 Self::arm(cq, value);
             }
         }
-    }
-
-    /// Switches `cq` to a new buffer: a RESIZE CQE goes in the old one at the producer index
-    /// (libmlx5 copies the CQEs before it and continues in the new buffer).
-    pub fn resize_cq(cq: &mut Cq, buf: u64, ncqe: u32, cqe_size: u32, mem: &dyn Memory) {
-        let slot = u64::from(cq.pi & (cq.ncqe - 1));
-        let addr = cq.buf + slot * u64::from(cq.cqe_size) + u64::from(cq.cqe_size - 64);
-        let owner = u8::from(cq.pi & cq.ncqe != 0);
-        let mut cqe = [0u8; 64];
-        cqe[63] = (5 << 4) | owner;
-        let _ = mem
-            .write(addr, &cqe[..63])
-            .and_then(|()| mem.write(addr + 63, &cqe[63..]));
-        cq.pi = (cq.pi + 1) & 0xff_ffff;
-        cq.buf = buf;
-        cq.ncqe = ncqe;
-        cq.cqe_size = cqe_size;
     }
 
     fn raise_qp_fatal(model: &mut Model, h: u32) {
@@ -479,7 +462,7 @@ impl Device {
     /// Takes the next send WQE of some QP: returns the work to send across the fabric, or
     /// `None` when no QP has anything to do now. Local errors, flushes and NOPs complete
     /// here. Sets `*active` when anything happened.
-    /// Under the differential trace the device executes nothing (`trace.rs` retires WQEs).
+    /// Under the differential trace the device executes nothing (`stepper.rs` retires WQEs).
     pub fn next_work(model: &mut Model, mem: &dyn Memory, now: Instant, active: &mut bool) -> Option<Work> {
         if crate::trace::enabled() {
             return None;

@@ -3,7 +3,6 @@
 
 use super::{caps, decode, Call, Errno, Host, Model};
 use crate::abi::{self, PAGE_SIZE};
-use crate::device::Device;
 use crate::mem::Memory;
 use crate::objects::Cq;
 use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, EOPNOTSUPP};
@@ -186,7 +185,7 @@ impl Model {
             return Err(EFAULT);
         }
         let cq = self.cqs.get_mut(req.cq_handle).ok_or(ENOENT)?;
-        Device::resize_cq(cq, ucmd.buf_addr, new_n, u32::from(ucmd.cqe_size), mem);
+        cq.resize(ucmd.buf_addr, new_n, u32::from(ucmd.cqe_size), mem);
         call.respond_core(mem, &resize_resp(new_n - 1))
     }
 
