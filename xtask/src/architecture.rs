@@ -1,12 +1,13 @@
 //! Architecture rules checked on the source tree, as unit tests: no import loop among the
-//! modules of `src/`.
+//! modules of `src/`, nor among those of the mlx5 device model (`tests/mlx5/model/src/`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The modules of the crate root `src/` each module of it names: through `crate::module`
+/// The modules of the crate root `src` each module of it names: through `crate::module`
 /// paths, or through a type the crate root re-exports from a module (`crate::Pd`).
-/// `src/sys/*` and `src/x/*` count as `sys` and `x`.
+/// Files in a module's folder (`src/sys/*`, `src/x/*`, `kernel/ioctl/srq.rs`) count as that
+/// module (`sys`, `x`, `kernel`).
 fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
     let lib = std::fs::read_to_string(src.join("lib.rs"))?;
     let reexports = reexported_types(&lib);
@@ -29,7 +30,7 @@ fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<Strin
     Ok(graph)
 }
 
-/// `(module, source)` of every file under `src/` but the crate root.
+/// `(module, source)` of every file under `src` but the crate root.
 fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(src)? {
@@ -40,14 +41,25 @@ fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
             .unwrap_or_default()
             .to_string();
         if path.is_dir() {
-            for inner in std::fs::read_dir(&path)? {
-                let inner = inner?.path();
-                if inner.extension().is_some_and(|e| e == "rs") {
-                    out.push((stem.clone(), std::fs::read_to_string(&inner)?));
-                }
+            for text in rust_files(&path)? {
+                out.push((stem.clone(), text));
             }
         } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" {
             out.push((stem, std::fs::read_to_string(&path)?));
+        }
+    }
+    Ok(out)
+}
+
+/// The text of every `.rs` file in `dir` and the folders inside it.
+fn rust_files(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            out.extend(rust_files(&path)?);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(std::fs::read_to_string(&path)?);
         }
     }
     Ok(out)
@@ -144,6 +156,17 @@ mod tests {
         assert!(graph.len() > 10, "read the modules of src/: {graph:?}");
         if let Some(cycle) = find_cycle(&graph) {
             panic!("src/ modules import each other in a loop: {}", cycle.join(" -> "));
+        }
+    }
+
+    #[test]
+    fn no_import_loop_among_mlx5_model_modules() {
+        let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mlx5/model/src");
+        let graph = module_imports(&model).unwrap();
+        assert!(graph.len() > 10, "read the modules of the model: {graph:?}");
+        assert!(graph["stepper"].contains("trace"), "read crate:: paths: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("mlx5 model modules import each other in a loop: {}", cycle.join(" -> "));
         }
     }
 
