@@ -20,7 +20,7 @@
 use crate::error::{bail, Context, Result};
 use crate::json;
 use crate::proc::{self, sh_quote};
-use crate::testrun::cargo;
+use crate::toolchain::cargo;
 use crate::{guest, paths};
 
 mod mlx5;

@@ -84,7 +84,7 @@ pub fn build_model() -> Result<PathBuf> {
 /// valgrind, and its work is outside what they measure).
 pub fn build_model_in(release: bool) -> Result<PathBuf> {
     require_model_crate(&paths::root())?;
-    let mut c = crate::testrun::cargo();
+    let mut c = crate::toolchain::cargo();
     c.args(["build", "-p", MODEL_PACKAGE]);
     if release {
         c.arg("--release");
@@ -384,7 +384,7 @@ type ItemFn<'a> = dyn FnMut(&Path) -> std::result::Result<(), String> + 'a;
 /// (the Rust core with the Rust mlx5 provider), one item per test binary, `--test-threads=1`;
 /// then `tests/discovery.rs` built without the mlx5 feature.
 fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
-    let mut c = crate::testrun::cargo();
+    let mut c = crate::toolchain::cargo();
     c.args([
         "test",
         "-p",
@@ -419,7 +419,7 @@ fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut 
     check(
         "tests/discovery.rs without the mlx5 feature (no provider)".into(),
         &mut |dir| {
-            let mut c = crate::testrun::cargo();
+            let mut c = crate::toolchain::cargo();
             let args = [
                 "--no-default-features",
                 "--test",
@@ -470,7 +470,7 @@ fn srq_pingpong(step: &Step, dir: &Path, gid: &[&str]) -> std::result::Result<()
 
 /// Builds the demo and rc_pingpong examples with the mlx5 provider; their paths.
 fn build_rust_examples() -> std::result::Result<(String, String), String> {
-    let mut c = crate::testrun::cargo();
+    let mut c = crate::toolchain::cargo();
     c.args([
         "build",
         "--features",

@@ -54,7 +54,7 @@ pub fn run_both(dir: &Path, model: &dyn Fn(&mut Command), limit: Duration, setti
         .arg(paths::root().join(WQE_DIFF_C))
         .args(["-libverbs", "-ldl"]);
     proc::filter(&mut gcc, b"", &[0]).map_err(|e| format!("{WQE_DIFF_C} does not compile: {e}"))?;
-    let mut cargo = crate::testrun::cargo();
+    let mut cargo = crate::toolchain::cargo();
     cargo.args(["build", "--features", "mlx5", "--example", WQE_DIFF_EXAMPLE]);
     proc::check(&mut cargo).map_err(|e| format!("the example {WQE_DIFF_EXAMPLE} does not build: {e}"))?;
     let rust_exe = paths::target_dir().join("debug/examples").join(WQE_DIFF_EXAMPLE);
