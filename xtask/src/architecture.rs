@@ -1,5 +1,6 @@
 //! Architecture rules checked on the source tree, as unit tests: no import loop among the
-//! modules of `src/`, nor among those of the mlx5 device model (`tests/mlx5/model/src/`).
+//! modules of `src/`, nor among those of the mlx5 device model (`tests/mlx5/model/src/`) or
+//! of xtask itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::path::Path;
 /// Files in a module's folder (`src/sys/*`, `src/x/*`, `kernel/ioctl/srq.rs`) count as that
 /// module (`sys`, `x`, `kernel`).
 fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
-    let lib = std::fs::read_to_string(src.join("lib.rs"))?;
+    let lib = std::fs::read_to_string(src.join("lib.rs")).or_else(|_| std::fs::read_to_string(src.join("main.rs")))?;
     let reexports = reexported_types(&lib);
     let mut graph = BTreeMap::new();
     for (module, text) in module_sources(src)? {
@@ -30,7 +31,7 @@ fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<Strin
     Ok(graph)
 }
 
-/// `(module, source)` of every file under `src` but the crate root.
+/// `(module, source)` of every file under `src` but the crate root (`lib.rs` or `main.rs`).
 fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(src)? {
@@ -44,7 +45,7 @@ fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
             for text in rust_files(&path)? {
                 out.push((stem.clone(), text));
             }
-        } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" {
+        } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" && stem != "main" {
             out.push((stem, std::fs::read_to_string(&path)?));
         }
     }
@@ -167,6 +168,16 @@ mod tests {
         assert!(graph["stepper"].contains("trace"), "read crate:: paths: {graph:?}");
         if let Some(cycle) = find_cycle(&graph) {
             panic!("mlx5 model modules import each other in a loop: {}", cycle.join(" -> "));
+        }
+    }
+
+    #[test]
+    fn no_import_loop_among_xtask_modules() {
+        let graph = module_imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap();
+        assert!(graph.len() > 10, "read the modules of xtask: {graph:?}");
+        assert!(graph["testrun"].contains("mlx5"), "read crate:: paths: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("xtask modules import each other in a loop: {}", cycle.join(" -> "));
         }
     }
 
