@@ -1,7 +1,7 @@
-//! The mlx5 device model (issue #15): `cargo xtask mlx5` runs a program on it, and
-//! [`test_step`] is the host step of `cargo xtask test` that runs Debian's unmodified C
-//! libmlx5 (through libibverbs) on it, then the Rust provider's examples and integration tests:
-//! no guest, no root, no ConnectX anywhere.
+//! The mlx5 device model: `cargo xtask mlx5` runs a program on it, and [`test_step`] is the
+//! host step of `cargo xtask test` that runs Debian's unmodified C libmlx5 (through
+//! libibverbs) on it, then the Rust provider's examples and integration tests: no guest, no
+//! root, no ConnectX anywhere.
 //!
 //! The model is the crate `tests/mlx5/model` (package `uverbs-mlx5-model`), an
 //! `LD_PRELOAD` interposer. A program runs on it with `UVERBS_MLX5_MODEL_DIR=<dir>` and
@@ -103,7 +103,7 @@ fn require_model_crate(root: &Path) -> Result<()> {
     if !root.join(MODEL_MANIFEST).is_file() {
         bail!(
             "the mlx5 model crate is not in this tree: {MODEL_MANIFEST} is missing \
-             (package {MODEL_PACKAGE}, issue #15)"
+             (package {MODEL_PACKAGE})"
         );
     }
     Ok(())
@@ -311,7 +311,8 @@ pub fn test_step() -> Vec<Checked> {
             Ok(())
         });
     }
-    // The differential against libmlx5 (acceptance 3, 4, 5 of issue #16; mlx5_diff.rs).
+    // The differential against libmlx5: WQE bytes, doorbells, completions and driver data
+    // (mlx5_diff.rs).
     let mut runs = Vec::new();
     check(
         "differential: same WQE bytes, doorbells and completions as libmlx5 (Rust mlx5 provider)".into(),
