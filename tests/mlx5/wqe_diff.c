@@ -1,5 +1,6 @@
 /*
- * The libmlx5 side of the differential (issue #16, acceptance 3 and 4): runs a script of
+ * The libmlx5 side of the differential (same WQE bytes, doorbells and completions as the
+ * Rust provider): runs a script of
  * work requests through plain libibverbs on one RC QP in RTS, then on a UD QP, calling the mlx5 model's
  * trace step (uverbs_mlx5_model_step, found with dlsym) after each script step, and prints
  * every completion. tests/mlx5/wqe_diff.rs is the same program on the Rust core; xtask

@@ -1,23 +1,37 @@
 //! Architecture rules checked on the source tree, as unit tests: no import loop among the
 //! modules of the library (those of `src/` and each vendor provider under `providers/`), and
-//! the core names no vendor; every module of the library with `unsafe` code and unit tests runs
-//! them under miri (`models::MIRI_TESTS`) or says why not (`models::MIRI_EXEMPT`); the lists of
-//! where `unsafe` is allowed (the README, `src/sys/mod.rs`) name exactly the
-//! `allow(unsafe_code)` sites.
+//! the core names no vendor; none among those of the mlx5 device model
+//! (`tests/mlx5/model/src/`) or of xtask itself; every module of the library with `unsafe` code
+//! and unit tests runs them under miri (`models::MIRI_TESTS`) or says why not
+//! (`models::MIRI_EXEMPT`); the lists of where `unsafe` is allowed (the README,
+//! `src/sys/mod.rs`) name exactly the `allow(unsafe_code)` sites.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The modules of the library each module of it names: through `crate::module` paths, or
-/// through a type the crate root re-exports from a module (`crate::Pd`). `src/sys/*` and
-/// `src/x/*` count as `sys` and `x`; `providers/rxe/**` as `providers::rxe`, and
-/// `providers/mod.rs` (the vendor table) as `providers`.
+/// The modules of the crate root `src` each module of it names: through `crate::module`
+/// paths, or through a type the crate root re-exports from a module (`crate::Pd`).
+/// Files in a module's folder (`src/sys/*`, `src/x/*`, `kernel/ioctl/srq.rs`) count as that
+/// module (`sys`, `x`, `kernel`).
 fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
-    let lib = std::fs::read_to_string(src.join("lib.rs"))?;
-    let reexports = reexported_types(&lib);
-    let mut graph = BTreeMap::new();
+    imports_among(src, module_sources(src)?)
+}
+
+/// [`module_imports`] of the library: the modules of `src/` and the vendor providers mounted
+/// from `providers/` (`providers/rxe/**` counts as `providers::rxe`, `providers/mod.rs`, the
+/// vendor table, as `providers`).
+fn library_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
     let mut sources = module_sources(src)?;
     sources.extend(provider_sources(&src.join("../providers"))?);
+    imports_among(src, sources)
+}
+
+/// The import graph among the modules of `sources` (`(module, text)`), `src` being the crate
+/// root's folder.
+fn imports_among(src: &Path, sources: Vec<(String, String)>) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).or_else(|_| std::fs::read_to_string(src.join("main.rs")))?;
+    let reexports = reexported_types(&lib);
+    let mut graph = BTreeMap::new();
     for (module, text) in sources {
         let mut names = BTreeSet::new();
         for path in crate_paths(&text) {
@@ -45,7 +59,7 @@ fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<Strin
     Ok(graph)
 }
 
-/// `(module, source)` of every file under `src/` but the crate root.
+/// `(module, source)` of every file under `src` but the crate root (`lib.rs` or `main.rs`).
 fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(src)? {
@@ -56,13 +70,10 @@ fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
             .unwrap_or_default()
             .to_string();
         if path.is_dir() {
-            for inner in std::fs::read_dir(&path)? {
-                let inner = inner?.path();
-                if inner.extension().is_some_and(|e| e == "rs") {
-                    out.push((stem.clone(), std::fs::read_to_string(&inner)?));
-                }
+            for text in rust_texts(&path)? {
+                out.push((stem.clone(), text));
             }
-        } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" {
+        } else if path.extension().is_some_and(|e| e == "rs") && stem != "lib" && stem != "main" {
             out.push((stem, std::fs::read_to_string(&path)?));
         }
     }
@@ -72,23 +83,28 @@ fn module_sources(src: &Path) -> std::io::Result<Vec<(String, String)>> {
 /// `(module, source)` of every file under `providers/`: `providers::<vendor>` for a vendor's
 /// folder, `providers` for the table in `mod.rs`.
 fn provider_sources(dir: &Path) -> std::io::Result<Vec<(String, String)>> {
-    fn walk(dir: &Path, module: &str, out: &mut Vec<(String, String)>) -> std::io::Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
-            if path.is_dir() {
-                walk(&path, module, out)?;
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push((module.to_string(), std::fs::read_to_string(&path)?));
-            }
-        }
-        Ok(())
-    }
     let mut out = vec![("providers".to_string(), std::fs::read_to_string(dir.join("mod.rs"))?)];
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.is_dir() {
             let vendor = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            walk(&path, &format!("providers::{vendor}"), &mut out)?;
+            for text in rust_texts(&path)? {
+                out.push((format!("providers::{vendor}"), text));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The text of every `.rs` file in `dir` and the folders inside it.
+fn rust_texts(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            out.extend(rust_texts(&path)?);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(std::fs::read_to_string(&path)?);
         }
     }
     Ok(out)
@@ -581,7 +597,7 @@ mod tests {
 
     #[test]
     fn no_import_loop_among_core_modules() {
-        let graph = module_imports(&src()).unwrap();
+        let graph = library_imports(&src()).unwrap();
         assert!(graph.len() > 10, "read the modules of src/: {graph:?}");
         if let Some(cycle) = find_cycle(&graph) {
             panic!("src/ modules import each other in a loop: {}", cycle.join(" -> "));
@@ -591,13 +607,34 @@ mod tests {
     /// The core reaches vendor code only through the table in `providers/mod.rs`.
     #[test]
     fn the_core_names_no_vendor() {
-        let graph = module_imports(&src()).unwrap();
+        let graph = library_imports(&src()).unwrap();
         for vendor in ["providers::rxe", "providers::mlx5"] {
             assert!(graph.contains_key(vendor), "read {vendor}: {graph:?}");
         }
         for (module, names) in graph.iter().filter(|(m, _)| !m.starts_with("providers")) {
             let vendors: Vec<&String> = names.iter().filter(|n| n.starts_with("providers::")).collect();
             assert!(vendors.is_empty(), "the core module `{module}` names {vendors:?}");
+        }
+    }
+
+    #[test]
+    fn no_import_loop_among_mlx5_model_modules() {
+        let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mlx5/model/src");
+        let graph = module_imports(&model).unwrap();
+        assert!(graph.len() > 10, "read the modules of the model: {graph:?}");
+        assert!(graph["stepper"].contains("trace"), "read crate:: paths: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("mlx5 model modules import each other in a loop: {}", cycle.join(" -> "));
+        }
+    }
+
+    #[test]
+    fn no_import_loop_among_xtask_modules() {
+        let graph = module_imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).unwrap();
+        assert!(graph.len() > 10, "read the modules of xtask: {graph:?}");
+        assert!(graph["testrun"].contains("mlx5"), "read crate:: paths: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("xtask modules import each other in a loop: {}", cycle.join(" -> "));
         }
     }
 

@@ -20,7 +20,7 @@
 use crate::error::{bail, Context, Result};
 use crate::json;
 use crate::proc::{self, sh_quote};
-use crate::testrun::cargo;
+use crate::toolchain::cargo;
 use crate::{guest, paths};
 
 mod mlx5;
@@ -532,13 +532,13 @@ fn rows(batches: &[i64]) -> Vec<Row> {
     v
 }
 
-/// How many instructions the safe post adds to the raw one, per work request (issue 19's
-/// budget: at most 5), when callgrind counted them: one request per call against the raw post
-/// of a prepared request (`post` 1) and of one built in the loop (`post_built`); lists
-/// (`post_safe` 32, `Qp::send_bufs`) against the raw post of lists built per call
-/// (`post_built` 32) and of prepared lists re-posted (`post` 32); and the safe receives of a
-/// QP and of an SRQ over their raw posts (`recv_safe` over `recv_built`, `srq_post_safe` over
-/// `srq_post_built`).
+/// How many instructions the safe post adds to the raw one, per work request (the safe
+/// API's budget: at most 5), when callgrind counted them: one request per call against the
+/// raw post of a prepared request (`post` 1) and of one built in the loop (`post_built`);
+/// lists (`post_safe` 32, `Qp::send_bufs`) against the raw post of lists built per call
+/// (`post_built` 32) and of prepared lists re-posted (`post` 32); and the safe receives of
+/// a QP and of an SRQ over their raw posts (`recv_safe` over `recv_built`, `srq_post_safe`
+/// over `srq_post_built`).
 fn safe_post_line(ir: &BTreeMap<Key, f64>) -> String {
     let get = |w: &str, list: i64| ir.get(&(w.to_string(), list, "rust".to_string())).copied();
     let mut md = String::new();

@@ -29,7 +29,7 @@ pub fn check() -> Result<()> {
         proc::check(&mut add)?;
     }
     let cargo = |features: &[&str]| {
-        let mut c = crate::testrun::cargo();
+        let mut c = crate::toolchain::cargo();
         c.args(["check", "-p", "uverbs", "--lib", "--target", TARGET])
             .args(features)
             .env("CARGO_TARGET_DIR", paths::target_dir().join(TARGET));

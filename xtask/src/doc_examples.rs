@@ -15,8 +15,8 @@ pub const COMPILE_FAIL_FILES: [&str; 3] = ["src/batch.rs", "src/owned.rs", "src/
 /// example fails with the error code it names (its own target dir, so the stable build's
 /// artifacts stay).
 pub fn nightly_doc_tests() -> Result<Command> {
-    crate::models::ensure_nightly()?;
-    let mut c = crate::models::toolchain_cargo("nightly");
+    crate::toolchain::ensure_nightly()?;
+    let mut c = crate::toolchain::toolchain_cargo("nightly");
     c.args(["test", "--doc", "-p", "uverbs", "--"])
         .args(COMPILE_FAIL_FILES)
         .current_dir(paths::root())

@@ -96,6 +96,7 @@ mod proc;
 mod public_api;
 mod qemu;
 mod testrun;
+mod toolchain;
 
 use error::{bail, Context, Result};
 use std::path::Path;
@@ -184,7 +185,7 @@ fn demo() -> Result<ExitCode> {
     if !root.join("examples/demo.rs").is_file() && !root.join("examples/demo/main.rs").is_file() {
         bail!("there is no demo yet: neither examples/demo.rs nor examples/demo/main.rs exists");
     }
-    let mut c = testrun::cargo();
+    let mut c = toolchain::cargo();
     c.args(["build", "-p", "uverbs", "--release", "--example", "demo"]);
     proc::check(&mut c)?;
     let exe = paths::target_dir().join("release/examples/demo");

@@ -1,7 +1,7 @@
-//! The mlx5 device model (issue #15): `cargo xtask mlx5` runs a program on it, and
-//! [`test_step`] is the host step of `cargo xtask test` that runs Debian's unmodified C
-//! libmlx5 (through libibverbs) on it, then the Rust provider's examples and integration tests:
-//! no guest, no root, no ConnectX anywhere.
+//! The mlx5 device model: `cargo xtask mlx5` runs a program on it, and [`test_step`] is the
+//! host step of `cargo xtask test` that runs Debian's unmodified C libmlx5 (through
+//! libibverbs) on it, then the Rust provider's examples and integration tests: no guest, no
+//! root, no ConnectX anywhere.
 //!
 //! The model is the crate `tests/mlx5/model` (package `uverbs-mlx5-model`), an
 //! `LD_PRELOAD` interposer. A program runs on it with `UVERBS_MLX5_MODEL_DIR=<dir>` and
@@ -84,7 +84,7 @@ pub fn build_model() -> Result<PathBuf> {
 /// valgrind, and its work is outside what they measure).
 pub fn build_model_in(release: bool) -> Result<PathBuf> {
     require_model_crate(&paths::root())?;
-    let mut c = crate::testrun::cargo();
+    let mut c = crate::toolchain::cargo();
     c.args(["build", "-p", MODEL_PACKAGE]);
     if release {
         c.arg("--release");
@@ -103,7 +103,7 @@ fn require_model_crate(root: &Path) -> Result<()> {
     if !root.join(MODEL_MANIFEST).is_file() {
         bail!(
             "the mlx5 model crate is not in this tree: {MODEL_MANIFEST} is missing \
-             (package {MODEL_PACKAGE}, issue #15)"
+             (package {MODEL_PACKAGE})"
         );
     }
     Ok(())
@@ -311,7 +311,8 @@ pub fn test_step() -> Vec<Checked> {
             Ok(())
         });
     }
-    // The differential against libmlx5 (acceptance 3, 4, 5 of issue #16; mlx5_diff.rs).
+    // The differential against libmlx5: WQE bytes, doorbells, completions and driver data
+    // (mlx5_diff.rs).
     let mut runs = Vec::new();
     check(
         "differential: same WQE bytes, doorbells and completions as libmlx5 (Rust mlx5 provider)".into(),
@@ -384,7 +385,7 @@ type ItemFn<'a> = dyn FnMut(&Path) -> std::result::Result<(), String> + 'a;
 /// (the Rust core with the Rust mlx5 provider), one item per test binary, `--test-threads=1`;
 /// then `tests/discovery.rs` built without the mlx5 feature.
 fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
-    let mut c = crate::testrun::cargo();
+    let mut c = crate::toolchain::cargo();
     c.args([
         "test",
         "-p",
@@ -419,7 +420,7 @@ fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut 
     check(
         "tests/discovery.rs without the mlx5 feature (no provider)".into(),
         &mut |dir| {
-            let mut c = crate::testrun::cargo();
+            let mut c = crate::toolchain::cargo();
             let args = [
                 "--no-default-features",
                 "--test",
@@ -470,7 +471,7 @@ fn srq_pingpong(step: &Step, dir: &Path, gid: &[&str]) -> std::result::Result<()
 
 /// Builds the demo and rc_pingpong examples with the mlx5 provider; their paths.
 fn build_rust_examples() -> std::result::Result<(String, String), String> {
-    let mut c = crate::testrun::cargo();
+    let mut c = crate::toolchain::cargo();
     c.args([
         "build",
         "--features",

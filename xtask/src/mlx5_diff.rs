@@ -1,12 +1,11 @@
-//! The mlx5 differential against libmlx5 (issue #16, acceptance 3, 4 and 5): one seeded
-//! script of work requests (on an RC QP, then on a UD QP through address handles) run by
-//! `tests/mlx5/wqe_diff.c` (libmlx5) and by the example
-//! `mlx5_wqe_diff` (`tests/mlx5/wqe_diff.rs`, the Rust mlx5 provider), each on the model
-//! with its trace on (`tests/mlx5/model/src/trace.rs`). Compared: the traced WQE bytes,
-//! doorbell records and UAR doorbell words (exactly), the completions (the `ibv_wc` fields
-//! libmlx5 defines), and the driver data of each command (equal but for the differences
-//! listed in [`ALLOWED`], [`ABSENT_OR_ZERO`] and [`ONLY_RUST`]). docs/mlx5-model.md says
-//! what is masked and why.
+//! The mlx5 differential against libmlx5: one seeded script of work requests (on an RC QP,
+//! then on a UD QP through address handles) run by `tests/mlx5/wqe_diff.c` (libmlx5) and by
+//! the example `mlx5_wqe_diff` (`tests/mlx5/wqe_diff.rs`, the Rust mlx5 provider), each on
+//! the model with its trace on (`tests/mlx5/model/src/trace.rs` and `stepper.rs`).
+//! Compared: the traced WQE bytes, doorbell records and UAR doorbell words (exactly), the
+//! completions (the `ibv_wc` fields libmlx5 defines), and the driver data of each command
+//! (equal but for the differences listed in [`ALLOWED`], [`ABSENT_OR_ZERO`] and
+//! [`ONLY_RUST`]). docs/mlx5-model.md says what is masked and why.
 
 use crate::{paths, proc};
 use std::collections::BTreeMap;
@@ -54,7 +53,7 @@ pub fn run_both(dir: &Path, model: &dyn Fn(&mut Command), limit: Duration, setti
         .arg(paths::root().join(WQE_DIFF_C))
         .args(["-libverbs", "-ldl"]);
     proc::filter(&mut gcc, b"", &[0]).map_err(|e| format!("{WQE_DIFF_C} does not compile: {e}"))?;
-    let mut cargo = crate::testrun::cargo();
+    let mut cargo = crate::toolchain::cargo();
     cargo.args(["build", "--features", "mlx5", "--example", WQE_DIFF_EXAMPLE]);
     proc::check(&mut cargo).map_err(|e| format!("the example {WQE_DIFF_EXAMPLE} does not build: {e}"))?;
     let rust_exe = paths::target_dir().join("debug/examples").join(WQE_DIFF_EXAMPLE);

@@ -24,6 +24,7 @@
 //! that is impossible.
 
 use crate::error::{bail, Context, Result};
+use crate::toolchain::{cargo, ensure_nightly, nightly_cargo};
 use crate::{paths, proc};
 use std::process::{Command, ExitCode};
 
@@ -130,7 +131,7 @@ pub fn run(cmd: &str, rest: &[String]) -> Result<ExitCode> {
 
 /// The loom model of the ring index protocol (stable toolchain).
 pub fn loom() -> Command {
-    let mut c = crate::testrun::cargo();
+    let mut c = cargo();
     c.args(["test", "-p", "uverbs", "--lib", "--release", "--"])
         .args(LOOM_MODELS)
         .args(["--nocapture", "--test-threads=1"])
@@ -192,58 +193,4 @@ pub fn fuzz(secs: u32) -> Result<Vec<Command>> {
         chain.push(run);
     }
     Ok(chain)
-}
-
-/// `cargo` of the nightly toolchain, without the variables that would pin the outer one.
-fn nightly_cargo() -> Command {
-    toolchain_cargo("nightly")
-}
-
-/// `cargo` of rustup's `toolchain`, without the variables that would pin the outer one.
-pub fn toolchain_cargo(toolchain: &str) -> Command {
-    let mut c = Command::new("rustup");
-    c.args(["run", toolchain, "cargo"]);
-    for v in [
-        "CARGO",
-        "RUSTC",
-        "RUSTDOC",
-        "RUSTUP_TOOLCHAIN",
-        "RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-    ] {
-        c.env_remove(v);
-    }
-    c
-}
-
-/// Makes sure the nightly toolchain with `miri` and `rust-src` is installed, installing
-/// what is missing with rustup.
-pub(crate) fn ensure_nightly() -> Result<()> {
-    if nightly_has_miri() {
-        return Ok(());
-    }
-    let mut install = Command::new("rustup");
-    install.args(["toolchain", "install", "nightly", "--profile", "minimal"]);
-    install.args(["--component", "miri", "--component", "rust-src"]);
-    note!(
-        "xtask: the nightly toolchain with miri is missing; {}",
-        proc::describe(&install)
-    );
-    if proc::check(&mut install).is_err() || !nightly_has_miri() {
-        bail!(
-            "miri and the fuzzer's AddressSanitizer need the nightly toolchain with its `miri` and \
-             `rust-src` components, and rustup could not install them; on a machine that can, run \
-             `rustup toolchain install nightly --component miri --component rust-src`"
-        );
-    }
-    Ok(())
-}
-
-fn nightly_has_miri() -> bool {
-    nightly_cargo()
-        .args(["miri", "--version"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }

@@ -11,7 +11,7 @@
 //!    missing: this is what catches language features newer than the declared version.
 
 use crate::error::{bail, Context, Result};
-use crate::testrun::cargo;
+use crate::toolchain::cargo;
 use crate::{paths, proc};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -153,7 +153,7 @@ pub fn check() -> Result<()> {
 /// if missing.
 fn compile_with(version: &str) -> Result<()> {
     let installed = || {
-        crate::models::toolchain_cargo(version)
+        crate::toolchain::toolchain_cargo(version)
             .arg("--version")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -168,7 +168,7 @@ fn compile_with(version: &str) -> Result<()> {
             bail!("rustup could not install Rust {version}; on a machine that can, run `rustup toolchain install {version} --profile minimal`");
         }
     }
-    let mut c = crate::models::toolchain_cargo(version);
+    let mut c = crate::toolchain::toolchain_cargo(version);
     c.current_dir(paths::root())
         .env("CARGO_TARGET_DIR", paths::target_dir().join("msrv"))
         .args(["check", "-p", "uverbs", "--lib", "--all-features", "--locked"]);

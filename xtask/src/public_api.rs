@@ -44,9 +44,9 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
 
 /// The public items of the library now: rustdoc's JSON of it, walked.
 fn current() -> Result<Vec<String>> {
-    crate::models::ensure_nightly()?;
+    crate::toolchain::ensure_nightly()?;
     let target = paths::target_dir().join("nightly");
-    let mut c = crate::models::toolchain_cargo("nightly");
+    let mut c = crate::toolchain::toolchain_cargo("nightly");
     c.args(["rustdoc", "-p", "uverbs", "--lib", "--features", "tokio", "--"])
         .args(["-Zunstable-options", "--output-format", "json"])
         .current_dir(paths::root())

@@ -6,6 +6,7 @@
 use crate::error::Result;
 use crate::json;
 use crate::proc::{self, sh_quote};
+use crate::toolchain::cargo;
 use crate::{env_number, guest, paths};
 use std::process::{Command, ExitCode};
 
@@ -22,12 +23,6 @@ struct Item {
 enum Outcome {
     Exited(i32),
     Unfinished(String),
-}
-
-pub fn cargo() -> Command {
-    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    c.current_dir(paths::root());
-    c
 }
 
 /// Runs everything; `extra` goes to every test binary (e.g. a name filter).

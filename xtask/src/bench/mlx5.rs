@@ -1,6 +1,6 @@
-//! The mlx5 step of `cargo xtask bench` (issue #16): the Rust mlx5 provider against Debian's
-//! C libmlx5, both on the mlx5 device model on this host. No guest: the rings, doorbell records
-//! and UAR pages are plain memory of the process, so the data path runs natively.
+//! The mlx5 step of `cargo xtask bench`: the Rust mlx5 provider against Debian's C libmlx5,
+//! both on the mlx5 device model on this host. No guest: the rings, doorbell records and
+//! UAR pages are plain memory of the process, so the data path runs natively.
 //!
 //! The same two harnesses as the rxe benchmarks (`benches/verbs/main.rs` on the uverbs API
 //! with the mlx5 provider, `benches/c/verbs_bench.c` through libibverbs and libmlx5) run on

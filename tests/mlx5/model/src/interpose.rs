@@ -11,6 +11,7 @@
 //! `EIO`. The model's lock is only taken for descriptors the model made, so the model's own
 //! libc calls (made while it holds the lock) pass straight through.
 
+use crate::fds::{fd_kind, mark_fd, unmark_fd, FD_DEVICE, FD_EVENT, FD_OTHER};
 use crate::kernel::{MapAccess, Mapping};
 use crate::mem::ProcessMemory;
 use crate::runtime::{model_dir, runtime, ProcessHost};
@@ -18,45 +19,15 @@ use libc::{c_char, c_int, c_uint, c_ulong, c_void, off_t, size_t, ssize_t};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 const DEVICE_PATH: &[u8] = b"/dev/infiniband/uverbs0";
 const SYSFS_PREFIX: &[u8] = b"/sys/class/infiniband";
 const NETLINK_RDMA: c_int = 20;
 
-/// What a descriptor is to the model.
-const FD_OTHER: u8 = 0;
-const FD_DEVICE: u8 = 1;
-const FD_EVENT: u8 = 2;
-const FD_TABLE: usize = 1 << 16;
-static FD_KIND: [AtomicU8; FD_TABLE] = [const { AtomicU8::new(FD_OTHER) }; FD_TABLE];
 /// UAR and core clock pages currently mapped (munmap only takes the lock when there are
 /// some).
 static MAPPED_PAGES: AtomicUsize = AtomicUsize::new(0);
-
-fn fd_kind(fd: c_int) -> u8 {
-    usize::try_from(fd)
-        .ok()
-        .and_then(|i| FD_KIND.get(i))
-        .map_or(FD_OTHER, |k| k.load(Ordering::Acquire))
-}
-
-/// Marks `fd` as one of the model's (event fds are marked by the host that makes them).
-fn mark_fd(fd: c_int, kind: u8) {
-    if let Some(k) = usize::try_from(fd).ok().and_then(|i| FD_KIND.get(i)) {
-        k.store(kind, Ordering::Release);
-    }
-}
-
-/// Marks a new event fd.
-pub(crate) fn mark_event_fd(fd: c_int) {
-    mark_fd(fd, FD_EVENT);
-}
-
-/// Forgets an event fd the model closes itself.
-pub(crate) fn unmark_fd(fd: c_int) {
-    mark_fd(fd, FD_OTHER);
-}
 
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
@@ -630,7 +601,7 @@ extern "C" fn init() {
 #[link_section = ".init_array"]
 static CONSTRUCTOR: extern "C" fn() = init;
 
-/// Not interposed: the differential trace's step (`trace.rs`), called by the test programs
+/// Not interposed: the differential trace's step (`stepper.rs`), called by the test programs
 /// of `tests/mlx5/` (found with `dlsym`) after each post. Returns 0, or -1 when the model
 /// is not running.
 ///
@@ -646,7 +617,7 @@ pub unsafe extern "C" fn uverbs_mlx5_model_step(label: *const c_char) -> c_int {
     };
     guarded(-1, || {
         let rt = runtime().ok_or(libc::ENODEV)?;
-        crate::trace::step(&mut rt.lock(), &label, &ProcessMemory);
+        crate::stepper::step(&mut rt.lock(), &label, &ProcessMemory);
         Ok(0)
     })
 }

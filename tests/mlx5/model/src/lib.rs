@@ -9,6 +9,8 @@
 //!   the processes started with the same `UVERBS_MLX5_MODEL_DIR`, and its threads.
 //! - [`interpose`]: the libc functions the client's calls land in (`/dev/infiniband/uverbs0`,
 //!   the sysfs tree, `write`/`ioctl`/`mmap` on the device file).
+//! - [`trace`]: the differential trace file (commands' driver data), and [`stepper`]: its
+//!   steps, which read the rings and retire what they traced.
 //!
 //! Without `UVERBS_MLX5_MODEL_DIR` the interposer passes every call through.
 
@@ -17,6 +19,8 @@
 
 pub mod abi;
 pub mod device;
+#[cfg(not(feature = "harness"))]
+mod fds;
 #[cfg(any(test, feature = "harness"))]
 pub mod harness;
 // The interposer and the process runtime it starts: left out of the harness build (the fuzz
@@ -29,6 +33,7 @@ pub mod mem;
 pub mod objects;
 #[cfg(not(feature = "harness"))]
 pub mod runtime;
+pub mod stepper;
 #[cfg(not(feature = "harness"))]
 mod sysfs;
 pub mod trace;

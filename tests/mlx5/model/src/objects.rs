@@ -1,5 +1,6 @@
 //! The objects a context owns, as the kernel and the device both see them.
 
+use crate::mem::Memory;
 use std::sync::Arc;
 
 /// Where the model delivers events: the writing end of a completion channel or of the async
@@ -60,6 +61,25 @@ pub struct Cq {
     /// Overrun seen: the CQ is in error and writes nothing more.
     pub error: bool,
     pub users: u32,
+}
+
+impl Cq {
+    /// Switches to a new buffer (RESIZE_CQ): the device writes a RESIZE CQE in the old one at
+    /// the producer index (libmlx5 copies the CQEs before it and continues in the new buffer).
+    pub fn resize(&mut self, buf: u64, ncqe: u32, cqe_size: u32, mem: &dyn Memory) {
+        let slot = u64::from(self.pi & (self.ncqe - 1));
+        let addr = self.buf + slot * u64::from(self.cqe_size) + u64::from(self.cqe_size - 64);
+        let owner = u8::from(self.pi & self.ncqe != 0);
+        let mut cqe = [0u8; 64];
+        cqe[63] = (5 << 4) | owner;
+        let _ = mem
+            .write(addr, &cqe[..63])
+            .and_then(|()| mem.write(addr + 63, &cqe[63..]));
+        self.pi = (self.pi + 1) & 0xff_ffff;
+        self.buf = buf;
+        self.ncqe = ncqe;
+        self.cqe_size = cqe_size;
+    }
 }
 
 /// A queue pair's connection attributes, from MODIFY_QP.

@@ -263,12 +263,12 @@ impl Host for ProcessHost {
         }
         // SAFETY: fds[1] was just created and is owned by nobody else.
         let ours = unsafe { OwnedFd::from_raw_fd(fds[1]) };
-        crate::interpose::mark_event_fd(fds[0]);
+        crate::fds::mark_event_fd(fds[0]);
         Ok((fds[0], Arc::new(SocketSink(ours))))
     }
 
     fn close_fd(&self, fd: i32) {
-        crate::interpose::unmark_fd(fd);
+        crate::fds::unmark_fd(fd);
         // SAFETY: `fd` is the client end event_fd created for a command that failed; the
         // client never saw it.
         unsafe { libc::close(fd) };
