@@ -514,9 +514,12 @@ mod tests {
     #[test]
     fn default_post_send_chain_gathers_lists_and_counts_from_the_first() {
         let post_in = |chain: &mut Vec<CSendWr>, full_at, state| {
+            // Linked through one raw pointer to the array: a reference to an element taken
+            // after a link was made would invalidate it (Stacked Borrows).
+            let base = chain.as_mut_ptr();
             for i in 1..chain.len() {
-                let next: *mut CSendWr = &mut chain[i];
-                chain[i - 1].next = next;
+                // SAFETY: `i - 1` and `i` are elements of the array.
+                unsafe { (*base.add(i - 1)).next = base.add(i) };
             }
             let mut qp = Recorder {
                 calls: Vec::new(),
@@ -524,7 +527,7 @@ mod tests {
             };
             // SAFETY: the test's chain, live and unchanged for the call.
             let result = unsafe {
-                let chain = SendChain::new(NonNull::from(&mut chain[0]), never);
+                let chain = SendChain::new(NonNull::new_unchecked(base), never);
                 qp.post_send_chain(chain, QpType::Rc, ContextId(0), state)
             };
             let index = result.map_err(|e| match e {
