@@ -22,12 +22,9 @@ use crate::error::{Error, Result};
 use crate::pd::{Pd, PdInner};
 use crate::sys::abi::{self, RegMr, RegMrResp};
 use crate::sys::cmd;
-use crate::sys::ioctl::object;
 use crate::sys::mapping::Mapping;
 use crate::wr::{Remote, Sge};
 use std::sync::Arc;
-
-const METHOD_MR_DESTROY: u16 = 1;
 
 bitflags::bitflags! {
     /// `enum ibv_access_flags` (the same values as the kernel's `IB_UVERBS_ACCESS_*`).
@@ -74,6 +71,11 @@ impl From<OutOfBounds> for Error {
         Error::invalid("memory region", e.to_string())
     }
 }
+
+/// Access flags that let a peer's requests reach a region.
+const PEER_ACCESS: AccessFlags = AccessFlags::REMOTE_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
 
 /// Access flags that let a peer change a region's bytes at any time: directly, or through a
 /// memory window bound over the region (`MW_BIND`).
@@ -613,18 +615,17 @@ impl RemoteMr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // Deregister before the owned mapping (a later field) is unmapped. Once DEREG_MR
-        // succeeded the device can no longer reach the bytes through this region's keys; if
-        // it failed, it still may, so the mapping is leaked rather than handed back to the
-        // system.
-        let gone = self
-            .pd
-            .ctx
-            .destroy("DEREG_MR", object::MR, METHOD_MR_DESTROY, self.handle, &mut [])
-            .is_ok();
-        if !gone {
-            std::mem::forget(self.owned.take());
+        let mut owned = self.owned.take();
+        // A region peers can access may be held by a QP's responder in the middle of a
+        // message; where the kernel's DEREG_MR would wait for it (rxe), it waits for the QPs.
+        if self.access.intersects(PEER_ACCESS) && self.pd.ctx.provider.dereg_waits_for_responders() {
+            match self.pd.park_mr(self.handle, owned) {
+                Ok(()) => return,
+                Err(back) => owned = back,
+            }
         }
+        // Deregistered before the mapping is unmapped (leaked if DEREG_MR failed).
+        self.pd.dereg_mr(self.handle, owned);
     }
 }
 

@@ -183,6 +183,14 @@ pub unsafe trait ProviderContext: Send + Sync {
 
     /// Releases what [`Self::create_ah`] made, after the kernel destroyed the AH.
     fn destroy_ah(&self, provider_data: u64);
+
+    /// Whether the kernel's DEREG_MR waits for a QP's responder that still holds the region
+    /// (a message into it not finished), which only destroying or resetting that QP ends:
+    /// the core then deregisters a region peers can access only once every QP of its PD
+    /// that was alive when the region was dropped has been destroyed or reset.
+    fn dereg_waits_for_responders(&self) -> bool {
+        false
+    }
 }
 
 /// The consumer side of a completion queue. There is exactly one consumer: the core only

@@ -346,6 +346,9 @@ pub struct Qp {
     user_handle: u64,
     /// Set once an explicit [`Qp::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: bool,
+    /// Its number among the PD's QPs, for regions that wait for responders
+    /// (`PdInner::qp_released`).
+    responder: u64,
     // Dropped after `queues` is released by `Drop`; kept alive so the kernel objects the QP
     // uses outlive it.
     pub(crate) pd: Arc<PdInner>,
@@ -454,6 +457,7 @@ impl Qp {
             context: pd.inner.context_id(),
             user_handle,
             destroyed: false,
+            responder: pd.inner.qp_created(),
             pd: pd.inner.clone(),
             _send_cq: init.send_cq.inner.clone(),
             _recv_cq: init.recv_cq.inner.clone(),
@@ -527,6 +531,10 @@ impl Qp {
         })?;
         if let Some(state) = attr.state {
             self.set_state(state);
+            if state == QpState::Reset {
+                // A reset ends whatever message its responder was in the middle of.
+                self.pd.qp_released(self.responder, false);
+            }
         }
         Ok(())
     }
@@ -821,6 +829,7 @@ impl Qp {
         match destroy_qp(&self.pd.ctx, self.handle) {
             Ok(n) => {
                 self.destroyed = true;
+                self.pd.qp_released(self.responder, true);
                 self.leave_srq();
                 self.queues.destroyed();
                 Ok(EventsReported { comp: 0, r#async: n })
@@ -864,6 +873,7 @@ impl Drop for Qp {
             std::mem::forget(std::mem::replace(&mut self.sends, Held::new(0, false)));
             std::mem::forget(std::mem::replace(&mut self.recvs, Held::new(0, true)));
         } else {
+            self.pd.qp_released(self.responder, true);
             self.leave_srq();
             if !self.owner.forked() {
                 self.queues.destroyed();

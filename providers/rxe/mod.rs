@@ -100,6 +100,14 @@ unsafe impl ProviderContext for RxeContext {
         srq::create(self, kernel)
     }
 
+    /// Linux 6.1's rxe holds the region in `qp->resp.mr` from a message's first packet; an
+    /// unfinished message leaves it there until the QP is reset or destroyed, and DEREG_MR
+    /// waits 50 s for it, then logs a WARNING and frees the region anyway
+    /// (docs/kernel-facts.md).
+    fn dereg_waits_for_responders(&self) -> bool {
+        true
+    }
+
     /// rxe builds the address vector in the kernel from CREATE_AH's attributes.
     fn create_ah(&self, _attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
         let mut resp = CreateAhResp::default();
