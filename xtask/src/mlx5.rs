@@ -362,7 +362,7 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
     ("no_alloc", &[], &[]),
     ("qp_attr", &[], &[]),
     ("srq", &[], &[]),
-    // The safe posts (`Qp::send_buf`, `recv_buf`, `reclaim`, `reclaim_dropped`).
+    // The safe posts (`Qp::send_buf`, `recv_buf`, `reclaim`, the refusal of RESET).
     ("owned", &[], &[]),
     // A region dropped while a responder might hold it (deregistered at once on mlx5).
     ("responder_mr", &[], &[]),
