@@ -152,11 +152,7 @@ impl CSendArm {
     #[inline(always)]
     pub fn as_rdma(&self) -> CRdmaArm {
         // SAFETY: every byte is initialised (the type's invariant) and the arm is plain data.
-        let r = unsafe { &self.rdma };
-        CRdmaArm {
-            remote_addr: r.remote_addr,
-            rkey: r.rkey,
-        }
+        unsafe { self.rdma }
     }
 
     /// The bytes read as the `atomic` arm.
@@ -171,12 +167,7 @@ impl CSendArm {
     #[inline(always)]
     pub fn as_ud(&self) -> CUdArm {
         // SAFETY: as in `as_rdma`.
-        let u = unsafe { &self.ud };
-        CUdArm {
-            ah: u.ah,
-            remote_qpn: u.remote_qpn,
-            remote_qkey: u.remote_qkey,
-        }
+        unsafe { self.ud }
     }
 }
 
