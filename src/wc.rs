@@ -66,8 +66,8 @@ open_enum! {
 }
 
 bitflags::bitflags! {
-    /// `enum ibv_wc_flags`, as the kernel writes them (rxe copies its own bit values; see the
-    /// README's notes on bit 2).
+    /// `enum ibv_wc_flags`, as the kernel writes them (rxe copies its own bit values: bit 2 is
+    /// rxe's own; docs/kernel-facts.md).
     #[repr(transparent)]
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     pub struct WcFlags: u32 {

@@ -3,7 +3,7 @@
 //! fds the kernel creates, the fork hook, `membarrier(2)`, and the RDMA CM's `rdma_ucm` ABI.
 //!
 //! Where `unsafe` is allowed: the crate denies `unsafe_code` and, test code aside, allows it
-//! only here (the README's list is the same; an xtask test checks both against the
+//! only here (the list in docs/architecture.md is the same; an xtask test checks both against the
 //! `allow(unsafe_code)` sites):
 //!
 //! - `sys`: the kernel ABI, its commands, the fds the kernel creates, the fork hook,

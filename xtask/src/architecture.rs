@@ -3,7 +3,7 @@
 //! the core names no vendor; none among those of the mlx5 device model
 //! (`tests/mlx5/model/src/`) or of xtask itself; every module of the library with `unsafe` code
 //! and unit tests runs them under miri (`models::MIRI_TESTS`) or says why not
-//! (`models::MIRI_EXEMPT`); the lists of where `unsafe` is allowed (the README,
+//! (`models::MIRI_EXEMPT`); the lists of where `unsafe` is allowed (docs/architecture.md,
 //! `src/sys/mod.rs`) name exactly the `allow(unsafe_code)` sites.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -520,7 +520,7 @@ mod tests {
         }
     }
 
-    /// The README's and `src/sys/mod.rs`'s lists of where `unsafe` is allowed name exactly the
+    /// docs/architecture.md's and `src/sys/mod.rs`'s lists of where `unsafe` is allowed name exactly the
     /// `allow(unsafe_code)` sites of the library, and the crate root denies it elsewhere.
     #[test]
     fn the_lists_of_where_unsafe_is_allowed_are_the_allow_sites() {
@@ -537,7 +537,7 @@ mod tests {
             sites.whole.contains("sys") && sites.items.contains("qp"),
             "found the sites: {sites:?}"
         );
-        for doc in ["README.md", "src/sys/mod.rs"] {
+        for doc in ["docs/architecture.md", "src/sys/mod.rs"] {
             let text = std::fs::read_to_string(root.join(doc)).unwrap();
             let listed = listed_sites(&text)
                 .unwrap_or_else(|| panic!("{doc}: no list of bullets under \"Where `unsafe` is allowed\""));
