@@ -79,7 +79,7 @@ pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Buf, Mr, OutOfBounds, RemoteMr};
 pub use mw::{Mw, MwType};
-pub use owned::{Completion, Reaped, Refused, SrqReclaimError};
+pub use owned::{Completion, Reaped, Reclaimed, Refused, SrqReclaimError, WorkQueue};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{AltPath, ConnectAttr, Qp, QpAttr, QpInfo, QpInit};

@@ -128,7 +128,7 @@ use crate::error::{Error, Result, Verb, WrReject};
 use crate::held::{without_unwinding, ListStop};
 use crate::mr::Buf;
 use crate::qp::Qp;
-use crate::wc::{WcStatus, WorkCompletion};
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge, UdDest};
 
 /// Completions just taken from a CQ by [`Cq::reap`]: the proof [`Qp::reclaim`] asks for.
@@ -166,6 +166,62 @@ pub struct Completion<'w> {
     wc: &'w WorkCompletion,
     /// The CQ it came from (its shared state's address, alive while a QP on it lives).
     cq: usize,
+}
+
+/// Which of a QP's queues a request was posted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkQueue {
+    /// The send queue: sends, RDMA writes and reads, atomics, binds, invalidations.
+    Send,
+    /// The receive queue (the QP's own, or its SRQ).
+    Recv,
+}
+
+impl Completion<'_> {
+    /// The queue of the request this completes, whatever its status (a flush or error
+    /// completion's `opcode` is undefined, but the safe posts' ids say it): `None` only for
+    /// a failed request of the raw posts ([`Qp::post_send`], [`Qp::post_recv`]), which the
+    /// library cannot tell.
+    pub fn queue(&self) -> Option<WorkQueue> {
+        if let Some(queue) = crate::held::queue_of(self.wc_id()) {
+            return Some(queue);
+        }
+        self.is_success().then(|| {
+            if self.opcode.0 & WcOpcode::RECV.0 != 0 {
+                WorkQueue::Recv
+            } else {
+                WorkQueue::Send
+            }
+        })
+    }
+
+    fn wc_id(&self) -> u64 {
+        self.wc.wr_id
+    }
+}
+
+/// A buffer [`Qp::reclaim_detailed`] gave back, with the request it was posted with.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Reclaimed {
+    /// The buffer (a receive's with its length set to the bytes received, when the
+    /// completion was its own and a success).
+    pub buf: Buf,
+    /// The queue the request was posted to.
+    pub queue: WorkQueue,
+    /// The operation it was posted with ([`WcOpcode::RECV`] for a receive), known whatever
+    /// the completion's status.
+    pub op: WcOpcode,
+    /// The request's `wr_id`: the completion's own, or an earlier request's that the
+    /// completion implies (an unsignaled one, or one whose completion an overrun lost).
+    pub wr_id: u64,
+}
+
+impl Reclaimed {
+    /// Whether `c` is this request's own completion (not a later request's).
+    pub fn completed_by(&self, c: &Completion<'_>) -> bool {
+        c.wr_id == self.wr_id
+    }
 }
 
 impl std::ops::Deref for Completion<'_> {
@@ -261,6 +317,7 @@ impl Qp {
         if let Err(error) = modelled(&op, "send_buf") {
             return Err(Refused { error, buf: Some(buf) });
         }
+        self.sends.note_op(&op);
         let wr = SendWr {
             wr_id: id,
             op,
@@ -366,7 +423,7 @@ impl Qp {
             });
         }
         // Drawn only once the request is known to be well formed; a gap in the ids is harmless.
-        wr.wr_id = self.sends.bare_id().map_err(|reason| Error::WorkRequest {
+        wr.wr_id = self.sends.bare_id_for(&op).map_err(|reason| Error::WorkRequest {
             verb: "send_inline",
             index: 0,
             reason,
@@ -423,6 +480,24 @@ impl Qp {
     /// A receive's buffer comes back with its length set to the bytes received
     /// (`c.byte_len`); on an error status its contents are unspecified.
     pub fn reclaim(&mut self, c: Completion<'_>) -> Option<Buf> {
+        self.reclaim_detailed(c).map(|r| r.buf)
+    }
+
+    /// [`Qp::reclaim`], saying which queue the buffer comes from and what its request was
+    /// ([`Reclaimed`]), for success, flush and error completions alike.
+    ///
+    /// ```
+    /// # fn f(qp: &mut uverbs::Qp, c: uverbs::Completion<'_>) {
+    /// use uverbs::WorkQueue;
+    /// while let Some(r) = qp.reclaim_detailed(c) {
+    ///     match r.queue {
+    ///         WorkQueue::Recv => { /* post it again, or read it if c succeeded */ }
+    ///         WorkQueue::Send => { /* r.op: what it was posted with */ }
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn reclaim_detailed(&mut self, c: Completion<'_>) -> Option<Reclaimed> {
         if c.qp_num != self.qpn() {
             return None;
         }
@@ -441,7 +516,37 @@ impl Qp {
         if id == c.wr_id && held.is_recv() && c.status == WcStatus::SUCCESS {
             buf.received(c.byte_len);
         }
-        Some(buf)
+        let (queue, op) = if held.is_recv() {
+            (WorkQueue::Recv, WcOpcode::RECV)
+        } else {
+            // Just released: its slot's operation is still the request's.
+            (WorkQueue::Send, held.op_of(id).unwrap_or_default())
+        };
+        Some(Reclaimed {
+            buf,
+            queue,
+            op,
+            wr_id: id,
+        })
+    }
+
+    /// The operation of the request `c` completes, whatever its status: on success the
+    /// completion's own `opcode`; on a flush or error (when `opcode` is undefined) what the
+    /// safe posts recorded when they posted it ([`WcOpcode::RECV`] for a receive). Ask before
+    /// [`Qp::reclaim`] lets the request go: `None` once a later post took its place, and for a
+    /// failed request of the raw posts or of another QP.
+    pub fn completed_op(&self, c: &Completion<'_>) -> Option<WcOpcode> {
+        if c.qp_num != self.qpn() {
+            return None;
+        }
+        if c.is_success() {
+            return Some(c.opcode);
+        }
+        match crate::held::queue_of(c.wr_id)? {
+            // This QP's receive (or its SRQ's): a receive, whatever became of it.
+            WorkQueue::Recv => Some(WcOpcode::RECV),
+            WorkQueue::Send => self.sends.op_of(c.wr_id),
+        }
     }
 
     /// Every buffer the completions of `reaped` give back to this QP ([`Qp::reclaim`] for each

@@ -306,11 +306,18 @@ impl<'a> QpInit<'a> {
     /// (`sq_sig_all` false), its own receive queue and a fresh user handle. Change the
     /// fields before `create_qp` for more; the kernel may grant more than asked
     /// ([`Qp::cap`]).
-    pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq) -> Self {
+    ///
+    /// The CQs may be [`Cq`]s or anything that lends one (`AsRef<Cq>`), such as an awaitable
+    /// CQ (`aio::AsyncCq`, feature `tokio`).
+    pub fn new<S, R>(qp_type: QpType, send_cq: &'a S, recv_cq: &'a R) -> Self
+    where
+        S: AsRef<Cq> + ?Sized,
+        R: AsRef<Cq> + ?Sized,
+    {
         Self {
             qp_type,
-            send_cq,
-            recv_cq,
+            send_cq: send_cq.as_ref(),
+            recv_cq: recv_cq.as_ref(),
             cap: QpCap {
                 max_send_wr: 128,
                 max_recv_wr: 128,

@@ -174,6 +174,23 @@ impl SendOp {
         opcode.0
     }
 
+    /// The completion opcode ([`crate::WcOpcode`]) a successful request of this operation
+    /// completes with; `None` for [`SendOp::Raw`], whose completion the core cannot tell.
+    pub fn wc_opcode(&self) -> Option<crate::wc::WcOpcode> {
+        use crate::wc::WcOpcode;
+        Some(match self {
+            Self::Send | Self::SendWithImm { .. } | Self::SendWithInv { .. } => WcOpcode::SEND,
+            Self::RdmaWrite(_) | Self::RdmaWriteWithImm(..) => WcOpcode::RDMA_WRITE,
+            Self::RdmaRead(_) => WcOpcode::RDMA_READ,
+            Self::CompareSwap { .. } => WcOpcode::COMP_SWAP,
+            Self::FetchAdd { .. } => WcOpcode::FETCH_ADD,
+            Self::LocalInv { .. } => WcOpcode::LOCAL_INV,
+            Self::BindMw(_) => WcOpcode::BIND_MW,
+            Self::AtomicWrite { .. } => WcOpcode::ATOMIC_WRITE,
+            Self::Raw(_) => return None,
+        })
+    }
+
     /// Immediate data in network byte order, as a work queue entry carries it, when the
     /// operation has one.
     #[inline]

@@ -829,3 +829,68 @@ fn full_queues_move_to_reset_only_after_their_flushes_are_reaped() {
     }
     assert_eq!(p.a.qp.held_bufs(), (0, 0));
 }
+
+/// Flush completions, whose `opcode` is undefined, still say which queue and which operation
+/// their request was: `Completion::queue`, `Qp::completed_op` and `Qp::reclaim_detailed` tell
+/// from what the safe posts recorded.
+#[test]
+fn flushed_requests_say_their_queue_and_operation() {
+    let mut p = Pair::new();
+    let state = |s| QpAttr {
+        state: Some(s),
+        ..Default::default()
+    };
+    // The peer stops answering: the sends stay queued until the flush.
+    p.b.qp.modify(&state(QpState::Reset)).unwrap();
+    let remote = p.b.mr.remote(0).unwrap();
+    let mut pool = bufs(&p.pd, 8, 64);
+    let mut eight = pool.pop().unwrap();
+    eight.set_len(8).unwrap();
+    let posted = [
+        (WorkQueue::Send, WcOpcode::RDMA_READ),
+        (WorkQueue::Send, WcOpcode::FETCH_ADD),
+        (WorkQueue::Send, WcOpcode::SEND),
+        (WorkQueue::Send, WcOpcode::RDMA_WRITE),
+        (WorkQueue::Recv, WcOpcode::RECV),
+    ];
+    p.a.qp.send_buf(SendOp::RdmaRead(remote), pool.pop().unwrap()).unwrap();
+    p.a.qp.send_buf(SendOp::FetchAdd { remote, add: 1 }, eight).unwrap();
+    p.a.qp.send_buf(SendOp::Send, pool.pop().unwrap()).unwrap();
+    p.a.qp.send_inline(SendOp::RdmaWrite(remote), b"inline").unwrap();
+    p.a.qp.recv_buf(pool.pop().unwrap()).unwrap();
+    p.a.qp.modify(&state(QpState::Err)).unwrap();
+
+    let mut seen = Vec::new();
+    let mut back = Vec::new();
+    let mut wc = [WorkCompletion::default(); 8];
+    let start = Instant::now();
+    while seen.len() < posted.len() {
+        for c in p.a.cq.reap(&mut wc).iter() {
+            assert_eq!(c.status, WcStatus::WR_FLUSH_ERR, "{c:?}");
+            let op = p.a.qp.completed_op(&c).expect("the safe posts know it");
+            seen.push((c.queue().expect("a safe post's id"), op));
+            while let Some(r) = p.a.qp.reclaim_detailed(c) {
+                assert!(r.completed_by(&c), "every request signaled");
+                back.push((r.queue, r.op));
+                pool.push(r.buf);
+            }
+        }
+        assert!(start.elapsed() < TIMEOUT, "flushes so far: {seen:?}");
+    }
+    seen.sort_by_key(|(q, _)| *q == WorkQueue::Recv);
+    assert_eq!(
+        seen, posted,
+        "each completion's queue and operation, the sends in order"
+    );
+    let holding: Vec<_> = posted
+        .iter()
+        .copied()
+        .filter(|&(_, op)| op != WcOpcode::RDMA_WRITE)
+        .collect();
+    back.sort_by_key(|(q, _)| *q == WorkQueue::Recv);
+    assert_eq!(
+        back, holding,
+        "the buffers back, each with its request (the inline one held none)"
+    );
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
+}
