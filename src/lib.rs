@@ -51,6 +51,7 @@ pub mod provider;
 #[allow(unsafe_code)] // rings and mappings
 mod providers;
 mod qp;
+mod remote;
 mod srq;
 #[allow(unsafe_code)] // the kernel ABI, its commands, fds and the fork hook
 mod sys;
@@ -83,6 +84,7 @@ pub use owned::{Completion, Reaped, Reclaimed, Refused, SrqReclaimError, WorkQue
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{AltPath, ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
+pub use remote::{frame_private_data, unframe_private_data, DecodeError, RemoteOutOfBounds, RemoteRegion};
 pub use srq::{Srq, SrqAttr, SrqInit};
 pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{AhRef, MwBind, RawOp, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};

@@ -128,6 +128,7 @@ use crate::error::{Error, Result, Verb, WrReject};
 use crate::held::{without_unwinding, ListStop};
 use crate::mr::Buf;
 use crate::qp::Qp;
+use crate::remote::{RemoteOutOfBounds, RemoteRegion};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge, UdDest};
 
@@ -379,6 +380,67 @@ impl Qp {
         })
     }
 
+    /// RDMA-writes `buf`'s bytes to `offset` in the peer's `region`, signaled, as
+    /// [`Qp::send_buf`] posts it; refused before posting, the buffer back, when they do not
+    /// fit the region ([`WrReject::RemoteOutOfBounds`]).
+    pub fn write_buf(&mut self, buf: Buf, region: &RemoteRegion, offset: u64) -> std::result::Result<(), Refused> {
+        match region.at(offset, buf.len() as u64) {
+            Ok(remote) => self.send_buf(SendOp::RdmaWrite(remote), buf),
+            Err(e) => Err(out_of_bounds("write_buf", e, buf)),
+        }
+    }
+
+    /// RDMA-reads `buf.len()` bytes from `offset` in the peer's `region` into `buf`,
+    /// signaled; checked like [`Qp::write_buf`].
+    pub fn read_buf(&mut self, buf: Buf, region: &RemoteRegion, offset: u64) -> std::result::Result<(), Refused> {
+        match region.at(offset, buf.len() as u64) {
+            Ok(remote) => self.send_buf(SendOp::RdmaRead(remote), buf),
+            Err(e) => Err(out_of_bounds("read_buf", e, buf)),
+        }
+    }
+
+    /// Fetch-and-add of `add` on the 8 bytes at `offset` in the peer's `region`, the old value
+    /// landing in `buf` (8 bytes long); checked like [`Qp::write_buf`].
+    pub fn fetch_add_buf(
+        &mut self,
+        buf: Buf,
+        region: &RemoteRegion,
+        offset: u64,
+        add: u64,
+    ) -> std::result::Result<(), Refused> {
+        match region.at(offset, 8) {
+            Ok(remote) => self.send_buf(SendOp::FetchAdd { remote, add }, buf),
+            Err(e) => Err(out_of_bounds("fetch_add_buf", e, buf)),
+        }
+    }
+
+    /// Compare-and-swap on the 8 bytes at `offset` in the peer's `region`, the old value
+    /// landing in `buf` (8 bytes long); checked like [`Qp::write_buf`].
+    pub fn compare_swap_buf(
+        &mut self,
+        buf: Buf,
+        region: &RemoteRegion,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> std::result::Result<(), Refused> {
+        match region.at(offset, 8) {
+            Ok(remote) => self.send_buf(SendOp::CompareSwap { remote, compare, swap }, buf),
+            Err(e) => Err(out_of_bounds("compare_swap_buf", e, buf)),
+        }
+    }
+
+    /// RDMA-writes `data` inline to `offset` in the peer's `region` ([`Qp::send_inline`]);
+    /// checked like [`Qp::write_buf`].
+    pub fn write_inline(&mut self, data: &[u8], region: &RemoteRegion, offset: u64) -> Result<()> {
+        let remote = region.at(offset, data.len() as u64).map_err(|e| Error::WorkRequest {
+            verb: "write_inline",
+            index: 0,
+            reason: e.into(),
+        })?;
+        self.send_inline(SendOp::RdmaWrite(remote), data)
+    }
+
     /// The most requests [`Qp::send_bufs`] posts with one doorbell.
     pub const BUF_LIST: usize = crate::held::LIST;
 
@@ -624,6 +686,19 @@ fn modelled(op: &SendOp, verb: Verb) -> Result<()> {
             reason: WrReject::OpcodeNotSupported,
         }),
         _ => Ok(()),
+    }
+}
+
+/// A one-sided post refused for its range, the buffer back.
+#[cold]
+fn out_of_bounds(verb: Verb, e: RemoteOutOfBounds, buf: Buf) -> Refused {
+    Refused {
+        error: Error::WorkRequest {
+            verb,
+            index: 0,
+            reason: e.into(),
+        },
+        buf: Some(buf),
     }
 }
 

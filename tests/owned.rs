@@ -894,3 +894,98 @@ fn flushed_requests_say_their_queue_and_operation() {
     );
     assert_eq!(p.a.qp.held_bufs(), (0, 0));
 }
+
+/// One-sided safe posts through an advertised `RemoteRegion`: the region travels as bytes
+/// (zero-padded, as private data comes back), the posts land inside it, and a range past its
+/// end is refused before posting with a typed error, the buffer handed back.
+#[test]
+fn one_sided_posts_through_an_advertised_region_check_its_bounds() {
+    let mut p = Pair::new();
+    let advertised = p.b.mr.region_range(4096, 256).unwrap();
+    let mut wire = [0u8; 56];
+    wire[..RemoteRegion::ENCODED_LEN].copy_from_slice(&advertised.encode());
+    let region = RemoteRegion::decode(&wire).unwrap();
+    assert_eq!(region, advertised);
+    assert_eq!((region.addr(), region.len()), (p.b.mr.addr() + 4096, 256));
+
+    let mut pool = bufs(&p.pd, 4, 64);
+    let mut buf = pool.pop().unwrap();
+    buf.fill_from(&message(3)).unwrap();
+    p.a.qp.write_buf(buf, &region, 192).unwrap();
+    let buf = one_back(&mut p.a.qp, &mut p.a.cq);
+    assert_eq!(p.b.mr.to_vec(4096 + 192, MSG).unwrap(), message(3), "the last 64 bytes");
+
+    let refused = p.a.qp.write_buf(buf, &region, 193).unwrap_err();
+    assert_eq!(
+        refused.error.to_string(),
+        Error::WorkRequest {
+            verb: "write_buf",
+            index: 0,
+            reason: WrReject::RemoteOutOfBounds {
+                offset: 193,
+                len: 64,
+                region_len: 256
+            }
+        }
+        .to_string()
+    );
+    assert!(matches!(
+        refused.error,
+        Error::WorkRequest {
+            reason: WrReject::RemoteOutOfBounds { offset: 193, .. },
+            ..
+        }
+    ));
+    let buf = refused.buf.expect("the buffer comes back");
+    assert_eq!(p.a.qp.held_bufs(), (0, 0), "nothing posted");
+
+    p.a.qp.read_buf(buf, &region, 192).unwrap();
+    let mut buf = one_back(&mut p.a.qp, &mut p.a.cq);
+    assert_eq!(buf.as_slice(), &message(3)[..], "read back through the region");
+
+    p.b.mr.write(4096, &40u64.to_ne_bytes()).unwrap();
+    buf.set_len(8).unwrap();
+    p.a.qp.fetch_add_buf(buf, &region, 0, 2).unwrap();
+    let buf = one_back(&mut p.a.qp, &mut p.a.cq);
+    assert_eq!(buf.as_slice(), 40u64.to_ne_bytes());
+    p.a.qp.compare_swap_buf(buf, &region, 0, 42, 7).unwrap();
+    let buf = one_back(&mut p.a.qp, &mut p.a.cq);
+    assert_eq!(buf.as_slice(), 42u64.to_ne_bytes());
+    let refused = p.a.qp.fetch_add_buf(buf, &region, 256, 1).unwrap_err();
+    assert!(matches!(
+        refused.error,
+        Error::WorkRequest {
+            reason: WrReject::RemoteOutOfBounds { .. },
+            ..
+        }
+    ));
+    pool.push(refused.buf.unwrap());
+
+    let sub = region.range(16, 16).unwrap();
+    p.a.qp.write_inline(b"sixteen bytes!!!", &sub, 0).unwrap();
+    let err = p.a.qp.write_inline(b"seventeen bytes!!", &sub, 0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WorkRequest {
+                reason: WrReject::RemoteOutOfBounds {
+                    len: 17,
+                    region_len: 16,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut wc = [WorkCompletion::default(); 1];
+    let start = Instant::now();
+    while p.a.qp.held_bufs() != (0, 0) {
+        for c in p.a.cq.reap(&mut wc).iter() {
+            assert!(c.is_success() && p.a.qp.reclaim(c).is_none(), "{c:?}");
+        }
+        assert!(start.elapsed() < TIMEOUT);
+    }
+    assert_eq!(p.b.mr.to_vec(4096 + 16, 16).unwrap(), b"sixteen bytes!!!");
+    assert_eq!(p.a.qp.held_bufs(), (0, 0));
+}
