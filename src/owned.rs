@@ -445,7 +445,9 @@ impl Qp {
     pub const BUF_LIST: usize = crate::held::LIST;
 
     /// Posts `op` (a send or RDMA write) with `data` copied into the request, signaled. The
-    /// QP must allow that much inline data (`QpCap::max_inline_data`). Nothing is held: its
+    /// QP must have been granted that much inline data ([`Qp::cap`]'s `max_inline_data`, at
+    /// least [`crate::QpInit::INLINE`] for a QP created from [`crate::QpInit::new`]): more is
+    /// [`WrReject::InlineTooLong`] on every provider. Nothing is held: its
     /// completion only counts (and gives back older buffers, as any later completion does).
     pub fn send_inline(&mut self, op: SendOp, data: &[u8]) -> Result<()> {
         self.send_inline_with(op, data, SendFlags::SIGNALED, None)
@@ -462,14 +464,16 @@ impl Qp {
         self.owner.check("post_send")?;
         modelled(&op, "send_inline")?;
         self.check_send_state()?;
-        let length = u32::try_from(data.len()).map_err(|_| Error::WorkRequest {
-            verb: "send_inline",
-            index: 0,
-            reason: WrReject::InlineTooLong {
-                given: data.len(),
-                max: self.cap().max_inline_data,
-            },
-        })?;
+        // Refused above what the QP was granted ([`Qp::cap`]), on every provider alike.
+        let max = self.cap().max_inline_data;
+        let length = u32::try_from(data.len())
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or(Error::WorkRequest {
+                verb: "send_inline",
+                index: 0,
+                reason: WrReject::InlineTooLong { given: data.len(), max },
+            })?;
         let sge = Sge {
             addr: data.as_ptr() as u64,
             length,

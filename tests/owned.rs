@@ -989,3 +989,53 @@ fn one_sided_posts_through_an_advertised_region_check_its_bounds() {
     assert_eq!(p.b.mr.to_vec(4096 + 16, 16).unwrap(), b"sixteen bytes!!!");
     assert_eq!(p.a.qp.held_bufs(), (0, 0));
 }
+
+/// A QP from `QpInit::new`'s defaults takes inline sends of up to `QpInit::INLINE` bytes on
+/// every provider (the same program on rxe and on the mlx5 model), and refuses one byte more
+/// than it was granted with the same typed error, before the provider sees it.
+#[test]
+fn default_qps_take_the_same_inline_sends_on_every_provider() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (acq, bcq) = (ctx.create_cq(64).unwrap(), ctx.create_cq(64).unwrap());
+    let mut a = pd.create_qp(&QpInit::new(QpType::Rc, &acq, &acq)).unwrap();
+    let mut b = pd.create_qp(&QpInit::new(QpType::Rc, &bcq, &bcq)).unwrap();
+    let granted = a.cap().max_inline_data;
+    assert!(granted >= QpInit::INLINE, "granted {granted}");
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mr = pd.alloc_remote_mr(4096, access).unwrap();
+    let path = loopback_path(&ctx);
+    let (an, bn) = (a.qpn(), b.qpn());
+    for (qp, peer) in [(&mut a, bn), (&mut b, an)] {
+        qp.to_init(1, access).unwrap();
+        qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rts(0).unwrap();
+    }
+    let data = [0x5a; QpInit::INLINE as usize];
+    a.write_inline(&data, &mr.region(), 0).unwrap();
+    let too_long = vec![1; granted as usize + 1];
+    let err = a
+        .send_inline(SendOp::RdmaWrite(mr.remote(0).unwrap()), &too_long)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WorkRequest {
+                reason: WrReject::InlineTooLong { given, max },
+                ..
+            } if given == too_long.len() && max == granted
+        ),
+        "{err}"
+    );
+    let mut acq = acq;
+    let mut wc = [WorkCompletion::default(); 2];
+    let start = Instant::now();
+    while a.held_bufs() != (0, 0) {
+        for c in acq.reap(&mut wc).iter() {
+            assert!(c.is_success(), "{c:?}");
+            assert!(a.reclaim(c).is_none());
+        }
+        assert!(start.elapsed() < TIMEOUT);
+    }
+    assert_eq!(mr.to_vec(0, data.len()).unwrap(), data);
+}
