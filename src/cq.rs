@@ -127,12 +127,6 @@ impl std::fmt::Debug for Cq {
     }
 }
 
-impl AsRef<Cq> for Cq {
-    fn as_ref(&self) -> &Cq {
-        self
-    }
-}
-
 impl Context {
     /// Creates a completion queue of at least `cqe` entries, with no completion channel.
     pub fn create_cq(&self, cqe: u32) -> Result<Cq> {

@@ -78,7 +78,7 @@ pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
-pub use mr::{AccessFlags, Buf, Mr, OutOfBounds, RemoteMr};
+pub use mr::{AccessFlags, Buf, LocalAccess, Mr, OutOfBounds, RemoteMr};
 pub use mw::{Mw, MwType};
 pub use owned::{Completion, Reaped, Reclaimed, Refused, SrqReclaimError, WorkQueue};
 pub use pd::Pd;

@@ -31,8 +31,9 @@
 //! only through the lkey of a region that is still registered. The rules:
 //!
 //! 1. **Only the holder reaches a `Buf`'s bytes.** `Buf`s of one region are disjoint, and their
-//!    region has no remote write or atomic access (an [`crate::Mr`] cannot; `into_bufs` checks
-//!    the flags), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
+//!    region has no remote write or atomic access (an [`crate::Mr`] from
+//!    [`crate::Pd::alloc_mr`] cannot ask for it, [`crate::LocalAccess`]; `into_bufs` checks
+//!    the flags of one registered by hand), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
 //!    post took it by value, so the caller cannot read, write, reuse or drop it (the
 //!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
 //!    puts it in the QP's slot for the request first, the request names the SGE in that box
@@ -116,7 +117,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Nor split into `Buf`s, nor allocated as an `Mr`: both are refused at run time.
+//! Nor allocated as an `Mr`, which does not compile:
+//!
+//! ```compile_fail,E0599
+//! # fn f(pd: &uverbs::Pd) -> uverbs::Result<()> {
+//! let mr = pd.alloc_mr(4096, uverbs::LocalAccess::LOCAL_WRITE | uverbs::LocalAccess::REMOTE_WRITE)?; // E0599
+//! # Ok(()) }
+//! ```
+//!
+//! Nor split into `Buf`s (a region registered by hand with [`crate::Pd::reg_mr`]): refused
+//! at run time.
 
 mod srq;
 

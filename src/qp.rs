@@ -313,17 +313,13 @@ impl<'a> QpInit<'a> {
     /// fields before `create_qp` for more; the kernel may grant more than asked
     /// ([`Qp::cap`]).
     ///
-    /// The CQs may be [`Cq`]s or anything that lends one (`AsRef<Cq>`), such as an awaitable
-    /// CQ (`aio::AsyncCq`, feature `tokio`).
-    pub fn new<S, R>(qp_type: QpType, send_cq: &'a S, recv_cq: &'a R) -> Self
-    where
-        S: AsRef<Cq> + ?Sized,
-        R: AsRef<Cq> + ?Sized,
-    {
+    /// An awaitable CQ (`aio::AsyncCq`, feature `tokio`) lends its [`Cq`] here as well:
+    /// `QpInit::new(QpType::Rc, &acq, &acq)`.
+    pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq) -> Self {
         Self {
             qp_type,
-            send_cq: send_cq.as_ref(),
-            recv_cq: recv_cq.as_ref(),
+            send_cq,
+            recv_cq,
             cap: QpCap {
                 max_send_wr: 128,
                 max_recv_wr: 128,

@@ -271,7 +271,7 @@ fn reaped_completions_give_the_safe_posts_buffers_back() {
     let rt = runtime();
     rt.block_on(async {
         let mut p = async_pair();
-        let region = p._pd.alloc_mr(32 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+        let region = p._pd.alloc_mr(32 * 8, LocalAccess::LOCAL_WRITE).unwrap();
         let mut bufs = region.into_bufs(8).unwrap();
         let total = bufs.len();
         let (mut sent, mut back) = (0, 0);
@@ -331,7 +331,7 @@ fn a_one_call_async_cq_takes_its_qp_directly() {
             qp.to_rts(0).unwrap();
         }
         let mut bufs = pd
-            .alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE)
+            .alloc_mr(4 * 64, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(64)
             .unwrap();

@@ -23,7 +23,7 @@ fn message(seq: u64) -> [u8; MSG] {
 
 /// Local buffers of `size` bytes from a fresh region of `count` of them.
 fn bufs(pd: &Pd, count: usize, size: usize) -> Vec<Buf> {
-    let mr = pd.alloc_mr(count * size, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(count * size, LocalAccess::LOCAL_WRITE).unwrap();
     mr.into_bufs(size).unwrap()
 }
 
@@ -404,16 +404,8 @@ fn completions_of_raw_posts_and_other_queues_give_nothing_back() {
 #[test]
 fn remotely_writable_memory_is_reached_by_copies_and_never_split() {
     let p = Pair::new();
-    let err =
-        p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-            .unwrap_err();
-    assert!(err.to_string().contains("alloc_remote_mr"), "{err}");
-    assert!(p.pd.alloc_mr(4096, AccessFlags::REMOTE_ATOMIC).is_err());
-    // A window bound over the region could open it to a peer's writes.
-    assert!(p
-        .pd
-        .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
-        .is_err());
+    // `alloc_mr` with remote write, atomic or window access does not compile (`LocalAccess`'s
+    // compile_fail examples).
     let mut mr =
         p.pd.alloc_remote_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
             .unwrap();
@@ -434,7 +426,7 @@ fn remotely_writable_memory_is_reached_by_copies_and_never_split() {
     );
     // Local memory splits into buffers, the last one shorter.
     let bufs =
-        p.pd.alloc_mr(1000, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(1000, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(300)
             .unwrap();

@@ -96,6 +96,16 @@ impl AsRef<Cq> for AsyncCq {
     }
 }
 
+/// The CQ, for what reads it without polling (its capacity, handle), and so that a QP is
+/// created on an `AsyncCq` directly: `QpInit::new(QpType::Rc, &acq, &acq)`.
+impl std::ops::Deref for AsyncCq {
+    type Target = Cq;
+
+    fn deref(&self) -> &Cq {
+        &self.cq
+    }
+}
+
 impl AsyncCq {
     /// Wraps `cq`, which must have been created on `channel` (`CqInit::channel`), with no
     /// other CQ on it: events for other CQs would be taken from them. Must be called inside a
