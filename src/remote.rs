@@ -45,7 +45,8 @@ const HEADER: usize = 8;
 /// The body of version 1: address, length, rkey.
 const BODY: usize = 20;
 
-/// Why bytes could not be decoded ([`RemoteRegion::decode`], [`unframe_private_data`]).
+/// Why bytes could not be decoded ([`RemoteRegion::decode`], [`crate::Endpoint::decode`],
+/// [`unframe_private_data`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DecodeError {
@@ -56,21 +57,24 @@ pub enum DecodeError {
         /// Bytes given.
         got: usize,
     },
-    /// The bytes do not start with the magic: not an encoded region.
+    /// The bytes do not start with the magic: not this encoding.
     BadMagic,
     /// A version this release does not read.
     Version(u8),
     /// A body shorter than its version's.
     BadLength(usize),
+    /// A field with a value the encoding does not have.
+    Malformed(&'static str),
 }
 
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Short { need, got } => write!(f, "{got} bytes, the encoding needs {need}"),
-            Self::BadMagic => write!(f, "not an encoded remote region (no \"uvRR\" magic)"),
+            Self::BadMagic => write!(f, "not this encoding (its magic is missing)"),
             Self::Version(v) => write!(f, "remote region encoding version {v}, this release reads {VERSION}"),
-            Self::BadLength(n) => write!(f, "a {n}-byte body, version {VERSION} has {BODY}"),
+            Self::BadLength(n) => write!(f, "a {n}-byte body, shorter than its version's"),
+            Self::Malformed(what) => write!(f, "malformed: {what}"),
         }
     }
 }
