@@ -311,6 +311,17 @@ impl<'a> SendWr<'a> {
         self
     }
 
+    /// The name [`SendWr::set_flags`] had before 0.1.0: replaces the flags,
+    /// [`SendFlags::SIGNALED`] included. Kept for one release; [`SendWr::with`] adds flags
+    /// instead (a request stays signaled).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `set_flags` (replaces every flag, SIGNALED included); `with` adds flags"
+    )]
+    pub fn flags(self, flags: SendFlags) -> Self {
+        self.set_flags(flags)
+    }
+
     /// Checks the rules every transport imposes, whatever the device: which operations the
     /// QP type allows, that UD sends have a destination, that inline data is not used where
     /// the device must write, and atomic alignment.
@@ -437,6 +448,9 @@ mod tests {
             SendFlags::SIGNALED | SendFlags::INLINE
         );
         assert_eq!(wr.set_flags(SendFlags::INLINE).flags, SendFlags::INLINE);
+        #[allow(deprecated)]
+        let renamed = wr.flags(SendFlags::INLINE);
+        assert_eq!(renamed.flags, SendFlags::INLINE, "the old name replaces them too");
     }
 
     #[test]
