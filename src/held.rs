@@ -10,7 +10,7 @@ pub(crate) use srq::{SrqHeld, SrqMembers};
 
 use crate::error::{Error, Result, WrReject};
 use crate::mr::Buf;
-use crate::wc::WcOpcode;
+use crate::wc::{WcOpcode, WorkQueue};
 use crate::wr::{SendFlags, SendOp, SendWr, Sge};
 use blocks::BLOCKS;
 use std::mem::MaybeUninit;
@@ -395,8 +395,7 @@ impl Held {
 
 /// The queue a request of the safe posts with id `id` was posted to (an SRQ's receives
 /// included); `None` for a raw post's id.
-pub(crate) fn queue_of(id: u64) -> Option<crate::owned::WorkQueue> {
-    use crate::owned::WorkQueue;
+pub(crate) fn queue_of(id: u64) -> Option<WorkQueue> {
     match id & (SAFE_ID | RECV_ID) {
         x if x == SAFE_ID | RECV_ID => Some(WorkQueue::Recv),
         SAFE_ID => Some(WorkQueue::Send),
@@ -520,7 +519,6 @@ mod tests {
 
     #[test]
     fn each_request_keeps_its_operation_until_its_slot_is_taken_again() {
-        use crate::owned::WorkQueue;
         use crate::wr::Remote;
         let mut h = Held::new(2, false);
         h.set_open(true);

@@ -82,13 +82,13 @@ pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
 pub use mr::{AccessFlags, Buf, LocalAccess, Mr, OutOfBounds, RemoteMr};
 pub use mw::{Mw, MwType};
-pub use owned::{Completion, Reaped, Reclaimed, Refused, SrqReclaimError, WorkQueue};
+pub use owned::{Completion, Reaped, Reclaimed, Refused, SrqReclaimError};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{AltPath, ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
 pub use remote::{frame_private_data, unframe_private_data, DecodeError, RemoteOutOfBounds, RemoteRegion};
 pub use srq::{Srq, SrqAttr, SrqInit};
-pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion, WorkQueue};
 pub use wr::{AhRef, MwBind, RawOp, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
 
 #[cfg(test)]

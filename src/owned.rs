@@ -139,7 +139,7 @@ use crate::held::{without_unwinding, ListStop};
 use crate::mr::Buf;
 use crate::qp::Qp;
 use crate::remote::{RemoteOutOfBounds, RemoteRegion};
-use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion, WorkQueue};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge, UdDest};
 
 /// Completions just taken from a CQ by [`Cq::reap`]: the proof [`Qp::reclaim`] asks for.
@@ -177,15 +177,6 @@ pub struct Completion<'w> {
     wc: &'w WorkCompletion,
     /// The CQ it came from (its shared state's address, alive while a QP on it lives).
     cq: usize,
-}
-
-/// Which of a QP's queues a request was posted to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WorkQueue {
-    /// The send queue: sends, RDMA writes and reads, atomics, binds, invalidations.
-    Send,
-    /// The receive queue (the QP's own, or its SRQ).
-    Recv,
 }
 
 impl Completion<'_> {

@@ -65,6 +65,15 @@ open_enum! {
     }
 }
 
+/// Which of a QP's queues a request was posted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkQueue {
+    /// The send queue: sends, RDMA writes and reads, atomics, binds, invalidations.
+    Send,
+    /// The receive queue (the QP's own, or its SRQ).
+    Recv,
+}
+
 bitflags::bitflags! {
     /// `enum ibv_wc_flags`, as the kernel writes them (rxe copies its own bit values; see the
     /// README's notes on bit 2).
