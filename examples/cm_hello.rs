@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 use uverbs::cm::{ConnParam, Connector, Listener};
-use uverbs::{AccessFlags, Buf, Cq, Qp, QpInit, QpType, SendOp, WcOpcode, WorkCompletion};
+use uverbs::{Buf, Cq, LocalAccess, Qp, QpInit, QpType, SendOp, WcOpcode, WorkCompletion};
 
 /// rdma_server's and rdma_client's message size.
 const MSG: usize = 16;
@@ -50,7 +50,7 @@ impl End {
         let mut init = QpInit::new(QpType::Rc, &cq, &cq);
         (init.cap.max_send_wr, init.cap.max_recv_wr) = (1, 1);
         let qp = pd.create_qp(&init)?;
-        let bufs = pd.alloc_mr(2 * MSG, AccessFlags::LOCAL_WRITE)?.into_bufs(MSG)?;
+        let bufs = pd.alloc_mr(2 * MSG, LocalAccess::LOCAL_WRITE)?.into_bufs(MSG)?;
         Ok((
             Self {
                 cq,

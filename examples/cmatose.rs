@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 use uverbs::cm::{CmEvent, CmEventKind, CmId, CmOption, ConnParam, EventChannel};
-use uverbs::{AccessFlags, Context, Cq, Mr, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
+use uverbs::{Context, Cq, LocalAccess, Mr, Qp, QpInit, QpType, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion};
 
 /// cmatose gives address and route resolution 2 s each.
 const RESOLVE: Duration = Duration::from_secs(2);
@@ -203,7 +203,7 @@ impl Verbs {
         (init.cap.max_send_sge, init.cap.max_recv_sge) = (1, 1);
         init.sq_sig_all = true;
         let qp = pd.create_qp(&init)?;
-        let mem = pd.alloc_mr(o.message_size.max(1), AccessFlags::LOCAL_WRITE)?;
+        let mem = pd.alloc_mr(o.message_size.max(1), LocalAccess::LOCAL_WRITE)?;
         Ok(Self {
             qp,
             send_cq,

@@ -93,8 +93,8 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     }
     // Local memory (only this process's requests touch it), cut into buffers: the free
     // send buffers, and receive buffers, all lent to B's receive queue.
-    let mut free = pd.alloc_mr(MSG * DEPTH, AccessFlags::LOCAL_WRITE)?.into_bufs(MSG)?;
-    for buf in pd.alloc_mr(MSG * DEPTH, AccessFlags::LOCAL_WRITE)?.into_bufs(MSG)? {
+    let mut free = pd.alloc_mr(MSG * DEPTH, LocalAccess::LOCAL_WRITE)?.into_bufs(MSG)?;
+    for buf in pd.alloc_mr(MSG * DEPTH, LocalAccess::LOCAL_WRITE)?.into_bufs(MSG)? {
         b.recv_buf(buf)?;
     }
     const TOTAL: u64 = 20_000;
@@ -178,7 +178,7 @@ fn ud_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     let (mut s, mut r) = (ud_qp()?, ud_qp()?);
     let ah = pd.create_ah(&path)?;
     let dest = ah.ud_dest(r.qpn(), QKEY);
-    let mut bufs = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE)?.into_bufs(4096)?;
+    let mut bufs = pd.alloc_mr(8192, LocalAccess::LOCAL_WRITE)?.into_bufs(4096)?;
     let (mut inbox, mut msg) = (bufs.pop(), bufs.pop());
     for _ in 0..10 {
         r.recv_buf(inbox.take().ok_or("the receive buffer is back")?)?;

@@ -48,7 +48,7 @@ fn main() -> DemoResult<()> {
         qp.to_rts(0)?;
     }
     // Two buffers, lent to the QPs for each round and given back by its completions.
-    let mut bufs = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?.into_bufs(2048)?;
+    let mut bufs = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE)?.into_bufs(2048)?;
     let (mut inbox, mut msg) = (bufs.pop(), bufs.pop());
 
     let mut poll = Poll::new()?;

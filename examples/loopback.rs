@@ -1,6 +1,6 @@
 //! Two RC QPs on one device, connected to each other, move one message: the README's
 //! example (`cargo xtask guest -- target/debug/examples/loopback`).
-use uverbs::{AccessFlags, Mtu, QpInit, QpType, SendOp, WorkCompletion};
+use uverbs::{AccessFlags, LocalAccess, Mtu, QpInit, QpType, SendOp, WorkCompletion};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = uverbs::open(None)?; // the first RDMA device, with its provider
@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut a = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?; // 128 WRs, 1 SGE
     let mut b = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq))?;
     // Local memory (no peer writes it) cut into buffers, each owned by us or by a QP.
-    let mut bufs = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?.into_bufs(2048)?;
+    let mut bufs = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE)?.into_bufs(2048)?;
     let (inbox, mut msg) = (bufs.remove(1), bufs.remove(0));
 
     // Both ends on this device: the path to the port's RoCE v2 GID, from that GID.

@@ -26,8 +26,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use uverbs::{
-    AccessFlags, AhAttr, GlobalRoute, Mtu, Qp, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, WorkCompletion,
+    AccessFlags, AhAttr, GlobalRoute, LocalAccess, Mtu, Qp, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, WorkCompletion,
 };
 
 const PINGPONG_RECV_WRID: u64 = 1;
@@ -537,7 +537,7 @@ fn run(o: &Opts) -> Result<(), String> {
     })?;
     let pd = ctx.alloc_pd().map_err(|e| format!("Couldn't allocate PD: {e}"))?;
     let mut mr = pd
-        .alloc_mr(size, AccessFlags::LOCAL_WRITE)
+        .alloc_mr(size, LocalAccess::LOCAL_WRITE)
         .map_err(|e| format!("Couldn't register MR: {e}"))?;
     mr.as_mut_slice().fill(0x7b);
     if o.servername.is_some() && o.validate_buf {

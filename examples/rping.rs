@@ -23,8 +23,8 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 use uverbs::cm::{CmEventKind, ConnParam, Connection, Connector, Listener};
 use uverbs::{
-    AccessFlags, CompChannel, Context, Cq, CqInit, Mr, Pd, Qp, QpInit, QpType, RecvWr, Remote, RemoteMr, SendOp,
-    SendWr, WcOpcode, WorkCompletion,
+    AccessFlags, CompChannel, Context, Cq, CqInit, LocalAccess, Mr, Pd, Qp, QpInit, QpType, RecvWr, Remote, RemoteMr,
+    SendOp, SendWr, WcOpcode, WorkCompletion,
 };
 
 /// rping's default port and ping size.
@@ -197,7 +197,7 @@ impl Verbs {
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
         let qp = pd.create_qp(&init)?;
-        let ctl = pd.alloc_mr(2 * INFO, AccessFlags::LOCAL_WRITE)?;
+        let ctl = pd.alloc_mr(2 * INFO, LocalAccess::LOCAL_WRITE)?;
         Ok(Self { qp, cq, comp, ctl, pd })
     }
 
@@ -327,7 +327,7 @@ fn run_server(o: &Options) -> Result<()> {
         pd,
     } = Verbs::new(&req.context()?)?;
     // The server's buffer: RDMA READ lands here and RDMA WRITE goes out from here.
-    let buf = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE)?;
+    let buf = pd.alloc_mr(o.size, LocalAccess::LOCAL_WRITE)?;
     req.init_qp(&mut qp)?;
     Verbs::post_recv(&mut qp, &ctl)?;
     let mut conn = req.accept(qp, &ConnParam::default(), STALL)?;
@@ -462,7 +462,7 @@ fn run_client(o: &Options) -> Result<()> {
         pd,
     } = Verbs::new(&connector.context()?)?;
     // The source the server reads and the sink it writes.
-    let mut source = pd.alloc_mr(o.size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+    let mut source = pd.alloc_mr(o.size, LocalAccess::LOCAL_WRITE | LocalAccess::REMOTE_READ)?;
     let sink = pd.alloc_remote_mr(
         o.size,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,

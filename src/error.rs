@@ -203,6 +203,16 @@ pub enum WrReject {
     /// operation, a negative or null scatter/gather list, or what its caller's slow path
     /// refused (a UD send without an address handle, a bind without a window).
     Malformed,
+    /// A one-sided operation's range does not fit the peer's advertised region
+    /// ([`crate::RemoteRegion`]): refused before posting.
+    RemoteOutOfBounds {
+        /// Start of the range, from the region's first byte.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+        /// Length of the region.
+        region_len: u64,
+    },
 }
 
 impl std::fmt::Display for WrReject {
@@ -225,6 +235,14 @@ impl std::fmt::Display for WrReject {
             Self::Malformed => write!(
                 f,
                 "unreadable request (unknown opcode, bad scatter/gather list, or no address handle or window)"
+            ),
+            Self::RemoteOutOfBounds {
+                offset,
+                len,
+                region_len,
+            } => write!(
+                f,
+                "{len} bytes at offset {offset} do not fit the peer's {region_len}-byte region"
             ),
         }
     }

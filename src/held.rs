@@ -10,6 +10,7 @@ pub(crate) use srq::{SrqHeld, SrqMembers};
 
 use crate::error::{Error, Result, WrReject};
 use crate::mr::Buf;
+use crate::wc::{WcOpcode, WorkQueue};
 use crate::wr::{SendFlags, SendOp, SendWr, Sge};
 use blocks::BLOCKS;
 use std::mem::MaybeUninit;
@@ -36,6 +37,10 @@ pub(crate) struct Held {
     /// `slots.len() - 1`.
     mask: usize,
     ids: Ids,
+    /// The operation of the request in each slot, as posted (send queues only: a receive
+    /// queue's are all receives). Kept after the request is released, until a later request
+    /// takes the slot.
+    ops: Box<[WcOpcode]>,
     /// The request array of [`Held::post_list`] (none for a receive queue).
     list: Prepared,
 }
@@ -122,6 +127,11 @@ impl Held {
         Self {
             slots: (0..cap).map(|_| None).collect(),
             mask: cap - 1,
+            ops: if recv {
+                Box::default()
+            } else {
+                vec![WcOpcode::default(); cap].into()
+            },
             list: Prepared::new(if recv || depth == 0 { 0 } else { LIST }),
             ids: Ids {
                 depth: if depth == 0 { 0 } else { cap as u64 },
@@ -172,6 +182,28 @@ impl Held {
         }
     }
 
+    /// Records `op` as the operation of the request `next_id` just gave out (before
+    /// `commit`). Nothing on a receive queue.
+    #[inline]
+    pub(crate) fn note_op(&mut self, op: &SendOp) {
+        let at = self.ids.next as usize & self.mask;
+        if let (Some(slot), Some(op)) = (self.ops.get_mut(at), op.wc_opcode()) {
+            *slot = op;
+        }
+    }
+
+    /// The operation request `id` was posted with, if this queue counts it or has just
+    /// released it (until a later request takes its slot): a receive on a receive queue.
+    pub(crate) fn op_of(&self, id: u64) -> Option<WcOpcode> {
+        if !self.owns(id) || id >= self.ids.next || self.ids.next - id > self.slots.len() as u64 {
+            return None;
+        }
+        if self.is_recv() {
+            return Some(WcOpcode::RECV);
+        }
+        self.ops.get(id as usize & self.mask).copied()
+    }
+
     /// Counts the claimed request: the provider took it.
     #[inline]
     pub(crate) fn commit(&mut self) {
@@ -207,8 +239,15 @@ impl Held {
         if all == 0 {
             return (0, None);
         }
-        let Self { slots, mask, ids, list } = self;
+        let Self {
+            slots,
+            mask,
+            ids,
+            ops,
+            list,
+        } = self;
         let wrs = list.prepared(op, flags);
+        let wc_op = op.wc_opcode().unwrap_or_default();
         // Every slot is reached through this pointer (masked, so within the ring) until the
         // last list is posted: no reference to the ring is made meanwhile.
         let ring = slots.as_mut_ptr();
@@ -239,6 +278,9 @@ impl Held {
             let first = ids.next;
             for (k, wr) in wrs[..n].iter_mut().enumerate() {
                 let id = first + k as u64;
+                if let Some(slot) = ops.get_mut(id as usize & *mask) {
+                    *slot = wc_op;
+                }
                 // SAFETY: `read + k` is below `all`, the length `bufs` had: that buffer is
                 // read once, so moved. `mask` is the ring's length less one (a power of two),
                 // so the slot is in the ring; it is free (`room` counted it: its last request
@@ -298,9 +340,18 @@ impl Held {
     /// The id for a request that holds no buffer (an inline send): counted like the others,
     /// its slot left empty. Called once the request is known to be well formed (a gap in
     /// the ids would do no harm, but holds nothing).
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn bare_id(&mut self) -> std::result::Result<u64, WrReject> {
         let id = self.next_id()?;
+        self.ids.next += 1;
+        Ok(id)
+    }
+
+    /// [`Held::bare_id`] for a request of `op`, which [`Held::op_of`] then tells.
+    #[inline]
+    pub(crate) fn bare_id_for(&mut self, op: &SendOp) -> std::result::Result<u64, WrReject> {
+        let id = self.next_id()?;
+        self.note_op(op);
         self.ids.next += 1;
         Ok(id)
     }
@@ -339,6 +390,16 @@ impl Held {
             }
         }
         None
+    }
+}
+
+/// The queue a request of the safe posts with id `id` was posted to (an SRQ's receives
+/// included); `None` for a raw post's id.
+pub(crate) fn queue_of(id: u64) -> Option<WorkQueue> {
+    match id & (SAFE_ID | RECV_ID) {
+        x if x == SAFE_ID | RECV_ID => Some(WorkQueue::Recv),
+        SAFE_ID => Some(WorkQueue::Send),
+        _ => None,
     }
 }
 
@@ -454,6 +515,46 @@ mod tests {
         let recv = Held::new(4, true);
         assert!(!recv.owns(ids[0]) && recv.is_recv());
         assert!(h.bare_id().unwrap() > ids[3]);
+    }
+
+    #[test]
+    fn each_request_keeps_its_operation_until_its_slot_is_taken_again() {
+        use crate::wr::Remote;
+        let mut h = Held::new(2, false);
+        h.set_open(true);
+        let write = SendOp::RdmaWrite(Remote { addr: 0, rkey: 1 });
+        let a = h.bare_id_for(&write).unwrap();
+        let b = h.bare_id_for(&SendOp::Send).unwrap();
+        assert_eq!(
+            (h.op_of(a), h.op_of(b)),
+            (Some(WcOpcode::RDMA_WRITE), Some(WcOpcode::SEND))
+        );
+        assert_eq!(queue_of(a), Some(WorkQueue::Send));
+        assert!(h.release(a).is_none());
+        assert_eq!(
+            h.op_of(a),
+            Some(WcOpcode::RDMA_WRITE),
+            "released, its slot not yet taken"
+        );
+        let add = SendOp::FetchAdd {
+            remote: Remote { addr: 0, rkey: 1 },
+            add: 1,
+        };
+        let c = h.bare_id_for(&add).unwrap();
+        assert_eq!(
+            (h.op_of(a), h.op_of(c)),
+            (None, Some(WcOpcode::FETCH_ADD)),
+            "slot taken"
+        );
+        assert_eq!(h.op_of(c + 1), None, "not given out");
+        let mut recv = Held::new(2, true);
+        recv.set_open(true);
+        let r = recv.bare_id().unwrap();
+        assert_eq!(
+            (recv.op_of(r), queue_of(r)),
+            (Some(WcOpcode::RECV), Some(WorkQueue::Recv))
+        );
+        assert_eq!(queue_of(7), None, "a raw post's id");
     }
 
     #[test]

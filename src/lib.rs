@@ -30,6 +30,7 @@ pub mod cm;
 mod context;
 mod cq;
 mod device;
+mod endpoint;
 mod error;
 mod event;
 mod event_file;
@@ -51,6 +52,7 @@ pub mod provider;
 #[allow(unsafe_code)] // rings and mappings
 mod providers;
 mod qp;
+mod remote;
 mod srq;
 #[allow(unsafe_code)] // the kernel ABI, its commands, fds and the fork hook
 mod sys;
@@ -75,16 +77,18 @@ pub use chain::{CAtomicArm, CRdmaArm, CSendArm, CSendWr, CUdArm, SlowDecode};
 pub use context::{open, Context, Gid, GidType};
 pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
+pub use endpoint::{Endpoint, PortAddr};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
-pub use mr::{AccessFlags, Buf, Mr, OutOfBounds, RemoteMr};
+pub use mr::{AccessFlags, Buf, LocalAccess, Mr, OutOfBounds, RemoteMr};
 pub use mw::{Mw, MwType};
-pub use owned::{Completion, Reaped, Refused, SrqReclaimError};
+pub use owned::{Completion, Reaped, Reclaimed, Refused, SrqReclaimError};
 pub use pd::Pd;
 pub use providers::providers;
 pub use qp::{AltPath, ConnectAttr, Qp, QpAttr, QpInfo, QpInit};
+pub use remote::{frame_private_data, unframe_private_data, DecodeError, RemoteOutOfBounds, RemoteRegion};
 pub use srq::{Srq, SrqAttr, SrqInit};
-pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wc::{WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion, WorkQueue};
 pub use wr::{AhRef, MwBind, RawOp, RecvWr, Remote, SendFlags, SendOp, SendWr, Sge, UdDest, WrOpcode};
 
 #[cfg(test)]

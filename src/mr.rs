@@ -3,7 +3,7 @@
 //! Rust references and the device must never race on the same bytes. Who else may touch a
 //! region decides how its bytes are reached:
 //!
-//! - An [`Mr`] has no remote write or atomic access ([`Pd::alloc_mr`] refuses those flags),
+//! - An [`Mr`] has no remote write or atomic access ([`Pd::alloc_mr`] takes no such flags: [`LocalAccess`]),
 //!   so only this process's own work requests make the device touch it. Its bytes are plain
 //!   slices ([`Mr::as_slice`], [`Mr::as_mut_slice`]); the unsafe [`crate::Qp::post_send`] and
 //!   [`crate::Qp::post_recv`] make their caller promise not to hold such slices over buffers a
@@ -40,6 +40,39 @@ bitflags::bitflags! {
         const REMOTE_ATOMIC = 1 << 3;
         /// Memory windows may be bound to it.
         const MW_BIND = 1 << 4;
+    }
+}
+
+bitflags::bitflags! {
+    /// The access [`Pd::alloc_mr`] registers an [`Mr`] with: the flags of [`AccessFlags`]
+    /// that let no peer change its bytes. Remote write, remote atomic and window binding are
+    /// not among them, so asking for them does not compile (they need
+    /// [`Pd::alloc_remote_mr`], whose bytes are reached by copies):
+    ///
+    /// ```compile_fail,E0599
+    /// # fn f(pd: &uverbs::Pd) -> uverbs::Result<()> {
+    /// let mr = pd.alloc_mr(4096, uverbs::LocalAccess::REMOTE_WRITE)?; // no such flag: E0599
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```compile_fail,E0308
+    /// # fn f(pd: &uverbs::Pd) -> uverbs::Result<()> {
+    /// let access = uverbs::AccessFlags::LOCAL_WRITE | uverbs::AccessFlags::REMOTE_WRITE;
+    /// let mr = pd.alloc_mr(4096, access)?; // AccessFlags is not LocalAccess: E0308
+    /// # Ok(()) }
+    /// ```
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct LocalAccess: u32 {
+        /// The local HCA may write (needed for receives, reads and atomics into it).
+        const LOCAL_WRITE = AccessFlags::LOCAL_WRITE.bits();
+        /// Peers may RDMA-read from it.
+        const REMOTE_READ = AccessFlags::REMOTE_READ.bits();
+    }
+}
+
+impl From<LocalAccess> for AccessFlags {
+    fn from(a: LocalAccess) -> Self {
+        AccessFlags::from_bits_retain(a.bits())
     }
 }
 
@@ -117,18 +150,12 @@ impl std::fmt::Debug for Mr {
 }
 
 impl Pd {
-    /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`, which
-    /// may not include [`AccessFlags::REMOTE_WRITE`], [`AccessFlags::REMOTE_ATOMIC`] or
-    /// [`AccessFlags::MW_BIND`] (a window bound over the region could let a peer write it):
-    /// for memory peers write, [`Pd::alloc_remote_mr`].
-    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
-        if access.intersects(PEER_WRITES) {
-            return Err(Error::invalid(
-                "alloc_mr",
-                "remote write, atomic or window access: peers could change the bytes under a slice; use Pd::alloc_remote_mr",
-            ));
-        }
-        self.alloc_any_mr(len, access)
+    /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`: local
+    /// write and remote read at most ([`LocalAccess`]; remote write, remote atomic or window
+    /// binding does not compile, since a peer, or a window bound over the region, could change
+    /// the bytes under a slice). For memory peers write, [`Pd::alloc_remote_mr`].
+    pub fn alloc_mr(&self, len: usize, access: LocalAccess) -> Result<Mr> {
+        self.alloc_any_mr(len, access.into())
     }
 
     /// Allocates `len` zeroed, page-aligned bytes that peers may write, registered with

@@ -31,8 +31,9 @@
 //! only through the lkey of a region that is still registered. The rules:
 //!
 //! 1. **Only the holder reaches a `Buf`'s bytes.** `Buf`s of one region are disjoint, and their
-//!    region has no remote write or atomic access (an [`crate::Mr`] cannot; `into_bufs` checks
-//!    the flags), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
+//!    region has no remote write or atomic access (an [`crate::Mr`] from
+//!    [`crate::Pd::alloc_mr`] cannot ask for it, [`crate::LocalAccess`]; `into_bufs` checks
+//!    the flags of one registered by hand), so no peer writes them. While a QP holds a `Buf`, no one else has it: the
 //!    post took it by value, so the caller cannot read, write, reuse or drop it (the
 //!    `compile_fail` examples below). A `Buf` is one pointer to a box holding its SGE: the post
 //!    puts it in the QP's slot for the request first, the request names the SGE in that box
@@ -116,7 +117,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Nor split into `Buf`s, nor allocated as an `Mr`: both are refused at run time.
+//! Nor allocated as an `Mr`, which does not compile:
+//!
+//! ```compile_fail,E0599
+//! # fn f(pd: &uverbs::Pd) -> uverbs::Result<()> {
+//! let mr = pd.alloc_mr(4096, uverbs::LocalAccess::LOCAL_WRITE | uverbs::LocalAccess::REMOTE_WRITE)?; // E0599
+//! # Ok(()) }
+//! ```
+//!
+//! Nor split into `Buf`s (a region registered by hand with [`crate::Pd::reg_mr`]): refused
+//! at run time.
 
 mod srq;
 
@@ -128,7 +138,8 @@ use crate::error::{Error, Result, Verb, WrReject};
 use crate::held::{without_unwinding, ListStop};
 use crate::mr::Buf;
 use crate::qp::Qp;
-use crate::wc::{WcStatus, WorkCompletion};
+use crate::remote::{RemoteOutOfBounds, RemoteRegion};
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion, WorkQueue};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge, UdDest};
 
 /// Completions just taken from a CQ by [`Cq::reap`]: the proof [`Qp::reclaim`] asks for.
@@ -166,6 +177,53 @@ pub struct Completion<'w> {
     wc: &'w WorkCompletion,
     /// The CQ it came from (its shared state's address, alive while a QP on it lives).
     cq: usize,
+}
+
+impl Completion<'_> {
+    /// The queue of the request this completes, whatever its status (a flush or error
+    /// completion's `opcode` is undefined, but the safe posts' ids say it): `None` only for
+    /// a failed request of the raw posts ([`Qp::post_send`], [`Qp::post_recv`]), which the
+    /// library cannot tell.
+    pub fn queue(&self) -> Option<WorkQueue> {
+        if let Some(queue) = crate::held::queue_of(self.wc_id()) {
+            return Some(queue);
+        }
+        self.is_success().then(|| {
+            if self.opcode.0 & WcOpcode::RECV.0 != 0 {
+                WorkQueue::Recv
+            } else {
+                WorkQueue::Send
+            }
+        })
+    }
+
+    fn wc_id(&self) -> u64 {
+        self.wc.wr_id
+    }
+}
+
+/// A buffer [`Qp::reclaim_detailed`] gave back, with the request it was posted with.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Reclaimed {
+    /// The buffer (a receive's with its length set to the bytes received, when the
+    /// completion was its own and a success).
+    pub buf: Buf,
+    /// The queue the request was posted to.
+    pub queue: WorkQueue,
+    /// The operation it was posted with ([`WcOpcode::RECV`] for a receive), known whatever
+    /// the completion's status.
+    pub op: WcOpcode,
+    /// The request's `wr_id`: the completion's own, or an earlier request's that the
+    /// completion implies (an unsignaled one, or one whose completion an overrun lost).
+    pub wr_id: u64,
+}
+
+impl Reclaimed {
+    /// Whether `c` is this request's own completion (not a later request's).
+    pub fn completed_by(&self, c: &Completion<'_>) -> bool {
+        c.wr_id == self.wr_id
+    }
 }
 
 impl std::ops::Deref for Completion<'_> {
@@ -261,6 +319,7 @@ impl Qp {
         if let Err(error) = modelled(&op, "send_buf") {
             return Err(Refused { error, buf: Some(buf) });
         }
+        self.sends.note_op(&op);
         let wr = SendWr {
             wr_id: id,
             op,
@@ -322,11 +381,74 @@ impl Qp {
         })
     }
 
+    /// RDMA-writes `buf`'s bytes to `offset` in the peer's `region`, signaled, as
+    /// [`Qp::send_buf`] posts it; refused before posting, the buffer back, when they do not
+    /// fit the region ([`WrReject::RemoteOutOfBounds`]).
+    pub fn write_buf(&mut self, buf: Buf, region: &RemoteRegion, offset: u64) -> std::result::Result<(), Refused> {
+        match region.at(offset, buf.len() as u64) {
+            Ok(remote) => self.send_buf(SendOp::RdmaWrite(remote), buf),
+            Err(e) => Err(out_of_bounds("write_buf", e, buf)),
+        }
+    }
+
+    /// RDMA-reads `buf.len()` bytes from `offset` in the peer's `region` into `buf`,
+    /// signaled; checked like [`Qp::write_buf`].
+    pub fn read_buf(&mut self, buf: Buf, region: &RemoteRegion, offset: u64) -> std::result::Result<(), Refused> {
+        match region.at(offset, buf.len() as u64) {
+            Ok(remote) => self.send_buf(SendOp::RdmaRead(remote), buf),
+            Err(e) => Err(out_of_bounds("read_buf", e, buf)),
+        }
+    }
+
+    /// Fetch-and-add of `add` on the 8 bytes at `offset` in the peer's `region`, the old value
+    /// landing in `buf` (8 bytes long); checked like [`Qp::write_buf`].
+    pub fn fetch_add_buf(
+        &mut self,
+        buf: Buf,
+        region: &RemoteRegion,
+        offset: u64,
+        add: u64,
+    ) -> std::result::Result<(), Refused> {
+        match region.at(offset, 8) {
+            Ok(remote) => self.send_buf(SendOp::FetchAdd { remote, add }, buf),
+            Err(e) => Err(out_of_bounds("fetch_add_buf", e, buf)),
+        }
+    }
+
+    /// Compare-and-swap on the 8 bytes at `offset` in the peer's `region`, the old value
+    /// landing in `buf` (8 bytes long); checked like [`Qp::write_buf`].
+    pub fn compare_swap_buf(
+        &mut self,
+        buf: Buf,
+        region: &RemoteRegion,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> std::result::Result<(), Refused> {
+        match region.at(offset, 8) {
+            Ok(remote) => self.send_buf(SendOp::CompareSwap { remote, compare, swap }, buf),
+            Err(e) => Err(out_of_bounds("compare_swap_buf", e, buf)),
+        }
+    }
+
+    /// RDMA-writes `data` inline to `offset` in the peer's `region` ([`Qp::send_inline`]);
+    /// checked like [`Qp::write_buf`].
+    pub fn write_inline(&mut self, data: &[u8], region: &RemoteRegion, offset: u64) -> Result<()> {
+        let remote = region.at(offset, data.len() as u64).map_err(|e| Error::WorkRequest {
+            verb: "write_inline",
+            index: 0,
+            reason: e.into(),
+        })?;
+        self.send_inline(SendOp::RdmaWrite(remote), data)
+    }
+
     /// The most requests [`Qp::send_bufs`] posts with one doorbell.
     pub const BUF_LIST: usize = crate::held::LIST;
 
     /// Posts `op` (a send or RDMA write) with `data` copied into the request, signaled. The
-    /// QP must allow that much inline data (`QpCap::max_inline_data`). Nothing is held: its
+    /// QP must have been granted that much inline data ([`Qp::cap`]'s `max_inline_data`, at
+    /// least [`crate::QpInit::INLINE`] for a QP created from [`crate::QpInit::new`]): more is
+    /// [`WrReject::InlineTooLong`] on every provider. Nothing is held: its
     /// completion only counts (and gives back older buffers, as any later completion does).
     pub fn send_inline(&mut self, op: SendOp, data: &[u8]) -> Result<()> {
         self.send_inline_with(op, data, SendFlags::SIGNALED, None)
@@ -343,14 +465,16 @@ impl Qp {
         self.owner.check("post_send")?;
         modelled(&op, "send_inline")?;
         self.check_send_state()?;
-        let length = u32::try_from(data.len()).map_err(|_| Error::WorkRequest {
-            verb: "send_inline",
-            index: 0,
-            reason: WrReject::InlineTooLong {
-                given: data.len(),
-                max: self.cap().max_inline_data,
-            },
-        })?;
+        // Refused above what the QP was granted ([`Qp::cap`]), on every provider alike.
+        let max = self.cap().max_inline_data;
+        let length = u32::try_from(data.len())
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or(Error::WorkRequest {
+                verb: "send_inline",
+                index: 0,
+                reason: WrReject::InlineTooLong { given: data.len(), max },
+            })?;
         let sge = Sge {
             addr: data.as_ptr() as u64,
             length,
@@ -366,7 +490,7 @@ impl Qp {
             });
         }
         // Drawn only once the request is known to be well formed; a gap in the ids is harmless.
-        wr.wr_id = self.sends.bare_id().map_err(|reason| Error::WorkRequest {
+        wr.wr_id = self.sends.bare_id_for(&op).map_err(|reason| Error::WorkRequest {
             verb: "send_inline",
             index: 0,
             reason,
@@ -423,6 +547,24 @@ impl Qp {
     /// A receive's buffer comes back with its length set to the bytes received
     /// (`c.byte_len`); on an error status its contents are unspecified.
     pub fn reclaim(&mut self, c: Completion<'_>) -> Option<Buf> {
+        self.reclaim_detailed(c).map(|r| r.buf)
+    }
+
+    /// [`Qp::reclaim`], saying which queue the buffer comes from and what its request was
+    /// ([`Reclaimed`]), for success, flush and error completions alike.
+    ///
+    /// ```
+    /// # fn f(qp: &mut uverbs::Qp, c: uverbs::Completion<'_>) {
+    /// use uverbs::WorkQueue;
+    /// while let Some(r) = qp.reclaim_detailed(c) {
+    ///     match r.queue {
+    ///         WorkQueue::Recv => { /* post it again, or read it if c succeeded */ }
+    ///         WorkQueue::Send => { /* r.op: what it was posted with */ }
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn reclaim_detailed(&mut self, c: Completion<'_>) -> Option<Reclaimed> {
         if c.qp_num != self.qpn() {
             return None;
         }
@@ -441,7 +583,37 @@ impl Qp {
         if id == c.wr_id && held.is_recv() && c.status == WcStatus::SUCCESS {
             buf.received(c.byte_len);
         }
-        Some(buf)
+        let (queue, op) = if held.is_recv() {
+            (WorkQueue::Recv, WcOpcode::RECV)
+        } else {
+            // Just released: its slot's operation is still the request's.
+            (WorkQueue::Send, held.op_of(id).unwrap_or_default())
+        };
+        Some(Reclaimed {
+            buf,
+            queue,
+            op,
+            wr_id: id,
+        })
+    }
+
+    /// The operation of the request `c` completes, whatever its status: on success the
+    /// completion's own `opcode`; on a flush or error (when `opcode` is undefined) what the
+    /// safe posts recorded when they posted it ([`WcOpcode::RECV`] for a receive). Ask before
+    /// [`Qp::reclaim`] lets the request go: `None` once a later post took its place, and for a
+    /// failed request of the raw posts or of another QP.
+    pub fn completed_op(&self, c: &Completion<'_>) -> Option<WcOpcode> {
+        if c.qp_num != self.qpn() {
+            return None;
+        }
+        if c.is_success() {
+            return Some(c.opcode);
+        }
+        match crate::held::queue_of(c.wr_id)? {
+            // This QP's receive (or its SRQ's): a receive, whatever became of it.
+            WorkQueue::Recv => Some(WcOpcode::RECV),
+            WorkQueue::Send => self.sends.op_of(c.wr_id),
+        }
     }
 
     /// Every buffer the completions of `reaped` give back to this QP ([`Qp::reclaim`] for each
@@ -519,6 +691,19 @@ fn modelled(op: &SendOp, verb: Verb) -> Result<()> {
             reason: WrReject::OpcodeNotSupported,
         }),
         _ => Ok(()),
+    }
+}
+
+/// A one-sided post refused for its range, the buffer back.
+#[cold]
+fn out_of_bounds(verb: Verb, e: RemoteOutOfBounds, buf: Buf) -> Refused {
+    Refused {
+        error: Error::WorkRequest {
+            verb,
+            index: 0,
+            reason: e.into(),
+        },
+        buf: Some(buf),
     }
 }
 

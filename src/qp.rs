@@ -301,11 +301,20 @@ pub struct QpInit<'a> {
 }
 
 impl<'a> QpInit<'a> {
+    /// The inline data [`QpInit::new`] asks for: a size every provider grants without growing
+    /// its send queue entries (rxe grants at least 16 bytes per scatter/gather entry anyway,
+    /// mlx5 what was asked, rounded up), so [`Qp::send_inline`] of up to this many bytes works
+    /// the same everywhere.
+    pub const INLINE: u32 = 16;
+
     /// A QP of `qp_type` on these CQs with 128 send and 128 receive work requests, one
-    /// scatter/gather entry each, no inline data, sends signaled only when they ask
+    /// scatter/gather entry each, [`QpInit::INLINE`] bytes of inline data, sends signaled only when they ask
     /// (`sq_sig_all` false), its own receive queue and a fresh user handle. Change the
     /// fields before `create_qp` for more; the kernel may grant more than asked
     /// ([`Qp::cap`]).
+    ///
+    /// An awaitable CQ (`aio::AsyncCq`, feature `tokio`) lends its [`Cq`] here as well:
+    /// `QpInit::new(QpType::Rc, &acq, &acq)`.
     pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq) -> Self {
         Self {
             qp_type,
@@ -316,7 +325,7 @@ impl<'a> QpInit<'a> {
                 max_recv_wr: 128,
                 max_send_sge: 1,
                 max_recv_sge: 1,
-                max_inline_data: 0,
+                max_inline_data: Self::INLINE,
             },
             sq_sig_all: false,
             srq: None,

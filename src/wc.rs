@@ -61,8 +61,17 @@ open_enum! {
     /// `enum ibv_wc_opcode`.
     WcOpcode {
         SEND = 0, RDMA_WRITE = 1, RDMA_READ = 2, COMP_SWAP = 3, FETCH_ADD = 4, BIND_MW = 5,
-        LOCAL_INV = 6, TSO = 7, RECV = 128, RECV_RDMA_WITH_IMM = 129,
+        LOCAL_INV = 6, TSO = 7, ATOMIC_WRITE = 9, RECV = 128, RECV_RDMA_WITH_IMM = 129,
     }
+}
+
+/// Which of a QP's queues a request was posted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkQueue {
+    /// The send queue: sends, RDMA writes and reads, atomics, binds, invalidations.
+    Send,
+    /// The receive queue (the QP's own, or its SRQ).
+    Recv,
 }
 
 bitflags::bitflags! {

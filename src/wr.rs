@@ -174,6 +174,23 @@ impl SendOp {
         opcode.0
     }
 
+    /// The completion opcode ([`crate::WcOpcode`]) a successful request of this operation
+    /// completes with; `None` for [`SendOp::Raw`], whose completion the core cannot tell.
+    pub fn wc_opcode(&self) -> Option<crate::wc::WcOpcode> {
+        use crate::wc::WcOpcode;
+        Some(match self {
+            Self::Send | Self::SendWithImm { .. } | Self::SendWithInv { .. } => WcOpcode::SEND,
+            Self::RdmaWrite(_) | Self::RdmaWriteWithImm(..) => WcOpcode::RDMA_WRITE,
+            Self::RdmaRead(_) => WcOpcode::RDMA_READ,
+            Self::CompareSwap { .. } => WcOpcode::COMP_SWAP,
+            Self::FetchAdd { .. } => WcOpcode::FETCH_ADD,
+            Self::LocalInv { .. } => WcOpcode::LOCAL_INV,
+            Self::BindMw(_) => WcOpcode::BIND_MW,
+            Self::AtomicWrite { .. } => WcOpcode::ATOMIC_WRITE,
+            Self::Raw(_) => return None,
+        })
+    }
+
     /// Immediate data in network byte order, as a work queue entry carries it, when the
     /// operation has one.
     #[inline]
@@ -292,6 +309,17 @@ impl<'a> SendWr<'a> {
     pub fn set_flags(mut self, flags: SendFlags) -> Self {
         self.flags = flags;
         self
+    }
+
+    /// The name [`SendWr::set_flags`] had before 0.1.0: replaces the flags,
+    /// [`SendFlags::SIGNALED`] included. Kept for one release; [`SendWr::with`] adds flags
+    /// instead (a request stays signaled).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `set_flags` (replaces every flag, SIGNALED included); `with` adds flags"
+    )]
+    pub fn flags(self, flags: SendFlags) -> Self {
+        self.set_flags(flags)
     }
 
     /// Checks the rules every transport imposes, whatever the device: which operations the
@@ -420,6 +448,9 @@ mod tests {
             SendFlags::SIGNALED | SendFlags::INLINE
         );
         assert_eq!(wr.set_flags(SendFlags::INLINE).flags, SendFlags::INLINE);
+        #[allow(deprecated)]
+        let renamed = wr.flags(SendFlags::INLINE);
+        assert_eq!(renamed.flags, SendFlags::INLINE, "the old name replaces them too");
     }
 
     #[test]

@@ -271,7 +271,7 @@ fn reaped_completions_give_the_safe_posts_buffers_back() {
     let rt = runtime();
     rt.block_on(async {
         let mut p = async_pair();
-        let region = p._pd.alloc_mr(32 * 8, AccessFlags::LOCAL_WRITE).unwrap();
+        let region = p._pd.alloc_mr(32 * 8, LocalAccess::LOCAL_WRITE).unwrap();
         let mut bufs = region.into_bufs(8).unwrap();
         let total = bufs.len();
         let (mut sent, mut back) = (0, 0);
@@ -300,5 +300,59 @@ fn reaped_completions_give_the_safe_posts_buffers_back() {
         assert_eq!((sent, back, bufs.len()), (N, N, total));
         assert_eq!(p.a.held_bufs(), (0, 0));
         assert_eq!(p.acq.get_mut().poll(&mut wc), 0, "nothing left over");
+    });
+}
+
+/// `Context::create_async_cq` in one call: the QP is created on the awaitable CQ itself, and
+/// two such CQs of one context each wake for their own completions only (each has a channel
+/// of its own). Outside a runtime it is an error, and a channel of the caller's is refused.
+#[test]
+fn a_one_call_async_cq_takes_its_qp_directly() {
+    let ctx = open_test_device();
+    let err = ctx.create_async_cq(16).unwrap_err();
+    assert!(err.to_string().contains("outside a tokio runtime"), "{err}");
+    let rt = runtime();
+    rt.block_on(async {
+        let channel = ctx.create_comp_channel().unwrap();
+        let mut init = CqInit::new(16);
+        init.channel = Some(&channel);
+        let err = ctx.create_async_cq_with(&init).unwrap_err();
+        assert!(err.to_string().contains("channel of its own"), "{err}");
+
+        let pd = ctx.alloc_pd().unwrap();
+        let (mut acq, mut bcq) = (ctx.create_async_cq(64).unwrap(), ctx.create_async_cq(64).unwrap());
+        let mut a = pd.create_qp(&QpInit::new(QpType::Rc, &acq, &acq)).unwrap();
+        let mut b = pd.create_qp(&QpInit::new(QpType::Rc, &bcq, &bcq)).unwrap();
+        let path = loopback_path(&ctx);
+        let (an, bn) = (a.qpn(), b.qpn());
+        for (qp, peer) in [(&mut a, bn), (&mut b, an)] {
+            qp.to_init(1, AccessFlags::LOCAL_WRITE).unwrap();
+            qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
+            qp.to_rts(0).unwrap();
+        }
+        let mut bufs = pd
+            .alloc_mr(4 * 64, LocalAccess::LOCAL_WRITE)
+            .unwrap()
+            .into_bufs(64)
+            .unwrap();
+        b.recv_buf(bufs.pop().unwrap()).unwrap();
+        let mut msg = bufs.pop().unwrap();
+        msg.fill_from(b"one call").unwrap();
+        a.send_buf(SendOp::Send, msg).unwrap();
+        let mut wc = [WorkCompletion::default(); 4];
+        for (cq, qp, recv) in [(&mut bcq, &mut b, true), (&mut acq, &mut a, false)] {
+            let reaped = tokio::time::timeout(TIMEOUT, cq.reap(&mut wc))
+                .await
+                .expect("a completion on this CQ's own channel")
+                .unwrap();
+            assert_eq!(reaped.len(), 1, "only this CQ's completion");
+            let c = reaped.iter().next().unwrap();
+            assert!(c.is_success(), "{c:?}");
+            let buf = qp.reclaim(c).unwrap();
+            if recv {
+                assert_eq!(buf.as_slice(), b"one call");
+            }
+        }
+        assert_eq!((a.held_bufs(), b.held_bufs()), ((0, 0), (0, 0)));
     });
 }

@@ -67,7 +67,7 @@ impl AsyncSide {
         init.channel = Some(&channel);
         let cq = ctx.create_cq_with(&init).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
-        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
         let cq = AsyncCq::new(cq, &channel).unwrap();
         (Self { _pd: pd, cq, mr }, qp)
     }

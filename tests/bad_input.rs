@@ -17,7 +17,7 @@ fn write(p: &mut Pair, wr_id: u64) -> WorkCompletion {
 fn ranges_outside_an_mr_name_offset_length_and_size() {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
-    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     assert_eq!(mr.sge(4088, 8).unwrap().addr, mr.addr() + 4088);
     let err = mr.sge(4090, 8).unwrap_err();
     assert_eq!(
@@ -85,7 +85,7 @@ fn posting_in_reset_or_init_is_a_state_error() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
     let mut qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
-    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     let sge = [mr.sge(0, 8).unwrap()];
     let state_err = |r: Result<()>, want| match r {
         Err(Error::WorkRequest {
@@ -202,11 +202,11 @@ fn registering_beyond_rlimit_memlock_is_a_clear_error() {
         let ctx = open_test_device();
         let pd = ctx.alloc_pd().unwrap();
         let err = pd
-            .alloc_mr(8 << 20, AccessFlags::LOCAL_WRITE)
+            .alloc_mr(8 << 20, LocalAccess::LOCAL_WRITE)
             .expect_err("8 MiB over a 1 MiB limit");
         assert_eq!(err.errno(), Some(nix::errno::Errno::ENOMEM), "{err}");
         assert!(err.to_string().contains("RLIMIT_MEMLOCK"), "{err}");
-        pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE)
+        pd.alloc_mr(64 << 10, LocalAccess::LOCAL_WRITE)
             .expect("a small region still registers");
         return;
     }

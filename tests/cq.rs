@@ -89,7 +89,7 @@ fn solicited_only_waits_for_a_solicited_receive() {
         qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
         qp.to_rts(0).unwrap();
     }
-    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     for i in 0..4 {
         let sge = mr.sge(1024 + i * 64, 64).unwrap();
         unsafe { rx.post_recv(&[RecvWr::new(i as u64, &[sge])]) }.unwrap();

@@ -269,7 +269,7 @@ fn a_child_that_drops_inherited_buffers_keeps_the_memory_it_maps_after() {
     const LEN: usize = 2 * 4096;
     let mut p = Pair::new();
     let mut bufs =
-        p.pd.alloc_mr(LEN, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(LEN, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(LEN / 2)
             .unwrap();

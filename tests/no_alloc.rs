@@ -227,18 +227,18 @@ fn safe_posts_and_reclaims_make_no_allocation() {
     // for all of them.
     let remote = p.b.mr.remote(8192).unwrap();
     let mut sends =
-        p.pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(4 * 64, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(64)
             .unwrap();
     let mut recvs =
-        p.pd.alloc_mr(4 * 128, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(4 * 128, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(128)
             .unwrap();
     // For the writes posted as a list (`send_bufs`).
     let mut writes =
-        p.pd.alloc_mr(2 * 64, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(2 * 64, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(64)
             .unwrap();
@@ -307,12 +307,12 @@ fn srq_receives_and_reclaims_make_no_allocation() {
     const ROUNDS: usize = 300;
     let mut s = common::srq::setup(16);
     let mut sends =
-        s.pd.alloc_mr(4 * 64, AccessFlags::LOCAL_WRITE)
+        s.pd.alloc_mr(4 * 64, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(64)
             .unwrap();
     let mut recvs =
-        s.pd.alloc_mr(4 * 128, AccessFlags::LOCAL_WRITE)
+        s.pd.alloc_mr(4 * 128, LocalAccess::LOCAL_WRITE)
             .unwrap()
             .into_bufs(128)
             .unwrap();

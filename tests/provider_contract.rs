@@ -41,7 +41,7 @@ fn send(id: u64, signaled: bool) -> SendWr<'static> {
 fn every_hook_runs_at_its_moment() {
     let (ctx, log) = stub_context();
     let pd = ctx.alloc_pd().unwrap();
-    let _mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let _mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     assert_eq!(log.take(), [Hook::AllocPd, Hook::RegMr], "PD and MR carry driver data");
 
     let mut cq = ctx.create_cq(10).unwrap();
@@ -138,7 +138,7 @@ fn transport_rules_are_checked_before_the_provider_sees_a_request() {
     let mut cq = ctx.create_cq(16).unwrap();
     let mut qp = pd.create_qp(&QpInit::new(QpType::Uc, &cq, &cq)).unwrap();
     connect(&mut qp, &ctx);
-    let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(64, LocalAccess::LOCAL_WRITE).unwrap();
     let sge = [mr.sge(0, 8).unwrap()];
     let remote = Remote { addr: 0, rkey: 1 };
     log.take();

@@ -233,3 +233,82 @@ fn migration_state_round_trips_and_roce_refuses_alternate_paths() {
         .unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
 }
+
+/// Addressing by link layer: each QP's `Endpoint` (the port's LID on InfiniBand, its GID on
+/// RoCE) goes through its byte encoding, and `connect_to` builds the path the link layer
+/// needs; the pair then moves data both ways. On rxe this is RoCE; on the mlx5 model's
+/// InfiniBand port a LID path. Ends on different link layers are refused.
+#[test]
+fn endpoints_connect_by_link_layer() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(64).unwrap();
+    let mut a = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let mut b = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let (ea, eb) = (ctx.endpoint(&a, 1).unwrap(), ctx.endpoint(&b, 1).unwrap());
+    match (port.needs_grh(), ea.addr) {
+        (true, PortAddr::Gid { raw, .. }) => assert_eq!(raw, ctx.roce_v2_gid(1).unwrap().raw),
+        (false, PortAddr::Lid(lid)) => assert_eq!(lid, port.lid),
+        (roce, addr) => panic!("RoCE {roce}, addressed as {addr:?}"),
+    }
+    assert_eq!((ea.qpn, ea.port, Some(ea.mtu)), (a.qpn(), 1, port.active_mtu));
+    assert!(ea.psn <= 0xff_ffff);
+    let path = ctx.path_between(&ea, &eb).unwrap();
+    assert_eq!(path.grh.is_some(), port.needs_grh(), "{path:?}");
+    let layer = if port.needs_grh() {
+        "RoCE, a GID path"
+    } else {
+        "InfiniBand, a LID path"
+    };
+    eprintln!("endpoints connect on {layer}");
+
+    // Through the wire encoding, as a peer would get them.
+    let (wa, wb) = (ea.encode(), eb.encode());
+    let (pa, pb) = (Endpoint::decode(&wa).unwrap(), Endpoint::decode(&wb).unwrap());
+    assert_eq!((pa, pb), (ea, eb));
+    let other = Endpoint {
+        addr: match ea.addr {
+            PortAddr::Lid(_) => PortAddr::Gid { raw: [0; 16], index: 0 },
+            PortAddr::Gid { .. } => PortAddr::Lid(1),
+        },
+        ..pb
+    };
+    let err = a.connect_to(&ctx, &ea, &other, AccessFlags::empty()).unwrap_err();
+    assert!(err.to_string().contains("different link layers"), "{err}");
+    assert_eq!(a.state(), QpState::Reset, "nothing changed");
+    let err = a.connect_to(&ctx, &eb, &pa, AccessFlags::empty()).unwrap_err();
+    assert!(err.to_string().contains("not this QP's"), "{err}");
+
+    a.connect_to(&ctx, &ea, &pb, AccessFlags::empty()).unwrap();
+    b.connect_to(&ctx, &eb, &pa, AccessFlags::empty()).unwrap();
+    assert_eq!((a.state(), b.state()), (QpState::Rts, QpState::Rts));
+
+    let mut bufs = pd
+        .alloc_mr(4 * 64, LocalAccess::LOCAL_WRITE)
+        .unwrap()
+        .into_bufs(64)
+        .unwrap();
+    for (from, to) in [(0, 1), (1, 0)] {
+        let mut msg = bufs.pop().unwrap();
+        msg.fill_from(&[from as u8 + 1; 40]).unwrap();
+        let (tx, rx) = if from == 0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+        rx.recv_buf(bufs.pop().unwrap()).unwrap();
+        tx.send_buf(SendOp::Send, msg).unwrap();
+        let mut got = 0;
+        let mut wc = [WorkCompletion::default(); 4];
+        let start = std::time::Instant::now();
+        while got < 2 {
+            for c in cq.reap(&mut wc).iter() {
+                assert!(c.is_success(), "{} -> {to}: {c:?}", from);
+                let buf = tx.reclaim(c).or_else(|| rx.reclaim(c)).expect("a buffer back");
+                if c.opcode == WcOpcode::RECV {
+                    assert_eq!(buf.as_slice(), [from as u8 + 1; 40]);
+                }
+                bufs.push(buf);
+                got += 1;
+            }
+            assert!(start.elapsed() < TIMEOUT, "{from} -> {to}: {got} completions");
+        }
+    }
+}

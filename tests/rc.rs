@@ -192,7 +192,7 @@ fn rdma_write_write_with_imm_and_read_move_the_bytes() {
 fn write_to_mr_without_remote_write_is_rem_access_err() {
     let mut p = Pair::new();
     let read_only =
-        p.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        p.pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE | LocalAccess::REMOTE_READ)
             .unwrap();
     let sge = p.a.mr.sge(0, 64).unwrap();
     let target = Remote {

@@ -21,7 +21,7 @@ fn a_region_a_responder_still_holds_is_deregistered_after_its_qps() {
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     let target = pd.alloc_remote_mr((32 << 10) + 64, all).unwrap();
     let mut bufs = pd
-        .alloc_mr(796399, AccessFlags::LOCAL_WRITE)
+        .alloc_mr(796399, LocalAccess::LOCAL_WRITE)
         .unwrap()
         .into_bufs(3111)
         .unwrap();

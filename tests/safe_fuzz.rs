@@ -577,7 +577,7 @@ impl<'r> Round<'r> {
             true => &self.cm.as_ref().expect("the CM side").pd,
             false => &self.base().pd,
         };
-        let mr = match pd.alloc_mr(len, AccessFlags::LOCAL_WRITE) {
+        let mr = match pd.alloc_mr(len, LocalAccess::LOCAL_WRITE) {
             Ok(mr) => mr,
             Err(e) => {
                 let k = self.error(&e);

@@ -23,7 +23,7 @@ fn message(qp: usize, seq: u64) -> Vec<u8> {
 
 /// Local buffers of `size` bytes from a fresh region of `count` of them.
 fn bufs(pd: &Pd, count: usize, size: usize) -> Vec<Buf> {
-    let mr = pd.alloc_mr(count * size, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(count * size, LocalAccess::LOCAL_WRITE).unwrap();
     mr.into_bufs(size).unwrap()
 }
 

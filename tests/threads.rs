@@ -89,7 +89,7 @@ fn one_qp_and_cq_per_thread_on_8_threads() {
                     init.cap.max_send_wr = DEPTH as u32;
                     init.cap.max_recv_wr = DEPTH as u32;
                     let mut qp = pd.create_qp(&init).unwrap();
-                    let mut mr = pd.alloc_mr(2 * DEPTH as usize * MSG, AccessFlags::LOCAL_WRITE).unwrap();
+                    let mut mr = pd.alloc_mr(2 * DEPTH as usize * MSG, LocalAccess::LOCAL_WRITE).unwrap();
                     to_peer.send(qp.qpn()).unwrap();
                     let peer_qpn = from_peer.recv().unwrap();
                     qp.to_init(1, AccessFlags::empty()).unwrap();

@@ -26,7 +26,7 @@ fn ud_sends_carry_grh_src_qp_and_payload() {
     let mut rx = ud_qp(&pd, &rcq);
     let (path, gid) = loopback_path_with_grh(&ctx);
     let ah = pd.create_ah(&path).expect("create_ah");
-    let mut mr = pd.alloc_mr(65536, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut mr = pd.alloc_mr(65536, LocalAccess::LOCAL_WRITE).unwrap();
 
     const N: u64 = 20;
     for i in 0..N {
@@ -82,7 +82,7 @@ fn ud_rejects_one_sided_operations_and_missing_destinations() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16).unwrap();
     let mut qp = ud_qp(&pd, &cq);
-    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     let sge = [mr.sge(0, 8).unwrap()];
     let write = SendWr::new(1, SendOp::RdmaWrite(Remote { addr: 0, rkey: 0 }), &sge);
     let no_dest = SendWr::new(2, SendOp::Send, &sge);
@@ -119,7 +119,7 @@ fn ud_without_a_grh_leaves_its_room_alone_and_a_wrong_qkey_is_dropped() {
     let mut tx = ud_qp(&pd, &scq);
     let mut rx = ud_qp(&pd, &rcq);
     let ah = pd.create_ah(&loopback_path(&ctx)).expect("create_ah");
-    let mut mr = pd.alloc_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut mr = pd.alloc_mr(8192, LocalAccess::LOCAL_WRITE).unwrap();
     mr.as_mut_slice()[4096..].fill(0xee);
     for i in 0..2 {
         let sge = mr.sge(4096 + i * 1024, 1024).unwrap();
@@ -158,7 +158,7 @@ fn an_ah_of_another_context_is_refused() {
         .unwrap()
         .create_ah(&loopback_path_with_grh(&other).0)
         .unwrap();
-    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     let sge = [mr.sge(0, 8).unwrap()];
     let wr = SendWr::new(1, SendOp::Send, &sge).to(foreign.ud_dest(qp.qpn(), QKEY));
     // SAFETY: refused before anything is queued.

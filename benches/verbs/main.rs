@@ -31,8 +31,8 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use uverbs::{
-    AccessFlags, AhAttr, Buf, Context, Cq, Gid, GlobalRoute, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr, Remote,
-    RemoteMr, SendFlags, SendOp, SendWr, Sge, SrqInit, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, Buf, Context, Cq, Gid, GlobalRoute, LocalAccess, Mtu, Pd, Qp, QpCap, QpInit, QpType, RecvWr,
+    Remote, RemoteMr, SendFlags, SendOp, SendWr, Sge, SrqInit, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const N_DRAIN: usize = 4096;
@@ -708,7 +708,7 @@ fn bench_post_safe_list(o: &Opts, p: &mut Pair) {
 /// `k` buffers of 8 bytes for the safe posts, from one region.
 fn safe_bufs(p: &Pair, k: usize) -> Vec<Buf> {
     let region =
-        p.pd.alloc_mr(k * 8, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(k * 8, LocalAccess::LOCAL_WRITE)
             .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
     let bufs = region.into_bufs(8).unwrap_or_else(|e| fail(&format!("into_bufs: {e}")));
     if bufs.len() != k {
@@ -746,7 +746,7 @@ fn bench_srq_post(o: &Opts, p: &mut Pair, safe: bool) {
     let k = if o.callgrind { 256 } else { POST_K };
     let mut v = Vec::with_capacity(rounds);
     let region =
-        p.pd.alloc_mr(k * MSG as usize, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(k * MSG as usize, LocalAccess::LOCAL_WRITE)
             .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
     let raw: Vec<_> = (0..k)
         .map(|i| region.sge(i * MSG as usize, MSG).expect("in the MR"))
@@ -804,7 +804,7 @@ fn bench_recv_post(o: &Opts, p: &mut Pair, safe: bool) {
     let mut v = Vec::with_capacity(rounds);
     let cq = p.ctx.create_cq(1).unwrap_or_else(|e| fail(&format!("create_cq: {e}")));
     let raw_region =
-        p.pd.alloc_mr(k * MSG as usize, AccessFlags::LOCAL_WRITE)
+        p.pd.alloc_mr(k * MSG as usize, LocalAccess::LOCAL_WRITE)
             .unwrap_or_else(|e| fail(&format!("alloc_mr: {e}")));
     let raw: Vec<_> = (0..k)
         .map(|i| raw_region.sge(i * MSG as usize, MSG).expect("in the MR"))
@@ -824,7 +824,7 @@ fn bench_recv_post(o: &Opts, p: &mut Pair, safe: bool) {
         qp.to_init(1, access())
             .unwrap_or_else(|e| fail(&format!("to_init: {e}")));
         let bufs = if safe {
-            p.pd.alloc_mr(k * MSG as usize, AccessFlags::LOCAL_WRITE)
+            p.pd.alloc_mr(k * MSG as usize, LocalAccess::LOCAL_WRITE)
                 .and_then(|region| region.into_bufs(MSG as usize))
                 .unwrap_or_else(|e| fail(&format!("bufs: {e}")))
         } else {

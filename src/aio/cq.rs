@@ -1,7 +1,8 @@
 //! [`AsyncCq`]: completions awaited through the CQ's completion channel.
 
 use super::{reactor_error, register, set_nonblocking};
-use crate::cq::Cq;
+use crate::context::Context;
+use crate::cq::{Cq, CqInit};
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
 use crate::owned::Reaped;
@@ -50,10 +51,66 @@ impl std::fmt::Debug for AsyncCq {
     }
 }
 
+impl Context {
+    /// A CQ of at least `cqe` entries whose completions can be awaited, on a completion
+    /// channel of its own (created here, owned by the CQ, so no other CQ shares it). A QP
+    /// takes it as it takes a [`Cq`]: `QpInit::new(QpType::Rc, &acq, &acq)`. Must be called
+    /// inside a tokio runtime with I/O enabled (else an error).
+    ///
+    /// ```no_run
+    /// # async fn f(ctx: uverbs::Context, pd: uverbs::Pd) -> uverbs::Result<()> {
+    /// let mut cq = ctx.create_async_cq(256)?;
+    /// let qp = pd.create_qp(&uverbs::QpInit::new(uverbs::QpType::Rc, &cq, &cq))?;
+    /// let mut wc = [uverbs::WorkCompletion::default(); 16];
+    /// let n = cq.poll(&mut wc).await?; // at least one
+    /// # let _ = (n, qp);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn create_async_cq(&self, cqe: u32) -> Result<AsyncCq> {
+        self.create_async_cq_with(&CqInit::new(cqe))
+    }
+
+    /// [`Context::create_async_cq`] with `init`'s completion vector and user handle; its
+    /// `channel` must be `None` (the CQ gets a channel of its own).
+    pub fn create_async_cq_with(&self, init: &CqInit<'_>) -> Result<AsyncCq> {
+        if init.channel.is_some() {
+            return Err(Error::invalid(
+                "create_async_cq_with",
+                "the CQ gets a channel of its own: leave CqInit::channel None (AsyncCq::new wraps a CQ on a channel of yours)",
+            ));
+        }
+        let channel = self.create_comp_channel()?;
+        let init = CqInit {
+            channel: Some(&channel),
+            ..*init
+        };
+        let cq = self.create_cq_with(&init)?;
+        AsyncCq::new(cq, &channel)
+    }
+}
+
+impl AsRef<Cq> for AsyncCq {
+    fn as_ref(&self) -> &Cq {
+        &self.cq
+    }
+}
+
+/// The CQ, for what reads it without polling (its capacity, handle), and so that a QP is
+/// created on an `AsyncCq` directly: `QpInit::new(QpType::Rc, &acq, &acq)`.
+impl std::ops::Deref for AsyncCq {
+    type Target = Cq;
+
+    fn deref(&self) -> &Cq {
+        &self.cq
+    }
+}
+
 impl AsyncCq {
     /// Wraps `cq`, which must have been created on `channel` (`CqInit::channel`), with no
     /// other CQ on it: events for other CQs would be taken from them. Must be called inside a
-    /// tokio runtime with I/O enabled (else an error).
+    /// tokio runtime with I/O enabled (else an error). [`Context::create_async_cq`] does it
+    /// all in one call; this is for a CQ created by hand (QPs may already be on it).
     pub fn new(cq: Cq, channel: &CompChannel) -> Result<Self> {
         set_nonblocking(channel.as_fd(), "AsyncCq::new")?;
         // SAFETY: the clone keeps the channel's fd open (an `Arc` of it) and always names it.

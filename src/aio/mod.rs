@@ -7,10 +7,7 @@
 //!
 //! ```no_run
 //! # async fn f(ctx: uverbs::Context) -> uverbs::Result<()> {
-//! let channel = ctx.create_comp_channel()?;
-//! let mut init = uverbs::CqInit::new(256);
-//! init.channel = Some(&channel);
-//! let mut cq = uverbs::aio::AsyncCq::new(ctx.create_cq_with(&init)?, &channel)?;
+//! let mut cq = ctx.create_async_cq(256)?; // on a completion channel of its own
 //! let mut wc = [uverbs::WorkCompletion::default(); 16];
 //! let n = cq.poll(&mut wc).await?; // at least one
 //! # let _ = n;

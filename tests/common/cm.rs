@@ -37,7 +37,7 @@ impl Side {
     pub fn new(ctx: &Context) -> Self {
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(16).unwrap();
-        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
         Self { pd, cq, mr }
     }
 

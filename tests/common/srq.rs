@@ -40,7 +40,7 @@ pub fn setup(max_wr: u32) -> Setup {
         senders.push(tx);
         receivers.push(rx);
     }
-    let mr = pd.alloc_mr(1 << 20, access).unwrap();
+    let mr = pd.alloc_mr(1 << 20, LocalAccess::LOCAL_WRITE).unwrap();
     Setup {
         ctx,
         pd,

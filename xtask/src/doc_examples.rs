@@ -9,7 +9,7 @@ use crate::paths;
 use std::process::Command;
 
 /// The files with `compile_fail` examples, as `cargo test --doc` names their tests.
-pub const COMPILE_FAIL_FILES: [&str; 3] = ["src/batch.rs", "src/owned.rs", "src/owned/srq.rs"];
+pub const COMPILE_FAIL_FILES: [&str; 4] = ["src/batch.rs", "src/mr.rs", "src/owned.rs", "src/owned/srq.rs"];
 
 /// The doc tests of [`COMPILE_FAIL_FILES`] on nightly, where rustdoc checks that each
 /// example fails with the error code it names (its own target dir, so the stable build's
