@@ -16,7 +16,8 @@ use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use zerocopy::IntoBytes;
 
 #[cfg(all(test, loom))]
@@ -159,12 +160,24 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
     };
     let mut resp = abi::CreateQpResp::default();
     let created = kernel(geo.cap, cmd.as_bytes(), resp.as_mut_bytes())?;
-    let doorbell = ctx.bfreg(resp.bfreg_index).ok_or_else(|| {
-        Error::malformed(
-            "CREATE_QP",
-            format!("bfreg index {} outside the UARs", resp.bfreg_index),
-        )
-    })?;
+    let doorbell = ctx
+        .bfreg(resp.bfreg_index)
+        .ok_or_else(|| {
+            Error::malformed(
+                "CREATE_QP",
+                format!("bfreg index {} outside the UARs", resp.bfreg_index),
+            )
+        })?
+        .claim()
+        .ok_or_else(|| {
+            Error::malformed(
+                "CREATE_QP",
+                format!(
+                    "bfreg {} is a dedicated (low-latency) one and another QP of the context has it",
+                    resp.bfreg_index
+                ),
+            )
+        })?;
     let shared = Arc::new(QpShared::new(geo.sq_blocks as usize, geo.rq_slots as usize, srq));
     send_cq.link(uidx.0, shared.clone());
     recv_cq.link(uidx.0, shared.clone());
@@ -218,20 +231,85 @@ impl Drop for UserIndex {
     }
 }
 
+/// One bfreg of the context (a pair of BlueFlame buffers): the half the next doorbell goes
+/// to, and, where QPs share it, the lock libmlx5 takes around the doorbell (`struct mlx5_bf`:
+/// `offset`, `need_lock`, `lock`). The toggle lives here, not in a QP: QPs sharing the bfreg
+/// alternate its halves between them.
+pub(super) struct BfReg {
+    /// The half the next doorbell goes to (0 or the toggle). Read and written under `lock`
+    /// where there is one; on a dedicated bfreg by its one QP's poster only.
+    offset: AtomicUsize,
+    /// `Some` on a shared bfreg (libmlx5 `need_uuar_lock`): held across the store or copy,
+    /// the flush and the toggle, so copies from two QPs never interleave and every doorbell
+    /// takes the half after the last one.
+    lock: Option<Mutex<()>>,
+    /// Live QPs on it; a dedicated (lock-free) bfreg takes one.
+    users: AtomicU32,
+}
+
+impl BfReg {
+    pub(super) fn new(shared: bool) -> Self {
+        Self {
+            offset: AtomicUsize::new(0),
+            lock: shared.then(|| Mutex::new(())),
+            users: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether QPs share it (and so post under its lock).
+    pub(super) fn shared(&self) -> bool {
+        self.lock.is_some()
+    }
+}
+
 /// Where a QP's send doorbell goes: a bfreg in one of the context's UAR pages, checked by
 /// `Ctx::bfreg` to lie inside it (both halves, and with BlueFlame a whole copy from either).
 pub(super) struct SendDoorbell {
     /// The UAR page's first byte; mapped as long as the context is.
     pub(super) page: NonNull<u8>,
-    /// The half the next doorbell goes to.
+    /// The bfreg's first half, from the page.
     pub(super) offset: usize,
     /// The two halves of the bfreg alternate (libmlx5 toggles them on every ring).
     pub(super) toggle: usize,
     /// Bytes of a BlueFlame buffer; 0: no BlueFlame.
     pub(super) bf_size: usize,
+    /// The bfreg's state, shared with every QP of the context on it.
+    pub(super) reg: Arc<BfReg>,
+}
+
+impl Drop for SendDoorbell {
+    fn drop(&mut self) {
+        self.reg.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl SendDoorbell {
+    /// Takes the bfreg for one more QP: `None` if it is a dedicated one already in use (the
+    /// kernel hands a low-latency bfreg to one QP at a time; two QPs posting on it without
+    /// the lock could interleave their copies).
+    pub(super) fn claim(self) -> Option<Self> {
+        let before = self.reg.users.fetch_add(1, Ordering::AcqRel);
+        match before > 0 && !self.reg.shared() {
+            true => None, // dropping `self` gives the count back
+            false => Some(self),
+        }
+    }
+
+    /// Runs `write` with the bfreg's current half (its byte offset in the page), then
+    /// flushes the write-combining buffers (`mmio_flush_writes`) and toggles the half: under
+    /// the bfreg's lock where QPs share it (libmlx5 `mmio_wc_spinlock` ... `spinunlock`), so
+    /// the flush is inside it, as libmlx5 has it: otherwise another CPU's later doorbell
+    /// could reach the device first.
+    #[inline(always)]
+    fn with_half(&self, write: impl FnOnce(usize)) {
+        let reg = &*self.reg;
+        let _guard = reg.lock.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
+        let half = reg.offset.load(Ordering::Relaxed);
+        write(self.offset + half);
+        mmio_fence();
+        reg.offset.store(half ^ self.toggle, Ordering::Relaxed);
+    }
+
     /// Rings: `ctrl` (the first 8 bytes of the last WQE) to the current half, then the other
     /// half's turn.
     ///
@@ -239,10 +317,12 @@ impl SendDoorbell {
     /// The context whose `bfreg` made this is alive (its UAR pages are mapped).
     #[inline(always)]
     unsafe fn ring(&mut self, ctrl: u64) {
-        // SAFETY: `bfreg` checked that 8 bytes at either half lie in the page, mapped (our
-        // contract); a device register, written with one volatile 8-byte store.
-        unsafe { self.page.as_ptr().add(self.offset).cast::<u64>().write_volatile(ctrl) };
-        self.offset ^= self.toggle;
+        let page = self.page;
+        self.with_half(|at| {
+            // SAFETY: `bfreg` checked that 8 bytes at either half lie in the page, mapped
+            // (our contract); a device register, written with one volatile 8-byte store.
+            unsafe { page.as_ptr().add(at).cast::<u64>().write_volatile(ctrl) };
+        });
     }
 
     /// A BlueFlame copy: `words` (at most `bf_size` bytes rounded up to whole basic blocks)
@@ -252,18 +332,14 @@ impl SendDoorbell {
     /// As for [`Self::ring`].
     unsafe fn copy(&mut self, words: impl ExactSizeIterator<Item = u64>) {
         debug_assert!(words.len() * 8 <= self.bf_size.next_multiple_of(SEND_WQE_BB));
-        for (i, word) in words.enumerate() {
-            // SAFETY: `bfreg` checked the whole copy from either half lies in the page; the
-            // caller keeps to its length; mapped per our contract.
-            unsafe {
-                self.page
-                    .as_ptr()
-                    .add(self.offset + 8 * i)
-                    .cast::<u64>()
-                    .write_volatile(word)
-            };
-        }
-        self.offset ^= self.toggle;
+        let page = self.page;
+        self.with_half(|at| {
+            for (i, word) in words.enumerate() {
+                // SAFETY: `bfreg` checked the whole copy from either half lies in the page;
+                // the caller keeps to its length; mapped per our contract.
+                unsafe { page.as_ptr().add(at + 8 * i).cast::<u64>().write_volatile(word) };
+            }
+        });
     }
 }
 
@@ -784,7 +860,6 @@ impl Mlx5Qp {
                 // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive.
                 unsafe { self.doorbell.ring(ctrl) };
             }
-            mmio_fence();
         }
         match rejected {
             None => Ok(()),

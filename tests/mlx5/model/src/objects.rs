@@ -117,6 +117,8 @@ pub struct Qp {
     pub ctx: i32,
     /// The legacy bfreg the kernel chose for it (released on destroy).
     pub bfregn: Option<u32>,
+    /// The device's view of its doorbells (`device/bfcheck.rs`).
+    pub bf: crate::device::BfWatch,
     pub qpn: u32,
     pub qp_type: u8,
     pub pd: u32,
