@@ -218,6 +218,16 @@ impl Ctx {
         })
     }
 
+    /// The device's queue limits.
+    fn limits(&self) -> qp::Limits {
+        qp::Limits {
+            max_sq_desc_sz: self.max_sq_desc_sz,
+            max_rq_desc_sz: self.max_rq_desc_sz,
+            max_send_wqebb: self.max_send_wqebb,
+            max_recv_wr: self.max_recv_wr,
+        }
+    }
+
     /// The UAR page CQ doorbells go to.
     fn cq_uar(&self) -> &UarPage {
         &self.uars[0]
