@@ -134,7 +134,7 @@ pub struct Model {
     pinned_pages: u64,
     /// What the device saw a client do that a device would not accept (`device/bfcheck.rs`),
     /// in order; `uverbs_mlx5_model_violations` reports them.
-    pub violations: Vec<crate::device::Violation>,
+    pub violations: Vec<crate::objects::Violation>,
     /// By (context, bfreg): the doorbells the device saw on it since the last quiescent check
     /// (`device/bfcheck.rs`), and whether it saw each post on its own.
     pub bf_posts: HashMap<(i32, u32), (Vec<u64>, bool)>,
