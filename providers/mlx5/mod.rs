@@ -6,6 +6,13 @@
 //! RESET and destroy scrubbing), SRQs (post, limit arming, QPs on an SRQ; no resize: the
 //! kernel driver has none), UD QPs with address handles on InfiniBand ports (RoCE ones:
 //! `Error::Unsupported`).
+//!
+//! Doorbells go to the bfreg the kernel gave the QP. GET_CONTEXT asks for libmlx5's 16
+//! bfregs, 4 of them low latency; Linux gives each of those to one QP and shares the others
+//! (bfreg 0, without BlueFlame, and the medium ones). A QP on a dedicated bfreg rings
+//! without a lock; QPs on a shared medium bfreg take that bfreg's lock around the doorbell
+//! store or BlueFlame copy, the flush and the toggle of its halves, which the bfreg keeps
+//! for all of them (libmlx5's `need_uuar_lock` and `mmio_wc_spinlock`).
 
 // The device sees the WQEs, doorbell records and CQEs through memory ordered for x86-64
 // (Release and Acquire there are enough for a DMA device, and `sfence` around the UAR store);
@@ -109,6 +116,8 @@ pub(super) struct Ctx {
     /// `MLX5_POST_SEND_PREFER_BF=0`.
     prefer_bf: bool,
     num_uars_per_page: u32,
+    /// Every bfreg of the UARs, by index (`bfreg_index`'s layout, the fast-path ones too).
+    bfregs: Vec<Arc<qp::BfReg>>,
     db_pages: Arc<DbPages>,
     uidx: UserIndices,
     max_sq_desc_sz: u16,
@@ -163,8 +172,13 @@ impl Ctx {
                 UarPage::new(map).ok_or_else(|| Error::malformed(verb, "mmap returned null"))
             })
             .collect::<Result<Vec<_>>>()?;
+        let count = pages * per_page * BFREGS_PER_UAR;
+        let bfregs = (0..count)
+            .map(|i| Arc::new(qp::BfReg::new(bfreg_shared(i, resp.tot_bfregs))))
+            .collect();
         Ok(Self {
             uars,
+            bfregs,
             bf_reg_size: resp.bf_reg_size,
             bf_buf_size: if uncached { 0 } else { resp.bf_reg_size as usize / 2 },
             prefer_bf: std::env::var_os("MLX5_POST_SEND_PREFER_BF").is_none_or(|v| v != "0"),
@@ -180,7 +194,8 @@ impl Ctx {
     }
 
     /// Where bfreg `index`'s doorbell is (libmlx5 `mlx5.c`'s bfreg layout), if inside the
-    /// mapped UARs. Bfreg 0 is shared by QPs, so it never takes BlueFlame copies.
+    /// mapped UARs. Bfreg 0 is shared by QPs, so it never takes BlueFlame copies; the other
+    /// shared ones do, under their lock ([`bfreg_shared`]).
     fn bfreg(&self, index: u32) -> Option<qp::SendDoorbell> {
         let per_page = BFREGS_PER_UAR * self.num_uars_per_page;
         let page = (index / per_page) as usize;
@@ -189,6 +204,7 @@ impl Ctx {
         let offset = ADAPTER_PAGE * uar_in_page + BF_OFFSET + reg * self.bf_reg_size as usize;
         let toggle = (self.bf_reg_size / 2) as usize;
         let uar = self.uars.get(page)?;
+        let reg = self.bfregs.get(index as usize)?.clone();
         let bf_size = if index == 0 { 0 } else { self.bf_buf_size };
         // A BlueFlame copy is whole basic blocks: up to `bf_size` rounded up to one.
         let copy = bf_size.next_multiple_of(wqe::SEND_WQE_BB);
@@ -198,13 +214,35 @@ impl Ctx {
             offset,
             toggle,
             bf_size,
+            reg,
         })
+    }
+
+    /// The device's queue limits.
+    fn limits(&self) -> qp::Limits {
+        qp::Limits {
+            max_sq_desc_sz: self.max_sq_desc_sz,
+            max_rq_desc_sz: self.max_rq_desc_sz,
+            max_send_wqebb: self.max_send_wqebb,
+            max_recv_wr: self.max_recv_wr,
+        }
     }
 
     /// The UAR page CQ doorbells go to.
     fn cq_uar(&self) -> &UarPage {
         &self.uars[0]
     }
+}
+
+/// Whether QPs share bfreg `index` (in `bfreg_index`'s layout: 4 a UAR, the first 2 not
+/// fast-path), and so must post on it under its lock: libmlx5's `need_uuar_lock`. Linux
+/// (hw/mlx5/qp.c `alloc_bfreg`) numbers the non-fast-path bfregs `n = index / 4 * 2 + index %
+/// 4`, gives bfreg 0 to every QP when nothing else is left (no BlueFlame there, so no copy to
+/// tear: the 8-byte doorbell is one store), the last `LOW_LATENCY_BFREGS` to one QP each (high
+/// class: lock-free), and the ones between to several QPs, least used first (medium class).
+fn bfreg_shared(index: u32, total: u32) -> bool {
+    let n = index / BFREGS_PER_UAR * 2 + index % BFREGS_PER_UAR;
+    index != 0 && index % BFREGS_PER_UAR < 2 && n < total.saturating_sub(LOW_LATENCY_BFREGS)
 }
 
 /// The context's user indices: the lowest free one is handed out.
@@ -277,5 +315,19 @@ unsafe impl ProviderContext for Mlx5Context {
         // SAFETY: the core hands back `create_ah`'s value once, after the kernel destroyed
         // the AH; no send names it any more (a request borrows its AH).
         unsafe { ah::destroy(provider_data) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bfreg_shared;
+
+    /// libmlx5's `need_uuar_lock` for its 16 bfregs, 4 of them low latency: bfreg 0 and the
+    /// low-latency ones (non-fast-path numbers 12 to 15, indices 24, 25, 28, 29) lock-free,
+    /// the medium ones (1 to 11) locked; fast-path indices never handed out.
+    #[test]
+    fn shared_bfregs_are_the_medium_ones() {
+        let locked: Vec<u32> = (0..32).filter(|&i| bfreg_shared(i, 16)).collect();
+        assert_eq!(locked, [1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21]);
     }
 }

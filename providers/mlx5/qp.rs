@@ -16,7 +16,8 @@ use crate::error::{Error, Result, WrReject};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use zerocopy::IntoBytes;
 
 #[cfg(all(test, loom))]
@@ -46,21 +47,58 @@ struct Geometry {
     cap: QpCap,
 }
 
+/// The device's queue limits, from GET_CONTEXT's response.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub(super) max_sq_desc_sz: u16,
+    pub(super) max_rq_desc_sz: u16,
+    pub(super) max_send_wqebb: u32,
+    pub(super) max_recv_wr: u32,
+}
+
+/// Bytes libmlx5 reserves in every send WQE before its data (verbs.c `sq_overhead` for the
+/// operations a QP gets by default): on RC and UC the largest request it can post, a
+/// memory-window bind or local invalidate (control, UMR control, mkey context and a KLM
+/// segment: 16 + 48 + 64 + 64); on UD the control and datagram segments (16 + 48). Sizing
+/// with the same overhead gives the same queues for the same capabilities.
+const SQ_OVERHEAD: usize = 192;
+const UD_SQ_OVERHEAD: usize = SEG + ah::AV_SIZE;
+
 impl Geometry {
-    fn new(asked: QpCap, qp_type: QpType, ctx: &Ctx) -> Result<Self> {
+    /// The queues libmlx5 creates for `asked` (verbs.c `mlx5_calc_sq_size`,
+    /// `mlx5_calc_send_wqe`, `mlx5_calc_rq_size`, `mlx5_calc_rcv_wqe`): a send WQE is the
+    /// overhead plus the larger of the SGEs and the inline segment asked for, in whole basic
+    /// blocks; the send queue that many bytes per request, rounded up to a power of two; a
+    /// receive WQE the SGEs asked for (at least one) rounded up to a power of two, the
+    /// receive queue that per request (a power of two of them), at least one basic block, or
+    /// none when no receive is asked for. Unlike libmlx5, a QP asking for no send request
+    /// still gets a send queue of one (libmlx5 creates none): the size libmlx5 gives a QP
+    /// asking for one. What the user is told is what this provider's WQEs leave room for,
+    /// at least what was asked.
+    fn new(asked: QpCap, qp_type: QpType, ctx: &Limits) -> Result<Self> {
         let invalid = |what: String| Error::invalid("create_qp", what);
-        let sges = asked.max_send_sge as usize * SEG;
-        let (header, data) = match qp_type {
-            QpType::Ud => (UD_SQ_HEADER, sges.max(SEG)),
-            _ => (SQ_HEADER, sges.max(2 * SEG)), // atomics: operands + 1 SGE
+        let (overhead, header) = match qp_type {
+            QpType::Ud => (UD_SQ_OVERHEAD, UD_SQ_HEADER),
+            _ => (SQ_OVERHEAD, SQ_HEADER),
         };
-        let inline = wqe::inline_units(asked.max_inline_data as usize) * SEG;
-        let sq_wqe_size = (header + data.max(inline)).next_multiple_of(SEND_WQE_BB);
-        if sq_wqe_size > usize::from(ctx.max_sq_desc_sz) {
-            return Err(invalid(format!(
-                "{} send SGEs / {} inline bytes need {sq_wqe_size}-byte WQEs; the device takes {}",
-                asked.max_send_sge, asked.max_inline_data, ctx.max_sq_desc_sz
-            )));
+        let max_desc = usize::from(ctx.max_sq_desc_sz);
+        let too_big = || {
+            invalid(format!(
+                "{} send SGEs / {} inline bytes: send WQEs larger than the device's {max_desc} bytes",
+                asked.max_send_sge, asked.max_inline_data
+            ))
+        };
+        if asked.max_send_sge as usize > max_desc.saturating_sub(overhead) / SEG {
+            return Err(too_big());
+        }
+        let gather = overhead + asked.max_send_sge as usize * SEG;
+        let inline = match asked.max_inline_data {
+            0 => 0,
+            n => overhead + wqe::inline_units(n as usize) * SEG,
+        };
+        let sq_wqe_size = gather.max(inline).next_multiple_of(SEND_WQE_BB);
+        if sq_wqe_size > max_desc {
+            return Err(too_big());
         }
         let blocks_per_wqe = (sq_wqe_size / SEND_WQE_BB) as u32;
         let sq_blocks = asked
@@ -75,30 +113,39 @@ impl Geometry {
         if rq_stride > usize::from(ctx.max_rq_desc_sz) {
             return Err(invalid(format!("{rq_sge} receive SGEs: too many for the device")));
         }
-        let rq_slots = asked
-            .max_recv_wr
-            .max(1)
-            .checked_next_power_of_two()
-            .filter(|&s| s <= ctx.max_recv_wr)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "{} receive requests: too many for the device",
-                    asked.max_recv_wr
-                ))
-            })?;
+        let too_many_recvs = || {
+            invalid(format!(
+                "{} receive requests: too many for the device",
+                asked.max_recv_wr
+            ))
+        };
+        if asked.max_recv_wr > ctx.max_recv_wr {
+            return Err(too_many_recvs());
+        }
+        let (rq_slots, rq_shift) = match asked.max_recv_wr {
+            0 => (0, 0),
+            n => {
+                let bytes = n
+                    .checked_next_power_of_two()
+                    .and_then(|n| n.checked_mul(rq_stride as u32))
+                    .ok_or_else(too_many_recvs)?
+                    .max(SEND_WQE_BB as u32);
+                (bytes / rq_stride as u32, rq_stride.trailing_zeros())
+            }
+        };
         let room = sq_wqe_size - header;
         let cap = QpCap {
             max_send_wr: sq_blocks / blocks_per_wqe,
             max_recv_wr: rq_slots,
             max_send_sge: (room / SEG) as u32,
-            max_recv_sge: (rq_stride / SEG) as u32,
-            max_inline_data: (room - 4) as u32,
+            max_recv_sge: if rq_slots == 0 { 0 } else { (rq_stride / SEG) as u32 },
+            max_inline_data: room.saturating_sub(4) as u32,
         };
         Ok(Self {
             sq_blocks,
             sq_wqe_size: sq_wqe_size as u32,
             rq_slots,
-            rq_shift: rq_stride.trailing_zeros(),
+            rq_shift,
             cap,
         })
     }
@@ -140,7 +187,7 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
         },
         None => req.cap,
     };
-    let mut geo = Geometry::new(asked, req.qp_type, ctx)?;
+    let mut geo = Geometry::new(asked, req.qp_type, &ctx.limits())?;
     if srq.is_some() {
         // No receive queue of its own (the driver's `qp_has_rq` is false: both sizes 0).
         (geo.rq_slots, geo.rq_shift, geo.cap.max_recv_wr, geo.cap.max_recv_sge) = (0, 0, 0, 0);
@@ -159,12 +206,24 @@ pub(super) fn create(ctx: &Arc<Ctx>, req: &QpRequest<'_>, kernel: CreateQpCall<'
     };
     let mut resp = abi::CreateQpResp::default();
     let created = kernel(geo.cap, cmd.as_bytes(), resp.as_mut_bytes())?;
-    let doorbell = ctx.bfreg(resp.bfreg_index).ok_or_else(|| {
-        Error::malformed(
-            "CREATE_QP",
-            format!("bfreg index {} outside the UARs", resp.bfreg_index),
-        )
-    })?;
+    let doorbell = ctx
+        .bfreg(resp.bfreg_index)
+        .ok_or_else(|| {
+            Error::malformed(
+                "CREATE_QP",
+                format!("bfreg index {} outside the UARs", resp.bfreg_index),
+            )
+        })?
+        .claim()
+        .ok_or_else(|| {
+            Error::malformed(
+                "CREATE_QP",
+                format!(
+                    "bfreg {} is a dedicated (low-latency) one and another QP of the context has it",
+                    resp.bfreg_index
+                ),
+            )
+        })?;
     let shared = Arc::new(QpShared::new(geo.sq_blocks as usize, geo.rq_slots as usize, srq));
     send_cq.link(uidx.0, shared.clone());
     recv_cq.link(uidx.0, shared.clone());
@@ -218,20 +277,85 @@ impl Drop for UserIndex {
     }
 }
 
+/// One bfreg of the context (a pair of BlueFlame buffers): the half the next doorbell goes
+/// to, and, where QPs share it, the lock libmlx5 takes around the doorbell (`struct mlx5_bf`:
+/// `offset`, `need_lock`, `lock`). The toggle lives here, not in a QP: QPs sharing the bfreg
+/// alternate its halves between them.
+pub(super) struct BfReg {
+    /// The half the next doorbell goes to (0 or the toggle). Read and written under `lock`
+    /// where there is one; on a dedicated bfreg by its one QP's poster only.
+    offset: AtomicUsize,
+    /// `Some` on a shared bfreg (libmlx5 `need_uuar_lock`): held across the store or copy,
+    /// the flush and the toggle, so copies from two QPs never interleave and every doorbell
+    /// takes the half after the last one.
+    lock: Option<Mutex<()>>,
+    /// Live QPs on it; a dedicated (lock-free) bfreg takes one.
+    users: AtomicU32,
+}
+
+impl BfReg {
+    pub(super) fn new(shared: bool) -> Self {
+        Self {
+            offset: AtomicUsize::new(0),
+            lock: shared.then(|| Mutex::new(())),
+            users: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether QPs share it (and so post under its lock).
+    pub(super) fn shared(&self) -> bool {
+        self.lock.is_some()
+    }
+}
+
 /// Where a QP's send doorbell goes: a bfreg in one of the context's UAR pages, checked by
 /// `Ctx::bfreg` to lie inside it (both halves, and with BlueFlame a whole copy from either).
 pub(super) struct SendDoorbell {
     /// The UAR page's first byte; mapped as long as the context is.
     pub(super) page: NonNull<u8>,
-    /// The half the next doorbell goes to.
+    /// The bfreg's first half, from the page.
     pub(super) offset: usize,
     /// The two halves of the bfreg alternate (libmlx5 toggles them on every ring).
     pub(super) toggle: usize,
     /// Bytes of a BlueFlame buffer; 0: no BlueFlame.
     pub(super) bf_size: usize,
+    /// The bfreg's state, shared with every QP of the context on it.
+    pub(super) reg: Arc<BfReg>,
+}
+
+impl Drop for SendDoorbell {
+    fn drop(&mut self) {
+        self.reg.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl SendDoorbell {
+    /// Takes the bfreg for one more QP: `None` if it is a dedicated one already in use (the
+    /// kernel hands a low-latency bfreg to one QP at a time; two QPs posting on it without
+    /// the lock could interleave their copies).
+    pub(super) fn claim(self) -> Option<Self> {
+        let before = self.reg.users.fetch_add(1, Ordering::AcqRel);
+        match before > 0 && !self.reg.shared() {
+            true => None, // dropping `self` gives the count back
+            false => Some(self),
+        }
+    }
+
+    /// Runs `write` with the bfreg's current half (its byte offset in the page), then
+    /// flushes the write-combining buffers (`mmio_flush_writes`) and toggles the half: under
+    /// the bfreg's lock where QPs share it (libmlx5 `mmio_wc_spinlock` ... `spinunlock`), so
+    /// the flush is inside it, as libmlx5 has it: otherwise another CPU's later doorbell
+    /// could reach the device first.
+    #[inline(always)]
+    fn with_half(&self, write: impl FnOnce(usize)) {
+        let reg = &*self.reg;
+        let _guard = reg.lock.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
+        let half = reg.offset.load(Ordering::Relaxed);
+        write(self.offset + half);
+        mmio_fence();
+        reg.offset.store(half ^ self.toggle, Ordering::Relaxed);
+    }
+
     /// Rings: `ctrl` (the first 8 bytes of the last WQE) to the current half, then the other
     /// half's turn.
     ///
@@ -239,10 +363,12 @@ impl SendDoorbell {
     /// The context whose `bfreg` made this is alive (its UAR pages are mapped).
     #[inline(always)]
     unsafe fn ring(&mut self, ctrl: u64) {
-        // SAFETY: `bfreg` checked that 8 bytes at either half lie in the page, mapped (our
-        // contract); a device register, written with one volatile 8-byte store.
-        unsafe { self.page.as_ptr().add(self.offset).cast::<u64>().write_volatile(ctrl) };
-        self.offset ^= self.toggle;
+        let page = self.page;
+        self.with_half(|at| {
+            // SAFETY: `bfreg` checked that 8 bytes at either half lie in the page, mapped
+            // (our contract); a device register, written with one volatile 8-byte store.
+            unsafe { page.as_ptr().add(at).cast::<u64>().write_volatile(ctrl) };
+        });
     }
 
     /// A BlueFlame copy: `words` (at most `bf_size` bytes rounded up to whole basic blocks)
@@ -252,18 +378,14 @@ impl SendDoorbell {
     /// As for [`Self::ring`].
     unsafe fn copy(&mut self, words: impl ExactSizeIterator<Item = u64>) {
         debug_assert!(words.len() * 8 <= self.bf_size.next_multiple_of(SEND_WQE_BB));
-        for (i, word) in words.enumerate() {
-            // SAFETY: `bfreg` checked the whole copy from either half lies in the page; the
-            // caller keeps to its length; mapped per our contract.
-            unsafe {
-                self.page
-                    .as_ptr()
-                    .add(self.offset + 8 * i)
-                    .cast::<u64>()
-                    .write_volatile(word)
-            };
-        }
-        self.offset ^= self.toggle;
+        let page = self.page;
+        self.with_half(|at| {
+            for (i, word) in words.enumerate() {
+                // SAFETY: `bfreg` checked the whole copy from either half lies in the page;
+                // the caller keeps to its length; mapped per our contract.
+                unsafe { page.as_ptr().add(at + 8 * i).cast::<u64>().write_volatile(word) };
+            }
+        });
     }
 }
 
@@ -784,7 +906,6 @@ impl Mlx5Qp {
                 // SAFETY: `self.ctx`, whose `bfreg` made the doorbell, is alive.
                 unsafe { self.doorbell.ring(ctrl) };
             }
-            mmio_fence();
         }
         match rejected {
             None => Ok(()),
@@ -896,6 +1017,95 @@ mod tests {
     fn ring(buf: &Buffer, blocks: usize) -> Vec<u8> {
         // SAFETY: the buffer holds at least `blocks` basic blocks, written by the test only.
         unsafe { std::slice::from_raw_parts(buf.base().as_ptr(), blocks * SEND_WQE_BB) }.to_vec()
+    }
+
+    /// The device limits the model's GET_CONTEXT reports (and ConnectX-5's).
+    const LIMITS: Limits = Limits {
+        max_sq_desc_sz: 512,
+        max_rq_desc_sz: 512,
+        max_send_wqebb: 1 << 15,
+        max_recv_wr: 1 << 15,
+    };
+
+    fn cap(send: u32, recv: u32, send_sge: u32, recv_sge: u32, inline: u32) -> QpCap {
+        QpCap {
+            max_send_wr: send,
+            max_recv_wr: recv,
+            max_send_sge: send_sge,
+            max_recv_sge: recv_sge,
+            max_inline_data: inline,
+        }
+    }
+
+    /// (send basic blocks, receive WQEs, log2 of a receive WQE's bytes), as CREATE_QP asks.
+    fn sizes(qp_type: QpType, asked: QpCap) -> Result<(u32, u32, u32)> {
+        Geometry::new(asked, qp_type, &LIMITS).map(|g| (g.sq_blocks, g.rq_slots, g.rq_shift))
+    }
+
+    /// The sizes libmlx5 44 asks the kernel for with the same capabilities (verbs.c
+    /// mlx5_calc_sq_size and mlx5_calc_rq_size, worked by hand; the first and the UD one are
+    /// the differential's QPs, whose CREATE_QP requests the model compares byte for byte).
+    #[test]
+    fn queues_are_sized_as_libmlx5_sizes_them() {
+        // 192 + max(4 SGEs, 4 + 120 inline) = 320 bytes, 5 blocks a request; 64 requests.
+        assert_eq!(sizes(QpType::Rc, cap(64, 32, 4, 4, 120)).unwrap(), (512, 32, 6));
+        assert_eq!(sizes(QpType::Ud, cap(64, 32, 4, 4, 120)).unwrap(), (256, 32, 6));
+        // One request of 192 + 16 bytes: 4 blocks, not 1; receives at least one block.
+        assert_eq!(sizes(QpType::Rc, cap(1, 1, 1, 1, 0)).unwrap(), (4, 4, 4));
+        assert_eq!(sizes(QpType::Uc, cap(1, 3, 1, 1, 0)).unwrap(), (4, 4, 4));
+        assert_eq!(sizes(QpType::Rc, cap(1, 5, 1, 1, 0)).unwrap(), (4, 8, 4));
+        assert_eq!(sizes(QpType::Ud, cap(8, 8, 1, 1, 0)).unwrap(), (16, 8, 4));
+        assert_eq!(sizes(QpType::Rc, cap(100, 500, 1, 3, 64)).unwrap(), (512, 512, 6));
+        // No receive asked for: no receive queue (libmlx5's rq_wqe_count 0).
+        assert_eq!(sizes(QpType::Rc, cap(4, 0, 1, 1, 0)).unwrap(), (16, 0, 0));
+        // At most (512 - 192) / 16 SGEs and 512 - 192 - 4 inline bytes on RC.
+        assert_eq!(sizes(QpType::Rc, cap(1, 1, 20, 1, 316)).unwrap(), (8, 4, 4));
+        assert!(sizes(QpType::Rc, cap(1, 1, 21, 1, 0)).is_err());
+        assert!(sizes(QpType::Rc, cap(1, 1, 1, 1, 317)).is_err());
+        assert!(sizes(QpType::Rc, cap(1, 1 << 16, 1, 1, 0)).is_err());
+    }
+
+    /// What the user is told covers what was asked and fits the WQE this provider writes.
+    #[test]
+    fn the_capabilities_reported_cover_the_ones_asked() {
+        for qp_type in [QpType::Rc, QpType::Ud] {
+            for asked in [
+                cap(1, 1, 1, 1, 0),
+                cap(7, 9, 3, 2, 60),
+                cap(64, 32, 4, 4, 120),
+                cap(2, 0, 0, 1, 0),
+            ] {
+                let g = Geometry::new(asked, qp_type, &LIMITS).unwrap();
+                let got = g.cap;
+                assert!(got.max_send_wr >= asked.max_send_wr, "{qp_type:?} {asked:?} -> {got:?}");
+                assert!(got.max_recv_wr >= asked.max_recv_wr, "{qp_type:?} {asked:?} -> {got:?}");
+                assert!(
+                    got.max_send_sge >= asked.max_send_sge,
+                    "{qp_type:?} {asked:?} -> {got:?}"
+                );
+                assert!(
+                    got.max_inline_data >= asked.max_inline_data,
+                    "{qp_type:?} {asked:?} -> {got:?}"
+                );
+                if asked.max_recv_wr > 0 {
+                    assert!(
+                        got.max_recv_sge >= asked.max_recv_sge,
+                        "{qp_type:?} {asked:?} -> {got:?}"
+                    );
+                }
+                // The largest WQE posted fits a request's share of the ring.
+                let header = if qp_type == QpType::Ud { UD_SQ_HEADER } else { SQ_HEADER };
+                let largest = header + got.max_send_sge as usize * SEG;
+                assert!(largest <= g.sq_wqe_size as usize);
+                // (Inline requests of no bytes have no inline segment.)
+                let inline = match got.max_inline_data {
+                    0 => 0,
+                    n => wqe::inline_units(n as usize) * SEG,
+                };
+                assert!(header + inline <= g.sq_wqe_size as usize);
+                assert!(got.max_send_wr * (g.sq_wqe_size / SEND_WQE_BB as u32) <= g.sq_blocks);
+            }
+        }
     }
 
     /// The reference's capture: a signaled 100-byte SEND plus a zero-length SGE, which is

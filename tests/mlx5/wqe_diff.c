@@ -11,6 +11,9 @@
  *   ud <max_send_wr> <max_recv_wr> <max_send_sge> <max_recv_sge> <max_inline> <cqe>
  *                           a UD QP (Q_Key 0x11111111) on a CQ of its own, in RTS: the lines
  *                           after it post to it (the RC QP stays)
+ *   z <type> <max_send_wr> <max_recv_wr> <max_send_sge> <max_recv_sge> <max_inline>
+ *                           a QP of type 0 RC, 1 UC, 2 UD on the current CQ, destroyed at
+ *                           once: its CREATE_QP shows the queue sizes asked for those caps
  *   A <dlid> <sl> <src_path_bits> <static_rate> <is_global> <hop_limit> <tclass> <flow_label>
  *     <dgid high 64 bits> <dgid low 64 bits>
  *                           an address handle (port 1, source GID 0), numbered from 0
@@ -175,6 +178,28 @@ int main(int argc, char **argv)
 			if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 					  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
 				die("ibv_modify_qp RTS");
+		} else if (line[0] == 'z') {
+			static const enum ibv_qp_type types[] = { IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD };
+			struct ibv_qp_init_attr init = { 0 };
+			struct ibv_qp *z;
+			unsigned long type;
+
+			p = line + 2;
+			type = num(&p);
+			if (type > 2 || !cq)
+				die("script: z line");
+			init.qp_type = types[type];
+			init.cap.max_send_wr = num(&p);
+			init.cap.max_recv_wr = num(&p);
+			init.cap.max_send_sge = num(&p);
+			init.cap.max_recv_sge = num(&p);
+			init.cap.max_inline_data = num(&p);
+			init.send_cq = init.recv_cq = cq;
+			z = ibv_create_qp(pd, &init);
+			if (!z)
+				die("ibv_create_qp (z)");
+			if (ibv_destroy_qp(z))
+				die("ibv_destroy_qp (z)");
 		} else if (line[0] == 'u' && line[1] == 'd') {
 			struct ibv_qp_init_attr init = { .qp_type = IBV_QPT_UD };
 			struct ibv_qp_attr attr = {

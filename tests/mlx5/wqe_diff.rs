@@ -128,6 +128,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     for line in lines {
         let mut w = line.split_whitespace();
         match w.next() {
+            Some("z") => {
+                let qp_type = match num(&mut w)? {
+                    0 => QpType::Rc,
+                    1 => QpType::Uc,
+                    2 => QpType::Ud,
+                    t => return Err(format!("script: z line of type {t}").into()),
+                };
+                let mut init = QpInit::new(qp_type, &cq, &cq);
+                init.cap = QpCap {
+                    max_send_wr: num(&mut w)? as u32,
+                    max_recv_wr: num(&mut w)? as u32,
+                    max_send_sge: num(&mut w)? as u32,
+                    max_recv_sge: num(&mut w)? as u32,
+                    max_inline_data: num(&mut w)? as u32,
+                };
+                drop(pd.create_qp(&init)?);
+            }
             Some("ud") => {
                 let (cap, cqe) = caps(&mut w)?;
                 let ud_cq = ctx.create_cq(cqe)?;

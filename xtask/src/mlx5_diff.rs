@@ -183,12 +183,39 @@ mod op {
     pub const INLINE: u64 = 8;
 }
 
+/// QPs (type: 0 RC, 1 UC, 2 UD; max_send_wr, max_recv_wr, max_send_sge, max_recv_sge,
+/// max_inline_data) the script creates and destroys before its steps, so that the driver
+/// requests compare the queue sizes both providers ask for: one request, receive queues
+/// under one basic block (1 to 3 receives of one SGE), no receive queue, the largest WQE
+/// (20 SGEs or 316 inline bytes on RC), UD WQEs with no SGE, inline sizes between.
+const SIZINGS: [(u8, [u32; 5]); 14] = [
+    (0, [1, 1, 1, 1, 0]),
+    (0, [1, 3, 1, 1, 0]),
+    (0, [2, 5, 2, 3, 0]),
+    (0, [1, 1, 1, 1, 60]),
+    (0, [100, 500, 1, 3, 64]),
+    (0, [4, 0, 1, 1, 0]),
+    (0, [16, 16, 20, 1, 316]),
+    (0, [7, 9, 3, 2, 28]),
+    (1, [1, 1, 1, 1, 0]),
+    (1, [3, 2, 1, 1, 100]),
+    (2, [1, 1, 1, 1, 0]),
+    (2, [8, 8, 1, 1, 0]),
+    (2, [2, 2, 0, 1, 0]),
+    (2, [5, 3, 2, 2, 300]),
+];
+
 /// The script (format in tests/mlx5/wqe_diff.c): every opcode, lists of 1..32, inline
 /// sizes 0..=MAX_INLINE over 0..4 SGEs, zero-length SGEs, every flag combination; the last
 /// request of each list signaled so the queue drains at each step.
 pub fn script(seed: u64, steps: u32) -> String {
     let mut r = Rng(seed);
     let mut s = format!("qp {MAX_SEND_WR} {MAX_RECV_WR} {MAX_SGE} {MAX_SGE} {MAX_INLINE} {CQE}\n");
+    // QPs created and destroyed at once, for their CREATE_QP's queue sizes.
+    for (qp_type, cap) in SIZINGS {
+        let [send, recv, send_sge, recv_sge, inline] = cap;
+        let _ = writeln!(s, "z {qp_type} {send} {recv} {send_sge} {recv_sge} {inline}");
+    }
     let mut wr_id = 0u64;
     for step in 0..steps {
         let n = if r.chance(30) { 1 } else { 1 + r.below(32) };
@@ -465,15 +492,6 @@ pub const ALLOWED: &[Allowed] = &[
         bytes: 0..16,
         field: "buf_addr, db_addr",
         why: "user addresses (ib_umem_get, mlx5_ib_db_map_user)",
-    },
-    Allowed {
-        command: "CREATE_QP",
-        bytes: 16..20,
-        field: "sq_wqe_count",
-        why: "libmlx5 sizes send WQEs for every RC operation it has (sq_overhead: 192 bytes \
-              before data), this provider for the ones it posts; the kernel checks only that \
-              the count is a power of two within log_max_qp_sz (6.1 qp.c:602-610 \
-              set_user_buf_size)",
     },
     Allowed {
         command: "CREATE_QP",

@@ -162,6 +162,8 @@ pub const WQE_CTRL_SOLICITED: u8 = 0x02;
 pub const INLINE_SEG: u32 = 0x8000_0000;
 /// `MLX5_INVALID_LKEY`: ends a receive WQE's scatter list.
 pub const INVALID_LKEY: u32 = 0x100;
+/// The first bfreg's offset in a UAR page (`MLX5_BF_OFFSET`).
+pub const BF_OFFSET: u64 = 0x800;
 /// `MLX5_SEND_WQE_BB`.
 pub const SEND_WQE_BB: u64 = 64;
 /// Doorbell record slots (mlx5dv.h / libmlx5's mlx5.h).

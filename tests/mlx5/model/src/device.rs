@@ -17,8 +17,11 @@ use crate::wire::{Datagram, Request};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod bfcheck;
 mod recv;
 mod send;
+
+pub use bfcheck::{BfWatch, Violation};
 mod srq;
 
 /// The device's operations on the model.

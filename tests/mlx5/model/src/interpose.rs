@@ -420,7 +420,7 @@ fn mmap_device(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_
                 if p == libc::MAP_FAILED {
                     return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
                 }
-                model.mapped(fd, p as u64);
+                model.mapped(fd, (offset / page) as u64, p as u64);
                 p
             }
             Mapping::CoreClock => {
@@ -619,5 +619,55 @@ pub unsafe extern "C" fn uverbs_mlx5_model_step(label: *const c_char) -> c_int {
         let rt = runtime().ok_or(libc::ENODEV)?;
         crate::stepper::step(&mut rt.lock(), &label, &ProcessMemory);
         Ok(0)
+    })
+}
+
+/// Not interposed: how many BlueFlame copies the device compared with their WQE and found
+/// whole (`device/bfcheck.rs`), for the test programs (found with `dlsym`); -1 when the model
+/// is not running.
+#[no_mangle]
+pub extern "C" fn uverbs_mlx5_model_bf_copies_checked() -> i64 {
+    guarded(-1, || {
+        let rt = runtime().ok_or(libc::ENODEV)?;
+        let n = rt.lock().bf_copies_checked;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    })
+}
+
+/// Not interposed: the client has no post in flight (every UAR store it made is complete):
+/// the device checks every bfreg now (`device/bfcheck.rs` `check_quiescent`). Returns the
+/// number of violations recorded so far, or -1 when the model is not running.
+#[no_mangle]
+pub extern "C" fn uverbs_mlx5_model_check_bfregs() -> c_int {
+    guarded(-1, || {
+        let rt = runtime().ok_or(libc::ENODEV)?;
+        let mut model = rt.lock();
+        crate::device::bfcheck::check_quiescent(&mut model, &ProcessMemory, u64::from(crate::bf_reg_size()));
+        Ok(c_int::try_from(model.violations.len()).unwrap_or(c_int::MAX))
+    })
+}
+
+/// Not interposed: the violations the device recorded so far (`device/bfcheck.rs`), for the
+/// test programs (found with `dlsym`). Writes them as text, one a line (`reason: detail`),
+/// NUL-terminated and cut to `len` bytes, to `buf` (unless null); returns how many there
+/// are, or -1 when the model is not running.
+///
+/// # Safety
+/// `buf` is null or has room for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn uverbs_mlx5_model_violations(buf: *mut c_char, len: size_t) -> c_int {
+    guarded(-1, || {
+        let rt = runtime().ok_or(libc::ENODEV)?;
+        let model = rt.lock();
+        let text: String = model.violations.iter().map(|v| format!("{v}\n")).collect();
+        if !buf.is_null() && len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: `buf` has room for `len` bytes (our contract); `n + 1 <= len`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        Ok(c_int::try_from(model.violations.len()).unwrap_or(c_int::MAX))
     })
 }

@@ -104,6 +104,8 @@ pub struct Context {
     /// Addresses of the UAR pages mapped for this context (the device watches their CQ
     /// doorbell word).
     pub uar_maps: Vec<u64>,
+    /// The static (legacy) UAR pages mapped, as (index, address): where the bfregs are.
+    pub static_uars: Vec<(u64, u64)>,
 }
 
 /// The whole fake kernel and device of one process.
@@ -130,6 +132,14 @@ pub struct Model {
     /// Pages pinned by registered MRs (the process's `mm->pinned_vm`; the CQ and QP buffers
     /// and doorbell pages 6.1 also pins are not counted).
     pinned_pages: u64,
+    /// What the device saw a client do that a device would not accept (`device/bfcheck.rs`),
+    /// in order; `uverbs_mlx5_model_violations` reports them.
+    pub violations: Vec<crate::objects::Violation>,
+    /// By (context, bfreg): the doorbells the device saw on it since the last quiescent check
+    /// (`device/bfcheck.rs`), and whether it saw each post on its own.
+    pub bf_posts: HashMap<(i32, u32), (Vec<u64>, bool)>,
+    /// BlueFlame copies the device compared with their WQE and found whole.
+    pub bf_copies_checked: u64,
 }
 
 /// The parts of a decoded command: a write() command, or an ioctl method turned into the
@@ -220,6 +230,9 @@ impl Model {
             next_key: 0,
             next_uar_page: 16,
             pinned_pages: 0,
+            violations: Vec::new(),
+            bf_copies_checked: 0,
+            bf_posts: HashMap::new(),
         }
     }
 

@@ -117,6 +117,8 @@ pub struct Qp {
     pub ctx: i32,
     /// The legacy bfreg the kernel chose for it (released on destroy).
     pub bfregn: Option<u32>,
+    /// The device's view of its doorbells (`device/bfcheck.rs`).
+    pub bf: BfWatch,
     pub qpn: u32,
     pub qp_type: u8,
     pub pd: u32,
@@ -247,4 +249,67 @@ impl<T> Table<T> {
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|v| (i as u32, v)))
     }
+}
+
+/// A rule the device saw broken; `Model::violations` keeps them for the tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// A QP's doorbell or copy on a bfreg that is not the one its CREATE_QP gave it.
+    ForeignBfreg { qpn: u32, own: u32, found: u32 },
+    /// A BlueFlame copy that differs from the WQE it names, from byte `at`.
+    TornCopy {
+        qpn: u32,
+        wqe_index: u16,
+        bfreg: u32,
+        at: usize,
+    },
+    /// `posts` doorbells on a bfreg since the last quiescent check, but its two halves do not
+    /// hold the last two of them: two went to the same half (the toggle raced).
+    NotAlternated { bfreg: u32, posts: usize },
+}
+
+impl Violation {
+    /// The reason, as tests and the log name it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::ForeignBfreg { .. } => "doorbell on another QP's bfreg",
+            Self::TornCopy { .. } => "torn BlueFlame copy",
+            Self::NotAlternated { .. } => "bfreg halves not alternated",
+        }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ForeignBfreg { qpn, own, found } => {
+                write!(f, "{}: QP {qpn:#x} (bfreg {own}) rang bfreg {found}", self.reason())
+            }
+            Self::TornCopy {
+                qpn,
+                wqe_index,
+                bfreg,
+                at,
+            } => write!(
+                f,
+                "{}: QP {qpn:#x} WQE {wqe_index} on bfreg {bfreg} differs from the ring at byte {at}",
+                self.reason()
+            ),
+            Self::NotAlternated { bfreg, posts } => write!(
+                f,
+                "{}: {posts} doorbells on bfreg {bfreg}, its halves do not hold two of them",
+                self.reason()
+            ),
+        }
+    }
+}
+
+/// A QP's last post as the device saw its doorbell record move.
+#[derive(Debug, Clone, Default)]
+pub struct BfWatch {
+    /// The send doorbell record last seen.
+    pub(crate) seen: u16,
+    /// The last WQE of the post seen last: its first 8 bytes as stored, and its bytes when
+    /// the post was one request both providers copy.
+    pub(crate) last: Option<(u64, Option<Vec<u8>>)>,
 }

@@ -365,6 +365,7 @@ mod tests {
         Qp {
             ctx: 3,
             bfregn: None,
+            bf: Default::default(),
             qpn: 0x1c0,
             qp_type: abi::qpt::RC,
             pd: 0,

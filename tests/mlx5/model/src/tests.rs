@@ -9,6 +9,7 @@ use libc::{EBADF, EBUSY, EFAULT, EINVAL, ENOENT, ENOMEM, ENOSPC, EOPNOTSUPP, EPE
 use zerocopy::{FromBytes, IntoBytes};
 
 mod ah;
+mod bfcheck;
 mod context;
 mod cq;
 mod device;

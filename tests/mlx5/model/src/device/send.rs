@@ -201,6 +201,11 @@ impl Device {
                 Self::raise_qp_fatal(model, h);
                 continue;
             };
+            let bf_reg = u64::from(crate::bf_reg_size());
+            if bf_reg > 0 && qp.bfregn.is_some() {
+                super::bfcheck::observe(model, h, snd as u16, mem, bf_reg);
+            }
+            let Some(qp) = model.qps.get(h) else { continue };
             let avail = (snd as u16).wrapping_sub(qp.sq_ci);
             if avail == 0 {
                 continue;

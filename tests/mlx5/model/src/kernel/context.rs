@@ -142,6 +142,7 @@ impl Model {
             async_fd: None,
             async_fds: Vec::new(),
             uar_maps: Vec::new(),
+            static_uars: Vec::new(),
         })
     }
 

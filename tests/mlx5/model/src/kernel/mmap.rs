@@ -175,10 +175,15 @@ impl Model {
         }
     }
 
-    /// A UAR page of context `ctx` is now mapped at `addr`.
-    pub fn mapped(&mut self, ctx: i32, addr: u64) {
+    /// A UAR page of context `ctx` is now mapped at `addr`, from page offset `pgoff`.
+    pub fn mapped(&mut self, ctx: i32, pgoff: u64, addr: u64) {
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.uar_maps.push(addr);
+            let command = (pgoff >> 8) & 0xff;
+            if let abi::mmap_cmd::REGULAR_PAGE | abi::mmap_cmd::NC_PAGE | abi::mmap_cmd::WC_PAGE = command {
+                c.static_uars
+                    .push(((pgoff & 0xff) | (((pgoff >> 16) & 0xff) << 8), addr));
+            }
         }
     }
 
@@ -198,6 +203,7 @@ impl Model {
         let inside = |p: u64| p >= addr && p < addr.saturating_add(len);
         for c in self.contexts.values_mut() {
             c.uar_maps.retain(|&p| !inside(p));
+            c.static_uars.retain(|&(_, p)| !inside(p));
         }
         let (gone, kept) = self.clock_pages.iter().partition(|&&(client, _)| inside(client));
         self.clock_pages = kept;

@@ -139,6 +139,7 @@ impl Model {
         let handle = self.qps.insert(Qp {
             ctx: call.ctx,
             bfregn,
+            bf: Default::default(),
             qpn,
             qp_type: req.qp_type,
             pd: req.pd_handle,
