@@ -327,6 +327,8 @@ impl Test {
                     flow_control: false,
                     retry_count: 5,
                     rnr_retry_count: 0,
+                    // The kernel's ACK timeout, as librdmacm leaves it.
+                    ack_timeout: None,
                     ..Default::default()
                 };
                 node.id.connect(&mut verbs.qp, &param)?;

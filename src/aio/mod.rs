@@ -70,7 +70,7 @@ mod cm;
 mod cq;
 mod events;
 
-pub use cm::{AsyncConnection, AsyncConnector, AsyncListener};
+pub use cm::{AsyncConnection, AsyncConnector, AsyncListener, CONNECT_TIMEOUT};
 pub use cq::{AsyncCq, WaitStats};
 pub use events::AsyncEvents;
 
