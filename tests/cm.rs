@@ -1459,3 +1459,35 @@ fn accepting_a_request_whose_client_gave_up_is_a_typed_error() {
     drop(listener);
     assert_no_cm_ids();
 }
+
+/// How long the kernel itself takes to end a connect request nobody answers (an address on
+/// the NOARP dummy netdev with no host behind it): minutes, which is why every connect here
+/// has a timeout of its own. Ignored: it runs for about two minutes (docs/rdma-cm.md).
+#[test]
+#[ignore]
+fn the_kernel_ends_an_unanswered_connect_request() {
+    let IpAddr::V4(ip) = cm_addr(0).ip() else {
+        panic!("UVERBS_CM_ADDR must be IPv4 here")
+    };
+    let [a, b, c, d] = ip.octets();
+    let addr = SocketAddr::new(IpAddr::from([a, b, c, d.wrapping_add(97)]), 7545);
+    let connector = Connector::resolve(addr, T).unwrap();
+    let side = Side::new(&connector.context().unwrap());
+    let start = std::time::Instant::now();
+    let failed = connector
+        .connect(side.qp(), &ConnParam::default(), Duration::from_secs(400))
+        .unwrap_err();
+    let took = start.elapsed();
+    println!("an unanswered connect request: {} after {took:?}", failed.error);
+    assert!(
+        matches!(
+            failed.error,
+            Error::CmEvent {
+                event: "UNREACHABLE",
+                ..
+            }
+        ),
+        "{failed}"
+    );
+    assert!(took > Duration::from_secs(60), "{took:?}");
+}
