@@ -1369,7 +1369,10 @@ fn a_receive_before_init_qp_names_the_missing_step() {
         let client = s.spawn(|| {
             let connector = Connector::resolve(addr, T).unwrap();
             let side = Side::new(&connector.context().unwrap());
-            connector.connect(side.qp(), &ConnParam::default(), T).map(drop)
+            connector
+                .connect(side.qp(), &ConnParam::default(), T)
+                .map(drop)
+                .map_err(|f| f.error)
         });
         let req = listener.get_request(T).unwrap();
         let side = Side::new(&req.context().unwrap());

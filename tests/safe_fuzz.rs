@@ -2095,6 +2095,7 @@ impl Round<'_> {
             flow_control: self.rng.chance(50),
             retry_count: if self.rng.chance(3) { 8 } else { self.rng.below(8) as u8 },
             rnr_retry_count: self.rng.below(8) as u8,
+            ack_timeout: self.rng.chance(50).then(|| 12 + self.rng.below(8) as u8),
         }
     }
 

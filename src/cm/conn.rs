@@ -204,6 +204,7 @@ impl Connector {
     /// On failure the QP comes back in the [`ConnectFailed`], with its posted receives: in
     /// INIT after a reject, an unanswered request or a timeout, ready for another
     /// connector's `connect`; in ERR where the handshake failed past that.
+    #[allow(clippy::result_large_err)] // a cold path that hands the QP back whole on failure
     pub fn connect(
         self,
         qp: Qp,
@@ -221,6 +222,7 @@ impl Connector {
     /// Sends the connect request for `qp` and returns at once; [`Establishing::advance`]
     /// completes it when the answer arrives. The route must be resolved. On failure the QP
     /// comes back as from [`Connector::connect`].
+    #[allow(clippy::result_large_err)] // a cold path that hands the QP back whole on failure
     pub fn start_connect(
         mut self,
         mut qp: Qp,
@@ -305,6 +307,7 @@ impl Establishing {
     }
 
     /// As [`Establishing::finish`], with the QP back in the error.
+    #[allow(clippy::result_large_err)] // a cold path that hands the QP back whole on failure
     pub(crate) fn into_connection(self) -> std::result::Result<Connection, ConnectFailed> {
         match (self.established, self.peer) {
             (true, Some(peer)) => Ok(Connection {
