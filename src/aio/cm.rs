@@ -68,8 +68,13 @@ impl Deadline {
             TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
         )
         .map_err(|e| Error::kernel(verb, e))?;
-        // A zero expiry would disarm the timer: at least a nanosecond.
-        let at = TimeSpec::from_duration(timeout.max(Duration::from_nanos(1)));
+        // A zero expiry would disarm the timer: at least a nanosecond; at most 68 years, which
+        // `time_t` holds everywhere (`Duration::MAX` for "no deadline").
+        let at = TimeSpec::from_duration(
+            timeout
+                .max(Duration::from_nanos(1))
+                .min(Duration::from_secs(i32::MAX as u64)),
+        );
         timer
             .set(Expiration::OneShot(at), TimerSetTimeFlags::empty())
             .map_err(|e| Error::kernel(verb, e))?;
