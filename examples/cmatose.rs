@@ -188,8 +188,8 @@ struct Verbs {
     send_cq: Cq,
     recv_cq: Cq,
     /// `message_size` bytes: every send goes from here and every receive lands here, as in
-    /// cmatose (whose messages carry no meaning).
-    mem: Mr,
+    /// cmatose (whose messages carry no meaning); none without messages, as in cmatose.
+    mem: Option<Mr>,
 }
 
 impl Verbs {
@@ -203,7 +203,11 @@ impl Verbs {
         (init.cap.max_send_sge, init.cap.max_recv_sge) = (1, 1);
         init.sq_sig_all = true;
         let qp = pd.create_qp(&init)?;
-        let mem = pd.alloc_mr(o.message_size.max(1), LocalAccess::LOCAL_WRITE)?;
+        let mem = if o.message_count > 0 {
+            Some(pd.alloc_mr(o.message_size.max(1), LocalAccess::LOCAL_WRITE)?)
+        } else {
+            None
+        };
         Ok(Self {
             qp,
             send_cq,
@@ -213,7 +217,8 @@ impl Verbs {
     }
 
     fn post_recvs(&mut self, o: &Options) -> Result<()> {
-        let sge = [self.mem.sge(0, o.message_size as u32)?];
+        let Some(mem) = &self.mem else { return Ok(()) };
+        let sge = [mem.sge(0, o.message_size as u32)?];
         for _ in 0..o.message_count {
             // SAFETY: `mem` is declared after `qp`, so it outlives the QP and every request.
             unsafe { self.qp.post_recv(&[RecvWr::new(0, &sge)])? };
@@ -222,7 +227,8 @@ impl Verbs {
     }
 
     fn post_sends(&mut self, o: &Options) -> Result<()> {
-        let sge = [self.mem.sge(0, o.message_size as u32)?];
+        let Some(mem) = &self.mem else { return Ok(()) };
+        let sge = [mem.sge(0, o.message_size as u32)?];
         for _ in 0..o.message_count {
             // SAFETY: as in `post_recvs`.
             unsafe { self.qp.post_send(&[SendWr::new(0, SendOp::Send, &sge)])? };
@@ -327,6 +333,8 @@ impl Test {
                     flow_control: false,
                     retry_count: 5,
                     rnr_retry_count: 0,
+                    // The kernel's ACK timeout, as librdmacm leaves it.
+                    ack_timeout: None,
                     ..Default::default()
                 };
                 node.id.connect(&mut verbs.qp, &param)?;

@@ -476,6 +476,8 @@ fn run_client(o: &Options) -> Result<()> {
         flow_control: false,
         retry_count: 7,
         rnr_retry_count: 7,
+        // The kernel's ACK timeout, as librdmacm leaves it.
+        ack_timeout: None,
         ..Default::default()
     };
     let mut conn = connector.connect(qp, &param, STALL)?;

@@ -149,6 +149,14 @@ pub enum Error {
         /// The event's status (a negative errno, or a reject reason).
         status: i32,
     },
+    /// The peer withdrew its connect request before this side accepted it: it gave up (its
+    /// connect timed out or was dropped) and its CM sent a reject, which the kernel does not
+    /// report for a request not yet accepted; the request's id can no longer be answered.
+    #[error("{verb}: the peer withdrew its connect request before the accept (it gave up waiting); wait for its next request")]
+    RequestWithdrawn {
+        /// The step that found it out.
+        verb: Verb,
+    },
     /// No event came within the timeout.
     #[error("{verb}: no RDMA CM event within {timeout:?}")]
     TimedOut {
@@ -225,6 +233,10 @@ impl std::fmt::Display for WrReject {
             Self::InlineTooLong { given, max } => {
                 write!(f, "{given} bytes inline, queue allows {max}")
             }
+            Self::WrongState(crate::attr::QpState::Reset) => write!(
+                f,
+                "QP is in state Reset: move it to INIT first (Qp::modify; a connection manager's QP: ConnectRequest::init_qp or CmId::init_qp, before the accept or connect)"
+            ),
             Self::WrongState(s) => write!(f, "QP is in state {s:?}"),
             Self::BadAtomic => write!(
                 f,
@@ -278,6 +290,14 @@ impl Error {
             what: what.into(),
             source,
         }
+    }
+
+    /// Whether a connect found nothing listening on the peer's port: the peer's CM rejected
+    /// it with reason 8 (invalid service id; IB and RoCE). A server not started yet answers
+    /// so: connect again. (iWARP reports a missing listener and an application's reject
+    /// alike, as `ECONNREFUSED`: never `true` there.)
+    pub fn is_no_listener(&self) -> bool {
+        matches!(self, Self::Rejected { status: 8, .. })
     }
 
     /// The errno, when the kernel refused a command.

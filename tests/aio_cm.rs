@@ -101,7 +101,7 @@ impl AsyncSide {
 async fn connect(addr: std::net::SocketAddr) -> Result<AsyncConnection> {
     let connector = AsyncConnector::resolve(addr, T).await?;
     let (_side, qp) = AsyncSide::new(&connector.context()?);
-    connector.connect(qp, &ConnParam::default()).await
+    Ok(connector.connect(qp, &ConnParam::default()).await?)
 }
 
 /// Takes the next request and accepts it with a fresh QP and default parameters.
@@ -249,7 +249,7 @@ fn dropped_futures_leave_no_id_or_fd_and_the_next_call_succeeds() {
             let (_side, qp) = AsyncSide::new(&request.context().unwrap());
             let accepting = AsyncConnection::accept(request, qp, &ConnParam::default());
             match tokio::time::timeout(T, accepting).await {
-                Ok(Err(e @ (Error::Rejected { .. } | Error::Kernel { .. }))) => {
+                Ok(Err(e @ (Error::Rejected { .. } | Error::RequestWithdrawn { .. }))) => {
                     println!("accepting a withdrawn request: {e}")
                 }
                 other => panic!("accepting a withdrawn request: {other:?}"),
@@ -309,4 +309,85 @@ fn dropped_futures_leave_no_id_or_fd_and_the_next_call_succeeds() {
     println!("fds and mappings: {before:?} -> {after:?}; of /dev/infiniband: {before_dev:?} -> {after_dev:?}");
     assert_eq!(after_dev, before_dev, "a device fd or mapping leaked");
     assert_eq!(after, before, "an fd or a mapping leaked");
+}
+
+/// A connect the listener never answers ends at the connector's timeout, on a runtime
+/// without tokio's timer, with the QP back in INIT; the server's accept of that withdrawn
+/// request is a typed error, and the same QP then connects to the next accept.
+#[test]
+fn an_unanswered_connect_times_out_and_its_qp_connects_again() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let addr = cm_addr(7544);
+    rt.block_on(async {
+        let listener = AsyncListener::bind(addr).unwrap();
+        let connector = AsyncConnector::resolve(addr, T).await.unwrap();
+        let (mut side, qp) = AsyncSide::new(&connector.context().unwrap());
+        let start = std::time::Instant::now();
+        let failed = connector
+            .with_connect_timeout(Duration::from_secs(1))
+            .connect(qp, &ConnParam::default())
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(failed.error, Error::TimedOut { verb: "connect", .. }),
+            "{failed}"
+        );
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        assert_eq!(failed.qp.state(), QpState::Init);
+        let mut qp = failed.qp;
+        side.post_recv(&mut qp, 5);
+
+        let stale = listener.next_request().await.unwrap();
+        let (_server_side, server_qp) = AsyncSide::new(&stale.context().unwrap());
+        match AsyncConnection::accept(stale, server_qp, &ConnParam::default()).await {
+            Err(Error::RequestWithdrawn { verb: "accept" }) => {}
+            other => panic!("accepting a withdrawn request: {other:?}"),
+        }
+        let connector = AsyncConnector::resolve(addr, T).await.unwrap();
+        let connecting = connector.connect(qp, &ConnParam::default());
+        let request = listener.next_request().await.unwrap();
+        let (mut server_side, server_qp) = AsyncSide::new(&request.context().unwrap());
+        let accepting = AsyncConnection::accept(request, server_qp, &ConnParam::default());
+        let (client, server) = futures_join(connecting, accepting).await;
+        let (mut client, mut server) = (client.unwrap(), server.unwrap());
+        server_side.post_send(server.qp_mut(), 6, b"again");
+        // No `one()`: its timeout needs tokio's timer, which this runtime lacks.
+        let mut wcs = [WorkCompletion::default()];
+        assert_eq!(side.cq.poll(&mut wcs).await.unwrap(), 1);
+        let wc = wcs[0];
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (5, WcStatus::SUCCESS, 5));
+        client.disconnect().await.unwrap();
+        server.wait_disconnected().await.unwrap();
+    });
+    drop(rt);
+    assert_no_cm_ids();
+}
+
+/// Both futures to completion, polled in turn (tokio's `join!` needs its macros).
+async fn futures_join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (Box::pin(a), Box::pin(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        if ra.is_some() && rb.is_some() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    (ra.unwrap(), rb.unwrap())
 }

@@ -151,7 +151,10 @@ fn a_reject_delivers_its_private_data_and_reason() {
         let server = s.spawn(|| listener.get_request(T).unwrap().reject(&rej_data).unwrap());
         let connector = Connector::resolve(addr, T).unwrap();
         let side = Side::new(&connector.context().unwrap());
-        match connector.connect(side.qp(), &ConnParam::default(), T) {
+        match connector
+            .connect(side.qp(), &ConnParam::default(), T)
+            .map_err(|f| f.error)
+        {
             Err(Error::Rejected { status, private_data }) => {
                 assert_eq!(status, 28, "IB_CM_REJ_CONSUMER_DEFINED");
                 assert_eq!(private_data, rej_data);
@@ -177,7 +180,7 @@ fn private_data_over_the_transport_limits_is_refused_before_the_kernel() {
         private_data: &too_long,
         ..Default::default()
     };
-    let err = connector.connect(side.qp(), &param, T).unwrap_err();
+    let err = connector.connect(side.qp(), &param, T).unwrap_err().error;
     assert!(
         matches!(
             err,
@@ -216,7 +219,10 @@ fn private_data_over_the_transport_limits_is_refused_before_the_kernel() {
             });
             let connector = Connector::resolve(addr, T).unwrap();
             let side = Side::new(&connector.context().unwrap());
-            let err = connector.connect(side.qp(), &ConnParam::default(), T).unwrap_err();
+            let err = connector
+                .connect(side.qp(), &ConnParam::default(), T)
+                .unwrap_err()
+                .error;
             assert!(matches!(err, Error::Rejected { .. }), "{verb}: {err}");
             server.join().unwrap();
         });
@@ -229,7 +235,10 @@ fn private_data_over_the_transport_limits_is_refused_before_the_kernel() {
 fn connecting_where_nothing_listens_is_a_typed_reject() {
     let connector = Connector::resolve(cm_addr(7475), T).unwrap();
     let side = Side::new(&connector.context().unwrap());
-    match connector.connect(side.qp(), &ConnParam::default(), T) {
+    match connector
+        .connect(side.qp(), &ConnParam::default(), T)
+        .map_err(|f| f.error)
+    {
         Err(Error::Rejected { status, .. }) => assert_eq!(status, 8, "IB_CM_REJ_INVALID_SERVICE_ID"),
         other => panic!("expected a reject, got {other:?}"),
     }
@@ -269,7 +278,10 @@ fn a_listener_dropped_with_unanswered_requests_leaves_nothing() {
                 s.spawn(move || {
                     let connector = Connector::resolve(addr, T).unwrap();
                     let side = Side::new(&connector.context().unwrap());
-                    connector.connect(side.qp(), &ConnParam::default(), T).unwrap_err()
+                    connector
+                        .connect(side.qp(), &ConnParam::default(), T)
+                        .unwrap_err()
+                        .error
                 })
             })
             .collect();
@@ -461,7 +473,8 @@ fn a_peer_that_never_answers_ends_in_a_typed_error_within_the_timeout() {
     let start = std::time::Instant::now();
     let result = Connector::resolve(addr, short).and_then(|connector| {
         let side = Side::new(&connector.context()?);
-        connector.connect(side.qp(), &ConnParam::default(), short).map(drop)
+        connector.connect(side.qp(), &ConnParam::default(), short)?;
+        Ok(())
     });
     let took = start.elapsed();
     println!("{addr}: {result:?} after {took:?}");
@@ -661,7 +674,8 @@ fn afonly_decides_whether_an_ipv6_listener_takes_ipv4_requests() {
     let v4_client = |port: u16| -> Result<()> {
         let connector = Connector::resolve(cm_addr(port), T)?;
         let side = Side::new(&connector.context()?);
-        connector.connect(side.qp(), &ConnParam::default(), T).map(drop)
+        connector.connect(side.qp(), &ConnParam::default(), T)?;
+        Ok(())
     };
     let only6 = Listener::bind_with(any6(7504), &[CmOption::AfOnly(true)]).unwrap();
     match v4_client(7504) {
@@ -1095,7 +1109,10 @@ fn teardown_in_every_order_leaves_no_id_fd_or_mapping() {
             let client = s.spawn(|| {
                 let connector = Connector::resolve(addr, T).unwrap();
                 let side = Side::new(&connector.context().unwrap());
-                match connector.connect(side.qp(), &ConnParam::default(), T) {
+                match connector
+                    .connect(side.qp(), &ConnParam::default(), T)
+                    .map_err(|f| f.error)
+                {
                     Ok(conn) => drop(conn),
                     // The server's reject after its REP, or the kernel refusing the QP moves
                     // when the reject lands between the REP's event and `establish`.
@@ -1119,7 +1136,10 @@ fn teardown_in_every_order_leaves_no_id_fd_or_mapping() {
             let client = s.spawn(|| {
                 let connector = Connector::resolve(addr, T).unwrap();
                 let side = Side::new(&connector.context().unwrap());
-                connector.connect(side.qp(), &ConnParam::default(), T).unwrap_err()
+                connector
+                    .connect(side.qp(), &ConnParam::default(), T)
+                    .unwrap_err()
+                    .error
             });
             let req = listener.get_request(T).unwrap();
             drop(listener);
@@ -1137,7 +1157,10 @@ fn teardown_in_every_order_leaves_no_id_fd_or_mapping() {
                     s.spawn(|| {
                         let connector = Connector::resolve(addr, T).unwrap();
                         let side = Side::new(&connector.context().unwrap());
-                        connector.connect(side.qp(), &ConnParam::default(), T).unwrap_err()
+                        connector
+                            .connect(side.qp(), &ConnParam::default(), T)
+                            .unwrap_err()
+                            .error
                     })
                 })
                 .collect();
@@ -1291,4 +1314,183 @@ fn the_connector_and_listener_advance_in_a_mio_event_loop() {
     }
     drop((flows, listener));
     assert_no_cm_ids();
+}
+
+/// A client that starts before its server: the connect is rejected as "no listener", the QP
+/// comes back in INIT with the receive posted before it, and the same QP connects once the
+/// listener exists; the server's first message lands in that receive.
+#[test]
+fn a_connect_with_no_listener_hands_the_qp_back_for_a_retry() {
+    let addr = cm_addr(7540);
+    let connector = Connector::resolve(addr, T).unwrap();
+    let mut side = Side::new(&connector.context().unwrap());
+    let mut qp = side.qp();
+    connector.id().init_qp(&mut qp).unwrap();
+    side.post_recv(&mut qp, 41);
+    let failed = connector.connect(qp, &ConnParam::default(), T).unwrap_err();
+    assert!(failed.is_no_listener(), "{failed}");
+    assert!(failed.error.is_no_listener());
+    assert_eq!(failed.qp.state(), QpState::Init);
+    let qp = failed.qp;
+    assert_no_cm_ids();
+
+    let listener = Listener::bind(addr).unwrap();
+    thread::scope(|s| {
+        let server = s.spawn(|| {
+            let req = listener.get_request(T).unwrap();
+            let mut side = Side::new(&req.context().unwrap());
+            let mut conn = req.accept(side.qp(), &ConnParam::default(), T).unwrap();
+            side.mr.as_mut_slice()[..5].copy_from_slice(b"retry");
+            let sge = [side.mr.sge(0, 5).unwrap()];
+            // SAFETY: `mr` outlives the request; its completion is polled below.
+            unsafe { conn.qp_mut().post_send(&[SendWr::new(8, SendOp::Send, &sge)]).unwrap() };
+            side.one().result().unwrap();
+            conn.wait_disconnected(T).unwrap();
+        });
+        let connector = Connector::resolve(addr, T).unwrap();
+        let mut conn = connector.connect(qp, &ConnParam::default(), T).unwrap();
+        let wc = side.one();
+        wc.result().unwrap();
+        assert_eq!((wc.wr_id, wc.byte_len), (41, 5));
+        assert_eq!(&side.mr.as_slice()[..5], b"retry");
+        conn.disconnect(T).unwrap();
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}
+
+/// A receive posted on a request's QP before `init_qp` names the step it misses.
+#[test]
+fn a_receive_before_init_qp_names_the_missing_step() {
+    let addr = cm_addr(7541);
+    let listener = Listener::bind(addr).unwrap();
+    thread::scope(|s| {
+        let client = s.spawn(|| {
+            let connector = Connector::resolve(addr, T).unwrap();
+            let side = Side::new(&connector.context().unwrap());
+            connector
+                .connect(side.qp(), &ConnParam::default(), T)
+                .map(drop)
+                .map_err(|f| f.error)
+        });
+        let req = listener.get_request(T).unwrap();
+        let side = Side::new(&req.context().unwrap());
+        let mut qp = side.qp();
+        let sge = [side.mr.sge(0, 64).unwrap()];
+        // SAFETY: refused before it reaches the queue (asserted).
+        let err = unsafe { qp.post_recv(&[RecvWr::new(1, &sge)]) }.unwrap_err();
+        assert!(err.to_string().contains("ConnectRequest::init_qp"), "{err}");
+        req.init_qp(&mut qp).unwrap();
+        let sge = [side.mr.sge(0, 64).unwrap()];
+        // SAFETY: `mr` outlives the QP, which is destroyed at the end of the scope.
+        unsafe { qp.post_recv(&[RecvWr::new(2, &sge)]).unwrap() };
+        let conn = req.accept(qp, &ConnParam::default(), T).unwrap();
+        client.join().unwrap().unwrap();
+        drop(conn);
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}
+
+/// `ConnParam::default()`'s retries end as `ConnectAttr::default()`'s do: a peer whose QP is
+/// gone (its id kept, so no disconnect is sent) fails the next send with `RETRY_EXC_ERR` in
+/// about half a second on rxe, where librdmacm's 7 retries forever (and the kernel's ACK
+/// timeout alone took 16 s).
+#[test]
+fn the_default_retry_count_fails_a_dead_peer() {
+    let addr = cm_addr(7542);
+    let listener = Listener::bind(addr).unwrap();
+    thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let listener = &listener;
+        let server = s.spawn(move || {
+            let req = listener.get_request(T).unwrap();
+            let side = Side::new(&req.context().unwrap());
+            let mut qp = side.qp();
+            let id = req.accept_id(&mut qp, &ConnParam::default()).unwrap();
+            // The QP dies; the id lives on until the client has seen the failure.
+            drop(qp);
+            rx.recv().unwrap();
+            drop(id);
+        });
+        let connector = Connector::resolve(addr, T).unwrap();
+        let mut side = Side::new(&connector.context().unwrap());
+        let mut conn = connector.connect(side.qp(), &ConnParam::default(), T).unwrap();
+        // Past the server's QP destruction: the accept's caller dropped it at once.
+        thread::sleep(Duration::from_millis(500));
+        let sge = [side.mr.sge(0, 8).unwrap()];
+        let start = std::time::Instant::now();
+        // SAFETY: `mr` outlives the request; its completion is polled below.
+        unsafe { conn.qp_mut().post_send(&[SendWr::new(9, SendOp::Send, &sge)]).unwrap() };
+        let wc = poll_n(&mut side.cq, 1, 1)[0];
+        let took = start.elapsed();
+        println!("a send to a dead peer: {:?} after {took:?}", wc.status);
+        assert_eq!(wc.status, WcStatus::RETRY_EXC_ERR);
+        // 7 tries of 67 ms; TCG's slowness and the timer's granularity on top.
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        tx.send(()).unwrap();
+        drop(conn);
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}
+
+/// A client that gave up (its connect timed out and its id is gone) before the server
+/// accepted: the client gets its QP back in INIT, the server's accept a typed error.
+#[test]
+fn accepting_a_request_whose_client_gave_up_is_a_typed_error() {
+    let addr = cm_addr(7543);
+    let listener = Listener::bind(addr).unwrap();
+    let connector = Connector::resolve(addr, T).unwrap();
+    let side = Side::new(&connector.context().unwrap());
+    let failed = connector
+        .connect(side.qp(), &ConnParam::default(), Duration::from_secs(1))
+        .unwrap_err();
+    assert!(
+        matches!(failed.error, Error::TimedOut { verb: "connect", .. }),
+        "{failed}"
+    );
+    assert_eq!(failed.qp.state(), QpState::Init);
+    // The reject the client's id sent when it went.
+    thread::sleep(Duration::from_millis(500));
+    let req = listener.get_request(T).unwrap();
+    let server = Side::new(&req.context().unwrap());
+    let err = req.accept(server.qp(), &ConnParam::default(), T).unwrap_err();
+    assert!(matches!(err, Error::RequestWithdrawn { verb: "accept" }), "{err:?}");
+    drop(listener);
+    assert_no_cm_ids();
+}
+
+/// How long the kernel itself takes to end a connect request nobody answers (an address on
+/// the NOARP dummy netdev with no host behind it): minutes, which is why every connect here
+/// has a timeout of its own. Ignored: it runs for about two minutes (docs/rdma-cm.md).
+#[test]
+#[ignore]
+fn the_kernel_ends_an_unanswered_connect_request() {
+    let IpAddr::V4(ip) = cm_addr(0).ip() else {
+        panic!("UVERBS_CM_ADDR must be IPv4 here")
+    };
+    let [a, b, c, d] = ip.octets();
+    let addr = SocketAddr::new(IpAddr::from([a, b, c, d.wrapping_add(97)]), 7545);
+    let connector = Connector::resolve(addr, T).unwrap();
+    let side = Side::new(&connector.context().unwrap());
+    let start = std::time::Instant::now();
+    let failed = connector
+        .connect(side.qp(), &ConnParam::default(), Duration::from_secs(400))
+        .unwrap_err();
+    let took = start.elapsed();
+    println!("an unanswered connect request: {} after {took:?}", failed.error);
+    assert!(
+        matches!(
+            failed.error,
+            Error::CmEvent {
+                event: "UNREACHABLE",
+                ..
+            }
+        ),
+        "{failed}"
+    );
+    assert!(took > Duration::from_secs(60), "{took:?}");
 }

@@ -2095,6 +2095,7 @@ impl Round<'_> {
             flow_control: self.rng.chance(50),
             retry_count: if self.rng.chance(3) { 8 } else { self.rng.below(8) as u8 },
             rnr_retry_count: self.rng.below(8) as u8,
+            ack_timeout: self.rng.chance(50).then(|| 12 + self.rng.below(8) as u8),
         }
     }
 
@@ -2192,7 +2193,8 @@ impl Round<'_> {
         self.call("cm_start_connect");
         let mut client = match connector.start_connect(qp, &param) {
             Ok(e) => Some(e),
-            Err(e) => {
+            Err(uverbs::cm::ConnectFailed { error: e, qp }) => {
+                drop(qp);
                 let k = self.error(&e);
                 step!(self, "qp{ci}: cm connect to {addr} ({len} bytes, {param:?}) -> {k}");
                 assert!(len <= 56 || matches!(e, Error::PrivateDataTooLong { .. }), "{e:?}");
@@ -2335,7 +2337,7 @@ impl Round<'_> {
         let held = qp.held_bufs();
         self.call("cm_connect");
         let r = connector.connect(qp, &ConnParam::default(), Duration::from_secs(2));
-        let e = r.expect_err("a connect where nothing listens");
+        let e = r.expect_err("a connect where nothing listens").error;
         let k = self.error(&e);
         step!(self, "qp{i}: cm connect to {addr}, nobody there -> {k}");
         assert!(matches!(e, Error::Rejected { status: 8, .. }), "no listener: {e:?}");
@@ -2366,7 +2368,7 @@ impl Round<'_> {
         let t = Duration::from_millis(50 + self.rng.below(150));
         self.call("cm_connect");
         let r = connector.connect(qp, &ConnParam::default(), t);
-        let e = r.expect_err("a connect nobody answers");
+        let e = r.expect_err("a connect nobody answers").error;
         let k = self.error(&e);
         step!(self, "qp{i}: cm connect to {addr}, unanswered, {t:?} -> {k}");
         assert!(

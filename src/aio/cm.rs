@@ -6,19 +6,34 @@
 //! with it, torn down as when the blocking object is dropped (the kernel destroys an id
 //! inside `DESTROY_ID`: nothing is left half-made, nothing later waits on it); what lives in
 //! an object the caller keeps stays consistent, and the next call carries on from it. Each
-//! method says which of the two it is. For a deadline, wrap a future in
-//! `tokio::time::timeout`.
+//! method says which of the two it is.
+//!
+//! Deadlines: a connect and an accept end by themselves after [`CONNECT_TIMEOUT`] (set
+//! another with [`AsyncConnector::with_connect_timeout`]), with [`crate::Error::TimedOut`]:
+//! the kernel's own limits are minutes (docs/rdma-cm.md). Resolution ends within the
+//! timeout given to it; [`AsyncListener::next_request`] waits for as long as it is awaited.
 
 use super::{reactor_error, register};
-use crate::cm::{CmId, CmOption, ConnParam, ConnectRequest, Connection, Connector, EventChannel, Listener};
+use crate::cm::{
+    CmId, CmOption, ConnParam, ConnectFailed, ConnectRequest, Connection, Connector, EventChannel, Listener,
+};
 use crate::context::Context;
-use crate::error::{Result, Verb};
+use crate::error::{Error, Result, Verb};
 use crate::qp::Qp;
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
+
+/// How long [`AsyncConnector::connect`] and [`AsyncConnection::accept`] wait for the
+/// handshake to end unless told otherwise. An answering peer ends it in milliseconds; the
+/// kernel's own limits are minutes (an absent host about 100 s, a listener that never
+/// answers its requests much longer).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An event channel's fd, for the reactor.
 struct ChannelFd(EventChannel);
@@ -26,6 +41,46 @@ struct ChannelFd(EventChannel);
 impl AsRawFd for ChannelFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// A one-shot monotonic timer's fd, for the reactor: readable once it expired.
+struct TimerFdRaw(TimerFd);
+
+impl AsRawFd for TimerFdRaw {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// A deadline on the reactor: [`Registered::until`] ends with [`Error::TimedOut`] when it
+/// passes. A timerfd, so that it needs no tokio timer (a runtime built without
+/// `enable_time` has none).
+struct Deadline {
+    fd: AsyncFd<TimerFdRaw>,
+    timeout: Duration,
+}
+
+impl Deadline {
+    fn after(timeout: Duration, verb: Verb) -> Result<Self> {
+        let timer = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )
+        .map_err(|e| Error::kernel(verb, e))?;
+        // A zero expiry would disarm the timer: at least a nanosecond; at most 68 years, which
+        // `time_t` holds everywhere (`Duration::MAX` for "no deadline").
+        let at = TimeSpec::from_duration(
+            timeout
+                .max(Duration::from_nanos(1))
+                .min(Duration::from_secs(i32::MAX as u64)),
+        );
+        timer
+            .set(Expiration::OneShot(at), TimerSetTimeFlags::empty())
+            .map_err(|e| Error::kernel(verb, e))?;
+        // SAFETY: the `TimerFd` owns its fd and keeps it open for as long as it lives.
+        let fd = unsafe { register(TimerFdRaw(timer), verb) }?;
+        Ok(Self { fd, timeout })
     }
 }
 
@@ -47,13 +102,33 @@ impl Registered {
     /// behind the one that ended a step is taken by the next call at once, with no new
     /// wake-up needed. Nothing is awaited between `step`'s value and the return: dropped,
     /// the future loses nothing `step` took.
-    async fn until<T>(&self, verb: Verb, mut step: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    /// With a `deadline`, ends with [`Error::TimedOut`] once it passed and the channel had
+    /// nothing that ends the step.
+    async fn until<T>(
+        &self,
+        verb: Verb,
+        deadline: Option<&Deadline>,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
         // First without waiting: the step may be done already (a second `disconnect`).
         if let Some(value) = step()? {
             return Ok(value);
         }
+        let channel = &self.0;
         loop {
-            let mut ready = self.0.readable().await.map_err(|e| reactor_error(verb, e))?;
+            let mut ready = std::future::poll_fn(move |cx| {
+                if let Poll::Ready(r) = channel.poll_read_ready(cx) {
+                    return Poll::Ready(r.map_err(|e| reactor_error(verb, e)));
+                }
+                match deadline.map(|d| d.fd.poll_read_ready(cx)) {
+                    Some(Poll::Ready(_)) => Poll::Ready(Err(Error::TimedOut {
+                        verb,
+                        timeout: deadline.map(|d| d.timeout).unwrap_or_default(),
+                    })),
+                    _ => Poll::Pending,
+                }
+            })
+            .await?;
             if let Some(value) = step()? {
                 return Ok(value);
             }
@@ -66,6 +141,7 @@ impl Registered {
 pub struct AsyncConnector {
     connector: Connector,
     fd: Registered,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for AsyncConnector {
@@ -98,8 +174,20 @@ impl AsyncConnector {
     ) -> Result<Self> {
         let mut connector = Connector::start(src, dst, options, timeout)?;
         let fd = Registered::new(connector.channel(), "resolve")?;
-        fd.until("resolve", || Ok(connector.advance()?.then_some(()))).await?;
-        Ok(Self { connector, fd })
+        fd.until("resolve", None, || Ok(connector.advance()?.then_some(())))
+            .await?;
+        Ok(Self {
+            connector,
+            fd,
+            timeout: CONNECT_TIMEOUT,
+        })
+    }
+
+    /// How long [`AsyncConnector::connect`] waits for the peer's answer ([`CONNECT_TIMEOUT`]
+    /// unless set here).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The device the route goes through (create the QP there).
@@ -113,10 +201,17 @@ impl AsyncConnector {
     }
 
     /// Connects `qp` (moving it through INIT, RTR and RTS): the connect request goes out
-    /// when this is called, so the future borrows nothing; it waits for the peer's answer. A
-    /// reject is [`crate::Error::Rejected`] with the peer's reason and data. The kernel's CM
-    /// resends an unanswered request for about a minute before it ends the connect with
-    /// `UNREACHABLE`: bound it with `tokio::time::timeout`.
+    /// when this is called, so the future borrows nothing; it waits for the peer's answer,
+    /// at most the connect timeout ([`CONNECT_TIMEOUT`] unless
+    /// [`AsyncConnector::with_connect_timeout`] set another), then
+    /// [`crate::Error::TimedOut`]. A reject is [`crate::Error::Rejected`] with the peer's
+    /// reason and data ([`crate::Error::is_no_listener`] where nothing listens yet). Left to
+    /// itself the kernel ends an unanswered request only after minutes: an absent host with
+    /// `UNREACHABLE` after about 100 s, a peer whose CM answers and whose application never
+    /// accepts later still (docs/rdma-cm.md).
+    ///
+    /// On failure the QP comes back in the [`ConnectFailed`] (in INIT after a reject or a
+    /// timeout, its receives still posted: connect it again with a new connector).
     ///
     /// Dropped before it is ready: the id, its channel and `qp` are destroyed. The request
     /// is withdrawn (the kernel's CM sends a reject), so a peer's accept of it fails; the
@@ -126,16 +221,25 @@ impl AsyncConnector {
         self,
         qp: Qp,
         param: &ConnParam<'_>,
-    ) -> impl Future<Output = Result<AsyncConnection>> + Send + 'static {
-        let Self { connector, fd } = self;
+    ) -> impl Future<Output = std::result::Result<AsyncConnection, ConnectFailed>> + Send + 'static {
+        let Self { connector, fd, timeout } = self;
         let started = connector.start_connect(qp, param);
         async move {
             let mut pending = started?;
-            fd.until("connect", || Ok(pending.advance()?.then_some(()))).await?;
-            Ok(AsyncConnection {
-                connection: pending.finish()?,
-                fd,
-            })
+            let waited = match Deadline::after(timeout, "connect") {
+                Ok(deadline) => {
+                    fd.until("connect", Some(&deadline), || Ok(pending.advance()?.then_some(())))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match waited {
+                Ok(()) => Ok(AsyncConnection {
+                    connection: pending.into_connection()?,
+                    fd,
+                }),
+                Err(error) => Err(pending.fail(error)),
+            }
         }
     }
 }
@@ -181,7 +285,9 @@ impl AsyncListener {
     /// a dropped future leaves every request queued for the next call (`tokio::select!` in
     /// a loop loses none).
     pub async fn next_request(&self) -> Result<ConnectRequest> {
-        self.fd.until("next_request", || self.listener.try_request()).await
+        self.fd
+            .until("next_request", None, || self.listener.try_request())
+            .await
     }
 }
 
@@ -204,8 +310,10 @@ impl std::fmt::Debug for AsyncConnection {
 impl AsyncConnection {
     /// Accepts `request` with `qp` on a channel of the connection's own (moving the QP
     /// through INIT, RTR and RTS; [`ConnectRequest::start_accept`]): the accept goes out when
-    /// this is called, so the future borrows nothing; it waits for `ESTABLISHED`. Must be
-    /// called inside a tokio runtime with I/O enabled (else the future's error).
+    /// this is called, so the future borrows nothing; it waits for `ESTABLISHED`, at most
+    /// [`CONNECT_TIMEOUT`]. Must be called inside a tokio runtime with I/O enabled (else the
+    /// future's error). A request whose peer gave up before the accept is
+    /// [`crate::Error::RequestWithdrawn`].
     ///
     /// Dropped before it is ready: the new id, its channel and `qp` are destroyed; the peer
     /// sees a reject, or, where its side came up first, a disconnect.
@@ -220,7 +328,9 @@ impl AsyncConnection {
         });
         async move {
             let (mut pending, fd) = started?;
-            fd.until("accept", || Ok(pending.advance()?.then_some(()))).await?;
+            let deadline = Deadline::after(CONNECT_TIMEOUT, "accept")?;
+            fd.until("accept", Some(&deadline), || Ok(pending.advance()?.then_some(())))
+                .await?;
             Ok(Self {
                 connection: pending.finish()?,
                 fd,
@@ -266,7 +376,7 @@ impl AsyncConnection {
     /// Cancellation safe: the event is taken only in the poll that returns.
     pub async fn wait_disconnected(&mut self) -> Result<()> {
         let Self { connection, fd } = self;
-        fd.until("wait_disconnected", || Ok(connection.advance()?.then_some(())))
+        fd.until("wait_disconnected", None, || Ok(connection.advance()?.then_some(())))
             .await
     }
 

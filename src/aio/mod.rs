@@ -61,13 +61,15 @@
 //! [`AsyncConnector::resolve`], [`AsyncConnector::connect`] and [`AsyncConnection::accept`]
 //! own the id (and the QP) they bring up: dropped, they destroy them, so no cm_id is left
 //! half-connected and the peer sees a reject. Each method's documentation says exactly what
-//! is left; bound any of them with `tokio::time::timeout`.
+//! is left. `connect` and `accept` end by themselves at [`CONNECT_TIMEOUT`] (a connect's is
+//! set with [`AsyncConnector::with_connect_timeout`]); a failed connect hands its QP back
+//! ([`crate::cm::ConnectFailed`]).
 
 mod cm;
 mod cq;
 mod events;
 
-pub use cm::{AsyncConnection, AsyncConnector, AsyncListener};
+pub use cm::{AsyncConnection, AsyncConnector, AsyncListener, CONNECT_TIMEOUT};
 pub use cq::{AsyncCq, WaitStats};
 pub use events::AsyncEvents;
 

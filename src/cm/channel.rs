@@ -75,19 +75,12 @@ impl EventChannel {
     /// Opens a new channel (`rdma_create_event_channel`). Fails with a clear error where the
     /// `rdma_ucm` module is not loaded or speaks another ABI.
     pub fn open() -> Result<Self> {
-        let version = crate::device::read_attr(std::path::Path::new(ABI_VERSION)).map_err(|_| Error::NoDevice {
-            name: None,
-            reason: format!("{ABI_VERSION} is missing: the rdma_ucm module is not loaded (`modprobe rdma_ucm`)"),
-        })?;
-        let found: u32 = version
-            .parse()
-            .map_err(|_| Error::malformed("rdma_cm", format!("{ABI_VERSION}: {version:?}")))?;
-        if !ABI_VERSIONS.contains(&found) {
-            return Err(Error::AbiVersion {
-                what: "rdma_ucm",
-                found,
-                supported: "3 and 4",
-            });
+        // The module's ABI cannot change while it is loaded and a channel is open: checked
+        // once per process.
+        static ABI_CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !ABI_CHECKED.load(Ordering::Relaxed) {
+            check_abi()?;
+            ABI_CHECKED.store(true, Ordering::Relaxed);
         }
         let file = File::options()
             .read(true)
@@ -183,4 +176,23 @@ impl AsFd for EventChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.inner.fd()
     }
+}
+
+/// The `rdma_ucm` module is loaded and speaks an ABI this crate does.
+fn check_abi() -> Result<()> {
+    let version = crate::device::read_attr(std::path::Path::new(ABI_VERSION)).map_err(|_| Error::NoDevice {
+        name: None,
+        reason: format!("{ABI_VERSION} is missing: the rdma_ucm module is not loaded (`modprobe rdma_ucm`)"),
+    })?;
+    let found: u32 = version
+        .parse()
+        .map_err(|_| Error::malformed("rdma_cm", format!("{ABI_VERSION}: {version:?}")))?;
+    if !ABI_VERSIONS.contains(&found) {
+        return Err(Error::AbiVersion {
+            what: "rdma_ucm",
+            found,
+            supported: "3 and 4",
+        });
+    }
+    Ok(())
 }

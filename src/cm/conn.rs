@@ -10,9 +10,10 @@ use super::channel::EventChannel;
 use super::event::{CmEvent, CmEventKind, ConnectRequest, PrivateData};
 use super::id::{CmId, ConnParam};
 use super::option::CmOption;
+use crate::attr::QpState;
 use crate::context::Context;
 use crate::error::{Error, Result, Verb};
-use crate::qp::Qp;
+use crate::qp::{Qp, QpAttr};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
@@ -197,24 +198,48 @@ impl Connector {
     }
 
     /// Connects `qp` (moving it through INIT, RTR and RTS) and waits at most `timeout` for
-    /// the peer's answer. A reject is [`Error::Rejected`] with the peer's reason and data.
-    pub fn connect(self, qp: Qp, param: &ConnParam<'_>, timeout: Duration) -> Result<Connection> {
+    /// the peer's answer. A reject is [`Error::Rejected`] with the peer's reason and data
+    /// ([`Error::is_no_listener`] where nothing listens on the port yet).
+    ///
+    /// On failure the QP comes back in the [`ConnectFailed`], with its posted receives: in
+    /// INIT after a reject, an unanswered request or a timeout, ready for another
+    /// connector's `connect`; in ERR where the handshake failed past that.
+    #[allow(clippy::result_large_err)] // a cold path that hands the QP back whole on failure
+    pub fn connect(
+        self,
+        qp: Qp,
+        param: &ConnParam<'_>,
+        timeout: Duration,
+    ) -> std::result::Result<Connection, ConnectFailed> {
         let mut pending = self.start_connect(qp, param)?;
         let channel = pending.channel.clone();
-        wait(&channel, "connect", timeout, || pending.advance())?;
-        pending.finish()
+        match wait(&channel, "connect", timeout, || pending.advance()) {
+            Ok(()) => pending.into_connection(),
+            Err(error) => Err(pending.fail(error)),
+        }
     }
 
     /// Sends the connect request for `qp` and returns at once; [`Establishing::advance`]
-    /// completes it when the answer arrives. The route must be resolved.
-    pub fn start_connect(mut self, mut qp: Qp, param: &ConnParam<'_>) -> Result<Establishing> {
+    /// completes it when the answer arrives. The route must be resolved. On failure the QP
+    /// comes back as from [`Connector::connect`].
+    #[allow(clippy::result_large_err)] // a cold path that hands the QP back whole on failure
+    pub fn start_connect(
+        mut self,
+        mut qp: Qp,
+        param: &ConnParam<'_>,
+    ) -> std::result::Result<Establishing, ConnectFailed> {
         if self.step != Resolution::Done {
-            return Err(Error::invalid(
-                "connect",
-                "the route is not resolved yet: advance the connector until it is",
+            return Err(ConnectFailed::new(
+                Error::invalid(
+                    "connect",
+                    "the route is not resolved yet: advance the connector until it is",
+                ),
+                qp,
             ));
         }
-        self.id.connect(&mut qp, param)?;
+        if let Err(error) = self.id.connect(&mut qp, param) {
+            return Err(ConnectFailed::new(error, qp));
+        }
         Ok(Establishing {
             qp,
             id: self.id,
@@ -278,6 +303,12 @@ impl Establishing {
 
     /// The established connection; an error before [`Establishing::advance`] said so.
     pub fn finish(self) -> Result<Connection> {
+        self.into_connection().map_err(|failed| failed.error)
+    }
+
+    /// As [`Establishing::finish`], with the QP back in the error.
+    #[allow(clippy::result_large_err)] // a cold path that hands the QP back whole on failure
+    pub(crate) fn into_connection(self) -> std::result::Result<Connection, ConnectFailed> {
         match (self.established, self.peer) {
             (true, Some(peer)) => Ok(Connection {
                 qp: self.qp,
@@ -286,11 +317,17 @@ impl Establishing {
                 peer,
                 state: Link::Up,
             }),
-            _ => Err(Error::invalid(
-                "finish",
-                "the connection is not established yet: advance until it is",
+            _ => Err(ConnectFailed::new(
+                Error::invalid("finish", "the connection is not established yet: advance until it is"),
+                self.qp,
             )),
         }
+    }
+
+    /// Gives up: the id is destroyed (an unanswered request is withdrawn) and the QP comes
+    /// back with `error`, as from [`Connector::connect`].
+    pub fn fail(self, error: Error) -> ConnectFailed {
+        ConnectFailed::new(error, self.qp)
     }
 
     /// The id.
@@ -308,6 +345,58 @@ impl AsFd for Establishing {
     /// The connection's channel: readable when the answer or `ESTABLISHED` is queued.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()
+    }
+}
+
+/// A connect or accept that failed, with the QP it was given: reuse it rather than build
+/// another. `?` turns it into its [`Error`].
+///
+/// The QP is in INIT where the handshake ended before the peer's answer was applied (a
+/// reject, no answer, a timeout), with its posted receives; another connect takes it as it
+/// is. Where it had gone further, it was moved to ERR: its posted requests flush; reclaim
+/// them and move it to RESET before connecting again.
+#[derive(Debug)]
+pub struct ConnectFailed {
+    /// What went wrong.
+    pub error: Error,
+    /// The QP, in INIT, RESET or ERR.
+    pub qp: Qp,
+}
+
+impl ConnectFailed {
+    pub(crate) fn new(error: Error, mut qp: Qp) -> Self {
+        if matches!(qp.state(), QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            // Best effort: where even that fails, the QP is handed back as it is.
+            let _ = qp.modify(&QpAttr {
+                state: Some(QpState::Err),
+                ..Default::default()
+            });
+        }
+        Self { error, qp }
+    }
+
+    /// Whether nothing listened on the peer's port ([`Error::is_no_listener`]): a server
+    /// not started yet. Connect the QP again.
+    pub fn is_no_listener(&self) -> bool {
+        self.error.is_no_listener()
+    }
+}
+
+impl std::fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for ConnectFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+impl From<ConnectFailed> for Error {
+    fn from(failed: ConnectFailed) -> Self {
+        failed.error
     }
 }
 

@@ -92,7 +92,9 @@ pub struct CmEvent {
     pub private_data: PrivateData,
     /// The peer's connection parameters.
     pub conn: ConnInfo,
-    request: Option<ConnectRequest>,
+    /// Boxed: every event is moved a few times on its way to the caller, and most carry
+    /// no request.
+    request: Option<Box<ConnectRequest>>,
 }
 
 impl CmEvent {
@@ -121,17 +123,17 @@ impl CmEvent {
     }
 
     pub(crate) fn attach_request(&mut self, channel: &Arc<ChannelInner>, new_id: u32) {
-        self.request = Some(ConnectRequest {
+        self.request = Some(Box::new(ConnectRequest {
             id: CmId::new(channel.clone(), new_id, super::channel::new_uid()),
             private_data: self.private_data,
             conn: self.conn,
-        });
+        }));
     }
 
     /// For `CONNECT_REQUEST`: the request, with the new id. Taken once; a request dropped
     /// unanswered (or with its event) destroys the id, which the peer sees as a reject.
     pub fn take_request(&mut self) -> Option<ConnectRequest> {
-        self.request.take()
+        self.request.take().map(|r| *r)
     }
 }
 

@@ -17,7 +17,7 @@ use crate::sys::ucma::{
 };
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use zerocopy::FromZeros;
 
@@ -80,22 +80,35 @@ pub struct ConnParam<'a> {
     pub initiator_depth: Option<u8>,
     /// End-to-end flow control.
     pub flow_control: bool,
-    /// Transport retries, 0 to 7.
+    /// Transport retries, 0 to 7. rxe treats 7 as "retry forever" (the IB specification
+    /// gives that meaning only to the RNR count), so the default is 6: a dead peer fails
+    /// the next request with `RETRY_EXC_ERR` on every device.
     pub retry_count: u8,
     /// RNR retries, 0 to 7 (7: forever).
     pub rnr_retry_count: u8,
+    /// The QP's ACK timeout (4.096 µs × 2^n, n ≤ 31) where the id has none of its own
+    /// ([`super::CmOption::AckTimeout`]); `None`: the kernel's, from the path's packet
+    /// lifetime (on RoCE about 2 s a try: a dead peer fails a request after about 16 s). The
+    /// default, 14 (67 ms), fails it in about half a second, as `ConnectAttr::default()`.
+    pub ack_timeout: Option<u8>,
 }
 
+/// [`ConnParam::default`]'s ACK timeout: 4.096 µs × 2^14 = 67 ms, `ConnectAttr::default()`'s.
+const DEFAULT_ACK_TIMEOUT: u8 = 14;
+
 impl Default for ConnParam<'_> {
-    /// librdmacm's defaults: flow control on, 7 retries of each kind.
+    /// Flow control on, 6 transport retries (librdmacm's 7 retries forever on rxe) and 7 RNR
+    /// retries (forever: a receiver short of buffers slows the sender down, it does not
+    /// break the connection).
     fn default() -> Self {
         Self {
             private_data: &[],
             responder_resources: None,
             initiator_depth: None,
             flow_control: true,
-            retry_count: 7,
+            retry_count: 6,
             rnr_retry_count: 7,
+            ack_timeout: Some(DEFAULT_ACK_TIMEOUT),
         }
     }
 }
@@ -104,6 +117,9 @@ impl ConnParam<'_> {
     fn to_abi(self, verb: Verb, qp_num: u32, responder_resources: u8, initiator_depth: u8) -> Result<AbiConnParam> {
         if self.retry_count > 7 || self.rnr_retry_count > 7 {
             return Err(Error::invalid(verb, "retry_count and rnr_retry_count are 0 to 7"));
+        }
+        if self.ack_timeout.is_some_and(|t| t > 31) {
+            return Err(Error::invalid(verb, "ack_timeout is 0 to 31"));
         }
         let mut p = AbiConnParam::new_zeroed();
         p.qp_num = qp_num;
@@ -144,10 +160,79 @@ pub struct CmId {
     uid: u64,
     /// Set by [`CmId::destroy`], so `Drop` does not repeat it.
     destroyed: bool,
+    /// The device the id is bound to, once it is: an id never changes device after that.
+    bound: OnceLock<Arc<BoundDevice>>,
+    /// Whether [`super::CmOption::AckTimeout`] was set: the kernel's value then stands.
+    pub(super) ack_timeout_set: bool,
+    /// The ACK timeout [`CmId::connect`] took from its [`ConnParam`], for the move to RTS.
+    rts_ack_timeout: Option<u8>,
 }
 
-/// Every device context the CM opened, by kernel index and node GUID, while someone uses it.
-static CONTEXTS: Mutex<Vec<(u32, String, Weak<ContextInner>)>> = Mutex::new(Vec::new());
+/// What the CM needs to know of a device, found once per process (listing the devices reads
+/// sysfs and dumps RDMA netlink: milliseconds, against microseconds for the `QUERY` that names
+/// the device of an id).
+#[derive(Debug)]
+struct BoundDevice {
+    info: DeviceInfo,
+    guid: u64,
+    transport: Transport,
+    /// `max_qp_rd_atom` and `max_qp_init_rd_atom` as the one-byte CM fields, from the first
+    /// QP's context: device attributes, the same in every context of the device.
+    rd_atom: OnceLock<(u8, u8)>,
+    /// The context [`CmId::context`] opened, while anyone uses it.
+    context: Mutex<Weak<ContextInner>>,
+}
+
+impl BoundDevice {
+    /// The device the kernel names by `index` and `guid`: from the process's list, or found
+    /// by listing the devices (and then kept).
+    fn lookup(index: u32, guid: u64) -> Result<Arc<Self>> {
+        /// Every device an id was bound to, by kernel index and node GUID (two devices on one
+        /// netdev share a GUID). A device removed and another added under its index and GUID
+        /// would be mistaken for it; opening its character device then fails.
+        static DEVICES: Mutex<Vec<Arc<BoundDevice>>> = Mutex::new(Vec::new());
+        let mut cache = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = cache
+            .iter()
+            .find(|d| d.info.kernel_index == Some(index) && d.guid == guid)
+        {
+            return Ok(d.clone());
+        }
+        let text = sysfs_guid(guid);
+        let list = devices()?;
+        let names: Vec<String> = list.iter().map(|d| d.name.clone()).collect();
+        let info = list
+            .into_iter()
+            .find(|d| d.kernel_index == Some(index) && d.node_guid == text)
+            .ok_or_else(|| Error::NoDevice {
+                name: None,
+                reason: format!(
+                    "the id is bound to device index {index} (node GUID {text}), which no uverbs device matches (present: {})",
+                    names.join(", ")
+                ),
+            })?;
+        let bound = Arc::new(Self {
+            transport: info.transport()?,
+            info,
+            guid,
+            rd_atom: OnceLock::new(),
+            context: Mutex::new(Weak::new()),
+        });
+        cache.push(bound.clone());
+        Ok(bound)
+    }
+
+    /// The device's RDMA read/atomic limits, queried on `qp`'s context the first time.
+    fn rd_atom(&self, qp: &Qp) -> Result<(u8, u8)> {
+        if let Some(v) = self.rd_atom.get() {
+            return Ok(*v);
+        }
+        let dev = qp.context().query_device()?;
+        Ok(*self
+            .rd_atom
+            .get_or_init(|| (clamp(dev.max_qp_rd_atom), clamp(dev.max_qp_init_rd_atom))))
+    }
+}
 
 impl std::fmt::Debug for CmId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -165,6 +250,9 @@ impl CmId {
             id,
             uid,
             destroyed: false,
+            bound: OnceLock::new(),
+            ack_timeout_set: false,
+            rts_ack_timeout: None,
         }
     }
 
@@ -251,8 +339,16 @@ impl CmId {
     }
 
     /// The device the id is bound to, matched by kernel index **and** node GUID (two devices
-    /// on one netdev share a GUID).
+    /// on one netdev share a GUID). The first call on an id asks the kernel (`QUERY`); the
+    /// device list is read once per process.
     pub fn device(&self) -> Result<DeviceInfo> {
+        Ok(self.bound()?.info.clone())
+    }
+
+    fn bound(&self) -> Result<&Arc<BoundDevice>> {
+        if let Some(b) = self.bound.get() {
+            return Ok(b);
+        }
         let a = self.query_addr()?;
         if a.node_guid == 0 {
             return Err(Error::invalid(
@@ -266,42 +362,25 @@ impl CmId {
                 what: "the kernel reports no device index for rdma_cm ids (Linux 5.4 or later does)",
             });
         }
-        let guid = sysfs_guid(a.node_guid);
-        let list = devices()?;
-        let names: Vec<String> = list.iter().map(|d| d.name.clone()).collect();
-        list.into_iter()
-            .find(|d| d.kernel_index == Some(a.ibdev_index) && d.node_guid == guid)
-            .ok_or_else(|| Error::NoDevice {
-                name: None,
-                reason: format!(
-                    "the id is bound to device index {} (node GUID {guid}), which no uverbs device matches (present: {})",
-                    a.ibdev_index,
-                    names.join(", ")
-                ),
-            })
+        let found = BoundDevice::lookup(a.ibdev_index, a.node_guid)?;
+        Ok(self.bound.get_or_init(|| found))
     }
 
     /// The id's device, opened once per process while any handle to it lives.
     pub fn context(&self) -> Result<Context> {
-        let info = self.device()?;
-        let index = info.kernel_index.unwrap_or(u32::MAX);
-        let mut cache = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
-        cache.retain(|(_, _, ctx)| ctx.strong_count() > 0);
-        if let Some(inner) = cache
-            .iter()
-            .find(|(i, g, _)| *i == index && *g == info.node_guid)
-            .and_then(|(_, _, ctx)| ctx.upgrade())
-        {
+        let bound = self.bound()?;
+        let mut slot = bound.context.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(inner) = slot.upgrade() {
             return Ok(Context { inner });
         }
-        let ctx = Context::open(&info)?;
-        cache.push((index, info.node_guid.clone(), Arc::downgrade(&ctx.inner)));
+        let ctx = Context::open(&bound.info)?;
+        *slot = Arc::downgrade(&ctx.inner);
         Ok(ctx)
     }
 
     /// The private data limits of the id's transport.
     pub fn private_data_limits(&self) -> Result<PrivateDataLimits> {
-        Ok(PrivateDataLimits::of(self.device()?.transport()?))
+        Ok(PrivateDataLimits::of(self.bound()?.transport))
     }
 
     /// The QP attributes the CM dictates for moving to `state` (`INIT_QP_ATTR`), converted
@@ -317,9 +396,13 @@ impl CmId {
     }
 
     /// Moves `qp` to `state` with the CM's attributes; `rd_atomic` replaces the negotiated
-    /// `max_dest_rd_atomic` (RTR) or `max_rd_atomic` (RTS) where the CM sets one.
-    fn move_qp(&self, qp: &mut Qp, state: QpState, rd_atomic: Option<u8>) -> Result<()> {
+    /// `max_dest_rd_atomic` (RTR) or `max_rd_atomic` (RTS) where the CM sets one, `ack_timeout`
+    /// the ACK timeout where the CM sets one and the id has no ACK timeout option.
+    fn move_qp(&self, qp: &mut Qp, state: QpState, rd_atomic: Option<u8>, ack_timeout: Option<u8>) -> Result<()> {
         let mut attr = self.qp_attr(state)?;
+        if let (Some(t), Some(_), false) = (ack_timeout, attr.timeout, self.ack_timeout_set) {
+            attr.timeout = Some(t);
+        }
         if let Some(n) = rd_atomic {
             if attr.max_dest_rd_atomic.is_some() {
                 attr.max_dest_rd_atomic = Some(n);
@@ -335,43 +418,38 @@ impl CmId {
     /// before connecting or accepting (librdmacm does this when it creates the QP).
     pub fn init_qp(&self, qp: &mut Qp) -> Result<()> {
         self.check_qp("init_qp", qp)?;
-        self.move_qp(qp, QpState::Init, None)
+        self.move_qp(qp, QpState::Init, None, None)
     }
 
-    fn check_qp(&self, verb: Verb, qp: &Qp) -> Result<DeviceInfo> {
-        let info = self.device()?;
-        let theirs = qp.context_device();
+    fn check_qp(&self, verb: Verb, qp: &Qp) -> Result<&Arc<BoundDevice>> {
+        let bound = self.bound()?;
+        let (theirs, info) = (qp.context_device(), &bound.info);
         if theirs.kernel_index != info.kernel_index || theirs.node_guid != info.node_guid {
             return Err(Error::invalid(
                 verb,
                 format!("the QP is on {}, the id on {}", theirs.name, info.name),
             ));
         }
-        Ok(info)
+        Ok(bound)
     }
 
     /// Sends a connect request for `qp` (`rdma_connect`), after moving it to INIT if it is in
     /// RESET. `CONNECT_RESPONSE` (then [`CmId::establish`]), `REJECTED`, `UNREACHABLE` or
     /// `CONNECT_ERROR` follows.
     pub fn connect(&mut self, qp: &mut Qp, param: &ConnParam<'_>) -> Result<()> {
-        let info = self.check_qp("connect", qp)?;
+        let bound = self.check_qp("connect", qp)?;
         PrivateDataLimits::check(
-            PrivateDataLimits::of(info.transport()?).connect,
+            PrivateDataLimits::of(bound.transport).connect,
             "connect",
             param.private_data,
         )?;
-        let dev = qp.context().query_device()?;
-        let rr = param
-            .responder_resources
-            .unwrap_or(u8::MAX)
-            .min(clamp(dev.max_qp_rd_atom));
-        let depth = param
-            .initiator_depth
-            .unwrap_or(u8::MAX)
-            .min(clamp(dev.max_qp_init_rd_atom));
+        let (max_rr, max_depth) = bound.rd_atom(qp)?;
+        let rr = param.responder_resources.unwrap_or(u8::MAX).min(max_rr);
+        let depth = param.initiator_depth.unwrap_or(u8::MAX).min(max_depth);
         let conn_param = param.to_abi("connect", qp.qpn(), rr, depth)?;
+        self.rts_ack_timeout = param.ack_timeout;
         if qp.state() == QpState::Reset {
-            self.move_qp(qp, QpState::Init, None)?;
+            self.move_qp(qp, QpState::Init, None, None)?;
         }
         let req = Connect {
             conn_param,
@@ -391,10 +469,10 @@ impl CmId {
     pub fn establish(&mut self, qp: &mut Qp) -> Result<()> {
         if qp.state() != QpState::Rts {
             if qp.state() != QpState::Rtr {
-                self.move_qp(qp, QpState::Init, None)?;
-                self.move_qp(qp, QpState::Rtr, None)?;
+                self.move_qp(qp, QpState::Init, None, None)?;
+                self.move_qp(qp, QpState::Rtr, None, None)?;
             }
-            self.move_qp(qp, QpState::Rts, None)?;
+            self.move_qp(qp, QpState::Rts, None, self.rts_ack_timeout)?;
         }
         let req = Accept {
             uid: self.uid,
@@ -487,35 +565,49 @@ impl ConnectRequest {
     /// negotiated values and sends the accept. The returned id sees `ESTABLISHED` on this
     /// request's channel.
     pub fn accept_id(self, qp: &mut Qp, param: &ConnParam<'_>) -> Result<CmId> {
-        let info = self.id.check_qp("accept", qp)?;
+        let bound = self.id.check_qp("accept", qp)?;
         PrivateDataLimits::check(
-            PrivateDataLimits::of(info.transport()?).accept,
+            PrivateDataLimits::of(bound.transport).accept,
             "accept",
             param.private_data,
         )?;
-        let dev = qp.context().query_device()?;
+        let (max_rr, max_depth) = bound.rd_atom(qp)?;
         let rr = param
             .responder_resources
             .unwrap_or(self.conn.responder_resources)
-            .min(clamp(dev.max_qp_rd_atom));
+            .min(max_rr);
         let depth = param
             .initiator_depth
             .unwrap_or(self.conn.initiator_depth)
-            .min(clamp(dev.max_qp_init_rd_atom));
+            .min(max_depth);
         let conn_param = param.to_abi("accept", qp.qpn(), rr, depth)?;
-        if qp.state() == QpState::Reset {
-            self.id.move_qp(qp, QpState::Init, None)?;
+        let accepted = (|| {
+            if qp.state() == QpState::Reset {
+                self.id.move_qp(qp, QpState::Init, None, None)?;
+            }
+            self.id.move_qp(qp, QpState::Rtr, Some(rr), None)?;
+            self.id.move_qp(qp, QpState::Rts, Some(depth), param.ack_timeout)?;
+            let req = Accept {
+                uid: self.id.uid,
+                conn_param,
+                id: self.id.id,
+                reserved: 0,
+                ece: Ece::default(),
+            };
+            ucma::call(self.id.channel.fd(), &req, ())
+        })();
+        if let Err(e) = accepted {
+            // The kernel's CM id left the request state: the peer's reject (it gave up)
+            // came in, unreported for a request not accepted yet (Linux 6.1), and the CM
+            // refuses the QP attributes and the accept with EINVAL.
+            return Err(match e {
+                Error::Kernel {
+                    verb: "INIT_QP_ATTR" | "ACCEPT",
+                    errno: nix::errno::Errno::EINVAL,
+                } => Error::RequestWithdrawn { verb: "accept" },
+                e => e,
+            });
         }
-        self.id.move_qp(qp, QpState::Rtr, Some(rr))?;
-        self.id.move_qp(qp, QpState::Rts, Some(depth))?;
-        let req = Accept {
-            uid: self.id.uid,
-            conn_param,
-            id: self.id.id,
-            reserved: 0,
-            ece: Ece::default(),
-        };
-        ucma::call(self.id.channel.fd(), &req, ())?;
         self.id.channel.register(self.id.uid, self.id.id);
         Ok(self.id)
     }
@@ -523,7 +615,7 @@ impl ConnectRequest {
     /// Rejects with `private_data` (`rdma_reject`); the peer sees `REJECTED` with reason 28
     /// and the data. The id is destroyed.
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
-        let max = PrivateDataLimits::of(self.id.device()?.transport()?).reject;
+        let max = self.id.private_data_limits()?.reject;
         PrivateDataLimits::check(max, "reject", private_data)?;
         let mut req = Reject {
             id: self.id.id,

@@ -33,7 +33,7 @@ mod option;
 mod path;
 
 pub use channel::EventChannel;
-pub use conn::{Connection, Connector, Establishing, Listener};
+pub use conn::{ConnectFailed, Connection, Connector, Establishing, Listener};
 pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, PrivateData};
 pub use id::{AddrInfo, CmId, ConnParam, PrivateDataLimits};
 pub use option::CmOption;

@@ -84,7 +84,11 @@ impl CmId {
             optlen: value.len() as u32,
         };
         // `value` lives until the call returns; the kernel copies it in.
-        ucma::call(self.channel_fd(), &req, ())
+        ucma::call(self.channel_fd(), &req, ())?;
+        if matches!(option, CmOption::AckTimeout(_)) {
+            self.ack_timeout_set = true;
+        }
+        Ok(())
     }
 
     /// Reports an async event of the id's QP to the CM (`rdma_notify`). `COMM_EST` (the QP

@@ -23,15 +23,16 @@ use crate::proc::{self, sh_quote};
 use crate::toolchain::cargo;
 use crate::{guest, paths};
 
+mod cm;
 mod mlx5;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-/// `cargo xtask bench [--report | --mlx5]`: `--report` only redoes the tables and plot from the
-/// raw results of the last run (rxe, mlx5 or both, whichever are there); `--mlx5` runs only the
-/// mlx5 step.
+/// `cargo xtask bench [--report | --mlx5 | --cm [--report]]`: `--report` only redoes the tables
+/// and plot from the raw results of the last run (rxe, mlx5 or both, whichever are there);
+/// `--mlx5` runs only the mlx5 step; `--cm` only the connection-setup benchmark (bench/cm.rs).
 pub fn run(args: &[String]) -> Result<ExitCode> {
     let out = paths::target_dir().join("bench");
     let only_mlx5 = match args {
@@ -50,7 +51,9 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         [a] if a == "--mlx5" => true,
-        _ => bail!("usage: cargo xtask bench [--report | --mlx5] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
+        [a] if a == "--cm" => return cm::run(false),
+        [a, b] if a == "--cm" && b == "--report" => return cm::run(true),
+        _ => bail!("usage: cargo xtask bench [--report | --mlx5 | --cm [--report]] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
     };
     let native = crate::native();
     let tools = [

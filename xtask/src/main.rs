@@ -33,7 +33,10 @@
 //!   against the snapshot `tests/public-api.txt`, or written to it.
 //! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
 //!   guest boot; table and plot in `target/bench/` (docs/benchmarks.md).
-//!   `--report` redoes table and plot; `--mlx5` runs only the mlx5 step.
+//!   `--report` redoes table and plot; `--mlx5` runs only the mlx5 step;
+//!   `--cm` runs only the connection-setup benchmark (Rust `cmatose` against C
+//!   `ucmatose`), writing its table into docs/benchmarks.md (`--cm --report` from the
+//!   last run's files).
 //!
 //! Environment knobs:
 //! - `UVERBS_GUEST_KERNEL=<release>`: kernel to boot (default: newest
@@ -119,6 +122,7 @@ usage: cargo xtask guest [--] <command...>   run a shell command in the rxe gues
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider
        cargo xtask bench --mlx5              only the mlx5 provider against libmlx5, on the model
+       cargo xtask bench --cm [--report]     connection setup: Rust cmatose against C ucmatose
        cargo xtask loom|miri|fuzz [secs]     loom, miri (unsafe modules' unit tests), libFuzzer
        cargo xtask msrv                      the declared rust-version against dependencies and std APIs
        cargo xtask public-api [--bless]      the public API against tests/public-api.txt (or write it)
