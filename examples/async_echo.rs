@@ -87,7 +87,7 @@ async fn client(addr: SocketAddr, seed: u64, messages: usize) -> Result<usize> {
         private_data: &advert,
         ..Default::default()
     };
-    let mut conn = connector.connect(qp, &param).await?;
+    let mut conn = connector.connect(qp, &param).await.map_err(|f| f.error)?;
 
     // Buffers: one to send from, a few small ones for the server's notes.
     let mut out = pd.alloc_mr(MAX, LocalAccess::LOCAL_WRITE)?.into_bufs(MAX)?.remove(0);
