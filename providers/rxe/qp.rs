@@ -302,7 +302,17 @@ unsafe fn copy_payload(slot: NonNull<u8>, sg_list: &[Sge], flags: SendFlags, inl
             }
             (inline_len, 0)
         } else if let [sge] = sg_list {
-            // The common case, without the loop's setup.
+            // The common case, without the loop's setup: one 16-byte move where SSE2 is (every
+            // x86-64), 2 instructions a request fewer than the two 8-byte moves `write` makes.
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
+                _mm_storeu_si128(
+                    tail.cast::<__m128i>().as_ptr(),
+                    _mm_loadu_si128(std::ptr::from_ref(sge).cast()),
+                );
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             tail.cast::<Sge>().write(*sge);
             (sge.length, 1)
         } else {
