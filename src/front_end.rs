@@ -5,7 +5,8 @@
 //!
 //! A vendor's QP queues implement [`ChainQueues`] in addition to the vendor contract's
 //! `QpQueues` when they write chains themselves (rxe: from the C fields, checked as librxe
-//! checks); the others post them through [`post_gathered`], as lists for `QpQueues::post_send`.
+//! checks); the others implement [`GatheredChains`] and post them through [`post_gathered`], as
+//! lists for `QpQueues::post_send`.
 //! `providers/mod.rs` pairs each compiled-in provider with the function that makes its
 //! [`Queues`]; a provider kept outside this crate (`Context::open_with`) gets
 //! [`Queues::gathered`].
@@ -44,7 +45,7 @@ pub(crate) trait ChainQueues: Send {
     /// [`ChainQueues::post_send_chain`] of a batch made by libibverbs' extended QP builders
     /// (`ibv_wr_*`, completed with `ibv_wr_complete`), which a C provider may write with fewer
     /// checks than `ibv_post_send`'s: a provider checks what its C twin's builders and
-    /// `ibv_wr_complete` check.
+    /// `ibv_wr_complete` check. This default is [`ChainQueues::post_send_chain`].
     ///
     /// # Safety
     /// As for [`ChainQueues::post_send_chain`].
@@ -54,7 +55,27 @@ pub(crate) trait ChainQueues: Send {
         qp_type: QpType,
         context: ContextId,
         state: QpState,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_send_chain(chain, qp_type, context, state) }
+    }
+}
+
+/// Queues that write no chain themselves: their [`ChainQueues`] is [`post_gathered`] through
+/// their own `post_send`, for chains and batches alike.
+pub(crate) trait GatheredChains: QpQueues {}
+
+impl<Q: GatheredChains> ChainQueues for Q {
+    unsafe fn post_send_chain(
+        &mut self,
+        chain: SendChain<'_>,
+        qp_type: QpType,
+        context: ContextId,
+        state: QpState,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { post_gathered(self, chain, qp_type, context, state) }
+    }
 }
 
 /// A chain posted through `queues`' [`QpQueues::post_send`], for queues that write no chain
@@ -145,17 +166,6 @@ impl ChainQueues for Gathered {
         // reached through one view at a time (`Queues` lends one `&mut` at a time); forwarded
         // caller contract.
         unsafe { post_gathered(self.0.as_mut(), chain, qp_type, context, state) }
-    }
-
-    unsafe fn post_send_batch(
-        &mut self,
-        chain: SendChain<'_>,
-        qp_type: QpType,
-        context: ContextId,
-        state: QpState,
-    ) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { self.post_send_chain(chain, qp_type, context, state) }
     }
 }
 

@@ -5,7 +5,7 @@ use crate::chain::{CSendWr, SendChain, SlowDecode};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
-use crate::front_end::{post_gathered, ChainQueues, Queues};
+use crate::front_end::{GatheredChains, Queues};
 use crate::held::Held;
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
@@ -913,31 +913,7 @@ unsafe impl QpQueues for NoQueues {
     fn destroyed(&mut self) {}
 }
 
-impl ChainQueues for NoQueues {
-    #[allow(unsafe_code)]
-    unsafe fn post_send_chain(
-        &mut self,
-        chain: SendChain<'_>,
-        qp_type: QpType,
-        context: ContextId,
-        state: QpState,
-    ) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { post_gathered(self, chain, qp_type, context, state) }
-    }
-
-    #[allow(unsafe_code)]
-    unsafe fn post_send_batch(
-        &mut self,
-        chain: SendChain<'_>,
-        qp_type: QpType,
-        context: ContextId,
-        state: QpState,
-    ) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { post_gathered(self, chain, qp_type, context, state) }
-    }
-}
+impl GatheredChains for NoQueues {}
 
 /// A state QUERY_QP reported.
 fn qp_state(raw: u8) -> Result<QpState> {

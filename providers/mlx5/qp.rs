@@ -12,11 +12,10 @@ use super::srq::{Mlx5Srq, SrqShared};
 use super::wqe::{self, ctrl_flags, opcode, Ctrl, Words, SEG, SEND_WQE_BB};
 use super::{abi, ah, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
-use crate::chain::SendChain;
 use crate::error::{Error, Result, WrReject};
-use crate::front_end::{post_gathered, ChainQueues, Queues};
+use crate::front_end::{GatheredChains, Queues};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
-use crate::wr::{ContextId, RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
+use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -712,29 +711,7 @@ unsafe impl QpQueues for Mlx5Qp {
 }
 
 /// Chains through the vendor post: mlx5 has no writer of its own for libibverbs' layout.
-impl ChainQueues for Mlx5Qp {
-    unsafe fn post_send_chain(
-        &mut self,
-        chain: SendChain<'_>,
-        qp_type: QpType,
-        context: ContextId,
-        state: QpState,
-    ) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { post_gathered(self, chain, qp_type, context, state) }
-    }
-
-    unsafe fn post_send_batch(
-        &mut self,
-        chain: SendChain<'_>,
-        qp_type: QpType,
-        context: ContextId,
-        state: QpState,
-    ) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { post_gathered(self, chain, qp_type, context, state) }
-    }
-}
+impl GatheredChains for Mlx5Qp {}
 
 /// The [`Queues`] of an mlx5 QP.
 ///
