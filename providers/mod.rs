@@ -4,6 +4,7 @@
 
 use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
+use crate::front_end::MakeQueues;
 use crate::provider::Provider;
 
 /// Built with the `mlx5` feature (a default one).
@@ -18,12 +19,38 @@ pub use mlx5::hostile_cqes;
 #[cfg(any(test, feature = "test-support"))]
 pub use rxe::hostile;
 
-/// Every provider compiled in, asked in order.
-#[cfg(not(feature = "mlx5"))]
-static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe];
-/// Every provider compiled in, asked in order.
+/// A vendor compiled in: its provider (the vendor contract, `crate::provider`) and how a QP
+/// holds the queues its contexts make (the front-end interface, `crate::front_end`).
+pub(crate) struct Vendor {
+    /// The provider.
+    pub(crate) provider: &'static dyn Provider,
+    /// Called only with queues `provider`'s contexts made.
+    pub(crate) queues: MakeQueues,
+}
+
+const RXE: Vendor = Vendor {
+    provider: &rxe::Rxe,
+    queues: rxe::queues,
+};
 #[cfg(feature = "mlx5")]
-static PROVIDERS: &[&dyn Provider] = &[&rxe::Rxe, &mlx5::Mlx5];
+const MLX5: Vendor = Vendor {
+    provider: &mlx5::Mlx5,
+    queues: mlx5::queues,
+};
+
+/// Every vendor compiled in, asked in order.
+#[cfg(not(feature = "mlx5"))]
+static VENDORS: &[Vendor] = &[RXE];
+/// Every vendor compiled in, asked in order.
+#[cfg(feature = "mlx5")]
+static VENDORS: &[Vendor] = &[RXE, MLX5];
+
+/// [`VENDORS`]' providers, in order.
+#[cfg(not(feature = "mlx5"))]
+static PROVIDERS: &[&dyn Provider] = &[RXE.provider];
+/// [`VENDORS`]' providers, in order.
+#[cfg(feature = "mlx5")]
+static PROVIDERS: &[&dyn Provider] = &[RXE.provider, MLX5.provider];
 
 /// Every provider compiled into this build, in the order [`crate::open`] asks them. For front
 /// ends over the public API that must name devices' providers themselves (the drop-in
@@ -33,11 +60,10 @@ pub fn providers() -> &'static [&'static dyn Provider] {
 }
 
 /// The provider that drives `device`.
-pub(crate) fn find(device: &DeviceInfo) -> Result<&'static dyn Provider> {
-    PROVIDERS
+pub(crate) fn find(device: &DeviceInfo) -> Result<&'static Vendor> {
+    VENDORS
         .iter()
-        .copied()
-        .find(|p| p.matches(device))
+        .find(|v| v.provider.matches(device))
         .ok_or_else(|| Error::NoProvider {
             device: device.name.clone(),
             driver_id: device.driver_id,
@@ -65,7 +91,7 @@ mod tests {
     }
 
     fn found(device: &DeviceInfo) -> Result<&'static str> {
-        find(device).map(|p| p.name())
+        find(device).map(|v| v.provider.name())
     }
 
     #[test]
@@ -104,7 +130,7 @@ mod tests {
             other => panic!(
                 "{}: expected NoProvider, got {:?}",
                 device.name,
-                other.map(|p| p.name())
+                other.map(|v| v.provider.name())
             ),
         }
     }

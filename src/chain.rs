@@ -7,9 +7,9 @@
 //! twin checks `ibv_post_send`, not by the core's transport rules
 //! ([`SendWr::check_transport`]): the core makes sure each request can be read (a readable
 //! scatter/gather list, an address handle of the QP's context); the provider checks the rest.
-//! The default [`crate::provider::QpQueues::post_send_chain`] posts through a
-//! [`crate::wr::SendList`], so the core's rules; rxe checks what rdma-core's rxe checks and
-//! leaves the rest to the kernel, as there.
+//! The default ([`crate::front_end::post_gathered`]) posts through a [`crate::wr::SendList`],
+//! so the core's rules; rxe checks what rdma-core's rxe checks and leaves the rest to the
+//! kernel, as there (`crate::front_end`: how a provider posts chains).
 
 use crate::attr::QpType;
 use crate::error::WrReject;

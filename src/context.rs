@@ -4,6 +4,7 @@ use crate::attr::{AhAttr, AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::event_file::AsyncEventFile;
+use crate::front_end::{MakeQueues, Queues};
 use crate::open_enum::open_enum;
 use crate::provider::{Provider, ProviderContext};
 use crate::sys::abi::{self, AsyncEventDesc, GidEntry, QueryDeviceResp, QueryPortRespEx};
@@ -62,6 +63,10 @@ pub(crate) struct ContextInner {
     pub(crate) async_events: AsyncEventFile,
     pub(crate) device: DeviceInfo,
     pub(crate) provider: Box<dyn ProviderContext>,
+    /// How a QP holds the queues `provider` makes: paired with the provider in
+    /// `providers/mod.rs`, [`Queues::gathered`] for one from elsewhere. Called only with
+    /// queues `provider` made.
+    pub(crate) queues: MakeQueues,
     pub(crate) num_comp_vectors: u32,
     next_user_handle: AtomicU64,
     /// Each live CQ's overrun flag by user handle, set when a CQ_ERR event for it is read
@@ -295,14 +300,20 @@ impl Context {
     /// provider kept outside this crate, or a test provider.
     pub fn open_with(device: &DeviceInfo, provider: &dyn Provider) -> Result<Self> {
         let file = DeviceFile::open(device)?;
-        Self::with_provider(device, file, provider)
+        Self::with_provider(device, file, provider, Queues::gathered)
     }
 
     fn with_file(device: &DeviceInfo, file: DeviceFile) -> Result<Self> {
-        Self::with_provider(device, file, crate::providers::find(device)?)
+        let vendor = crate::providers::find(device)?;
+        Self::with_provider(device, file, vendor.provider, vendor.queues)
     }
 
-    fn with_provider(device: &DeviceInfo, file: DeviceFile, provider: &dyn Provider) -> Result<Self> {
+    fn with_provider(
+        device: &DeviceInfo,
+        file: DeviceFile,
+        provider: &dyn Provider,
+        queues: MakeQueues,
+    ) -> Result<Self> {
         let driver_id = provider.driver_id();
         let file = Arc::new(file);
         let mut num_comp_vectors = 0u32;
@@ -330,6 +341,7 @@ impl Context {
                 async_events,
                 device: device.clone(),
                 provider: provider_ctx,
+                queues,
                 num_comp_vectors,
                 next_user_handle: AtomicU64::new(1),
                 cq_overruns: Mutex::new(Vec::new()),

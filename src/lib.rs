@@ -34,6 +34,8 @@ mod endpoint;
 mod error;
 mod event;
 mod event_file;
+#[allow(unsafe_code)] // one queues object behind two trait-object pointers
+mod front_end;
 mod held;
 mod mcast;
 #[allow(unsafe_code)] // registers caller memory and hands out views of it

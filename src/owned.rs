@@ -330,7 +330,8 @@ impl Qp {
         // SAFETY: the buffer stays in `self.sends` until `reclaim` sees a completion of this
         // request or a later one from this QP's send CQ, or until the QP is destroyed: the
         // device is done with it by then (the module docs). No one else holds it meanwhile.
-        match without_unwinding(|| unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) }) {
+        match without_unwinding(|| unsafe { self.queues.vendor().post_send(SendList::new(std::slice::from_ref(&wr))) })
+        {
             Ok(()) => {
                 self.sends.commit();
                 Ok(())
@@ -362,7 +363,7 @@ impl Qp {
     pub fn send_bufs(&mut self, op: SendOp, bufs: &mut Vec<Buf>, flags: SendFlags) -> Result<()> {
         self.owner.check("post_send")?;
         modelled(&op, "send_bufs")?;
-        let queues = &mut self.queues;
+        let queues = self.queues.vendor();
         let (posted, stop) = self.sends.post_list(
             bufs,
             op,
@@ -497,7 +498,7 @@ impl Qp {
         })?;
         // SAFETY: INLINE: the provider copies `data` into the queue before returning (and
         // refuses operations the device would write into, checked by `SendList`).
-        unsafe { self.queues.post_send(SendList::new(std::slice::from_ref(&wr))) }
+        unsafe { self.queues.vendor().post_send(SendList::new(std::slice::from_ref(&wr))) }
     }
 
     /// Posts a receive into `buf`'s whole capacity. The QP holds it until [`Qp::reclaim`]
@@ -515,7 +516,7 @@ impl Qp {
         };
         let wr = RecvWr::new(id, std::slice::from_ref(self.recvs.claim(buf, true)));
         // SAFETY: as in `send_buf`, for the receive queue and its CQ.
-        match without_unwinding(|| unsafe { self.queues.post_recv(std::slice::from_ref(&wr)) }) {
+        match without_unwinding(|| unsafe { self.queues.vendor().post_recv(std::slice::from_ref(&wr)) }) {
             Ok(()) => {
                 self.recvs.commit();
                 Ok(())

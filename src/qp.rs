@@ -5,6 +5,7 @@ use crate::chain::{CSendWr, SendChain, SlowDecode};
 use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
+use crate::front_end::{GatheredChains, Queues};
 use crate::held::Held;
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
@@ -336,7 +337,8 @@ impl<'a> QpInit<'a> {
 
 /// A queue pair.
 pub struct Qp {
-    pub(crate) queues: Box<dyn QpQueues>,
+    /// The provider's queues, through the vendor contract and the front-end interface.
+    pub(crate) queues: Queues,
     pub(crate) owner: Owner,
     /// The buffers the safe posts (`crate::owned`) lent the device, per queue; dropped only
     /// after the kernel destroyed the QP.
@@ -385,6 +387,7 @@ impl Pd {
 }
 
 impl Qp {
+    #[allow(unsafe_code)] // hands the provider's queues to the maker its context pairs with it
     fn new(pd: &Pd, init: &QpInit<'_>) -> Result<Self> {
         let ctx = &pd.inner.ctx;
         // Before the provider's step, as for CQs.
@@ -455,7 +458,8 @@ impl Qp {
         Ok(Self {
             sends: Held::new(provider.cap.max_send_wr, false),
             recvs: Held::new(recv_depth, true),
-            queues: provider.queues,
+            // SAFETY: the context's provider made these queues (`ContextInner::queues`).
+            queues: unsafe { (ctx.queues)(provider.queues) },
             owner: ctx.owner,
             handle: created.handle,
             qpn: created.qpn,
@@ -535,7 +539,7 @@ impl Qp {
         }
         let req = attr.to_abi(self.handle)?;
         let ctx = &self.pd.ctx;
-        self.queues.modify(attr.state, &mut |drv_in, drv_out| {
+        self.queues.vendor().modify(attr.state, &mut |drv_in, drv_out| {
             cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out)
         })?;
         if let Some(state) = attr.state {
@@ -711,7 +715,7 @@ impl Qp {
             return unsafe { self.post_send_checked(wrs) };
         }
         // SAFETY: forwarded caller contract; a connected QP reads no AH.
-        unsafe { self.queues.post_send(SendList::new(wrs)) }
+        unsafe { self.queues.vendor().post_send(SendList::new(wrs)) }
     }
 
     /// [`Qp::post_send`] off the direct path (`direct_send`): the state forbids sends, or the
@@ -727,11 +731,11 @@ impl Qp {
         let context = self.context;
         let Some(foreign) = wrs.iter().position(|wr| wr.foreign_ah(context)) else {
             // SAFETY: forwarded caller contract; every AH is of this QP's context.
-            return unsafe { self.queues.post_send(SendList::new(wrs)) };
+            return unsafe { self.queues.vendor().post_send(SendList::new(wrs)) };
         };
         if foreign > 0 {
             // SAFETY: as above, for the requests before the foreign one.
-            unsafe { self.queues.post_send(SendList::new(&wrs[..foreign])) }?;
+            unsafe { self.queues.vendor().post_send(SendList::new(&wrs[..foreign])) }?;
         }
         Err(Error::WorkRequest {
             verb: "post_send",
@@ -760,7 +764,7 @@ impl Qp {
         if self.owner.forked() {
             return 0;
         }
-        self.queues.send_room()
+        self.queues.vendor().send_room()
     }
 
     /// [`Qp::post_send`] of a chain of requests in libibverbs' layout, read by the provider
@@ -783,6 +787,7 @@ impl Qp {
         // SAFETY: forwarded caller contract.
         unsafe {
             self.queues
+                .chains()
                 .post_send_chain(SendChain::new(first, slow), self.qp_type, self.context, self.state)
         }
     }
@@ -800,6 +805,7 @@ impl Qp {
         // SAFETY: forwarded caller contract.
         unsafe {
             self.queues
+                .chains()
                 .post_send_batch(SendChain::new(first, slow), self.qp_type, self.context, self.state)
         }
     }
@@ -828,7 +834,7 @@ impl Qp {
             });
         }
         // SAFETY: forwarded caller contract.
-        unsafe { self.queues.post_recv(wrs) }
+        unsafe { self.queues.vendor().post_recv(wrs) }
     }
 
     /// Destroys the QP now and reports the kernel's answer: how many async events it
@@ -840,7 +846,7 @@ impl Qp {
                 self.destroyed = true;
                 self.pd.qp_released(self.responder, true);
                 self.leave_srq();
-                self.queues.destroyed();
+                self.queues.vendor().destroyed();
                 Ok(EventsReported { comp: 0, r#async: n })
             }
             Err(e) => Err((self, e)),
@@ -878,14 +884,14 @@ impl Drop for Qp {
         if destroy_qp(&self.pd.ctx, self.handle).is_err() {
             // The kernel still has the QP: its rings, and the buffers its requests may still
             // touch, must never be freed.
-            std::mem::forget(std::mem::replace(&mut self.queues, Box::new(NoQueues)));
+            std::mem::forget(std::mem::replace(&mut self.queues, Queues::new(Box::new(NoQueues))));
             std::mem::forget(std::mem::replace(&mut self.sends, Held::new(0, false)));
             std::mem::forget(std::mem::replace(&mut self.recvs, Held::new(0, true)));
         } else {
             self.pd.qp_released(self.responder, true);
             self.leave_srq();
             if !self.owner.forked() {
-                self.queues.destroyed();
+                self.queues.vendor().destroyed();
             }
         }
     }
@@ -915,6 +921,8 @@ unsafe impl QpQueues for NoQueues {
 
     fn destroyed(&mut self) {}
 }
+
+impl GatheredChains for NoQueues {}
 
 /// A state QUERY_QP reported.
 fn qp_state(raw: u8) -> Result<QpState> {

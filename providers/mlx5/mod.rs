@@ -33,6 +33,7 @@ mod cqe;
 mod dv_check;
 mod mem;
 mod qp;
+pub(super) use qp::queues;
 mod srq;
 mod wqe;
 

@@ -13,6 +13,7 @@ use super::wqe::{self, ctrl_flags, opcode, Ctrl, Words, SEG, SEND_WQE_BB};
 use super::{abi, ah, Ctx};
 use crate::attr::{QpCap, QpState, QpType};
 use crate::error::{Error, Result, WrReject};
+use crate::front_end::{GatheredChains, Queues};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr, Sge};
 use std::ptr::NonNull;
@@ -829,6 +830,18 @@ unsafe impl QpQueues for Mlx5Qp {
     fn destroyed(&mut self) {
         self.scrub(true);
     }
+}
+
+/// Chains through the vendor post: mlx5 has no writer of its own for libibverbs' layout.
+impl GatheredChains for Mlx5Qp {}
+
+/// The [`Queues`] of an mlx5 QP.
+///
+/// # Safety
+/// `queues` must be an [`Mlx5Qp`]: queues an mlx5 context made ([`create`]).
+pub(crate) unsafe fn queues(queues: Box<dyn QpQueues>) -> Queues {
+    // SAFETY: an `Mlx5Qp` (the contract), boxed by `create`: the same allocation and layout.
+    Queues::new(unsafe { Box::from_raw(Box::into_raw(queues).cast::<Mlx5Qp>()) })
 }
 
 impl Mlx5Qp {

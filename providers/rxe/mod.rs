@@ -4,6 +4,7 @@
 mod abi;
 mod cq;
 mod qp;
+pub(super) use qp::queues;
 mod queue;
 mod srq;
 

@@ -8,6 +8,7 @@ use crate::attr::{QpState, QpType};
 use crate::chain::{ChainWr, FastWr, SendChain, SlowWr};
 use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
+use crate::front_end::{ChainQueues, Queues};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
 use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
 use crate::sys::cmd::write_raw;
@@ -222,7 +223,7 @@ impl RxeQp {
     /// ([`check_atomic`]); its `ibv_wr_*` builders leave them to the kernel.
     ///
     /// # Safety
-    /// As for [`QpQueues::post_send_chain`].
+    /// As for [`ChainQueues::post_send_chain`].
     #[inline(never)]
     unsafe fn post_chain<const ATOMICS: bool>(
         &mut self,
@@ -301,7 +302,17 @@ unsafe fn copy_payload(slot: NonNull<u8>, sg_list: &[Sge], flags: SendFlags, inl
             }
             (inline_len, 0)
         } else if let [sge] = sg_list {
-            // The common case, without the loop's setup.
+            // The common case, without the loop's setup: one 16-byte move where SSE2 is (every
+            // x86-64), 2 instructions a request fewer than the two 8-byte moves `write` makes.
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
+                _mm_storeu_si128(
+                    tail.cast::<__m128i>().as_ptr(),
+                    _mm_loadu_si128(std::ptr::from_ref(sge).cast()),
+                );
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             tail.cast::<Sge>().write(*sge);
             (sge.length, 1)
         } else {
@@ -562,6 +573,31 @@ unsafe impl QpQueues for RxeQp {
         self.finish(posted, rejected)
     }
 
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let Some(rq) = self.rq.as_mut() else {
+            return Err(Error::invalid("post_recv", "the QP takes receives from its SRQ"));
+        };
+        let result = post_recv_wqes(rq, self.max_recv_sge, wrs);
+        rq.publish();
+        result
+    }
+
+    /// The kernel resets rxe's rings itself and has no driver data for MODIFY_QP.
+    fn modify(&mut self, _next: Option<QpState>, kernel: KernelCall<'_, ()>) -> Result<()> {
+        kernel(&[], &mut [])
+    }
+
+    /// The ring's free slots, from the kernel's consumer index as of now.
+    fn send_room(&mut self) -> u32 {
+        self.sq.free()
+    }
+
+    /// The kernel flushed or dropped rxe's completions with the QP.
+    fn destroyed(&mut self) {}
+}
+
+/// Chains as librxe's `ibv_post_send` and `ibv_wr_complete` post them (`crate::chain`).
+impl ChainQueues for RxeQp {
     /// A single request read in place goes straight to its slot; any other chain, or one the
     /// slot refuses (limits, a full queue), goes through [`RxeQp::post_chain`], which reports
     /// why. In any state, as librxe: below RTS the kernel refuses the doorbell and the
@@ -596,28 +632,15 @@ unsafe impl QpQueues for RxeQp {
         // SAFETY: forwarded contract.
         unsafe { self.post_chain::<false>(chain, qp_type, context) }
     }
+}
 
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let Some(rq) = self.rq.as_mut() else {
-            return Err(Error::invalid("post_recv", "the QP takes receives from its SRQ"));
-        };
-        let result = post_recv_wqes(rq, self.max_recv_sge, wrs);
-        rq.publish();
-        result
-    }
-
-    /// The kernel resets rxe's rings itself and has no driver data for MODIFY_QP.
-    fn modify(&mut self, _next: Option<QpState>, kernel: KernelCall<'_, ()>) -> Result<()> {
-        kernel(&[], &mut [])
-    }
-
-    /// The ring's free slots, from the kernel's consumer index as of now.
-    fn send_room(&mut self) -> u32 {
-        self.sq.free()
-    }
-
-    /// The kernel flushed or dropped rxe's completions with the QP.
-    fn destroyed(&mut self) {}
+/// The [`Queues`] of an rxe QP: it writes chains itself.
+///
+/// # Safety
+/// `queues` must be an [`RxeQp`]: queues an rxe context made ([`create`]).
+pub(crate) unsafe fn queues(queues: Box<dyn QpQueues>) -> Queues {
+    // SAFETY: an `RxeQp` (the contract), boxed by `create`: the same allocation and layout.
+    Queues::new(unsafe { Box::from_raw(Box::into_raw(queues).cast::<RxeQp>()) })
 }
 
 /// Writes receive WQEs into `rq` (not yet published). Shared by QP receive queues and SRQs.

@@ -11,13 +11,15 @@
 //! - `providers`: rings and mappings
 //! - `batch`: completions read in place through the provider's pointers
 //! - `chain`: send requests read in libibverbs' layout through the caller's pointers
+//! - `front_end`: a QP's queues object reached through two trait-object pointers
 //! - `mr`: registers caller memory and hands out views of it
 //! - `owned`: posts the buffers it holds, until their completions
 //! - `aio` (feature `tokio`): registers the event fds with the reactor
 //! - `provider::stub` (feature `test-support`): a stub provider implementing the unsafe traits
 //! - items of `provider`: the unsafe provider traits, declaring their contract
 //! - items of `qp`, `srq`: `unsafe fn post_*`, forwarding the caller's contract; the empty
-//!   queues' trait impls; `Srq`'s `Sync`
+//!   queues' trait impls; a new QP's queues handed to the maker its context pairs with the
+//!   provider; `Srq`'s `Sync`
 //! - items of `cq`: the empty ring's `CqRing` impl
 //! - items of `held`, `held::srq`: the rings of held buffers, indexed unchecked and moved out
 //!   by hand

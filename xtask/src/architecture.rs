@@ -1,9 +1,10 @@
 //! Architecture rules checked on the source tree, as unit tests: no import loop among the
 //! modules of the library (those of `src/` and each vendor provider under `providers/`), and
 //! the core names no vendor; none among those of the mlx5 device model
-//! (`tests/mlx5/model/src/`) or of xtask itself; every module of the library with `unsafe` code
-//! and unit tests runs them under miri (`models::MIRI_TESTS`) or says why not
-//! (`models::MIRI_EXEMPT`); the lists of where `unsafe` is allowed (docs/architecture.md,
+//! (`tests/mlx5/model/src/`), of the libibverbs front end (`dropin/libibverbs/src/`) or of
+//! xtask itself; the vendor contract names nothing only a front end uses; every module of the
+//! library with `unsafe` code and unit tests runs them under miri (`models::MIRI_TESTS`) or
+//! says why not (`models::MIRI_EXEMPT`); the lists of where `unsafe` is allowed (docs/architecture.md,
 //! `src/sys/mod.rs`) name exactly the `allow(unsafe_code)` sites.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -149,12 +150,47 @@ fn paths_in_line(line: &str) -> Vec<&str> {
         if before.is_some_and(|c| c.is_alphanumeric() || matches!(c, '_' | '$' | ':')) {
             continue;
         }
+        if let Some(group) = rest.strip_prefix('{') {
+            out.extend(group_heads(group));
+            continue;
+        }
         let end = rest
             .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
             .unwrap_or(rest.len());
         out.push(&rest[..end]);
     }
     out
+}
+
+/// The first name of each path in a `use crate::{a, b::{c, d}}` group, from just after its
+/// `{` to its `}` (or the end of the line: a group rustfmt spreads over lines is read up to it).
+fn group_heads(group: &str) -> Vec<&str> {
+    let mut heads = Vec::new();
+    let (mut depth, mut start) = (0usize, Some(0));
+    for (i, c) in group.char_indices() {
+        if c.is_whitespace() && start == Some(i) {
+            start = Some(i + c.len_utf8());
+            continue;
+        }
+        if let Some(s) = start {
+            if !(c.is_alphanumeric() || c == '_') {
+                heads.push(&group[s..i]);
+                start = None;
+            }
+        }
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => return heads,
+            '}' => depth -= 1,
+            ',' if depth == 0 => start = Some(i + 1),
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        heads.push(&group[s..]);
+    }
+    heads.retain(|h| !h.is_empty() && *h != "self");
+    heads
 }
 
 /// A cycle in `graph`, if there is one, as the modules along it.
@@ -643,6 +679,53 @@ mod tests {
         }
     }
 
+    /// The libibverbs front end's modules, as the library's: no file of one imports another
+    /// that imports it back, however long the way round.
+    #[test]
+    fn no_import_loop_among_dropin_modules() {
+        let dropin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dropin/libibverbs/src");
+        let graph = module_imports(&dropin).unwrap();
+        assert!(graph.len() > 10, "read the modules of the drop-in: {graph:?}");
+        assert!(graph["ops"].contains("qp"), "read crate:: paths: {graph:?}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!("drop-in modules import each other in a loop: {}", cycle.join(" -> "));
+        }
+    }
+
+    /// The vendor contract (the traits of `src/provider.rs` and their reference,
+    /// docs/provider-contract.md) names nothing only a front end uses: posting chains in
+    /// libibverbs' layout is the front-end interface of `src/front_end.rs`, documented with the
+    /// drop-in (docs/libibverbs-provider.md).
+    #[test]
+    fn the_vendor_contract_names_no_front_end_item() {
+        let front_end = [
+            "post_send_chain",
+            "post_send_batch",
+            "SendChain",
+            "ChainWr",
+            "ChainQueues",
+            "front_end",
+            "CSendWr",
+            "SlowDecode",
+            "crate::chain",
+            "drop-in",
+        ];
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for (file, extra) in [
+            ("src/provider.rs", &["libibverbs", "ibv_"][..]),
+            ("docs/provider-contract.md", &[][..]),
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            assert!(text.contains("QpQueues"), "read {file}");
+            for name in front_end.iter().chain(extra) {
+                assert!(
+                    !text.contains(name),
+                    "{file} names `{name}`, which only a front end uses"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_loop_finder_finds_loops() {
         let graph = BTreeMap::from([
@@ -657,6 +740,10 @@ mod tests {
         assert_eq!(
             crate_paths("use crate::qp::Qp; x::crate::no; $crate::m\n/// [`crate::doc`]"),
             ["qp::Qp"]
+        );
+        assert_eq!(
+            crate_paths("use crate::{ah, qp::{self, Qp}, srq};\nuse crate::{\n"),
+            ["ah", "qp", "srq"]
         );
     }
 }

@@ -38,16 +38,16 @@ const LOOM_MODELS: [&str; 2] = ["providers::rxe::queue::model", "providers::mlx5
 /// keeps this list complete, less `MIRI_EXEMPT`) and the pure mlx5 encoders and decoder.
 /// A single test that needs what miri cannot emulate (another process) is
 /// `#[cfg_attr(miri, ignore)]` where it is, with the reason.
-pub(crate) const MIRI_TESTS: [&str; 22] = [
-    // Core: the in-place batch, libibverbs-layout chains, the held-buffer rings, the pieces
-    // of a region, the provider contract's default chain post, the QP's mask checks, the
-    // rdma_ucm command framing.
+pub(crate) const MIRI_TESTS: [&str; 23] = [
+    // Core: the in-place batch, libibverbs-layout chains, the front-end interface's default
+    // chain post and the QP's two views of its queues, the held-buffer rings, the pieces of a
+    // region, the QP's mask checks, the rdma_ucm command framing.
     "batch::tests",
     "chain::tests",
+    "front_end::tests",
     "held::tests",
     "held::srq::tests",
     "mr::tests",
-    "provider::tests",
     "qp::tests",
     "sys::ucma::tests",
     // rxe: the ring-index protocol, synthetic and hostile rings, the poll, the WQE writer.

@@ -62,6 +62,7 @@ mod qp_ex;
 mod spin;
 mod srq;
 mod wr;
+mod wr_builder;
 
 #[cfg(test)]
 mod layout;

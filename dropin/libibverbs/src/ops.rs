@@ -7,7 +7,7 @@
 
 use crate::abi::{ibv_device, match_kind, verbs_context, verbs_context_ops, verbs_device_ops, verbs_match_ent};
 use crate::device::{alloc_device, uninit_device, Frontend, Matched};
-use crate::{ah, context, cq, ffi, mr, mw, pd, qp, srq};
+use crate::{ah, context, cq, ffi, mr, mw, pd, qp, qp_ex, srq};
 use libc::{c_int, c_void};
 
 /// The op table to register for `frontend`: it matches devices by the core provider's kernel
@@ -79,7 +79,7 @@ static OPS: verbs_context_ops = verbs_context_ops {
     resize_cq: Some(cq::resize_cq),
     destroy_cq: Some(cq::destroy_cq),
     create_qp: Some(qp::create_qp),
-    create_qp_ex: Some(qp::create_qp_ex),
+    create_qp_ex: Some(qp_ex::create_qp_ex),
     query_qp: Some(qp::query_qp),
     modify_qp: Some(qp::modify_qp),
     destroy_qp: Some(qp::destroy_qp),

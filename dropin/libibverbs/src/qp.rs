@@ -1,19 +1,18 @@
-//! Queue pairs: `create_qp`, `create_qp_ex`, `modify_qp`, `query_qp`, `destroy_qp`,
-//! `post_send`, `post_recv`.
+//! Queue pairs: `create_qp` (and the creation `create_qp_ex` builds on), `modify_qp`,
+//! `query_qp`, `destroy_qp`, `post_send`, `post_recv`.
 
 use crate::abi::{
-    ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_recv_wr,
-    ibv_send_wr, qp_init_attr_mask, send_ops, verbs_qp, VERBS_QP_EX,
+    ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, verbs_qp, VERBS_QP_EX,
 };
 use crate::ah::{ah_from, ah_to, Ah};
 use crate::cq::{cq_ref, Cq};
 use crate::event::{destroy_core, init_sync, wait_for_acks, Slot};
 use crate::ffi;
 use crate::pd::{pd_ref, Pd};
-use crate::qp_ex::{self, WrBuilder};
 use crate::spin::SpinLock;
 use crate::srq::{srq_ref, Srq};
 use crate::wr::{nth, post_recv_list, send_op, sges};
+use crate::wr_builder::WrBuilder;
 use libc::c_int;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
@@ -61,78 +60,23 @@ pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr)
     })
 }
 
-pub unsafe extern "C" fn create_qp_ex(_ibctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
-    ffi::guard("create_qp_ex", std::ptr::null_mut(), || {
-        // SAFETY: the caller's live attributes.
-        let a = unsafe { &mut *attr };
-        let supported = qp_init_attr_mask::PD | qp_init_attr_mask::CREATE_FLAGS | qp_init_attr_mask::SEND_OPS_FLAGS;
-        if a.comp_mask & !supported != 0 || a.comp_mask & qp_init_attr_mask::PD == 0 {
-            return ffi::refuse_null(
-                "create_qp_ex",
-                libc::EOPNOTSUPP,
-                &format!(
-                    "comp_mask {:#x} (supported: PD, CREATE_FLAGS=0, SEND_OPS_FLAGS)",
-                    a.comp_mask
-                ),
-            );
-        }
-        if a.comp_mask & qp_init_attr_mask::CREATE_FLAGS != 0 && a.create_flags != 0 {
-            return ffi::refuse_null("create_qp_ex", libc::EOPNOTSUPP, "create_flags");
-        }
-        let with_ops = a.comp_mask & qp_init_attr_mask::SEND_OPS_FLAGS != 0;
-        let send_ops = if with_ops { a.send_ops_flags } else { 0 };
-        // The builders rdma-core's rxe offers each transport (that the core can post).
-        let offered = match u8::try_from(a.qp_type).ok().and_then(QpType::from_raw) {
-            Some(QpType::Rc) => qp_ex::RC_OPS,
-            Some(QpType::Uc) => qp_ex::UC_OPS,
-            Some(QpType::Ud) => qp_ex::UD_OPS,
-            _ => 0,
-        };
-        if send_ops & !offered != 0 {
-            return ffi::refuse_null(
-                "create_qp_ex",
-                libc::EOPNOTSUPP,
-                &format!("send_ops_flags {send_ops:#x} (supported for this QP type: {offered:#x})"),
-            );
-        }
-        // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr`, in order.
-        let mut base = ibv_qp_init_attr {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-        };
-        let ex = if with_ops {
-            QpEx::WithSendOps(send_ops)
-        } else {
-            QpEx::Yes
-        };
-        // SAFETY: `a.pd` is one of our PDs (comp_mask says it is set).
-        let qp = unsafe { create_qp_common(a.pd, &mut base, ex) };
-        a.cap = base.cap;
-        qp
-    })
-}
-
-/// Whether a QP is made by `create_qp_ex`, and with which `ibv_wr_*` builders.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum QpEx {
+/// Whether a QP is made by `create_qp_ex`, and with which `ibv_wr_*` interface.
+#[derive(Clone, Copy)]
+pub(crate) enum QpEx<'a> {
     /// By `create_qp`.
     No,
     /// By `create_qp_ex` without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
     Yes,
-    /// By `create_qp_ex` with these `send_ops_flags`.
-    WithSendOps(u64),
+    /// By `create_qp_ex` with `send_ops_flags`: fills in the `ibv_wr_*` entry points asked for
+    /// (`crate::qp_ex`).
+    WithSendOps(&'a dyn Fn(&mut ibv_qp_ex)),
 }
 
 /// Creates a QP, extended as `ex` says.
 ///
 /// # Safety
 /// `pd` must be one of our PDs; `attr`'s CQ pointers must be our CQs.
-unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpEx) -> *mut ibv_qp {
+pub(crate) unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpEx<'_>) -> *mut ibv_qp {
     // SAFETY: per the contract.
     let p = unsafe { pd_ref(pd) };
     let Some(qp_type) = u8::try_from(attr.qp_type).ok().and_then(QpType::from_raw) else {
@@ -191,12 +135,12 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpE
     base.state = QpState::Reset as c_int;
     base.qp_type = attr.qp_type;
     let mut builder = WrBuilder::none();
-    if ex != QpEx::No {
+    if !matches!(ex, QpEx::No) {
         // `ibv_qp_to_qp_ex` hands out the `ibv_qp_ex` of QPs made by create_qp_ex.
         vqp.comp_mask |= VERBS_QP_EX;
     }
-    if let QpEx::WithSendOps(ops) = ex {
-        set_send_ops(&mut vqp.qp_ex, ops);
+    if let QpEx::WithSendOps(fill) = ex {
+        fill(&mut vqp.qp_ex);
         // A fresh QP's room is its whole send queue.
         builder = WrBuilder::new(&attr.cap, qp.send_room());
     }
@@ -223,54 +167,6 @@ unsafe fn create_qp_common(pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr, ex: QpE
         );
     }
     b.cast::<ibv_qp>()
-}
-
-/// Fills the `ibv_wr_*` interface: the builders `ops` asks for, and the setters, start,
-/// complete and abort every QP created with `send_ops_flags` has, even 0 (as in the C
-/// provider).
-fn set_send_ops(x: &mut ibv_qp_ex, ops: u64) {
-    let asked = |bit: u64| ops & bit != 0;
-    if asked(send_ops::SEND) {
-        x.wr_send = Some(qp_ex::wr_send);
-    }
-    if asked(send_ops::SEND_WITH_IMM) {
-        x.wr_send_imm = Some(qp_ex::wr_send_imm);
-    }
-    if asked(send_ops::RDMA_WRITE) {
-        x.wr_rdma_write = Some(qp_ex::wr_rdma_write);
-    }
-    if asked(send_ops::RDMA_WRITE_WITH_IMM) {
-        x.wr_rdma_write_imm = Some(qp_ex::wr_rdma_write_imm);
-    }
-    if asked(send_ops::RDMA_READ) {
-        x.wr_rdma_read = Some(qp_ex::wr_rdma_read);
-    }
-    if asked(send_ops::ATOMIC_CMP_AND_SWP) {
-        x.wr_atomic_cmp_swp = Some(qp_ex::wr_atomic_cmp_swp);
-    }
-    if asked(send_ops::ATOMIC_FETCH_AND_ADD) {
-        x.wr_atomic_fetch_add = Some(qp_ex::wr_atomic_fetch_add);
-    }
-    if asked(send_ops::SEND_WITH_INV) {
-        x.wr_send_inv = Some(qp_ex::wr_send_inv);
-    }
-    if asked(send_ops::LOCAL_INV) {
-        x.wr_local_inv = Some(qp_ex::wr_local_inv);
-    }
-    if asked(send_ops::BIND_MW) {
-        x.wr_bind_mw = Some(qp_ex::wr_bind_mw);
-    }
-    if asked(send_ops::ATOMIC_WRITE) {
-        x.wr_atomic_write = Some(qp_ex::wr_atomic_write);
-    }
-    x.wr_set_ud_addr = Some(qp_ex::wr_set_ud_addr);
-    x.wr_set_inline_data = Some(qp_ex::wr_set_inline_data);
-    x.wr_set_inline_data_list = Some(qp_ex::wr_set_inline_data_list);
-    x.wr_set_sge = Some(qp_ex::wr_set_sge);
-    x.wr_set_sge_list = Some(qp_ex::wr_set_sge_list);
-    x.wr_start = Some(qp_ex::wr_start);
-    x.wr_complete = Some(qp_ex::wr_complete);
-    x.wr_abort = Some(qp_ex::wr_abort);
 }
 
 /// `destroy_qp`, as `ibv_cmd_destroy_qp`: the kernel destroy, then a wait until the program
