@@ -38,7 +38,7 @@ const LOOM_MODELS: [&str; 2] = ["providers::rxe::queue::model", "providers::mlx5
 /// keeps this list complete, less `MIRI_EXEMPT`) and the pure mlx5 encoders and decoder.
 /// A single test that needs what miri cannot emulate (another process) is
 /// `#[cfg_attr(miri, ignore)]` where it is, with the reason.
-pub(crate) const MIRI_TESTS: [&str; 23] = [
+pub(crate) const MIRI_TESTS: [&str; 22] = [
     // Core: the in-place batch, libibverbs-layout chains, the front-end interface's default
     // chain post and the QP's two views of its queues, the held-buffer rings, the pieces of a
     // region, the QP's mask checks, the rdma_ucm command framing.
