@@ -52,6 +52,9 @@ pub mod provider;
 mod providers;
 mod qp;
 mod srq;
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub mod stream;
 #[allow(unsafe_code)] // the kernel ABI, its commands, fds and the fork hook
 mod sys;
 #[cfg(any(test, feature = "test-support"))]

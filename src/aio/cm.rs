@@ -17,6 +17,7 @@ use crate::qp::Qp;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 
@@ -58,6 +59,30 @@ impl Registered {
                 return Ok(value);
             }
             ready.clear_ready();
+        }
+    }
+
+    /// The poll form of [`Registered::until`].
+    fn poll_until<T>(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        verb: Verb,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Poll<Result<T>> {
+        loop {
+            if let Some(value) = step()? {
+                return Poll::Ready(Ok(value));
+            }
+            match self.0.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(reactor_error(verb, e))),
+                Poll::Ready(Ok(mut ready)) => {
+                    if let Some(value) = step()? {
+                        return Poll::Ready(Ok(value));
+                    }
+                    ready.clear_ready();
+                }
+            }
         }
     }
 }
@@ -268,6 +293,20 @@ impl AsyncConnection {
         let Self { connection, fd } = self;
         fd.until("wait_disconnected", || Ok(connection.advance()?.then_some(())))
             .await
+    }
+
+    /// The poll form of [`AsyncConnection::wait_disconnected`]: `Ready` once `DISCONNECTED`
+    /// came (the peer's, answered, or the end of this side's own), else `Pending` with `cx`'s
+    /// waker registered for the connection's next event.
+    pub fn poll_disconnected(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<()>> {
+        let Self { connection, fd } = self;
+        fd.poll_until(cx, "wait_disconnected", || Ok(connection.advance()?.then_some(())))
+    }
+
+    /// Starts a disconnect ([`Connection::start_disconnect`]) without waiting for it:
+    /// [`AsyncConnection::poll_disconnected`] sees its end.
+    pub fn start_disconnect(&mut self) -> Result<()> {
+        self.connection.start_disconnect()
     }
 
     /// The connection back, off the reactor (for the blocking calls or another poller).
