@@ -5,10 +5,11 @@
 //! The protocol is rsocket's (`docs/rsocket-protocol.md`): connect private data
 //! (`rs_conn_data`), data as RDMA writes with immediate into the receive buffer the peer
 //! advertised, credits and buffer halves granted back by SGL updates, shutdown and disconnect
-//! as control messages. A C program on `librdmacm`'s rsockets (`rstream`, `riostream`, a TCP
-//! program under `librspreload.so`) is a peer, in either role. What rsockets can negotiate and
-//! this implementation does not speak (an iWARP device, a big-endian peer, another protocol
-//! version) is refused at connect or accept with an error that says so.
+//! as control messages. A C program on `librdmacm`'s rsockets (`rstream`, a TCP program under
+//! `librspreload.so`) is a peer, in either role (`riowrite`'s iomaps are not offered, so
+//! `riostream` is not). What rsockets can negotiate and this implementation does not speak
+//! (an iWARP device, a big-endian peer, another protocol version) is refused at connect or
+//! accept with an error that says so.
 //!
 //! ```no_run
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -57,7 +58,8 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Sizes of a stream's buffers and queues. The defaults work on rxe, siw-less RoCE and mlx5.
+/// Sizes of a stream's buffers and queues. The defaults fit rxe's limits, which are narrower
+/// than a hardware RoCE device's.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct StreamOptions {
