@@ -157,7 +157,10 @@ async fn echo_client(mut s: RdmaStream, a: &Args) -> Res<()> {
     if n != 0 {
         return Err(format!("{n} bytes after the echo").into());
     }
-    println!("echo passed: {} bytes sent, {} echoed and checked", out.total, inc.total);
+    println!(
+        "echo passed: {} bytes sent, {} echoed and checked",
+        out.total, inc.total
+    );
     Ok(())
 }
 
