@@ -494,9 +494,8 @@ impl Core {
         if out.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
-        if self.rmsg.is_empty() {
-            self.progress(cx, Half::Read);
-        }
+        // Always: receives are posted again only here, and credits granted below count on them.
+        self.progress(cx, Half::Read);
         if self.rmsg.is_empty() {
             if self.down == Some(Down::Reset) || self.error.is_some() {
                 return Poll::Ready(Err(self.down_error(false)));
