@@ -69,10 +69,10 @@ impl Registered {
         verb: Verb,
         mut step: impl FnMut() -> Result<Option<T>>,
     ) -> Poll<Result<T>> {
+        // Readiness first: a step reads the channel (a system call), which is due only once
+        // the reactor saw it readable; the readiness is cleared only after a step read the
+        // channel empty, so nothing queued is missed.
         loop {
-            if let Some(value) = step()? {
-                return Poll::Ready(Ok(value));
-            }
             match self.0.poll_read_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(reactor_error(verb, e))),
@@ -299,6 +299,9 @@ impl AsyncConnection {
     /// came (the peer's, answered, or the end of this side's own), else `Pending` with `cx`'s
     /// waker registered for the connection's next event.
     pub fn poll_disconnected(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<()>> {
+        if self.connection.is_down() {
+            return Poll::Ready(Ok(()));
+        }
         let Self { connection, fd } = self;
         fd.poll_until(cx, "wait_disconnected", || Ok(connection.advance()?.then_some(())))
     }
