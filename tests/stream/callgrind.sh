@@ -24,14 +24,15 @@ wait_listen() {
     i=0
     while ! rdma resource show cm_id | grep "state LISTEN" | grep -q "src-addr [0-9.]*:$1 "; do
         i=$((i + 1))
-        [ $i -le 600 ] || { echo "FAIL: nothing listens on port $1"; exit 1; }
+        [ $i -le 600 ] || { echo "FAIL: nothing listens on port $1" >&2; exit 1; }
         sleep 0.1
     done
 }
 
-# Total instructions of one client run: $1 rust|c, $2 size, $3 count, $4 iterations.
+# Total instructions of one client run: $1 rust|c, $2 size, $3 count, $4 iterations, $5 the
+# port (fresh each run).
 count() {
-    port=$((port + 1))
+    port=$5
     timeout 600 rstream -b "$addr" -p $port -S "$2" -C "$3" -I "$4" -T b >"$work/server.out" 2>&1 &
     spid=$!
     wait_listen $port
@@ -41,8 +42,8 @@ count() {
         set -- rstream -s "$addr" -p $port -S "$2" -C "$3" -I "$4" -T b
     fi
     timeout 1200 valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$@" >"$work/client.out" 2>&1 || {
-        cat "$work/client.out" "$work/server.out"
-        echo "FAIL: $*"
+        cat "$work/client.out" "$work/server.out" >&2
+        echo "FAIL: $*" >&2
         exit 1
     }
     wait $spid
@@ -51,14 +52,15 @@ count() {
 
 echo "| message | transfers x iterations | Rust stream Ir/byte | C rsockets (rstream) Ir/byte |"
 echo "|---|---|---|---|"
-for spec in "64 200 5 10" "4096 20 5 10" "65536 4 3 6" "1048576 1 2 4"; do
-    set -- $spec
-    size=$1 c=$2 i1=$3 i2=$4
+# UVERBS_STREAM_CG_SPECS: "size count i1 i2" entries separated by commas.
+specs=${UVERBS_STREAM_CG_SPECS:-64 200 5 10,4096 20 5 10,65536 4 3 6,1048576 1 2 4}
+echo "$specs" | tr ',' '\n' | while read -r size c i1 i2; do
     bytes=$((2 * size * c * (i2 - i1)))
     row="| $size B | $c x ($i1 vs $i2) |"
     for who in rust c; do
-        a=$(count $who $size $c $i1)
-        b=$(count $who $size $c $i2)
+        port=$((port + 2))
+        a=$(count $who $size $c $i1 $port)
+        b=$(count $who $size $c $i2 $((port + 1)))
         row="$row $(echo "$a $b $bytes" | awk '{printf "%.2f", ($2 - $1) / $3}') |"
     done
     echo "$row"
