@@ -128,10 +128,7 @@ fn copy_echo_over_concurrent_connections_checks_every_byte() {
         // TCG moves under 1 MiB/s in all (docs/test-guest.md): 5 s per MiB, plus set-up.
         let limit = T + Duration::from_secs(5 * conns * mib);
         for c in clients {
-            tokio::time::timeout(limit, c)
-                .await
-                .expect("the echo in time")
-                .unwrap();
+            tokio::time::timeout(limit, c).await.expect("the echo in time").unwrap();
         }
         assert_eq!(server.await.unwrap(), conns * len);
     });

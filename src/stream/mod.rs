@@ -15,14 +15,14 @@
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //! use uverbs::stream::{RdmaListener, RdmaStream};
 //!
-//! async fn echo_once(addr: std::net::SocketAddr) -> uverbs::Result<()> {
+//! async fn echo_once(addr: std::net::SocketAddr) -> std::io::Result<()> {
 //!     let listener = RdmaListener::bind(addr)?;
 //!     let server = tokio::spawn(async move {
 //!         let (stream, _peer) = listener.accept().await?;
 //!         let (mut rd, mut wr) = stream.into_split();
 //!         tokio::io::copy(&mut rd, &mut wr).await?;
 //!         wr.shutdown().await?;
-//!         Ok::<_, std::io::Error>(())
+//!         std::io::Result::Ok(())
 //!     });
 //!     let mut stream = RdmaStream::connect(addr).await?;
 //!     stream.write_all(b"hello").await?;
