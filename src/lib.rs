@@ -56,6 +56,9 @@ mod providers;
 mod qp;
 mod remote;
 mod srq;
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub mod stream;
 #[allow(unsafe_code)] // the kernel ABI, its commands, fds and the fork hook
 mod sys;
 #[cfg(any(test, feature = "test-support"))]

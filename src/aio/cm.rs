@@ -135,6 +135,30 @@ impl Registered {
             ready.clear_ready();
         }
     }
+
+    /// The poll form of [`Registered::until`].
+    fn poll_until<T>(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        verb: Verb,
+        mut step: impl FnMut() -> Result<Option<T>>,
+    ) -> Poll<Result<T>> {
+        // Readiness first: a step reads the channel (a system call), which is due only once
+        // the reactor saw it readable; the readiness is cleared only after a step read the
+        // channel empty, so nothing queued is missed.
+        loop {
+            match self.0.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(reactor_error(verb, e))),
+                Poll::Ready(Ok(mut ready)) => {
+                    if let Some(value) = step()? {
+                        return Poll::Ready(Ok(value));
+                    }
+                    ready.clear_ready();
+                }
+            }
+        }
+    }
 }
 
 /// The active side with its address and route resolved ([`Connector`] on the reactor).
@@ -378,6 +402,23 @@ impl AsyncConnection {
         let Self { connection, fd } = self;
         fd.until("wait_disconnected", None, || Ok(connection.advance()?.then_some(())))
             .await
+    }
+
+    /// The poll form of [`AsyncConnection::wait_disconnected`]: `Ready` once `DISCONNECTED`
+    /// came (the peer's, answered, or the end of this side's own), else `Pending` with `cx`'s
+    /// waker registered for the connection's next event.
+    pub fn poll_disconnected(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<()>> {
+        if self.connection.is_down() {
+            return Poll::Ready(Ok(()));
+        }
+        let Self { connection, fd } = self;
+        fd.poll_until(cx, "wait_disconnected", || Ok(connection.advance()?.then_some(())))
+    }
+
+    /// Starts a disconnect ([`Connection::start_disconnect`]) without waiting for it:
+    /// [`AsyncConnection::poll_disconnected`] sees its end.
+    pub fn start_disconnect(&mut self) -> Result<()> {
+        self.connection.start_disconnect()
     }
 
     /// The connection back, off the reactor (for the blocking calls or another poller).

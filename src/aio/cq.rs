@@ -137,13 +137,24 @@ impl AsyncCq {
     /// into `wc` and returns how many (`wc` must not be empty). [`Error::CqOverrun`] once the
     /// CQ overran and what fit has been returned.
     pub async fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        std::future::poll_fn(|cx| self.poll_completions(cx, wc)).await
+    }
+
+    /// The poll form of [`AsyncCq::poll`], for `poll_*` methods (such as tokio's
+    /// `AsyncRead`): completions into `wc` if there are any, else `Pending` with the CQ armed
+    /// and `cx`'s waker registered for its next completion event (or an async event).
+    pub fn poll_completions(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        wc: &mut [WorkCompletion],
+    ) -> Poll<Result<usize>> {
         if wc.is_empty() {
-            return Err(Error::invalid("AsyncCq::poll", "no room for a completion"));
+            return Poll::Ready(Err(Error::invalid("AsyncCq::poll", "no room for a completion")));
         }
         loop {
             let n = self.cq.poll(wc);
             if n > 0 {
-                return Ok(n);
+                return Poll::Ready(Ok(n));
             }
             self.cq.check()?;
             if !self.armed {
@@ -153,22 +164,18 @@ impl AsyncCq {
                 // look again before sleeping.
                 continue;
             }
-            let (channel, async_events) = (&self.channel, &self.async_events);
-            let woke = std::future::poll_fn(|cx| {
-                if let Poll::Ready(ready) = async_events.poll_read_ready(cx) {
-                    // An async event: the loop's check reads it (ahead of the user).
-                    ready.map_err(|e| reactor_error("AsyncCq::poll", e))?.clear_ready();
-                    return Poll::Ready(Ok(None));
-                }
-                channel
-                    .poll_read_ready(cx)
-                    .map(|ready| ready.map(Some).map_err(|e| reactor_error("AsyncCq::poll", e)))
-            })
-            .await?;
-            let Some(mut ready) = woke else { continue };
+            if let Poll::Ready(ready) = self.async_events.poll_read_ready(cx) {
+                // An async event: the loop's check reads it (ahead of the user).
+                ready.map_err(|e| reactor_error("AsyncCq::poll", e))?.clear_ready();
+                continue;
+            }
+            let mut ready = match self.channel.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(ready) => ready.map_err(|e| reactor_error("AsyncCq::poll", e))?,
+            };
             self.stats.wakeups += 1;
             // Each event disarmed the CQ; reading them all leaves the fd empty.
-            while self.channel.get_ref().get_event(Some(Duration::ZERO))?.is_some() {
+            while ready.get_inner().get_event(Some(Duration::ZERO))?.is_some() {
                 self.stats.events += 1;
                 self.armed = false;
             }
@@ -183,6 +190,20 @@ impl AsyncCq {
     pub async fn reap<'w>(&mut self, wc: &'w mut [WorkCompletion]) -> Result<Reaped<'w>> {
         let n = self.poll(wc).await?;
         Ok(Reaped::new(&wc[..n], self.cq.identity()))
+    }
+
+    /// The poll form of [`AsyncCq::reap`] ([`AsyncCq::poll_completions`], then the
+    /// completions as [`Completion`](crate::Completion)s).
+    pub fn poll_reap<'w>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        wc: &'w mut [WorkCompletion],
+    ) -> Poll<Result<Reaped<'w>>> {
+        match self.poll_completions(cx, wc) {
+            Poll::Ready(Ok(n)) => Poll::Ready(Ok(Reaped::new(&wc[..n], self.cq.identity()))),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     /// How often [`AsyncCq::poll`] slept and woke.

@@ -570,6 +570,11 @@ impl Connection {
         wait(&channel, "wait_disconnected", timeout, || self.advance())
     }
 
+    /// Whether `DISCONNECTED` came (no event to read for it).
+    pub(crate) fn is_down(&self) -> bool {
+        self.state == Link::Down
+    }
+
     /// Takes the queued event: `true` once `DISCONNECTED` came. A peer's disconnect is
     /// answered (QP to ERR, DISCONNECT), as `rdma_disconnect` on `DISCONNECTED` does.
     pub fn advance(&mut self) -> Result<bool> {

@@ -1,0 +1,67 @@
+#!/bin/sh
+# Instructions per byte moved, uverbs::stream against C rsockets, counted by callgrind in the
+# test guest (real rxe): the client of rstream's exchange (`-S size -C count -I iterations`,
+# data both ways, no verification on either side) is examples/rstream_peer (release build)
+# or rdma-core's `rstream`, each time against a C `rstream` server. Each client runs twice
+# under callgrind, with I1 and I2 iterations; the difference of the two totals over the
+# difference of the bytes moved (sent plus received) is the marginal cost of a byte: set-up,
+# connection and teardown cancel out. All threads count (rsockets' service threads included).
+#
+#   cargo build --release -p uverbs --example rstream_peer
+#   UVERBS_GUEST_TIMEOUT=3000 cargo xtask guest -- 'sh tests/stream/callgrind.sh'
+#
+# Prints a Markdown table (docs/benchmarks.md has the last one).
+set -eu
+
+target=${UVERBS_TARGET_DIR:-$PWD/target}
+peer=$target/release/examples/rstream_peer
+addr=${UVERBS_CM_ADDR:?the test guest sets UVERBS_CM_ADDR}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+port=7900
+
+wait_listen() {
+    i=0
+    while ! rdma resource show cm_id | grep "state LISTEN" | grep -q "src-addr [0-9.]*:$1 "; do
+        i=$((i + 1))
+        [ $i -le 600 ] || { echo "FAIL: nothing listens on port $1" >&2; exit 1; }
+        sleep 0.1
+    done
+}
+
+# Total instructions of one client run: $1 rust|c, $2 size, $3 count, $4 iterations, $5 the
+# port (fresh each run).
+count() {
+    port=$5
+    timeout 600 rstream -b "$addr" -p $port -S "$2" -C "$3" -I "$4" -T b >"$work/server.out" 2>&1 &
+    spid=$!
+    wait_listen $port
+    if [ "$1" = rust ]; then
+        set -- "$peer" rstream-client "$addr:$port" -S "$2" -C "$3" -I "$4" -v 0
+    else
+        set -- rstream -s "$addr" -p $port -S "$2" -C "$3" -I "$4" -T b
+    fi
+    timeout 1200 valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$@" >"$work/client.out" 2>&1 || {
+        cat "$work/client.out" "$work/server.out" >&2
+        echo "FAIL: $*" >&2
+        exit 1
+    }
+    wait $spid
+    sed -n 's/^totals: *\([0-9]*\).*/\1/p;s/^summary: *\([0-9]*\).*/\1/p' "$work/cg.out" | head -n 1
+}
+
+echo "| message | transfers x iterations | Rust stream Ir/byte | C rsockets (rstream) Ir/byte |"
+echo "|---|---|---|---|"
+# UVERBS_STREAM_CG_SPECS: "size count i1 i2" entries separated by commas.
+specs=${UVERBS_STREAM_CG_SPECS:-64 200 5 10,4096 20 5 10,65536 4 3 6,1048576 1 2 4}
+echo "$specs" | tr ',' '\n' | while read -r size c i1 i2; do
+    bytes=$((2 * size * c * (i2 - i1)))
+    row="| $size B | $c x ($i1 vs $i2) |"
+    for who in rust c; do
+        port=$((port + 2))
+        a=$(count $who $size $c $i1 $port)
+        b=$(count $who $size $c $i2 $((port + 1)))
+        row="$row $(echo "$a $b $bytes" | awk '{printf "%.2f", ($2 - $1) / $3}') |"
+    done
+    echo "$row"
+done
