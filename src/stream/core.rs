@@ -7,7 +7,7 @@ use crate::aio::{AsyncConnection, AsyncCq};
 use crate::context::Context;
 use crate::cq::CqInit;
 use crate::error::{Error, Result};
-use crate::mr::{AccessFlags, Buf, RemoteMr};
+use crate::mr::{AccessFlags, Buf, LocalAccess, RemoteMr};
 use crate::pd::Pd;
 use crate::qp::{Qp, QpInit};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
@@ -62,10 +62,10 @@ impl Resources {
         let rbuf = pd.alloc_remote_mr(o.recv_buffer, remote)?;
         let tsgl = pd.alloc_remote_mr(SGL_SIZE * SGE_LEN, remote)?;
         let sbufs = pd
-            .alloc_mr(o.send_buffer, AccessFlags::LOCAL_WRITE)?
+            .alloc_mr(o.send_buffer, LocalAccess::LOCAL_WRITE)?
             .into_bufs(o.send_chunk)?;
         let rbufs = pd
-            .alloc_mr(RECV_SLOT * usize::from(o.queue_depth), AccessFlags::LOCAL_WRITE)?
+            .alloc_mr(RECV_SLOT * usize::from(o.queue_depth), LocalAccess::LOCAL_WRITE)?
             .into_bufs(RECV_SLOT)?;
         let cq = AsyncCq::new(cq, &channel)?;
         let chunk = u32::try_from(o.send_chunk).map_err(|_| Error::invalid("stream", "send_chunk too large"))?;
