@@ -124,7 +124,10 @@ fn rdma_write_and_read_through_a_dmabuf_region() {
     assert_eq!((dm.addr(), dm.len(), dm.access()), (iova, LEN, ALL));
     assert_ne!(dm.lkey(), 0);
     let region = dm.region();
-    assert_eq!((region.addr(), region.rkey(), region.len()), (iova, dm.rkey(), LEN as u64));
+    assert_eq!(
+        (region.addr(), region.rkey(), region.len()),
+        (iova, dm.rkey(), LEN as u64)
+    );
 
     // A peer's RDMA write of 5000 bytes lands at region offset 1000.
     for (i, b) in p.a.mr.bytes_mut()[..5000].iter_mut().enumerate() {

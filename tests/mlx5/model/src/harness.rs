@@ -45,6 +45,9 @@ impl Host for TestHost {
     fn memlock_pages(&self) -> Option<u64> {
         *self.memlock_pages.lock().unwrap()
     }
+    fn map_dmabuf(&self, _fd: i32) -> Result<crate::objects::DmabufMap, Errno> {
+        Err(libc::EBADF)
+    }
 }
 
 pub(crate) struct Env {
