@@ -821,11 +821,6 @@ impl DmabufMr {
             rkey: self.rkey,
         })
     }
-
-    /// The whole region, for a peer to reach.
-    pub fn region(&self) -> crate::RemoteRegion {
-        crate::RemoteRegion::new(self.iova, self.rkey, self.len as u64)
-    }
 }
 
 impl Drop for DmabufMr {
