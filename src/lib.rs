@@ -85,7 +85,7 @@ pub use device::{devices, DeviceFile, DeviceInfo};
 pub use endpoint::{Endpoint, PortAddr};
 pub use error::{Error, Result, Verb, WrReject};
 pub use event::{AsyncEvent, AsyncEventKind, CompChannel, CqEvent, EventTarget};
-pub use mr::{AccessFlags, Buf, LocalAccess, Mr, OutOfBounds, RemoteMr};
+pub use mr::{AccessFlags, Buf, DmabufMr, LocalAccess, Mr, OutOfBounds, RemoteMr};
 pub use mw::{Mw, MwType};
 pub use owned::{Completion, Reaped, Reclaimed, Refused, SrqReclaimError};
 pub use pd::Pd;

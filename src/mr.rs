@@ -640,6 +640,201 @@ impl RemoteMr {
     }
 }
 
+/// `UVERBS_METHOD_REG_DMABUF_MR` of `UVERBS_OBJECT_MR` and its attributes
+/// (`ib_user_ioctl_cmds.h`).
+const METHOD_REG_DMABUF_MR: u16 = 4;
+mod dmabuf_attr {
+    pub const HANDLE: u16 = 0;
+    pub const PD_HANDLE: u16 = 1;
+    pub const OFFSET: u16 = 2;
+    pub const LENGTH: u16 = 3;
+    pub const IOVA: u16 = 4;
+    pub const FD: u16 = 5;
+    pub const ACCESS_FLAGS: u16 = 6;
+    pub const RESP_LKEY: u16 = 7;
+    pub const RESP_RKEY: u16 = 8;
+}
+
+/// A memory region over a dma-buf (from [`Pd::reg_dmabuf_mr`]): GPU or device memory that
+/// another driver (the exporter) owns. This process may not have it mapped at all, so the
+/// region gives out no bytes, only its keys and addresses: use it in scatter/gather entries
+/// of the unsafe posts ([`DmabufMr::sge`]) and as a target for peers ([`DmabufMr::remote`],
+/// [`DmabufMr::region`]). The bytes are read and written through the exporter.
+pub struct DmabufMr {
+    pd: Arc<PdInner>,
+    handle: u32,
+    lkey: u32,
+    rkey: u32,
+    iova: u64,
+    len: usize,
+    access: AccessFlags,
+}
+
+impl std::fmt::Debug for DmabufMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmabufMr")
+            .field("iova", &self.iova)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .finish()
+    }
+}
+
+impl Pd {
+    /// Registers `length` bytes at `offset` in the dma-buf `fd` with `access`
+    /// (`ibv_reg_dmabuf_mr`, the ioctl `REG_DMABUF_MR`); work requests and peers address
+    /// byte `offset + i` of the buffer as `iova + i`. The kernel keeps its own reference to
+    /// the dma-buf, so `fd` may be closed afterwards.
+    ///
+    /// Errors: [`Error::Unsupported`] where the device's driver has no dma-buf registration
+    /// (rdma_rxe and siw on Linux 6.1 among them: the kernel answers `EOPNOTSUPP`) or the
+    /// kernel lacks the method (`EPROTONOSUPPORT`); [`Error::InvalidArgument`] when `offset`
+    /// and `iova` differ in their offset within a page (the kernel requires them equal) or
+    /// the range wraps; otherwise the kernel's errno as [`Error::Kernel`] (`EINVAL` for a
+    /// range past the buffer's end or an fd that is not a dma-buf, `EBADF` for an fd that is
+    /// not open).
+    pub fn reg_dmabuf_mr(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        length: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<DmabufMr> {
+        const VERB: crate::error::Verb = "REG_DMABUF_MR";
+        const PAGE_MASK: u64 = 4095;
+        if offset & PAGE_MASK != iova & PAGE_MASK {
+            return Err(Error::invalid(
+                VERB,
+                format!("offset {offset:#x} and iova {iova:#x} must have the same offset within a page"),
+            ));
+        }
+        let len64 = length as u64;
+        if offset.checked_add(len64).is_none() || iova.checked_add(len64).is_none() {
+            return Err(Error::invalid(
+                VERB,
+                format!("{length} bytes from offset {offset:#x} or iova {iova:#x} wrap"),
+            ));
+        }
+        let ctx = &self.inner.ctx;
+        use std::os::fd::AsRawFd;
+        let raw_fd = fd.as_raw_fd() as u32;
+        let access_bits = access.bits();
+        let (mut lkey, mut rkey) = (0u32, 0u32);
+        let mut call = ctx.ioctl(crate::sys::ioctl::object::MR, METHOD_REG_DMABUF_MR);
+        let slot = call.new_handle(dmabuf_attr::HANDLE);
+        call.handle(dmabuf_attr::PD_HANDLE, self.inner.handle)
+            .input(dmabuf_attr::OFFSET, &offset)
+            .input(dmabuf_attr::LENGTH, &len64)
+            .input(dmabuf_attr::IOVA, &iova)
+            .input(dmabuf_attr::FD, &raw_fd)
+            .input(dmabuf_attr::ACCESS_FLAGS, &access_bits)
+            .output(dmabuf_attr::RESP_LKEY, zerocopy::IntoBytes::as_mut_bytes(&mut lkey))
+            .output(dmabuf_attr::RESP_RKEY, zerocopy::IntoBytes::as_mut_bytes(&mut rkey));
+        let done = call.execute(ctx.fd(), VERB).map_err(|e| match e.errno() {
+            Some(nix::errno::Errno::EOPNOTSUPP) => Error::Unsupported {
+                verb: VERB,
+                what: "dma-buf memory regions: the device's kernel driver has no reg_user_mr_dmabuf (EOPNOTSUPP)",
+            },
+            Some(nix::errno::Errno::EPROTONOSUPPORT) => Error::Unsupported {
+                verb: VERB,
+                what: "dma-buf memory regions: the kernel has no REG_DMABUF_MR method (EPROTONOSUPPORT)",
+            },
+            _ => e,
+        })?;
+        Ok(DmabufMr {
+            pd: self.inner.clone(),
+            handle: done.handle(slot),
+            lkey,
+            rkey,
+            iova,
+            len: length,
+            access,
+        })
+    }
+}
+
+impl DmabufMr {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// The address work requests and peers use for the region's first byte (the `iova` it
+    /// was registered with).
+    pub fn addr(&self) -> u64 {
+        self.iova
+    }
+
+    /// The kernel's handle.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The access it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfBounds {
+                offset,
+                len,
+                mr_len: self.len,
+            }),
+        }
+    }
+
+    /// A scatter/gather entry for the `len` bytes at `offset` (for the unsafe posts).
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
+        self.check(offset, len as usize)?;
+        Ok(Sge {
+            addr: self.iova + offset as u64,
+            length: len,
+            lkey: self.lkey,
+        })
+    }
+
+    /// Where a peer's RDMA read, write or atomic lands at `offset` in this region.
+    pub fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
+        self.check(offset, 0)?;
+        Ok(Remote {
+            addr: self.iova + offset as u64,
+            rkey: self.rkey,
+        })
+    }
+}
+
+impl Drop for DmabufMr {
+    fn drop(&mut self) {
+        if self.access.intersects(PEER_ACCESS)
+            && self.pd.ctx.provider.dereg_waits_for_responders()
+            && self.pd.park_mr(self.handle, None).is_ok()
+        {
+            return;
+        }
+        self.pd.dereg_mr(self.handle, None);
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
         let mut owned = self.owned.take();

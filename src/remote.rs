@@ -3,7 +3,7 @@
 //! for connection private data that keeps its length ([`frame_private_data`]).
 
 use crate::error::{Error, WrReject};
-use crate::mr::{Mr, OutOfBounds, RemoteMr};
+use crate::mr::{DmabufMr, Mr, OutOfBounds, RemoteMr};
 use crate::wr::Remote;
 
 /// A range of a peer's registered memory that RDMA reads, writes and atomics may reach: its
@@ -253,6 +253,13 @@ impl RemoteMr {
                 mr_len: self.len(),
             }),
         }
+    }
+}
+
+impl DmabufMr {
+    /// The whole region, for a peer to reach ([`RemoteRegion`]).
+    pub fn region(&self) -> RemoteRegion {
+        RemoteRegion::new(self.addr(), self.rkey(), self.len() as u64)
     }
 }
 

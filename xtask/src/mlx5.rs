@@ -375,6 +375,8 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
     ("owned", &[], &[]),
     // A region dropped while a responder might hold it (deregistered at once on mlx5).
     ("responder_mr", &[], &[]),
+    // dma-buf regions: the model maps a memfd as the exporter's buffer.
+    ("dmabuf", &[], &[]),
     // The safe receives on an SRQ (`Srq::recv_buf`, `reclaim`).
     ("srq_owned", &[], &[]),
     // SRQs as only mlx5 has them (the kernel driver refuses resize): built with the feature.

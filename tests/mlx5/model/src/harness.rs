@@ -33,6 +33,15 @@ pub(crate) struct TestHost {
     pub(crate) sinks: Mutex<Vec<Arc<Sink>>>,
     /// RLIMIT_MEMLOCK in pages; `None`: no limit (as for root).
     pub(crate) memlock_pages: Mutex<Option<u64>>,
+    /// The one stand-in dma-buf: `(fd, address in the arena, size)`.
+    pub(crate) dmabuf: Mutex<Option<(i32, u64, u64)>>,
+}
+
+/// How many dma-buf mappings the test host has had unmapped.
+pub(crate) static DMABUF_UNMAPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn count_unmap(_addr: u64, _len: u64) {
+    DMABUF_UNMAPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
 }
 impl Host for TestHost {
     fn event_fd(&self) -> Result<(i32, Arc<dyn EventSink>), Errno> {
@@ -44,6 +53,16 @@ impl Host for TestHost {
     fn close_fd(&self, _fd: i32) {}
     fn memlock_pages(&self) -> Option<u64> {
         *self.memlock_pages.lock().unwrap()
+    }
+    fn map_dmabuf(&self, fd: i32) -> Result<crate::objects::DmabufMap, Errno> {
+        match *self.dmabuf.lock().unwrap() {
+            Some((f, addr, len)) if f == fd => Ok(crate::objects::DmabufMap {
+                addr,
+                len,
+                unmap: count_unmap,
+            }),
+            _ => Err(libc::EBADF),
+        }
     }
 }
 

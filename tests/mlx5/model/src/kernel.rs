@@ -37,6 +37,11 @@ pub trait Host {
     /// The caller's RLIMIT_MEMLOCK in pages as `ib_umem_get` applies it, or `None` when the
     /// caller may pin without limit (`capable(CAP_IPC_LOCK)`, or RLIM_INFINITY).
     fn memlock_pages(&self) -> Option<u64>;
+    /// `dma_buf_get(fd)` and a mapping of the buffer's pages, for REG_DMABUF_MR: the model
+    /// stands in for the exporter, with a memfd as the dma-buf. An fd that is not open is
+    /// EBADF; one that is not a memfd is EINVAL (`dma_buf_get`'s answer for a file that is no
+    /// dma-buf).
+    fn map_dmabuf(&self, fd: i32) -> Result<crate::objects::DmabufMap, Errno>;
 }
 
 /// The model's device limits (a ConnectX-5 without write combining, DEVX or CQE compression).

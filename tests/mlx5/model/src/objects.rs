@@ -27,6 +27,28 @@ pub struct Mr {
     pub iova: u64,
     pub access: u32,
     pub key: u32,
+    /// For a dma-buf region (ioctl REG_DMABUF_MR): the exporter's pages the model mapped,
+    /// which `addr` points into. Such a region pins no user pages.
+    pub dmabuf: Option<std::sync::Arc<DmabufMap>>,
+}
+
+/// The pages of a dma-buf a region maps, unmapped when the last region using them goes. The
+/// model stands in for the exporter: the "dma-buf" is a memfd, which the host maps shared
+/// (Debian's 6.1 has no `CONFIG_UDMABUF`, so no real dma-buf can be made from user memory).
+#[derive(Debug)]
+pub struct DmabufMap {
+    /// Where the whole buffer is mapped in this process.
+    pub addr: u64,
+    /// The buffer's size (`dmabuf->size`).
+    pub len: u64,
+    /// Unmaps `(addr, len)`.
+    pub unmap: fn(u64, u64),
+}
+
+impl Drop for DmabufMap {
+    fn drop(&mut self) {
+        (self.unmap)(self.addr, self.len);
+    }
 }
 
 /// A pending arm request read from the CQ doorbell (record or UAR).

@@ -296,4 +296,50 @@ impl Host for ProcessHost {
         }
         Some(lim.rlim_cur / crate::abi::PAGE_SIZE)
     }
+
+    fn map_dmabuf(&self, fd: i32) -> Result<crate::objects::DmabufMap, Errno> {
+        // SAFETY: fcntl on an fd number only queries it.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(libc::EBADF);
+        }
+        // Only a memfd (shmem) has seals: anything else is no stand-in dma-buf.
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_GET_SEALS) } < 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a zeroed `stat` is a valid buffer for fstat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat writes one `stat` into `st`.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
+            return Err(libc::EINVAL);
+        }
+        let len = st.st_size as u64;
+        // The raw system call, not the interposed `mmap`: this is the model's own view of the
+        // buffer, not the client's mapping of a device file.
+        // SAFETY: a new shared mapping of the whole file, at an address the kernel picks.
+        let addr = unsafe {
+            libc::syscall(
+                libc::SYS_mmap,
+                0usize,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0usize,
+            )
+        };
+        if addr == -1 || (addr as isize) < 0 && (addr as isize) > -4096 {
+            return Err(libc::ENOMEM);
+        }
+        fn unmap(addr: u64, len: u64) {
+            // SAFETY: the mapping `map_dmabuf` made, unmapped once, when the last region
+            // over it is gone (no access of the model's reaches it after that).
+            unsafe { libc::syscall(libc::SYS_munmap, addr as usize, len as usize) };
+        }
+        Ok(crate::objects::DmabufMap {
+            addr: addr as u64,
+            len,
+            unmap,
+        })
+    }
 }

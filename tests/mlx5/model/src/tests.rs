@@ -13,6 +13,7 @@ mod bfcheck;
 mod context;
 mod cq;
 mod device;
+mod dmabuf;
 mod ioctl;
 mod ioctl_order;
 mod mmap;

@@ -308,6 +308,7 @@ impl Model {
             iova: req.hca_va,
             access: a,
             key: 0,
+            dmabuf: None,
         };
         let handle = self.mrs.insert(mr);
         // mkey = index << 8 | variant; index 1 would make 0x1xx, and 0x100 is the invalid lkey.
@@ -332,7 +333,9 @@ impl Model {
 
     pub(super) fn drop_mr(&mut self, handle: u32) {
         if let Some(mr) = self.mrs.remove(handle) {
-            self.pinned_pages -= pages_spanned(mr.addr, mr.length);
+            if mr.dmabuf.is_none() {
+                self.pinned_pages -= pages_spanned(mr.addr, mr.length);
+            }
             if let Some(pd) = self.pds.get_mut(mr.pd) {
                 pd.users -= 1;
             }

@@ -22,6 +22,7 @@ use crate::mem::Memory;
 use libc::{EBADF, EFAULT, EINVAL, ENOENT, ENOTTY, EOPNOTSUPP, EPROTONOSUPPORT};
 use std::cell::RefCell;
 
+mod dmabuf;
 mod methods;
 mod srq;
 
@@ -48,6 +49,8 @@ pub mod method {
     /// alloc 0.
     pub const DESTROY_ONLY: u16 = 0;
     pub const ASYNC_EVENT_ALLOC: u16 = 0;
+    /// `UVERBS_METHOD_REG_DMABUF_MR` of the MR object.
+    pub const REG_DMABUF_MR: u16 = 4;
 }
 
 /// `UVERBS_ATTR_UHW_IN`/`OUT`: the driver's request and response bytes.
@@ -230,6 +233,19 @@ const SRQ_CREATE: &[Spec] = &[
 const PD_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Pd))];
 const AH_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Ah))];
 const MR_DESTROY: &[Spec] = &[m(0, Kind::Idr(Obj::Mr))];
+/// core/uverbs_std_types_mr.c:334: the new MR, the PD, offset, length and iova (u64), the
+/// fd (a u32 PTR_IN, not an FD attribute), the optional access flags, lkey and rkey out.
+const REG_DMABUF_MR: &[Spec] = &[
+    m(0, Kind::New),
+    m(1, Kind::Idr(Obj::Pd)),
+    m(2, U64_IN),
+    m(3, U64_IN),
+    m(4, U64_IN),
+    m(5, U32_IN),
+    o(6, FLAGS_IN),
+    m(7, Kind::Out(4, 4)),
+    m(8, Kind::Out(4, 4)),
+];
 /// hw/mlx5/main.c:3558 `MLX5_IB_METHOD_UAR_OBJ_ALLOC`, :3577 `_DESTROY`.
 const UAR_ALLOC: &[Spec] = &[
     m(uar_obj::ATTR_HANDLE, Kind::New),
@@ -257,6 +273,7 @@ fn method_spec(object: u16, method_id: u16) -> Option<&'static [Spec]> {
         (object::PD, me::DESTROY_ONLY) => PD_DESTROY,
         (object::AH, me::DESTROY_ONLY) => AH_DESTROY,
         (object::MR, me::DESTROY) => MR_DESTROY,
+        (object::MR, me::REG_DMABUF_MR) => REG_DMABUF_MR,
         (uar_obj::OBJECT, uar_obj::METHOD_ALLOC) => UAR_ALLOC,
         (uar_obj::OBJECT, uar_obj::METHOD_DESTROY) => UAR_DESTROY,
         _ => return None,
@@ -461,6 +478,7 @@ impl Model {
                 (object::CQ, method::CREATE) => self.ioctl_create_cq(ctx, &b, mem),
                 (object::QP, method::CREATE) => self.ioctl_create_qp(ctx, &b, mem),
                 (object::SRQ, method::CREATE) => self.ioctl_create_srq(ctx, &b, mem),
+                (object::MR, method::REG_DMABUF_MR) => self.ioctl_reg_dmabuf_mr(ctx, &b, mem, host),
                 (uar_obj::OBJECT, uar_obj::METHOD_ALLOC) => {
                     // hw/mlx5/main.c:3521-3524: the type is a `uverbs_get_const` into an
                     // enum (an unsigned int): beyond it is EINVAL (core/uverbs_ioctl.c:803).
