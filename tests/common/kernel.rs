@@ -30,6 +30,17 @@ pub fn rxe_does_atomic_write() -> bool {
     at_least(6, 2)
 }
 
+/// The capability flags above bit 31 that rdma_rxe reports in the extended QUERY_DEVICE:
+/// `IB_UVERBS_DEVICE_FLUSH_GLOBAL`, `FLUSH_PERSISTENT` and `ATOMIC_WRITE` (bits 38 to 40) from
+/// Linux 6.2, which added flush and atomic write to rxe (seen on 6.12); none on 6.1.
+pub fn rxe_upper_cap_flags() -> u64 {
+    if rxe_does_atomic_write() {
+        0x1C0_0000_0000
+    } else {
+        0
+    }
+}
+
 /// rdma_rxe completes a request whose local SGE fails its lkey check (an lkey naming no MR,
 /// an address outside the MR) WR_FLUSH_ERR (seen on 6.12), not LOC_QP_OP_ERR and
 /// LOC_PROT_ERR (6.1).

@@ -5,7 +5,6 @@
 
 use crate::error::{bail, Context, Result};
 use crate::proc;
-use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -35,7 +34,7 @@ pub fn installed_versions() -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default();
-    v.sort_by(|a, b| version_cmp(a, b));
+    v.sort_by(|a, b| crate::kernel_pkg::version_cmp(a, b));
     v
 }
 
@@ -43,36 +42,6 @@ pub fn installed_versions() -> Vec<String> {
 pub fn is_installed(ver: &str) -> bool {
     Path::new(&format!("/boot/vmlinuz-{ver}")).is_file()
         && Path::new(&format!("/lib/modules/{ver}/modules.dep")).is_file()
-}
-
-/// Compares version strings, treating digit runs as numbers (`6.10` > `6.9`).
-pub fn version_cmp(a: &str, b: &str) -> Ordering {
-    fn chunks(s: &str) -> Vec<(bool, &str)> {
-        let mut out = Vec::new();
-        let mut start = 0;
-        let b = s.as_bytes();
-        for i in 1..=b.len() {
-            if i == b.len() || b[i].is_ascii_digit() != b[start].is_ascii_digit() {
-                out.push((b[start].is_ascii_digit(), &s[start..i]));
-                start = i;
-            }
-        }
-        out
-    }
-    let (ca, cb) = (chunks(a), chunks(b));
-    for (x, y) in ca.iter().zip(&cb) {
-        let o = match (x, y) {
-            ((true, x), (true, y)) => {
-                let (x, y) = (x.trim_start_matches('0'), y.trim_start_matches('0'));
-                x.len().cmp(&y.len()).then(x.cmp(y))
-            }
-            ((_, x), (_, y)) => x.cmp(y),
-        };
-        if o != Ordering::Equal {
-            return o;
-        }
-    }
-    ca.len().cmp(&cb.len())
 }
 
 /// Selects the kernel (override: `UVERBS_GUEST_KERNEL`) and caches its vmlinux in `cache`.
@@ -247,6 +216,9 @@ fn extract_vmlinux(bz: &[u8]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::kernel_pkg::version_cmp;
+    use std::cmp::Ordering;
 
     #[test]
     fn versions_sort_numerically() {

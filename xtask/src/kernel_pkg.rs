@@ -8,6 +8,7 @@
 
 use crate::error::{bail, Context, Result};
 use crate::proc;
+use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -23,6 +24,36 @@ pub struct Unpacked {
     pub modules: PathBuf,
     /// `<package>_<version>`, for cache keys.
     pub stamp: String,
+}
+
+/// Compares version strings, treating digit runs as numbers (`6.10` > `6.9`).
+pub fn version_cmp(a: &str, b: &str) -> Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let b = s.as_bytes();
+        for i in 1..=b.len() {
+            if i == b.len() || b[i].is_ascii_digit() != b[start].is_ascii_digit() {
+                out.push((b[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (ca, cb) = (chunks(a), chunks(b));
+    for (x, y) in ca.iter().zip(&cb) {
+        let o = match (x, y) {
+            ((true, x), (true, y)) => {
+                let (x, y) = (x.trim_start_matches('0'), y.trim_start_matches('0'));
+                x.len().cmp(&y.len()).then(x.cmp(y))
+            }
+            ((_, x), (_, y)) => x.cmp(y),
+        };
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    ca.len().cmp(&cb.len())
 }
 
 /// Where unpacked packages live.
@@ -188,7 +219,7 @@ fn newest_known(spec: &str) -> Result<Option<String>> {
         .filter(|r| names(spec, r))
         .map(str::to_string)
         .collect();
-    releases.sort_by(|a, b| crate::kernel::version_cmp(a, b));
+    releases.sort_by(|a, b| version_cmp(a, b));
     while let Some(r) = releases.pop() {
         let package = format!("linux-image-{r}");
         if candidate_version(&package).is_ok() {
