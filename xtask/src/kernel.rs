@@ -108,9 +108,7 @@ fn installed_for(spec: &str) -> Option<String> {
     if spec.is_empty() {
         return all.pop();
     }
-    all.into_iter()
-        .filter(|v| crate::kernel_pkg::names(spec, v))
-        .next_back()
+    all.into_iter().rfind(|v| crate::kernel_pkg::names(spec, v))
 }
 
 impl Kernel {
