@@ -446,6 +446,23 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
 }
 
+/// Extended device attributes (the extended QUERY_DEVICE; C `struct ibv_device_attr_ex`, the
+/// part the kernel reports for every device).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct DeviceAttrEx {
+    /// The base attributes, as [`crate::Context::query_device`] reports them.
+    pub attr: DeviceAttr,
+    /// All 64 bits of the device's `IB_UVERBS_DEVICE_*` capability flags: the low 32 are
+    /// [`DeviceAttr::device_cap_flags`]; the kernel reports the upper ones only here (Linux
+    /// 6.12's rxe sets `FLUSH_GLOBAL`, `FLUSH_PERSISTENT` and `ATOMIC_WRITE`, bits 38 to 40).
+    pub device_cap_flags_ex: u64,
+    /// Bits of a completion timestamp the device fills in (0: none).
+    pub completion_timestamp_mask: u64,
+    /// The device clock's frequency in kHz (0: not reported).
+    pub hca_core_clock: u64,
+}
+
 /// Port attributes (QUERY_PORT; C `struct ibv_port_attr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

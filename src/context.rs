@@ -1,6 +1,8 @@
 //! An open device: the kernel context every other object lives in.
 
-use crate::attr::{AhAttr, AtomicCap, DeviceAttr, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState};
+use crate::attr::{
+    AhAttr, AtomicCap, DeviceAttr, DeviceAttrEx, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState,
+};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::event_file::AsyncEventFile;
@@ -381,6 +383,25 @@ impl Context {
             self.inner
                 .write_cmd("QUERY_DEVICE", abi::cmd::QUERY_DEVICE, &abi::QueryDevice::default())?;
         Ok(device_attr(&r))
+    }
+
+    /// Extended device attributes (the extended QUERY_DEVICE command): the base attributes
+    /// with all 64 capability flag bits, as libibverbs' `ibv_query_device_ex` reports them.
+    pub fn query_device_ex(&self) -> Result<DeviceAttrEx> {
+        let verb = "QUERY_DEVICE_EX";
+        self.inner.check_owner(verb)?;
+        let r: abi::ExQueryDeviceResp = crate::sys::cmd::execute_ex(
+            self.inner.fd(),
+            verb,
+            abi::ex_cmd::QUERY_DEVICE,
+            &abi::ExQueryDevice::default(),
+        )?;
+        Ok(DeviceAttrEx {
+            attr: device_attr(&r.base),
+            device_cap_flags_ex: r.device_cap_flags_ex,
+            completion_timestamp_mask: r.timestamp_mask,
+            hca_core_clock: r.hca_core_clock,
+        })
     }
 
     /// Port attributes (ioctl QUERY_PORT). Ports are numbered from 1.

@@ -74,8 +74,8 @@ struct ReadmeDoctests;
 
 pub use ah::Ah;
 pub use attr::{
-    AhAttr, AtomicCap, DeviceAttr, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, MigState, Mtu, PortAttr, PortState,
-    QpAttrMask, QpCap, QpState, QpType, SrqAttrMask, Transport,
+    AhAttr, AtomicCap, DeviceAttr, DeviceAttrEx, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, MigState, Mtu, PortAttr,
+    PortState, QpAttrMask, QpCap, QpState, QpType, SrqAttrMask, Transport,
 };
 pub use batch::Batch;
 pub use chain::{CAtomicArm, CRdmaArm, CSendArm, CSendWr, CUdArm, SlowDecode};

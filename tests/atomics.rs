@@ -145,11 +145,12 @@ fn atomics_without_remote_atomic_access_fail_with_rem_access_err() {
     assert_eq!(remote_u64(&no_atomic, 0), 0, "remote memory unchanged");
 }
 
-/// Atomic write: Linux 6.1's rdma_rxe (the test guest's) has no atomic write, so the request
-/// completes with `LOC_QP_OP_ERR` and the target keeps its value, as with rdma-core's C
-/// provider (docs/kernel-facts.md). mlx5 has none either: the provider refuses it.
+/// Atomic write: the provider posts it, and rdma_rxe does what its kernel does: Linux 6.1 has
+/// no atomic write, so the request completes with `LOC_QP_OP_ERR` and the target keeps its
+/// value, as with rdma-core's C provider; 6.12 (from 6.2 on) writes the value and completes
+/// SUCCESS (docs/kernel-facts.md). mlx5 has none: the provider refuses it.
 #[test]
-fn atomic_write_is_posted_and_the_6_1_kernel_refuses_it() {
+fn atomic_write_is_posted_and_rxe_does_what_its_kernel_does() {
     let mut p = Pair::new();
     p.b.mr.write(64, &7u64.to_ne_bytes()).unwrap();
     let op = SendOp::AtomicWrite {
@@ -161,18 +162,34 @@ fn atomic_write_is_posted_and_the_6_1_kernel_refuses_it() {
     };
     // SAFETY: the request names no local memory.
     let posted = unsafe { p.a.qp.post_send(&[SendWr::new(5, op, &[])]) };
-    match driver(&p.ctx) {
+    let written = match driver(&p.ctx) {
+        // Linux 6.2 added ATOMIC_WRITE to rxe (6.12 writes the value); 6.1 refuses it
+        // (docs/kernel-facts.md, "Between kernels").
         Driver::Rxe => {
             posted.unwrap();
             let c = poll_n(&mut p.a.cq, 1, 1)[0];
-            assert_eq!((c.wr_id, c.status), (5, WcStatus::LOC_QP_OP_ERR), "{c:?}");
+            let (want, written) = if common::kernel::rxe_does_atomic_write() {
+                (WcStatus::SUCCESS, true)
+            } else {
+                (WcStatus::LOC_QP_OP_ERR, false)
+            };
+            assert_eq!((c.wr_id, c.status), (5, want), "{} {c:?}", common::kernel::release());
+            written
         }
-        Driver::Mlx5 => match posted.unwrap_err() {
-            Error::WorkRequest { reason, .. } => assert_eq!(reason, WrReject::OpcodeNotSupported),
-            e => panic!("{e}"),
-        },
-    }
-    assert_eq!(remote_u64(&p.b.mr, 64), 7, "the target is unchanged");
+        Driver::Mlx5 => {
+            match posted.unwrap_err() {
+                Error::WorkRequest { reason, .. } => assert_eq!(reason, WrReject::OpcodeNotSupported),
+                e => panic!("{e}"),
+            }
+            false
+        }
+    };
+    let want = if written { 42 } else { 7 };
+    assert_eq!(
+        remote_u64(&p.b.mr, 64),
+        want,
+        "the target holds the value only if written"
+    );
     // It carries its value: with buffers the core refuses it before the device.
     let sge = [p.a.mr.sge(0, 8).unwrap()];
     let with_buffers = SendWr::new(6, op, &sge);

@@ -5,6 +5,8 @@
 //! without the mlx5 feature). Devices of other drivers are the unit tests of
 //! `providers/mod.rs`: no test machine has one.
 
+mod common;
+
 use uverbs::*;
 
 /// `RDMA_DRIVER_MLX5` and `RDMA_DRIVER_RXE` in the kernel's `enum rdma_driver_id`.
@@ -122,4 +124,29 @@ fn device_and_port_attributes_are_typed_values() {
         false => assert!(!gids.is_empty() && gids.iter().all(|g| g.gid_type == GidType::IB)),
     }
     println!("{}: {port:?}; GIDs {gids:?}", device.name);
+}
+
+/// The extended QUERY_DEVICE on rxe: the base attributes QUERY_DEVICE gives, the same low 32
+/// capability bits, and above them what the running kernel sets (docs/kernel-facts.md, "Between
+/// kernels"): nothing on Linux 6.1, bits 38 to 40 on 6.12. (The mlx5 model has no extended
+/// QUERY_DEVICE; the drop-in, which uses it, drives rxe only.)
+#[test]
+fn extended_device_attributes_carry_the_kernels_upper_capability_bits() {
+    let devices = uverbs::devices().unwrap();
+    let device = devices.first().expect("an RDMA device");
+    if drivers_provider(device) != "rxe" || built_provider(device).is_none() {
+        eprintln!("{}: not rxe, or no provider in this build", device.name);
+        return;
+    }
+    let ctx = device.open().unwrap();
+    let ex = ctx.query_device_ex().unwrap();
+    assert_eq!(ex.attr, ctx.query_device().unwrap());
+    assert_eq!(ex.device_cap_flags_ex as u32, ex.attr.device_cap_flags, "{ex:?}");
+    assert_eq!(
+        ex.device_cap_flags_ex >> 32 << 32,
+        common::kernel::rxe_upper_cap_flags(),
+        "{} {:#x}",
+        common::kernel::release(),
+        ex.device_cap_flags_ex
+    );
 }

@@ -48,6 +48,55 @@ pub struct QueryDevice {
     pub response: u64,
 }
 
+/// `IB_USER_VERBS_CMD_FLAG_EXTENDED`: the command number of an extended `write()` command
+/// (`ib_uverbs_cmd_hdr` then `ib_uverbs_ex_cmd_hdr`, sizes in 8-byte words).
+pub const CMD_FLAG_EXTENDED: u32 = 0x8000_0000;
+
+/// Extended command numbers (`IB_USER_VERBS_EX_CMD_*`).
+pub mod ex_cmd {
+    pub const QUERY_DEVICE: u32 = 1;
+}
+
+/// `struct ib_uverbs_ex_cmd_hdr`: follows `ib_uverbs_cmd_hdr` in an extended command.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ExCmdHdr {
+    pub response: u64,
+    pub provider_in_words: u16,
+    pub provider_out_words: u16,
+    pub cmd_hdr_reserved: u32,
+}
+assert_layout!(ExCmdHdr, size 16, response @ 0, provider_in_words @ 8, provider_out_words @ 10,
+    cmd_hdr_reserved @ 12);
+
+/// `struct ib_uverbs_ex_query_device`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ExQueryDevice {
+    pub comp_mask: u32,
+    pub reserved: u32,
+}
+assert_layout!(ExQueryDevice, size 8, comp_mask @ 0, reserved @ 4);
+
+/// The first 232 bytes of `struct ib_uverbs_ex_query_device_resp` (304 bytes in Linux 6.1),
+/// up to `device_cap_flags_ex`: the kernel writes as much of its response as asked for, and
+/// `response_length` says how much that was.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
+pub struct ExQueryDeviceResp {
+    pub base: QueryDeviceResp,
+    pub comp_mask: u32,
+    pub response_length: u32,
+    /// `struct ib_uverbs_odp_caps`: general_caps, then the RC, UC and UD caps and a reserved word.
+    pub odp_general_caps: u64,
+    pub odp_per_transport_caps: [u32; 4],
+    pub timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+}
+assert_layout!(ExQueryDeviceResp, size 232, comp_mask @ 176, response_length @ 180,
+    odp_general_caps @ 184, timestamp_mask @ 208, hca_core_clock @ 216, device_cap_flags_ex @ 224);
+
 /// `struct ib_uverbs_query_device_resp`.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
@@ -560,6 +609,15 @@ super::layout_check::kernel_layouts! {
     structs: {
         CmdHdr = "struct ib_uverbs_cmd_hdr" { command, in_words, out_words },
         QueryDevice = "struct ib_uverbs_query_device" { response },
+        ExCmdHdr = "struct ib_uverbs_ex_cmd_hdr" {
+            response, provider_in_words, provider_out_words, cmd_hdr_reserved,
+        },
+        ExQueryDevice = "struct ib_uverbs_ex_query_device" { comp_mask, reserved },
+        ExQueryDeviceResp = "struct ib_uverbs_ex_query_device_resp" until "rss_caps" {
+            base, comp_mask, response_length, odp_general_caps = "odp_caps.general_caps",
+            odp_per_transport_caps = "odp_caps.per_transport_caps", timestamp_mask,
+            hca_core_clock, device_cap_flags_ex,
+        },
         QueryDeviceResp = "struct ib_uverbs_query_device_resp" {
             fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id,
             vendor_part_id, hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_sge_rd,
@@ -644,6 +702,8 @@ super::layout_check::kernel_layouts! {
         AsyncEventDesc = "struct ib_uverbs_async_event_desc" { element, event_type, reserved },
     },
     values: {
+        CMD_FLAG_EXTENDED => "IB_USER_VERBS_CMD_FLAG_EXTENDED",
+        ex_cmd::QUERY_DEVICE => "IB_USER_VERBS_EX_CMD_QUERY_DEVICE",
         offset_of!(QueryQpResp, cap) + offset_of!(QpCap, max_send_wr)
             => "offsetof(struct ib_uverbs_query_qp_resp, max_send_wr)",
         offset_of!(QueryQpResp, cap) + offset_of!(QpCap, max_recv_wr)

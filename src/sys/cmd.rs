@@ -1,7 +1,7 @@
 //! Framed `write()` commands: `ib_uverbs_cmd_hdr | core request | driver request`, with the
 //! response (core then driver bytes) written by the kernel through a user pointer.
 
-use super::abi::{cmd, CmdHdr, CreateCompChannel, CreateCompChannelResp};
+use super::abi::{cmd, CmdHdr, CreateCompChannel, CreateCompChannelResp, ExCmdHdr, CMD_FLAG_EXTENDED};
 use crate::error::{Error, Result, Verb};
 use nix::errno::Errno;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -122,6 +122,56 @@ pub fn execute_plain<Req: PlainRequest, Resp: FromBytes + IntoBytes>(
     // come from a provider, which vouches for the addresses in them.
     unsafe { execute(fd, verb, command, req, driver_in, driver_out) }
 }
+
+/// Sends one extended command (`ib_uverbs_cmd_hdr` with [`CMD_FLAG_EXTENDED`], then
+/// `ib_uverbs_ex_cmd_hdr`, then `req`; sizes in 8-byte words) without driver data, and returns
+/// the core response. The kernel writes at most `size_of::<Resp>()` bytes of its response
+/// (and zeroes what it has no field for).
+pub fn execute_ex<Req, Resp>(fd: BorrowedFd<'_>, verb: Verb, command: u32, req: &Req) -> Result<Resp>
+where
+    Req: ExRequest,
+    Resp: FromBytes + IntoBytes,
+{
+    let resp_len = size_of::<Resp>();
+    let cmd_len = size_of::<CmdHdr>() + size_of::<ExCmdHdr>() + size_of::<Req>();
+    if cmd_len > MAX_CMD || resp_len > MAX_RESP || size_of::<Req>() % 8 != 0 || resp_len % 8 != 0 {
+        return Err(Error::invalid(
+            verb,
+            "command or response does not fit the ABI's framing",
+        ));
+    }
+    let mut resp = [0u64; MAX_RESP / 8];
+    let resp_bytes = &mut resp.as_mut_bytes()[..resp_len];
+    let hdr = CmdHdr {
+        command: CMD_FLAG_EXTENDED | command,
+        in_words: (size_of::<Req>() / 8) as u16,
+        out_words: (resp_len / 8) as u16,
+    };
+    let ex = ExCmdHdr {
+        response: resp_bytes.as_mut_ptr() as u64,
+        ..ExCmdHdr::default()
+    };
+    let mut buf = [0u8; MAX_CMD];
+    let mut at = 0;
+    for part in [hdr.as_bytes(), ex.as_bytes(), req.as_bytes()] {
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    // SAFETY: the only user address is the response pointer, which names `resp_bytes`, live
+    // and exactly the `out_words` the header declares (`ExRequest`: the request holds none).
+    unsafe { write_raw(fd, &buf[..cmd_len]) }.map_err(|e| Error::kernel(verb, e))?;
+    Resp::read_from_bytes(resp_bytes).map_err(|_| Error::malformed(verb, "short response"))
+}
+
+/// The core request of an extended command: its response pointer is in the extended header,
+/// so the request itself holds no user address.
+///
+/// # Safety
+/// Implementors hold no user address the kernel would access.
+pub unsafe trait ExRequest: IntoBytes + Immutable {}
+
+// SAFETY: a comp_mask and a reserved word.
+unsafe impl ExRequest for super::abi::ExQueryDevice {}
 
 /// Runs CREATE_COMP_CHANNEL and takes ownership of the new channel's fd.
 pub fn create_comp_channel(fd: BorrowedFd<'_>) -> Result<OwnedFd> {

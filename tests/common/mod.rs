@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cm;
+pub mod kernel;
 pub mod srq;
 pub mod wire;
 

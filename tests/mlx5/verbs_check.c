@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -150,6 +151,16 @@ static uint8_t pattern(uint32_t seed, uint64_t i)
 static int is_rxe(void)
 {
 	return vendor_id == RXE_VENDOR_ID;
+}
+
+/* Whether the running kernel is major.minor or newer (uname's release). */
+static int kernel_at_least(unsigned major, unsigned minor)
+{
+	struct utsname u;
+	unsigned ma = 0, mi = 0;
+	if (uname(&u) != 0 || sscanf(u.release, "%u.%u", &ma, &mi) != 2)
+		return 0;
+	return ma > major || (ma == major && mi >= minor);
 }
 
 static const char *fmt_wc(const struct ibv_wc *wc)
@@ -858,9 +869,15 @@ static int check_loc_prot_err(void)
 		    !a_post(c, IBV_WR_RDMA_WRITE, &bad[c], 1, b_info.addr, b_info.rkey, 0, 0) ||
 		    !a_wait(&wc, 1, what[c]))
 			return 0;
-		/* rdma_rxe (Linux 6.1) reports an unknown lkey as LOC_QP_OP_ERR (copy_data -> -EINVAL). */
-		if (c == 0 && is_rxe() && wc.status == IBV_WC_LOC_QP_OP_ERR && wc.wr_id == 0) {
-			info("rxe deviation: %s completes LOC_QP_OP_ERR, not LOC_PROT_ERR", what[c]);
+		/* rdma_rxe reports an unknown lkey as LOC_QP_OP_ERR on Linux 6.1 (copy_data ->
+		 * -EINVAL), and both cases as WR_FLUSH_ERR on 6.12 (docs/kernel-facts.md, "Between
+		 * kernels"). */
+		enum ibv_wc_status rxe_status = kernel_at_least(6, 12) ? IBV_WC_WR_FLUSH_ERR :
+					       c == 0		   ? IBV_WC_LOC_QP_OP_ERR :
+								     IBV_WC_LOC_PROT_ERR;
+		if (is_rxe() && rxe_status != IBV_WC_LOC_PROT_ERR && wc.status == rxe_status &&
+		    wc.wr_id == (uint64_t)c) {
+			info("rxe deviation: %s completes %s, not LOC_PROT_ERR", what[c], ibv_wc_status_str(rxe_status));
 		} else if (!expect_wc(&wc, c, IBV_WC_LOC_PROT_ERR, -1, a_info.qpn)) {
 			return context(what[c]);
 		}
@@ -1074,8 +1091,15 @@ static int srq_limit_event(void)
 			return fail("send %d: receive completion %s (the SRQ's receives are taken in order)", i, fmt_wc(r));
 		struct pollfd p = { .fd = A.ctx->async_fd, .events = POLLIN };
 		int ready = poll(&p, 1, i < 4 ? 0 : timeout_ms);
-		if (i < 4 && ready == 1)
-			return fail("an async event with %d receives left, above the limit of 4", 7 - i);
+		if (i < 4 && ready == 1) {
+			struct ibv_async_event early;
+			const char *what = "unreadable";
+			if (ibv_get_async_event(A.ctx, &early) == 0) {
+				what = ibv_event_type_str(early.event_type);
+				ibv_ack_async_event(&early);
+			}
+			return fail("an async event (%s) with %d receives left, above the limit of 4", what, 7 - i);
+		}
 		if (i == 4 && ready != 1)
 			return fail("no async event within %d ms with 3 receives left, below the limit of 4", timeout_ms);
 	}

@@ -54,6 +54,16 @@ for d in tmp:1777 run:0755; do
     esac
 done
 
+# A kernel the harness unpacked from its package (not installed on the host): its modules
+# (uverbs_modules= on the command line, a directory of the host) appear where modprobe looks.
+if [ -n "${uverbs_modules:-}" ]; then
+    rel=$(cat /proc/sys/kernel/osrelease)
+    say "mounting $uverbs_modules at /lib/modules/$rel"
+    mkdir -p "/newroot/lib/modules/$rel" || fail "mkdir /lib/modules/$rel in chroot"
+    mount -o bind "/newroot$uverbs_modules" "/newroot/lib/modules/$rel" \
+        || fail "bind-mounting $uverbs_modules at /lib/modules/$rel failed"
+fi
+
 # Kernel module autoloading runs this helper, which uses the host's modprobe.
 echo /bin/modprobe-chroot > /proc/sys/kernel/modprobe
 

@@ -1,10 +1,10 @@
-//! Picks the guest kernel (a Debian linux-image in /boot) and extracts the
+//! Picks the guest kernel (a Debian linux-image in /boot, or a package that
+//! `crate::kernel_pkg` unpacks) and extracts the
 //! uncompressed `vmlinux` ELF from its bzImage, so QEMU can boot it through
 //! the PVH entry point (faster than the bzImage's real-mode setup).
 
 use crate::error::{bail, Context, Result};
 use crate::proc;
-use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -34,7 +34,7 @@ pub fn installed_versions() -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default();
-    v.sort_by(|a, b| version_cmp(a, b));
+    v.sort_by(|a, b| crate::kernel_pkg::version_cmp(a, b));
     v
 }
 
@@ -44,63 +44,38 @@ pub fn is_installed(ver: &str) -> bool {
         && Path::new(&format!("/lib/modules/{ver}/modules.dep")).is_file()
 }
 
-/// Compares version strings, treating digit runs as numbers (`6.10` > `6.9`).
-fn version_cmp(a: &str, b: &str) -> Ordering {
-    fn chunks(s: &str) -> Vec<(bool, &str)> {
-        let mut out = Vec::new();
-        let mut start = 0;
-        let b = s.as_bytes();
-        for i in 1..=b.len() {
-            if i == b.len() || b[i].is_ascii_digit() != b[start].is_ascii_digit() {
-                out.push((b[start].is_ascii_digit(), &s[start..i]));
-                start = i;
-            }
-        }
-        out
-    }
-    let (ca, cb) = (chunks(a), chunks(b));
-    for (x, y) in ca.iter().zip(&cb) {
-        let o = match (x, y) {
-            ((true, x), (true, y)) => {
-                let (x, y) = (x.trim_start_matches('0'), y.trim_start_matches('0'));
-                x.len().cmp(&y.len()).then(x.cmp(y))
-            }
-            ((_, x), (_, y)) => x.cmp(y),
-        };
-        if o != Ordering::Equal {
-            return o;
-        }
-    }
-    ca.len().cmp(&cb.len())
-}
-
 /// Selects the kernel (override: `UVERBS_GUEST_KERNEL`) and caches its vmlinux in `cache`.
+///
+/// The override is an installed release (`6.1.0-56-amd64`), a version prefix of one
+/// (`6.1`), or else a kernel package for `crate::kernel_pkg` to fetch and unpack (`6.12`,
+/// a release, a `linux-image-*` name, a `.deb` file).
 pub fn prepare(cache: &Path) -> Result<Kernel> {
-    let version = match std::env::var(crate::ENV_KERNEL) {
-        Ok(v) if !v.is_empty() => {
-            if !is_installed(&v) {
-                bail!(
-                    "{}={v}, but /boot/vmlinuz-{v} or /lib/modules/{v}/modules.dep is missing",
-                    crate::ENV_KERNEL
-                );
-            }
-            v
+    let spec = std::env::var(crate::ENV_KERNEL).unwrap_or_default();
+    let (version, bz_path, config, modules, stamp) = match installed_for(&spec) {
+        Some(version) => {
+            let bz_path = PathBuf::from(format!("/boot/vmlinuz-{version}"));
+            let meta = std::fs::metadata(&bz_path).with_context(|| format!("reading {}", bz_path.display()))?;
+            let mtime = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            let stamp = format!("{}-{mtime}", meta.len());
+            let config = PathBuf::from(format!("/boot/config-{version}"));
+            let modules = PathBuf::from(format!("/lib/modules/{version}"));
+            (version, bz_path, config, modules, stamp)
         }
-        _ => installed_versions()
-            .pop()
-            .context("no kernel in /boot with modules in /lib/modules (install linux-image-amd64)")?,
+        None if spec.is_empty() => {
+            bail!("no kernel in /boot with modules in /lib/modules (install linux-image-amd64)")
+        }
+        None => {
+            let u = crate::kernel_pkg::prepare(&spec, cache)
+                .with_context(|| format!("{}={spec}: not an installed kernel; as a package", crate::ENV_KERNEL))?;
+            (u.release, u.bzimage, u.config, u.modules, u.stamp)
+        }
     };
-    let bz_path = PathBuf::from(format!("/boot/vmlinuz-{version}"));
-    let meta = std::fs::metadata(&bz_path).with_context(|| format!("reading {}", bz_path.display()))?;
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
-    let stamp = format!("{}-{mtime}", meta.len());
-    let modules = PathBuf::from(format!("/lib/modules/{version}"));
 
-    if !has_pvh(&version) {
+    if !has_pvh(&config) {
         note!("xtask: kernel {version} lacks CONFIG_PVH; booting the bzImage (slower)");
         return Ok(Kernel {
             version,
@@ -127,9 +102,26 @@ pub fn prepare(cache: &Path) -> Result<Kernel> {
     })
 }
 
+/// The installed kernel `spec` names (empty: the newest installed one).
+fn installed_for(spec: &str) -> Option<String> {
+    let mut all = installed_versions();
+    if spec.is_empty() {
+        return all.pop();
+    }
+    all.into_iter().rfind(|v| crate::kernel_pkg::names(spec, v))
+}
+
+impl Kernel {
+    /// Where the guest finds this kernel's modules, when that is not `/lib/modules/<version>`
+    /// of the host's root (a kernel unpacked from a package): init.sh mounts it there.
+    pub fn modules_outside_host(&self) -> Option<&Path> {
+        (self.modules != Path::new("/lib/modules").join(&self.version)).then_some(self.modules.as_path())
+    }
+}
+
 /// Whether the kernel's config (if readable) enables the PVH entry point.
-fn has_pvh(version: &str) -> bool {
-    match std::fs::read_to_string(format!("/boot/config-{version}")) {
+fn has_pvh(config: &Path) -> bool {
+    match std::fs::read_to_string(config) {
         Ok(cfg) => cfg.lines().any(|l| l == "CONFIG_PVH=y"),
         Err(_) => true, // No config to check: try, QEMU will say if it cannot.
     }
@@ -222,6 +214,9 @@ fn extract_vmlinux(bz: &[u8]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::kernel_pkg::version_cmp;
+    use std::cmp::Ordering;
 
     #[test]
     fn versions_sort_numerically() {

@@ -10,7 +10,10 @@
 //!   doc tests, the loom model, miri and 60 s of fuzzing of the ring code, then
 //!   the integration test binaries (`--test-threads=1`) and
 //!   executable `tests/guest/*.sh` against an rxe device; ends with
-//!   `guest: N passed, M failed` (M also counts failed host steps and builds).
+//!   `guest <release>: N passed, M failed` for each kernel the guest suite ran on (Debian
+//!   12's 6.1 and 6.12), then `guest: N passed, M failed` (M also counts failed host steps
+//!   and builds).
+//! - `cargo xtask guest --suite [--kernel K] [-- <test args>]`: only that guest suite.
 //!   After the host steps it runs the mlx5 model checks on the host (Debian's
 //!   C libmlx5 on the model: `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong and
 //!   ibv_uc_pingpong pairs, `tests/mlx5/verbs_check.c`; then the Rust demo and
@@ -39,8 +42,14 @@
 //!   last run's files).
 //!
 //! Environment knobs:
-//! - `UVERBS_GUEST_KERNEL=<release>`: kernel to boot (default: newest
-//!   `/boot/vmlinuz-*` with modules in `/lib/modules`).
+//! - `UVERBS_GUEST_KERNEL=<spec>` (or `--kernel <spec>`): kernel to boot (default: newest
+//!   `/boot/vmlinuz-*` with modules in `/lib/modules`). An installed release or a version
+//!   prefix of one (`6.1`); otherwise a Debian package (`6.12`: the newest
+//!   `linux-image-6.12.*-amd64` apt knows; a release; a package name; a `.deb`), downloaded,
+//!   unpacked and depmod'ed under `target/guest/kernels/` (xtask/src/kernel_pkg.rs).
+//! - `UVERBS_GUEST_KERNELS=<spec>,<spec>`: the kernels `cargo xtask test` and
+//!   `cargo xtask guest --suite` run the guest suite on (default `6.1,6.12`; a set
+//!   `UVERBS_GUEST_KERNEL` means only that one).
 //! - `UVERBS_GUEST_TIMEOUT=<s>`: limit for a whole QEMU run (default 1200).
 //! - `UVERBS_GUEST_TEST_TIMEOUT=<s>`: limit per test binary/script (default 600).
 //! - `UVERBS_GUEST_KVM=1`: use KVM instead of TCG (only where KVM works).
@@ -90,6 +99,7 @@ mod guest;
 mod initramfs;
 mod json;
 mod kernel;
+mod kernel_pkg;
 mod mlx5;
 mod mlx5_diff;
 mod models;
@@ -115,7 +125,12 @@ pub const ENV_KVM: &str = "UVERBS_GUEST_KVM";
 pub const ENV_NATIVE: &str = "UVERBS_NATIVE";
 
 const USAGE: &str = "\
-usage: cargo xtask guest [--] <command...>   run a shell command in the rxe guest
+usage: cargo xtask guest [--kernel K] [--] <command...>
+                                             run a shell command in the rxe guest (K: a kernel
+                                             release or version, e.g. 6.1 or 6.12; a package is
+                                             fetched if it is not installed)
+       cargo xtask guest --suite [--kernel K] [-- <test args>]
+                                             only the guest suite of `test` (default: on 6.1 and 6.12)
        cargo xtask test [-- <test args>]     run all tests (host, mlx5 model, rxe guest)
        cargo xtask mlx5 [--] <command...>    run a shell command on the mlx5 device model
        cargo xtask mlx5 --step               run only the mlx5 model checks of `test`
@@ -147,12 +162,7 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
     };
     let rest = rest.strip_prefix(&["--".to_string()]).unwrap_or(rest);
     match cmd {
-        "guest" => {
-            if rest.is_empty() {
-                bail!("`cargo xtask guest` needs a command to run\n{USAGE}");
-            }
-            run_in_guest(&rest.join(" "))
-        }
+        "guest" => guest_command(&args[1..]),
         "test" => testrun::run(rest),
         "mlx5" => mlx5::run(rest),
         "demo" => demo(),
@@ -167,6 +177,41 @@ fn dispatch(args: &[String]) -> Result<ExitCode> {
         }
         other => bail!("unknown command `{other}`\n{USAGE}"),
     }
+}
+
+/// `cargo xtask guest [--kernel <spec>] [--suite] [--] <command or test args...>`.
+fn guest_command(args: &[String]) -> Result<ExitCode> {
+    let mut rest = args;
+    let mut suite = false;
+    loop {
+        match rest.split_first() {
+            Some((a, r)) if a == "--suite" => {
+                suite = true;
+                rest = r;
+            }
+            Some((a, r)) if a == "--kernel" => {
+                let (k, r) = r
+                    .split_first()
+                    .with_context(|| format!("--kernel needs a kernel\n{USAGE}"))?;
+                // guest::run and the suite boot what this variable names.
+                std::env::set_var(ENV_KERNEL, k);
+                rest = r;
+            }
+            Some((a, r)) if a.starts_with("--kernel=") => {
+                std::env::set_var(ENV_KERNEL, &a["--kernel=".len()..]);
+                rest = r;
+            }
+            _ => break,
+        }
+    }
+    let rest = rest.strip_prefix(&["--".to_string()]).unwrap_or(rest);
+    if suite {
+        return testrun::suite_only(rest);
+    }
+    if rest.is_empty() {
+        bail!("`cargo xtask guest` needs a command to run\n{USAGE}");
+    }
+    run_in_guest(&rest.join(" "))
 }
 
 /// Runs `command` in a guest and returns its exit status.

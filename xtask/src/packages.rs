@@ -80,11 +80,13 @@ fn needs() -> Vec<Need> {
             present: is_static_elf(Path::new("/bin/busybox")),
         },
     ];
+    // A kernel the override names that is not installed comes from its package
+    // (crate::kernel_pkg: apt-get download, dpkg -x, depmod), not from apt-get install.
     let kernel = match std::env::var(crate::ENV_KERNEL) {
-        Ok(ver) if !ver.is_empty() => Need {
-            what: format!("kernel {ver} (/boot/vmlinuz-{ver} and /lib/modules/{ver})"),
-            package: format!("linux-image-{ver}"),
-            present: crate::kernel::is_installed(&ver),
+        Ok(spec) if !spec.is_empty() => Need {
+            what: "dpkg and depmod, to unpack a kernel package".into(),
+            package: "kmod".into(),
+            present: find_program("dpkg").is_some() && find_program("depmod").is_some(),
         },
         _ => Need {
             what: "a kernel image in /boot with its modules in /lib/modules".into(),

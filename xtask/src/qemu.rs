@@ -46,6 +46,17 @@ pub fn boot(m: &Machine, kernel: &Kernel, initramfs: &Path, results: &Path, kern
     if results_str.contains(|c: char| c.is_whitespace() || c == '"') {
         bail!("the results directory {results_str} contains whitespace or quotes, which the kernel command line cannot carry");
     }
+    // A kernel unpacked from a package: init.sh mounts its modules at /lib/modules/<release>.
+    let modules_arg = match kernel.modules_outside_host() {
+        Some(dir) => {
+            let d = dir.to_string_lossy();
+            if d.contains(|c: char| c.is_whitespace() || c == '"') {
+                bail!("the modules directory {d} contains whitespace or quotes, which the kernel command line cannot carry");
+            }
+            format!("uverbs_modules={d}")
+        }
+        None => String::new(),
+    };
     let append = [
         // Kernel messages on ttyS1 (a file); ttyS0 carries only the command.
         "console=ttyS1",
@@ -61,6 +72,7 @@ pub fn boot(m: &Machine, kernel: &Kernel, initramfs: &Path, results: &Path, kern
         "random.trust_cpu=on",
         // Unknown parameters without a dot reach init as environment variables.
         &format!("uverbs_results={results_str}"),
+        &modules_arg,
     ]
     .join(" ");
     let mut cmd = Command::new("qemu-system-x86_64");

@@ -114,6 +114,64 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     // Debian's C libmlx5 on the mlx5 model, on the host.
     let mlx5_results = crate::mlx5::test_step();
 
+    let suite = guest_suite(extra, native)?;
+    failures.extend(suite.failures);
+    let results: Vec<(String, std::result::Result<(), String>)> = mlx5_results
+        .into_iter()
+        .map(|c| (format!("mlx5 model: {}", c.name), c.result))
+        .chain(suite.results)
+        .collect();
+    let (mut lines, failed) = summary(&failures, &results);
+    // Each kernel's line right before the total.
+    let total = lines.pop();
+    lines.extend(suite.kernel_lines);
+    lines.extend(total);
+    for line in lines {
+        say!("{line}");
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Kernels `cargo xtask test` runs the guest suite on, unless `UVERBS_GUEST_KERNELS`
+/// (comma-separated) or `UVERBS_GUEST_KERNEL` (one) says otherwise: Debian 12's own 6.1 and
+/// its 6.12 (`linux-image-6.12.*+deb12-amd64`, unpacked from the package by xtask/src/kernel_pkg.rs).
+pub const CI_KERNELS: &[&str] = &["6.1", "6.12"];
+
+/// The kernel specs of this run (see [`CI_KERNELS`]).
+fn kernels() -> Vec<String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let Some(list) = var("UVERBS_GUEST_KERNELS") {
+        return list
+            .split(',')
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect();
+    }
+    match var(crate::ENV_KERNEL) {
+        Some(k) => vec![k],
+        None => CI_KERNELS.iter().map(|k| k.to_string()).collect(),
+    }
+}
+
+/// What the guest suite found.
+pub struct Suite {
+    /// Failed steps (the build, a guest that did not boot or crashed).
+    pub failures: Vec<String>,
+    /// Each item on each kernel.
+    pub results: Vec<(String, std::result::Result<(), String>)>,
+    /// `guest <release>: N passed, M failed`, one per kernel.
+    pub kernel_lines: Vec<String>,
+}
+
+/// Builds the integration test binaries, the examples and the libraries, then runs every test
+/// binary (`extra` passed to each) and executable `tests/guest/*.sh` on the real rxe driver:
+/// natively if the host has a device, else in one guest boot per kernel of [`kernels`].
+pub fn guest_suite(extra: &[String], native: bool) -> Result<Suite> {
+    let mut failures = Vec::new();
     let timeout: u32 = env_number("UVERBS_GUEST_TEST_TIMEOUT", ITEM_TIMEOUT)?;
     let mut items = Vec::new();
     match test_binaries() {
@@ -139,29 +197,93 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     }
     items.extend(scripts()?);
 
-    let (outcomes, guest_failure) = if native {
+    let mut results = Vec::new();
+    let mut kernel_lines = Vec::new();
+    if native {
         note!(
             "xtask: running {} test binaries/scripts natively (host has an RDMA device or UVERBS_NATIVE=1)",
             items.len()
         );
-        (items.iter().map(|i| run_native(i, timeout)).collect(), None)
-    } else {
-        note!("xtask: running {} test binaries/scripts in a QEMU guest", items.len());
-        run_in_guest(&items, timeout)
-    };
-    failures.extend(guest_failure);
-
-    let results: Vec<(String, std::result::Result<(), String>)> = mlx5_results
-        .into_iter()
-        .map(|c| (format!("mlx5 model: {}", c.name), c.result))
-        .chain(
+        let outcomes: Vec<Outcome> = items.iter().map(|i| run_native(i, timeout)).collect();
+        results.extend(
             items
                 .iter()
                 .zip(&outcomes)
                 .map(|(item, outcome)| (item.name.clone(), outcome.result(timeout))),
-        )
-        .collect();
-    let (lines, failed) = summary(&failures, &results);
+        );
+        return Ok(Suite {
+            failures,
+            results,
+            kernel_lines,
+        });
+    }
+    let kernels = kernels();
+    let saved = std::env::var_os(crate::ENV_KERNEL);
+    for spec in &kernels {
+        // guest::run boots what this variable names.
+        std::env::set_var(crate::ENV_KERNEL, spec);
+        let cache = guest::cache_dir();
+        let release = std::fs::create_dir_all(&cache)
+            .map_err(|e| crate::error::Error::msg(e.to_string()))
+            .and_then(|()| crate::kernel::prepare(&cache));
+        let (release, outcomes, guest_failure) = match release {
+            Ok(k) => {
+                note!(
+                    "xtask: running {} test binaries/scripts in a QEMU guest on kernel {}",
+                    items.len(),
+                    k.version
+                );
+                let started = std::time::Instant::now();
+                let (o, f) = run_in_guest(&items, timeout);
+                note!(
+                    "xtask: the guest suite on {} took {:.0} s",
+                    k.version,
+                    started.elapsed().as_secs_f64()
+                );
+                (k.version, o, f)
+            }
+            Err(e) => {
+                let why = format!("kernel {spec}: {e}");
+                let o = items.iter().map(|_| Outcome::Unfinished(why.clone())).collect();
+                (spec.clone(), o, Some(format!("guest: {why}")))
+            }
+        };
+        let prefix = if kernels.len() > 1 {
+            format!("[{release}] ")
+        } else {
+            String::new()
+        };
+        let mine: Vec<_> = items
+            .iter()
+            .zip(&outcomes)
+            .map(|(item, outcome)| (format!("{prefix}{}", item.name), outcome.result(timeout)))
+            .collect();
+        let passed = mine.iter().filter(|(_, r)| r.is_ok()).count();
+        let failed = mine.len() - passed + usize::from(guest_failure.is_some());
+        kernel_lines.push(format!("guest {release}: {passed} passed, {failed} failed"));
+        failures.extend(guest_failure.map(|f| format!("{prefix}{f}")));
+        results.extend(mine);
+    }
+    match saved {
+        Some(v) => std::env::set_var(crate::ENV_KERNEL, v),
+        None => std::env::remove_var(crate::ENV_KERNEL),
+    }
+    Ok(Suite {
+        failures,
+        results,
+        kernel_lines,
+    })
+}
+
+/// `cargo xtask guest --suite [-- <args for test binaries>]`: only the guest suite of
+/// `cargo xtask test`, with its PASS/FAIL lines and each kernel's line.
+pub fn suite_only(extra: &[String]) -> Result<ExitCode> {
+    crate::packages::ensure()?;
+    let suite = guest_suite(extra, crate::native())?;
+    let (mut lines, failed) = summary(&suite.failures, &suite.results);
+    let total = lines.pop();
+    lines.extend(suite.kernel_lines);
+    lines.extend(total);
     for line in lines {
         say!("{line}");
     }

@@ -215,9 +215,10 @@ fn device_attr(a: &uverbs::DeviceAttr, fw_ver: fn(u64) -> String) -> ibv_device_
     o
 }
 
-/// `query_device_ex` (also behind the legacy `ibv_query_device`). The base attributes come
-/// from the kernel's QUERY_DEVICE via `uverbs`; of the extended ones, rxe reports only its
-/// capability flags (the same 32 bits) and the port count, the rest are zero.
+/// `query_device_ex` (also behind the legacy `ibv_query_device`). The attributes come from
+/// the kernel's extended QUERY_DEVICE via `uverbs`; of the extended ones, rxe reports its
+/// capability flags (all 64 bits, as rdma-core's C provider passes them on: Linux 6.12 sets
+/// bits above 31 that Linux 6.1 did not) and the port count, the rest are zero.
 pub(crate) unsafe extern "C" fn query_device_ex(
     ibctx: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -234,8 +235,8 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         }
         // SAFETY: `ibctx` is one of our contexts.
         let ctx = unsafe { Context::from_ibv(ibctx) };
-        let a = match ctx.core().query_device() {
-            Ok(a) => a,
+        let (a, flags_ex) = match ctx.core().query_device_ex() {
+            Ok(x) => (x.attr, x.device_cap_flags_ex),
             Err(e) => return ffi::fail("query_device_ex", &e),
         };
         // SAFETY: all-zero is a valid ibv_device_attr_ex.
@@ -243,7 +244,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         // SAFETY: `ibctx->device` is one of our devices.
         let dev = unsafe { device::from_ibv((*ibctx).device) };
         ex.orig_attr = device_attr(&a, dev.matched.frontend.fw_ver);
-        ex.device_cap_flags_ex = u64::from(a.device_cap_flags);
+        ex.device_cap_flags_ex = flags_ex;
         // SAFETY: `ibctx->device` is one of our devices; libibverbs set its `sysfs`.
         let num_ports = unsafe {
             let vdev = (*ibctx).device.cast::<verbs_device>();
