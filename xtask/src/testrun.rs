@@ -121,6 +121,7 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
             for (name, exe) in bins {
                 let mut argv = vec![exe, "--test-threads=1".to_string()];
                 argv.extend(extra.iter().cloned());
+                let argv = crate::siw_module::guest_argv(&name, argv);
                 items.push(Item {
                     name: format!("test {name}"),
                     argv,
