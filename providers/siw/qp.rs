@@ -64,7 +64,7 @@ pub(super) fn create(ctx: &SiwContext, req: &QpRequest<'_>, kernel: CreateQpCall
     cap.max_send_sge = cap.max_send_sge.min(MAX_SGE as u32);
     cap.max_recv_sge = cap.max_recv_sge.min(MAX_SGE as u32);
     let queues = Box::new(SiwQp {
-        send: Send::new(sq, cap.max_send_sge, req.sq_sig_all),
+        send: Send::new(sq, cap.max_send_sge, cap.max_inline_data, req.sq_sig_all),
         rq,
         doorbell: Doorbell::new(created.handle),
         file: ctx.file.clone(),
@@ -138,15 +138,18 @@ pub(super) struct Send {
     slots: Slots,
     put: u32,
     max_sge: u32,
+    /// Inline bytes a request may carry: the QP's, at most `MAX_INLINE`.
+    max_inline: u32,
     sig_all: bool,
 }
 
 impl Send {
-    pub(super) fn new(slots: Slots, max_sge: u32, sig_all: bool) -> Self {
+    pub(super) fn new(slots: Slots, max_sge: u32, max_inline: u32, sig_all: bool) -> Self {
         Self {
             slots,
             put: 0,
             max_sge,
+            max_inline: max_inline.min(MAX_INLINE),
             sig_all,
         }
     }
@@ -220,10 +223,10 @@ impl Send {
         }
         if inline {
             let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-            if len > u64::from(MAX_INLINE) {
+            if len > u64::from(self.max_inline) {
                 return Err(WrReject::InlineTooLong {
                     given: len as usize,
-                    max: MAX_INLINE,
+                    max: self.max_inline,
                 });
             }
             flags |= wqe::INLINE;
@@ -414,7 +417,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     fn send_queue(count: u32) -> Send {
-        Send::new(Slots::heap(count, size_of::<Sqe>(), 0), 2, false)
+        Send::new(Slots::heap(count, size_of::<Sqe>(), 0), 2, 100, false)
     }
 
     fn slot(q: &Send, pos: u32) -> Sqe {

@@ -10,6 +10,7 @@ use super::channel::EventChannel;
 use super::event::{CmEvent, CmEventKind, ConnectRequest, PrivateData};
 use super::id::{CmId, ConnParam};
 use super::option::CmOption;
+use crate::attr::QpState;
 use crate::context::Context;
 use crate::error::{Error, Result, Verb};
 use crate::qp::Qp;
@@ -269,7 +270,19 @@ impl Establishing {
                     self.peer = Some(event.private_data);
                     self.established = true;
                 }
-                (false, CmEventKind::ESTABLISHED) => self.established = true,
+                // iWARP: no answer to complete; the kernel moved the QP to RTS and the
+                // event carries the peer's private data.
+                (true, CmEventKind::ESTABLISHED) if self.id.is_iwarp()? => {
+                    self.qp.kernel_moved_to(QpState::Rts);
+                    self.peer = Some(event.private_data);
+                    self.established = true;
+                }
+                (false, CmEventKind::ESTABLISHED) => {
+                    if self.id.is_iwarp()? {
+                        self.qp.kernel_moved_to(QpState::Rts);
+                    }
+                    self.established = true;
+                }
                 _ => return Err(unexpected(verb, &event)),
             }
         }
@@ -497,6 +510,11 @@ impl Connection {
         self.state = Link::Down;
         if answer {
             self.id.disconnect(&mut self.qp)?;
+        }
+        if self.id.is_iwarp()? {
+            // The driver closed the connection and flushed the queues: nothing posted now
+            // would complete.
+            self.qp.kernel_moved_to(QpState::Err);
         }
         Ok(true)
     }

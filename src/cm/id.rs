@@ -338,6 +338,12 @@ impl CmId {
         self.move_qp(qp, QpState::Init, None)
     }
 
+    /// Whether the id's device speaks iWARP: the kernel then moves the QP to RTS when the
+    /// connection is established (no `CONNECT_RESPONSE`, no RTR or RTS from user space).
+    pub(crate) fn is_iwarp(&self) -> Result<bool> {
+        Ok(self.device()?.transport()? == Transport::IWARP)
+    }
+
     fn check_qp(&self, verb: Verb, qp: &Qp) -> Result<DeviceInfo> {
         let info = self.device()?;
         let theirs = qp.context_device();
@@ -408,8 +414,18 @@ impl CmId {
 
     /// Moves `qp` to ERR (flushing its posted requests) and sends a disconnect request
     /// (`rdma_disconnect`); both sides then see `DISCONNECTED`.
+    ///
+    /// On iWARP the QP goes to SQD instead, as librdmacm does: the driver then closes the
+    /// connection gracefully and flushes the queues itself.
     pub fn disconnect(&mut self, qp: &mut Qp) -> Result<()> {
-        if qp.state() != QpState::Err {
+        if self.is_iwarp()? {
+            if qp.state() == QpState::Rts {
+                qp.modify(&QpAttr {
+                    state: Some(QpState::Sqd),
+                    ..Default::default()
+                })?;
+            }
+        } else if qp.state() != QpState::Err {
             qp.modify(&QpAttr {
                 state: Some(QpState::Err),
                 ..Default::default()
@@ -506,8 +522,11 @@ impl ConnectRequest {
         if qp.state() == QpState::Reset {
             self.id.move_qp(qp, QpState::Init, None)?;
         }
-        self.id.move_qp(qp, QpState::Rtr, Some(rr))?;
-        self.id.move_qp(qp, QpState::Rts, Some(depth))?;
+        // iWARP: the kernel moves the QP to RTS when the connection is up.
+        if info.transport()? != Transport::IWARP {
+            self.id.move_qp(qp, QpState::Rtr, Some(rr))?;
+            self.id.move_qp(qp, QpState::Rts, Some(depth))?;
+        }
         let req = Accept {
             uid: self.id.uid,
             conn_param,
