@@ -334,3 +334,102 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
     drop(listener);
     assert_no_cm_ids();
 }
+
+/// iWARP's private data: 251 bytes each way arrive whole; 252 are refused before the kernel
+/// (6.1's siw would wrap MPA's length byte); a reject carries 251 bytes and the reason.
+#[test]
+fn private_data_at_the_iwarp_limit_arrives_whole_and_past_it_is_refused() {
+    let addr = siw_addr(7491);
+    let listener = Listener::bind(addr).unwrap();
+    let (req_data, rep_data) = (pattern(251, 3), pattern(251, 4));
+    thread::scope(|s| {
+        let (listener, req_data, rep_data) = (&listener, &req_data, &rep_data);
+        let server = s.spawn(move || {
+            let req = listener.get_request(T).unwrap();
+            println!("passive side: {} bytes of private data", req.private_data.len());
+            assert_eq!(&req.private_data[..], &req_data[..]);
+            let end = End::new(&req.context().unwrap());
+            let param = ConnParam {
+                private_data: rep_data,
+                ..Default::default()
+            };
+            let mut conn = req.accept(end.qp(), &param, T).unwrap();
+            // The active side disconnects; this side answers.
+            conn.wait_disconnected(T).unwrap();
+            assert_eq!(conn.qp().state(), QpState::Err);
+        });
+        let connector = Connector::resolve(addr, T).unwrap();
+        let limits = connector.id().private_data_limits().unwrap();
+        assert_eq!((limits.connect, limits.accept, limits.reject), (251, 251, 251));
+        let end = End::new(&connector.context().unwrap());
+        let too_long = pattern(252, 6);
+        let refused = ConnParam {
+            private_data: &too_long,
+            ..Default::default()
+        };
+        match connector.connect(end.qp(), &refused, T) {
+            Err(Error::PrivateDataTooLong { .. }) => {}
+            other => panic!("252 bytes: {:?}", other.map(|c| c.qp().qpn())),
+        }
+        let connector = Connector::resolve(addr, T).unwrap();
+        let param = ConnParam {
+            private_data: req_data,
+            ..Default::default()
+        };
+        let mut conn = connector.connect(end.qp(), &param, T).unwrap();
+        println!("active side: {} bytes of private data", conn.peer_private_data().len());
+        assert_eq!(conn.peer_private_data(), &rep_data[..]);
+        conn.disconnect(T).unwrap();
+        drop(conn);
+        server.join().unwrap();
+    });
+    // A reject with 251 bytes.
+    let rej_data = pattern(251, 7);
+    thread::scope(|s| {
+        let (listener, rej_data) = (&listener, &rej_data);
+        let server = s.spawn(move || listener.get_request(T).unwrap().reject(rej_data).unwrap());
+        let connector = Connector::resolve(addr, T).unwrap();
+        let end = End::new(&connector.context().unwrap());
+        match connector.connect(end.qp(), &ConnParam::default(), T) {
+            Err(Error::Rejected { status, private_data }) => {
+                println!("reject: status {status}, {} bytes", private_data.len());
+                assert_eq!(&private_data[..], &rej_data[..]);
+            }
+            other => panic!("expected a reject, got {:?}", other.map(|c| c.qp().qpn())),
+        }
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}
+
+/// The passive side disconnects first; the active side's posted receive is flushed once.
+#[test]
+fn the_passive_side_disconnects_first_and_receives_flush_once() {
+    let addr = siw_addr(7492);
+    let listener = Listener::bind(addr).unwrap();
+    let (posted_tx, posted_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let listener = &listener;
+        let server = s.spawn(move || {
+            let req = listener.get_request(T).unwrap();
+            let end = End::new(&req.context().unwrap());
+            let mut conn = req.accept(end.qp(), &ConnParam::default(), T).unwrap();
+            posted_rx.recv().unwrap();
+            conn.disconnect(T).unwrap();
+        });
+        let connector = Connector::resolve(addr, T).unwrap();
+        let mut end = End::new(&connector.context().unwrap());
+        let mut conn = connector.connect(end.qp(), &ConnParam::default(), T).unwrap();
+        end.recv(conn.qp_mut(), 9, 0, 64);
+        posted_tx.send(()).unwrap();
+        conn.wait_disconnected(T).unwrap();
+        let wc = end.one();
+        assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WR_FLUSH_ERR));
+        assert_idle(&mut end.cq);
+        assert_eq!(conn.qp().state(), QpState::Err);
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}

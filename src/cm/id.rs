@@ -37,8 +37,10 @@ pub struct PrivateDataLimits {
 
 impl PrivateDataLimits {
     /// IB and RoCE: the IB CM's REQ, REP and REJ areas (92, 196, 148 bytes), less the 36-byte
-    /// header the RDMA CM puts in a REQ for IP addressing. Elsewhere (iWARP's MPA), the ABI's
-    /// one-byte length.
+    /// header the RDMA CM puts in a REQ for IP addressing. Elsewhere (iWARP's MPA): 251 bytes
+    /// each. The ABI's length is one byte (255), but siw (Linux 6.1, `siw_send_mpareqrep`)
+    /// adds MPA v2's 4-byte IRD/ORD header to that byte, so 252 bytes or more wrap the
+    /// length on the wire (docs/kernel-facts.md).
     pub fn of(transport: Transport) -> Self {
         if transport == Transport::IB {
             Self {
@@ -48,9 +50,9 @@ impl PrivateDataLimits {
             }
         } else {
             Self {
-                connect: 255,
-                accept: 255,
-                reject: 255,
+                connect: 251,
+                accept: 251,
+                reject: 251,
             }
         }
     }
@@ -745,7 +747,7 @@ mod tests {
             "connect: 57 bytes of private data, the transport carries at most 56"
         );
         PrivateDataLimits::check(roce.connect, "connect", &[0; 56]).unwrap();
-        assert_eq!(PrivateDataLimits::of(Transport::IWARP).connect, 255);
+        assert_eq!(PrivateDataLimits::of(Transport::IWARP).connect, 251);
         assert_eq!(sysfs_guid(0x0250_56ff_fe8a_1e2f), "0250:56ff:fe8a:1e2f");
     }
 }
