@@ -457,10 +457,8 @@ mod tests {
         unsafe { q.push(&SendWr::new(8, SendOp::Send, &sge)) }.unwrap();
         assert_eq!(q.room(), 0);
         // SAFETY: not inline.
-        assert_eq!(
-            unsafe { q.push(&SendWr::new(9, SendOp::Send, &sge)) },
-            Err(WrReject::QueueFull)
-        );
+        let full = unsafe { q.push(&SendWr::new(9, SendOp::Send, &sge)) };
+        assert_eq!(full, Err(WrReject::QueueFull));
         assert_eq!(kernel_takes(&q, 0).id, 7);
         assert_eq!(q.room(), 1);
         // SAFETY: not inline.
@@ -501,10 +499,8 @@ mod tests {
         }];
         let wr = SendWr::new(2, SendOp::Send, &long).with(SendFlags::INLINE);
         // SAFETY: the SGE names `DATA`.
-        assert_eq!(
-            unsafe { q.push(&wr) },
-            Err(WrReject::InlineTooLong { given: 81, max: 80 })
-        );
+        let long = unsafe { q.push(&wr) };
+        assert_eq!(long, Err(WrReject::InlineTooLong { given: 81, max: 80 }));
     }
 
     #[test]
@@ -599,4 +595,16 @@ mod tests {
             "{e}"
         );
     }
+}
+
+#[cfg(test)]
+crate::sys::layout_check::kernel_layouts! {
+    headers: ["rdma/ib_user_verbs.h"],
+    structs: {
+        // A `write()` command: the header, then the body.
+        DoorbellCmd sized("sizeof(struct ib_uverbs_cmd_hdr) + sizeof(struct ib_uverbs_post_send)") {
+            hdr @ "0",
+            body @ "sizeof(struct ib_uverbs_cmd_hdr)",
+        },
+    },
 }
