@@ -273,14 +273,12 @@ impl Establishing {
                 // iWARP: no answer to complete; the kernel moved the QP to RTS and the
                 // event carries the peer's private data.
                 (true, CmEventKind::ESTABLISHED) if self.id.is_iwarp()? => {
-                    self.qp.kernel_moved_to(QpState::Rts);
+                    self.id.established(&mut self.qp)?;
                     self.peer = Some(event.private_data);
                     self.established = true;
                 }
                 (false, CmEventKind::ESTABLISHED) => {
-                    if self.id.is_iwarp()? {
-                        self.qp.kernel_moved_to(QpState::Rts);
-                    }
+                    self.id.established(&mut self.qp)?;
                     self.established = true;
                 }
                 _ => return Err(unexpected(verb, &event)),

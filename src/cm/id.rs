@@ -414,6 +414,19 @@ impl CmId {
         ucma::call(self.channel.fd(), &req, ())
     }
 
+    /// Records what `ESTABLISHED` means for `qp`: on iWARP the kernel moved the QP to RTS
+    /// itself when the connection came up (there is no MODIFY_QP for user space to make, and
+    /// siw's QUERY_QP does not report the state), so call this on `ESTABLISHED` before posting
+    /// sends. Elsewhere the moves to RTS were this side's own ([`CmId::establish`],
+    /// [`ConnectRequest::accept_id`]) and nothing changes.
+    pub fn established(&self, qp: &mut Qp) -> Result<()> {
+        if self.is_iwarp()? {
+            self.check_qp("established", qp)?;
+            qp.kernel_moved_to(QpState::Rts);
+        }
+        Ok(())
+    }
+
     /// Moves `qp` to ERR (flushing its posted requests) and sends a disconnect request
     /// (`rdma_disconnect`); both sides then see `DISCONNECTED`.
     ///
