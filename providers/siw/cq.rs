@@ -142,7 +142,8 @@ unsafe impl CqRing for SiwCq {
             self.scratch[n] = translate(&cqe);
             n += 1;
         }
-        let first = NonNull::from(&mut self.scratch[0]);
+        // From the whole array, so that the pointer reaches every staged completion.
+        let first = NonNull::new(self.scratch.as_mut_ptr()).unwrap_or(NonNull::dangling());
         ReadyRun {
             first,
             before_wrap: n,

@@ -87,7 +87,28 @@ pub(super) enum Backing {
     Mapped(Mapping),
     /// Synthetic, for tests and miri: 8-byte aligned words.
     #[cfg(any(test, feature = "test-support"))]
-    Heap(Box<[u64]>),
+    Heap(HeapWords),
+}
+
+/// Zeroed heap words reached only through one raw pointer (a `Box` moved after a pointer into
+/// it was taken would invalidate that pointer under Stacked Borrows).
+#[cfg(any(test, feature = "test-support"))]
+pub(super) struct HeapWords(NonNull<[u64]>);
+
+#[cfg(any(test, feature = "test-support"))]
+impl HeapWords {
+    /// `n` zeroed words.
+    pub(super) fn new(n: usize) -> Self {
+        Self(NonNull::from(Box::leak(vec![0u64; n].into_boxed_slice())))
+    }
+}
+
+#[cfg(any(test, feature = "test-support"))]
+impl Drop for HeapWords {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `Box::leak` in `new` and is freed once, here.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
 }
 
 impl Backing {
@@ -98,7 +119,7 @@ impl Backing {
                 (NonNull::new(m.as_mut_ptr()).unwrap_or(NonNull::dangling()), len)
             }
             #[cfg(any(test, feature = "test-support"))]
-            Backing::Heap(words) => (NonNull::from(&mut words[..]).cast(), words.len() * 8),
+            Backing::Heap(words) => (words.0.cast(), words.0.len() * 8),
         }
     }
 }
@@ -149,14 +170,7 @@ impl Slots {
     #[cfg(any(test, feature = "test-support"))]
     pub(super) fn heap(count: u32, stride: usize, tail: usize) -> Self {
         let words = (count as usize * stride + tail).div_ceil(8);
-        Self::new(
-            Backing::Heap(vec![0u64; words].into_boxed_slice()),
-            count,
-            stride,
-            tail,
-            "test",
-        )
-        .unwrap_or_else(|e| panic!("{e}"))
+        Self::new(Backing::Heap(HeapWords::new(words)), count, stride, tail, "test").unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// How many slots.
@@ -199,7 +213,7 @@ mod tests {
 
     #[test]
     fn geometry_from_the_kernel_is_checked() {
-        let words = || Backing::Heap(vec![0u64; 64].into_boxed_slice());
+        let words = || Backing::Heap(HeapWords::new(64));
         assert!(Slots::new(words(), 4, 120, 0, "t").is_ok());
         assert!(Slots::new(words(), 5, 120, 0, "t").is_err(), "600 > 512 bytes");
         assert!(Slots::new(words(), 0, 120, 0, "t").is_err());
