@@ -366,7 +366,14 @@ impl Test {
                     connected: false,
                 });
             }
-            CmEventKind::ESTABLISHED => self.established(&event)?,
+            CmEventKind::ESTABLISHED => {
+                // iWARP: the kernel moved the QP to RTS; record it before posting.
+                let node = self.node(&event)?;
+                if let Some(verbs) = node.verbs.as_mut() {
+                    node.id.established(&mut verbs.qp)?;
+                }
+                self.established(&event)?;
+            }
             CmEventKind::ADDR_ERROR
             | CmEventKind::ROUTE_ERROR
             | CmEventKind::CONNECT_ERROR

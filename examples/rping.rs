@@ -235,6 +235,13 @@ fn next(cq: &mut Cq, comp: &CompChannel, conn: &mut Connection) -> Result<Next> 
     loop {
         let mut wc = [WorkCompletion::default()];
         if cq.poll(&mut wc) == 1 {
+            if wc[0].status == uverbs::WcStatus::WR_FLUSH_ERR {
+                // The connection closed under a posted request: on iWARP the kernel flushes
+                // the queues when the peer closes, before the CM reports the disconnect. As C
+                // rping, a flush ends the loop like the disconnect it comes from.
+                conn.wait_disconnected(STALL)?;
+                return Ok(Next::Disconnected);
+            }
             if wc[0].status != uverbs::WcStatus::SUCCESS {
                 return Err(format!("cq completion failed status {:?} (wr {})", wc[0].status, wc[0].wr_id).into());
             }

@@ -11,6 +11,7 @@ use crate::provider::Provider;
 #[cfg(feature = "mlx5")]
 mod mlx5;
 mod rxe;
+mod siw;
 
 /// The mlx5 CQ's hostile-CQE harness, for `crate::testing`.
 #[cfg(all(feature = "mlx5", any(test, feature = "test-support")))]
@@ -18,6 +19,9 @@ pub use mlx5::hostile_cqes;
 /// The rxe ring's hostile-ring harness, for `crate::testing`.
 #[cfg(any(test, feature = "test-support"))]
 pub use rxe::hostile;
+/// The siw CQ's hostile-ring harness, for `crate::testing`.
+#[cfg(any(test, feature = "test-support"))]
+pub use siw::hostile as siw_hostile;
 
 /// A vendor compiled in: its provider (the vendor contract, `crate::provider`) and how a QP
 /// holds the queues its contexts make (the front-end interface, `crate::front_end`).
@@ -32,6 +36,10 @@ const RXE: Vendor = Vendor {
     provider: &rxe::Rxe,
     queues: rxe::queues,
 };
+const SIW: Vendor = Vendor {
+    provider: &siw::Siw,
+    queues: siw::queues,
+};
 #[cfg(feature = "mlx5")]
 const MLX5: Vendor = Vendor {
     provider: &mlx5::Mlx5,
@@ -40,17 +48,17 @@ const MLX5: Vendor = Vendor {
 
 /// Every vendor compiled in, asked in order.
 #[cfg(not(feature = "mlx5"))]
-static VENDORS: &[Vendor] = &[RXE];
+static VENDORS: &[Vendor] = &[RXE, SIW];
 /// Every vendor compiled in, asked in order.
 #[cfg(feature = "mlx5")]
-static VENDORS: &[Vendor] = &[RXE, MLX5];
+static VENDORS: &[Vendor] = &[RXE, MLX5, SIW];
 
 /// [`VENDORS`]' providers, in order.
 #[cfg(not(feature = "mlx5"))]
-static PROVIDERS: &[&dyn Provider] = &[RXE.provider];
+static PROVIDERS: &[&dyn Provider] = &[RXE.provider, SIW.provider];
 /// [`VENDORS`]' providers, in order.
 #[cfg(feature = "mlx5")]
-static PROVIDERS: &[&dyn Provider] = &[RXE.provider, MLX5.provider];
+static PROVIDERS: &[&dyn Provider] = &[RXE.provider, MLX5.provider, SIW.provider];
 
 /// Every provider compiled into this build, in the order [`crate::open`] asks them. For front
 /// ends over the public API that must name devices' providers themselves (the drop-in
@@ -110,8 +118,17 @@ mod tests {
         assert_eq!(found(&device("mlx5_0", None, 1)).unwrap(), "mlx5");
         assert_eq!(
             providers().iter().map(|p| p.name()).collect::<Vec<_>>(),
-            ["rxe", "mlx5"]
+            ["rxe", "mlx5", "siw"]
         );
+    }
+
+    #[test]
+    fn siw_devices_get_siw_by_driver_id_else_by_name() {
+        // `RDMA_DRIVER_SIW`, whatever the device is called, at siw's one ABI version.
+        assert_eq!(found(&device("iw_a", Some(18), 1)).unwrap(), "siw");
+        assert_eq!(found(&device("siw0", None, 1)).unwrap(), "siw");
+        assert!(find(&device("siw0", Some(18), 2)).is_err());
+        assert!(find(&device("siw0", Some(14), 1)).is_ok_and(|p| p.name() == "rxe"));
     }
 
     /// The error names the device, its driver id and what this build has.
@@ -138,7 +155,7 @@ mod tests {
     #[cfg(feature = "mlx5")]
     #[test]
     fn a_device_no_provider_drives_gets_the_no_provider_error() {
-        let known = "rxe, mlx5";
+        let known = "rxe, mlx5, siw";
         // `RDMA_DRIVER_EFA` and `RDMA_DRIVER_MLX4`, and an id past the kernel's list.
         assert_no_provider(&device("efa_0", Some(17), 1), known);
         assert_no_provider(&device("mlx4_0", Some(2), 1), known);
@@ -156,8 +173,8 @@ mod tests {
     #[cfg(not(feature = "mlx5"))]
     #[test]
     fn without_the_mlx5_feature_an_mlx5_device_gets_the_no_provider_error() {
-        assert_no_provider(&device("mlx5_0", Some(1), 1), "rxe");
-        assert_no_provider(&device("mlx5_0", None, 1), "rxe");
-        assert_no_provider(&device("efa_0", Some(17), 1), "rxe");
+        assert_no_provider(&device("mlx5_0", Some(1), 1), "rxe, siw");
+        assert_no_provider(&device("mlx5_0", None, 1), "rxe, siw");
+        assert_no_provider(&device("efa_0", Some(17), 1), "rxe, siw");
     }
 }

@@ -552,6 +552,13 @@ impl Qp {
         Ok(())
     }
 
+    /// Records a state the kernel moved the QP to by itself: an iWARP QP reaches RTS when its
+    /// connection is established and leaves it when the connection closes, with no
+    /// MODIFY_QP from user space (and siw's QUERY_QP does not report the state).
+    pub(crate) fn kernel_moved_to(&mut self, state: QpState) {
+        self.set_state(state);
+    }
+
     /// Records the state, opening or closing the safe posts' queues (`crate::owned`) with it.
     fn set_state(&mut self, state: QpState) {
         self.state = state;

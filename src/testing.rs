@@ -5,6 +5,8 @@
 pub use crate::providers::hostile;
 #[cfg(feature = "mlx5")]
 pub use crate::providers::hostile_cqes as mlx5_cqes;
+/// The siw CQ's hostile-ring harness.
+pub use crate::providers::siw_hostile;
 
 /// The seeded generator (splitmix64) of every randomized test: the same seed gives the same
 /// sequence.

@@ -294,7 +294,17 @@ impl Establishing {
                     self.peer = Some(event.private_data);
                     self.established = true;
                 }
-                (false, CmEventKind::ESTABLISHED) => self.established = true,
+                // iWARP: no answer to complete; the kernel moved the QP to RTS and the
+                // event carries the peer's private data.
+                (true, CmEventKind::ESTABLISHED) if self.id.is_iwarp()? => {
+                    self.id.established(&mut self.qp)?;
+                    self.peer = Some(event.private_data);
+                    self.established = true;
+                }
+                (false, CmEventKind::ESTABLISHED) => {
+                    self.id.established(&mut self.qp)?;
+                    self.established = true;
+                }
                 _ => return Err(unexpected(verb, &event)),
             }
         }
@@ -591,6 +601,11 @@ impl Connection {
         self.state = Link::Down;
         if answer {
             self.id.disconnect(&mut self.qp)?;
+        }
+        if self.id.is_iwarp()? {
+            // The driver closed the connection and flushed the queues: nothing posted now
+            // would complete.
+            self.qp.kernel_moved_to(QpState::Err);
         }
         Ok(true)
     }

@@ -37,8 +37,10 @@ pub struct PrivateDataLimits {
 
 impl PrivateDataLimits {
     /// IB and RoCE: the IB CM's REQ, REP and REJ areas (92, 196, 148 bytes), less the 36-byte
-    /// header the RDMA CM puts in a REQ for IP addressing. Elsewhere (iWARP's MPA), the ABI's
-    /// one-byte length.
+    /// header the RDMA CM puts in a REQ for IP addressing. Elsewhere (iWARP's MPA): 251 bytes
+    /// each. The ABI's length is one byte (255), but siw (Linux 6.1, `siw_send_mpareqrep`)
+    /// adds MPA v2's 4-byte IRD/ORD header to that byte, so 252 bytes or more wrap the
+    /// length on the wire (docs/kernel-facts.md).
     pub fn of(transport: Transport) -> Self {
         if transport == Transport::IB {
             Self {
@@ -48,9 +50,9 @@ impl PrivateDataLimits {
             }
         } else {
             Self {
-                connect: 255,
-                accept: 255,
-                reject: 255,
+                connect: 251,
+                accept: 251,
+                reject: 251,
             }
         }
     }
@@ -421,6 +423,12 @@ impl CmId {
         self.move_qp(qp, QpState::Init, None, None)
     }
 
+    /// Whether the id's device speaks iWARP: the kernel then moves the QP to RTS when the
+    /// connection is established (no `CONNECT_RESPONSE`, no RTR or RTS from user space).
+    pub(crate) fn is_iwarp(&self) -> Result<bool> {
+        Ok(self.bound()?.transport == Transport::IWARP)
+    }
+
     fn check_qp(&self, verb: Verb, qp: &Qp) -> Result<&Arc<BoundDevice>> {
         let bound = self.bound()?;
         let (theirs, info) = (qp.context_device(), &bound.info);
@@ -484,10 +492,33 @@ impl CmId {
         ucma::call(self.channel.fd(), &req, ())
     }
 
+    /// Records what `ESTABLISHED` means for `qp`: on iWARP the kernel moved the QP to RTS
+    /// itself when the connection came up (there is no MODIFY_QP for user space to make, and
+    /// siw's QUERY_QP does not report the state), so call this on `ESTABLISHED` before posting
+    /// sends. Elsewhere the moves to RTS were this side's own ([`CmId::establish`],
+    /// [`ConnectRequest::accept_id`]) and nothing changes.
+    pub fn established(&self, qp: &mut Qp) -> Result<()> {
+        if self.is_iwarp()? {
+            self.check_qp("established", qp)?;
+            qp.kernel_moved_to(QpState::Rts);
+        }
+        Ok(())
+    }
+
     /// Moves `qp` to ERR (flushing its posted requests) and sends a disconnect request
     /// (`rdma_disconnect`); both sides then see `DISCONNECTED`.
+    ///
+    /// On iWARP the QP goes to SQD instead, as librdmacm does: the driver then closes the
+    /// connection gracefully and flushes the queues itself.
     pub fn disconnect(&mut self, qp: &mut Qp) -> Result<()> {
-        if qp.state() != QpState::Err {
+        if self.is_iwarp()? {
+            if qp.state() == QpState::Rts {
+                qp.modify(&QpAttr {
+                    state: Some(QpState::Sqd),
+                    ..Default::default()
+                })?;
+            }
+        } else if qp.state() != QpState::Err {
             qp.modify(&QpAttr {
                 state: Some(QpState::Err),
                 ..Default::default()
@@ -585,8 +616,11 @@ impl ConnectRequest {
             if qp.state() == QpState::Reset {
                 self.id.move_qp(qp, QpState::Init, None, None)?;
             }
-            self.id.move_qp(qp, QpState::Rtr, Some(rr), None)?;
-            self.id.move_qp(qp, QpState::Rts, Some(depth), param.ack_timeout)?;
+            // iWARP: the kernel moves the QP to RTS when the connection is up.
+            if bound.transport != Transport::IWARP {
+                self.id.move_qp(qp, QpState::Rtr, Some(rr), None)?;
+                self.id.move_qp(qp, QpState::Rts, Some(depth), param.ack_timeout)?;
+            }
             let req = Accept {
                 uid: self.id.uid,
                 conn_param,
@@ -818,7 +852,7 @@ mod tests {
             "connect: 57 bytes of private data, the transport carries at most 56"
         );
         PrivateDataLimits::check(roce.connect, "connect", &[0; 56]).unwrap();
-        assert_eq!(PrivateDataLimits::of(Transport::IWARP).connect, 255);
+        assert_eq!(PrivateDataLimits::of(Transport::IWARP).connect, 251);
         assert_eq!(sysfs_guid(0x0250_56ff_fe8a_1e2f), "0250:56ff:fe8a:1e2f");
     }
 }

@@ -70,6 +70,7 @@ pub fn run(job: &Job) -> Result<Report> {
     remove_stale_runs(&cache);
     let kernel = crate::kernel::prepare(&cache)?;
     let initramfs = crate::initramfs::prepare(&kernel, &cache)?;
+    let siw = crate::siw_module::prepare_or_note(&kernel, &cache);
 
     let results = results_dir();
     let _ = std::fs::remove_dir_all(&results);
@@ -80,7 +81,12 @@ pub fn run(job: &Job) -> Result<Report> {
         status: None,
         failure: None,
     };
-    let script = format!("{}{RUN_SH}", header(&results, &job.command));
+    let script = format!(
+        "{}{}{}{RUN_SH}",
+        header(&results, &job.command),
+        crate::siw_module::header_line(siw.as_deref()),
+        crate::siw_module::GUEST_SH
+    );
     crate::write_atomic(&results.join("guest.sh"), script.as_bytes())?;
     for (name, contents) in &job.files {
         crate::write_atomic(&results.join(name), contents.as_bytes())?;

@@ -108,6 +108,7 @@ mod packages;
 mod proc;
 mod public_api;
 mod qemu;
+mod siw_module;
 mod testrun;
 mod toolchain;
 

@@ -16,7 +16,8 @@
 //!   coverage, AddressSanitizer, `--cfg fuzzing`), so no `cargo-fuzz` install is needed, and
 //!   runs `rings` (the rxe rings) for the given seconds on `fuzz/corpus/rings`, then
 //!   `mlx5_cqe` (the mlx5 CQ's poll and CQE decoder) and `mlx5_device` (the mlx5 device model)
-//!   for half as long each on `fuzz/corpus/<target>`.
+//!   for half as long each, and `siw_cqe` (the siw CQ's poll, CQE translation and slot
+//!   protocol) for a quarter, on `fuzz/corpus/<target>`.
 //!   `cargo +nightly fuzz run <target>` does the same where cargo-fuzz is installed.
 //!
 //! miri and the sanitizers need the nightly toolchain. When it (or its `miri` and `rust-src`
@@ -38,7 +39,7 @@ const LOOM_MODELS: [&str; 2] = ["providers::rxe::queue::model", "providers::mlx5
 /// keeps this list complete, less `MIRI_EXEMPT`) and the pure mlx5 encoders and decoder.
 /// A single test that needs what miri cannot emulate (another process) is
 /// `#[cfg_attr(miri, ignore)]` where it is, with the reason.
-pub(crate) const MIRI_TESTS: [&str; 22] = [
+pub(crate) const MIRI_TESTS: [&str; 25] = [
     // Core: the in-place batch, libibverbs-layout chains, the front-end interface's default
     // chain post and the QP's two views of its queues, the held-buffer rings, the pieces of a
     // region, the QP's mask checks, the rdma_ucm command framing.
@@ -54,6 +55,11 @@ pub(crate) const MIRI_TESTS: [&str; 22] = [
     "providers::rxe::queue::tests",
     "providers::rxe::cq::tests",
     "providers::rxe::qp::tests",
+    // siw: the VALID-flag slot protocol and ring geometry, the CQE translation and poll with
+    // the hostile-ring harness, the send and receive slot writers.
+    "providers::siw::ring::tests",
+    "providers::siw::cq::tests",
+    "providers::siw::qp::tests",
     // mlx5: the WQE segment encoders, the CQE decoder, the poster/poller tables, the CQ's
     // poller gate, the CQ poll and resize, hostile CQEs, the QP and SRQ rings, doorbell
     // records, address vectors.
@@ -72,7 +78,7 @@ pub(crate) const MIRI_TESTS: [&str; 22] = [
 
 /// Test modules of files with `unsafe` code that miri does not run, and why.
 #[cfg(test)]
-pub(crate) const MIRI_EXEMPT: [(&str, &str); 6] = [
+pub(crate) const MIRI_EXEMPT: [(&str, &str); 7] = [
     (
         "providers::rxe::queue::model",
         "loom models, built only with `--cfg loom` (`cargo xtask loom`)",
@@ -85,6 +91,11 @@ pub(crate) const MIRI_EXEMPT: [(&str, &str); 6] = [
         "providers::rxe::queue::provider_fuzz",
         "maps a regular file as the device, which miri cannot mmap; its rings run under miri in \
          `providers::rxe::queue::tests`",
+    ),
+    (
+        "providers::siw::cq::hostile",
+        "the hostile-ring harness, no tests of its own: `providers::siw::cq::tests` runs it under \
+         miri",
     ),
     (
         "sys::membarrier::tests",
@@ -159,7 +170,12 @@ pub fn miri() -> Result<Command> {
 pub fn fuzz(secs: u32) -> Result<Vec<Command>> {
     ensure_nightly()?;
     let dir = paths::root().join("fuzz");
-    let targets = [("rings", secs), ("mlx5_cqe", secs / 2), ("mlx5_device", secs / 2)];
+    let targets = [
+        ("rings", secs),
+        ("mlx5_cqe", secs / 2),
+        ("mlx5_device", secs / 2),
+        ("siw_cqe", secs / 4),
+    ];
     for (target, _) in targets {
         for d in ["corpus", "artifacts"] {
             let d = format!("{d}/{target}");

@@ -179,6 +179,7 @@ pub fn guest_suite(extra: &[String], native: bool) -> Result<Suite> {
             for (name, exe) in bins {
                 let mut argv = vec![exe, "--test-threads=1".to_string()];
                 argv.extend(extra.iter().cloned());
+                let argv = crate::siw_module::guest_argv(&name, argv);
                 items.push(Item {
                     name: format!("test {name}"),
                     argv,
