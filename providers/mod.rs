@@ -128,7 +128,7 @@ mod tests {
         assert_eq!(found(&device("iw_a", Some(18), 1)).unwrap(), "siw");
         assert_eq!(found(&device("siw0", None, 1)).unwrap(), "siw");
         assert!(find(&device("siw0", Some(18), 2)).is_err());
-        assert!(find(&device("siw0", Some(14), 1)).is_ok_and(|p| p.name() == "rxe"));
+        assert!(find(&device("siw0", Some(14), 1)).is_ok_and(|p| p.provider.name() == "rxe"));
     }
 
     /// The error names the device, its driver id and what this build has.

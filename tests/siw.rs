@@ -75,7 +75,7 @@ fn the_device_is_siw_and_what_siw_lacks_is_refused_before_the_kernel() {
     let pd = ctx.alloc_pd().unwrap();
     let mut cq = ctx.create_cq(8).unwrap();
     // REG_MR with siw's 8 bytes of driver data each way.
-    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     assert_ne!(mr.lkey(), 0);
     for qp_type in [QpType::Ud, QpType::Uc] {
         match pd.create_qp(&QpInit::new(qp_type, &cq, &cq)) {
@@ -367,7 +367,7 @@ fn private_data_at_the_iwarp_limit_arrives_whole_and_past_it_is_refused() {
             private_data: &too_long,
             ..Default::default()
         };
-        match connector.connect(end.qp(), &refused, T) {
+        match connector.connect(end.qp(), &refused, T).map_err(|f| f.error) {
             Err(Error::PrivateDataTooLong { .. }) => {}
             other => panic!("252 bytes: {:?}", other.map(|c| c.qp().qpn())),
         }
@@ -390,7 +390,7 @@ fn private_data_at_the_iwarp_limit_arrives_whole_and_past_it_is_refused() {
         let server = s.spawn(move || listener.get_request(T).unwrap().reject(rej_data).unwrap());
         let connector = Connector::resolve(addr, T).unwrap();
         let end = End::new(&connector.context().unwrap());
-        match connector.connect(end.qp(), &ConnParam::default(), T) {
+        match connector.connect(end.qp(), &ConnParam::default(), T).map_err(|f| f.error) {
             Err(Error::Rejected { status, private_data }) => {
                 println!("reject: status {status}, {} bytes", private_data.len());
                 assert_eq!(&private_data[..], &rej_data[..]);
