@@ -95,10 +95,11 @@ fn mlx5_rate(rate: u8) -> u8 {
 /// that each destination keeps one port; both in 0xc000..=0xffff.
 fn udp_sport(flow_label: u32, dgid: &[u8; 16]) -> u16 {
     let fl = match flow_label & FLOW_LABEL {
-        0 => dgid
-            .chunks_exact(4)
-            .fold(0u32, |h, c| h.rotate_left(5) ^ u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
-            & FLOW_LABEL,
+        0 => {
+            dgid.chunks_exact(4).fold(0u32, |h, c| {
+                h.rotate_left(5) ^ u32::from_be_bytes([c[0], c[1], c[2], c[3]])
+            }) & FLOW_LABEL
+        }
         fl => fl,
     };
     let (low, high) = (fl & 0x3fff, fl & 0xf_c000);

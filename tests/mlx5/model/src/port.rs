@@ -7,7 +7,8 @@
 //! InfiniBand; on Ethernet its MAC and IP addresses, derived from the same number), so GIDs
 //! differ between processes and a packet sent to another process's GID is dropped.
 
-use crate::kernel::Errno;
+/// A positive errno value (as `kernel::Errno`; the kernel module uses this one).
+type Errno = i32;
 use libc::{EINVAL, ENETUNREACH, ENODATA, ETIMEDOUT};
 use std::collections::HashMap;
 use std::path::PathBuf;

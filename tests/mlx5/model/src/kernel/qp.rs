@@ -269,6 +269,11 @@ impl Model {
                 }
             }
         }
+        // core/verbs.c:1797-1817: an alternate path is for InfiniBand only ("Ban them in
+        // roce mode"): EINVAL on an Ethernet port.
+        if mask & qp_attr::ALT_PATH != 0 && self.port.is_eth() {
+            return Err(EINVAL);
+        }
         // hw/mlx5/qp.c:4640, :4643, :4652 mlx5_ib_modify_qp, driver data: `if (udata->inlen <
         // offsetofend(ucmd, ece_options)) return -EINVAL;` beyond the struct must be zero
         // (EOPNOTSUPP); comp_mask and burst reserved too.
