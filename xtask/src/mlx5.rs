@@ -40,7 +40,7 @@ const ITERS: &str = "10000";
 /// status.
 pub fn run(args: &[String]) -> Result<ExitCode> {
     let (roce, args) = match args.split_first() {
-        Some((first, rest)) if first == "--roce" => (true, rest),
+        Some((first, rest)) if first == "--roce" => (true, rest.strip_prefix(&["--".to_string()][..]).unwrap_or(rest)),
         _ => (false, args),
     };
     // `cargo xtask mlx5 --step`: only the mlx5 step of `cargo xtask test`, on the host;

@@ -334,8 +334,9 @@ impl Port {
     }
 
     /// The per-process files under `ports/1/` of the device's sysfs directory: the LID, the
-    /// GIDs, their types and netdevs (core/sysfs.c: an entry beyond the valid ones shows
-    /// the zero GID, and its type and netdev files cannot be read, so they are left out).
+    /// GIDs, their types and netdevs (core/sysfs.c: every slot of the table has a `gids`
+    /// file, the empty ones showing the zero GID, which libibverbs takes for "no entry";
+    /// their type and netdev files cannot be read, so they are left out).
     pub fn sysfs_files(&self) -> Vec<(String, String)> {
         let mut files = vec![(
             "lid".to_string(),
@@ -347,6 +348,9 @@ impl Port {
             if self.is_eth() {
                 files.push((format!("gid_attrs/ndevs/{i}"), NETDEV.to_string()));
             }
+        }
+        for i in self.gids.len()..self.gid_tbl_len() as usize {
+            files.push((format!("gids/{i}"), sysfs_gid(&[0; 16])));
         }
         files
     }
