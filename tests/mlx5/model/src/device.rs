@@ -110,6 +110,12 @@ impl Cqe {
         self.0[24] = low | if l3.is_some() { 1 << 4 } else { 0 };
         self
     }
+    /// A connected QP's receive of a packet with a network header: the GRH flag, and on
+    /// Ethernet its type (the SL bits of InfiniBand stay 0 for RC and UC).
+    fn network_header(mut self, l3: recv::L3, eth: bool) -> Self {
+        self.0[24] = (1 << 4) | if eth { l3 as u8 } else { 0 };
+        self
+    }
     fn solicited(mut self, yes: bool) -> Self {
         if yes {
             self.0[63] |= 2;

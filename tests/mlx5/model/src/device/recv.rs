@@ -417,6 +417,10 @@ impl Device {
         }
         if let Some(d) = datagram {
             cqe = cqe.datagram(d, l3, model.port.is_eth());
+        } else if let Some(kind) = l3_of(&req.hdr) {
+            // A connected QP's receive says so too when its packet had a network header
+            // (on RoCE, every packet).
+            cqe = cqe.network_header(kind, model.port.is_eth());
         }
         Self::post_for(model, h, false, cqe, mem);
         Ok(Response::Ack)
@@ -431,6 +435,18 @@ pub(super) enum L3 {
     Grh = 0,
     Ipv6 = 1,
     Ipv4 = 2,
+}
+
+/// The kind of network header a packet with `hdr` has, if any.
+fn l3_of(hdr: &crate::wire::Headers) -> Option<L3> {
+    let grh = hdr.grh?;
+    let v2 = hdr.eth.is_some_and(|e| e.v2);
+    let v4 = grh.dgid[..10] == [0; 10] && grh.dgid[10..12] == [0xff, 0xff];
+    Some(match (v2, v4) {
+        (true, true) => L3::Ipv4,
+        (true, false) => L3::Ipv6,
+        _ => L3::Grh,
+    })
 }
 
 /// The 40 bytes a UD receive gets at its head for a packet with `hdr` and a payload of
