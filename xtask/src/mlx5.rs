@@ -217,7 +217,6 @@ fn test_step_on(roce_only: bool) -> Vec<Checked> {
             link: Some("eth"),
         };
         roce_items(&roce, &build_rust_examples(), &mut check);
-        drop(check);
         return out;
     }
 
