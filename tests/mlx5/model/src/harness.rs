@@ -60,6 +60,7 @@ pub(crate) struct Env {
 }
 
 impl Env {
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
     pub(crate) fn bare() -> Self {
         Self::bare_on(LinkLayer::InfiniBand)
     }
@@ -87,6 +88,7 @@ impl Env {
         }
     }
 
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
     /// A context with legacy UARs (`dyn_uar == false`) or dynamic ones.
     pub(crate) fn new(dyn_uar: bool) -> Self {
         Self::new_on(dyn_uar, LinkLayer::InfiniBand)
