@@ -393,8 +393,8 @@ const ROCE_SKIP: &[&str] = &["soak", "safe_fuzz"];
 /// shows an Ethernet port with RoCE v1 and v2 GIDs; Debian's pingpongs with `-g 1` (the
 /// RoCE v2 GID of the link-local address: the kernel resolves the MAC through the model's
 /// neighbour table) and `-c` (every payload checked); the Rust rc_pingpong against
-/// ibv_rc_pingpong both ways and against itself at 1, 60 and 4096 bytes; the demo; then
-/// [`SUITE`] but for [`ROCE_SKIP`]. Each pingpong item also fails if the model dropped a packet
+/// ibv_rc_pingpong both ways and against itself at 1, 60 and 4096 bytes; verbs_check in one
+/// process and in two; the demo; then [`SUITE`] but for [`ROCE_SKIP`]. Each pingpong item also fails if the model dropped a packet
 /// (`<dir>/drops-*`).
 fn roce_items(
     step: &Step,
@@ -480,6 +480,21 @@ fn roce_items(
             no_drops(dir)
         });
     }
+    let exe = compile_verbs_check();
+    check("RoCE: verbs_check (one process, two contexts)".into(), &mut |dir| {
+        let exe = exe.clone()?;
+        let text = step.output(dir, "verbs_check", &[exe.as_str(), "-d", DEVICE])?;
+        verbs_check_passed(&text)
+    });
+    check("RoCE: verbs_check (two processes)".into(), &mut |dir| {
+        let exe = exe.clone()?;
+        let port = free_port()?;
+        let p = port.to_string();
+        let server = [exe.as_str(), "-d", DEVICE, "-S", "-p", &p].map(String::from);
+        let client = [exe.as_str(), "-d", DEVICE, "-p", &p, "127.0.0.1"].map(String::from);
+        let (_, c) = step.pair(dir, port, &server, &client)?;
+        verbs_check_passed(&c)
+    });
     check(
         "RoCE: Rust demo (RC over a RoCE v2 GID, UD through a RoCE address handle)".into(),
         &mut |dir| {
