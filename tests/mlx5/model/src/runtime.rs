@@ -144,16 +144,23 @@ fn listen(listener: UnixListener) {
 fn serve(mut stream: UnixStream) {
     let Some(rt) = runtime() else { return };
     while let Ok(frame) = read_frame(&mut stream) {
-        let answer = match Request::decode(&frame) {
-            Some(req) => {
-                let mut m = rt.lock();
-                let a = Device::respond(&mut m, &req, &ProcessMemory);
-                rt.note_drops(&m);
-                a
+        let Some(req) = Request::decode(&frame) else {
+            if write_frame(&mut stream, &Response::Dropped.encode()).is_err() {
+                return;
             }
-            None => Response::Dropped,
+            continue;
         };
-        if write_frame(&mut stream, &answer.encode()).is_err() {
+        // The answer goes out before the model's lock is let go: the receive CQE is already
+        // visible, and a client that then destroys its QP and exits (its destroy waits for
+        // the lock) must not take the acknowledgement with it, which a device sends whatever
+        // the host does next. (Seen as RETRY_EXC_ERR at the server of an `ibv_rc_pingpong
+        // -e` pair whose client had finished.)
+        let mut m = rt.lock();
+        let answer = Device::respond(&mut m, &req, &ProcessMemory);
+        rt.note_drops(&m);
+        let sent = write_frame(&mut stream, &answer.encode());
+        drop(m);
+        if sent.is_err() {
             return;
         }
     }
