@@ -103,6 +103,45 @@ fn attributes_round_trip_through_modify_and_query() {
     assert_eq!(qp.state(), now, "a refused modify changes nothing");
 }
 
+/// An RC path with a global route: the DGID the caller gave is the one the kernel holds
+/// (query reads it back from the kernel) and the one packets carry (a send over the path
+/// arrives; the mlx5 model drops a packet whose DGID is not its port's). On InfiniBand (the
+/// mlx5 model) the port's LID with a GRH to its GID 0; on RoCE its RoCE v2 GID.
+#[test]
+fn a_global_routes_dgid_reaches_the_kernel_intact() {
+    let ctx = open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (path, gid) = loopback_path_with_grh(&ctx);
+    let mut cq = ctx.create_cq(16).unwrap();
+    let init = QpInit::new(QpType::Rc, &cq, &cq);
+    let (mut a, mut b) = (pd.create_qp(&init).unwrap(), pd.create_qp(&init).unwrap());
+    let (qa, qb) = (a.qpn(), b.qpn());
+    let access = AccessFlags::LOCAL_WRITE;
+    for (qp, peer) in [(&mut a, qb), (&mut b, qa)] {
+        qp.to_init(1, access).unwrap();
+        qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
+        qp.to_rts(0).unwrap();
+        let grh = qp.query().unwrap().attr.ah.unwrap().grh.expect("a global route");
+        assert_eq!(grh.dgid, gid.raw, "the DGID the kernel holds");
+        assert_eq!(grh.sgid_index, gid.index);
+    }
+    let mut mr = pd.alloc_mr(4096, access).unwrap();
+    mr.as_mut_slice()[..64].fill(0x5a);
+    let recv = [mr.sge(1024, 64).unwrap()];
+    // SAFETY: the buffers are read only after the completions below.
+    unsafe { b.post_recv(&[RecvWr::new(2, &recv)]) }.unwrap();
+    let send = [mr.sge(0, 64).unwrap()];
+    // SAFETY: as above.
+    unsafe { a.post_send(&[SendWr::new(1, SendOp::Send, &send)]) }.unwrap();
+    let mut wcs = poll_n(&mut cq, 2, 2);
+    wcs.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]
+    );
+    assert_eq!(mr.as_slice()[1024..1088], [0x5a; 64]);
+}
+
 /// What `to_rtr`/`to_rts` set, read back: the documented defaults (retry_cnt 6, so a dead peer
 /// surfaces), and a `ConnectAttr` of one's own through the `_with` forms.
 #[test]

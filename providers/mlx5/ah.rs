@@ -1,7 +1,8 @@
 //! mlx5 address handles: the 48-byte address vector (`struct mlx5_wqe_av`) every UD send
-//! copies into its datagram segment, built in user space as libmlx5 builds it for an
-//! InfiniBand port (`verbs.c` `mlx5_create_ah`). The AH's provider value is the address of
-//! its vector, boxed here and freed by [`destroy`].
+//! copies into its datagram segment, built in user space as libmlx5 builds it
+//! (`verbs.c` `mlx5_create_ah`) for an InfiniBand port, or for a RoCE port with the
+//! destination MAC the kernel resolved. The AH's provider value is the address of its
+//! vector, boxed here and freed by [`destroy`].
 
 use super::abi;
 use super::wqe::SEG;
@@ -46,6 +47,25 @@ impl AddressVector {
         Self(av)
     }
 
+    /// libmlx5's vector for `attr` on a RoCE port, sending to `dmac`: `stat_rate_sl` the
+    /// mlx5 rate and the 3-bit priority in bits 1-3; the GRH fields with `grh_gid_fl`'s
+    /// bit 30 clear (reserved on RoCE: every packet has one); `rmac`; and in `rlid` the
+    /// UDP source port (RoCE v2's; libmlx5 writes it for v2 GIDs only, a v1 packet has
+    /// no UDP header, so a v1 GID's vector carries one the device does not use).
+    pub(super) fn roce(attr: &AhAttr, dmac: [u8; 6]) -> Self {
+        let mut av = [0u8; AV_SIZE];
+        av[12] = (mlx5_rate(attr.static_rate) << 4) | ((attr.sl & 0x7) << 1);
+        let grh = attr.grh.unwrap_or_default();
+        av[14..16].copy_from_slice(&udp_sport(grh.flow_label, &grh.dgid).to_be_bytes());
+        av[20..26].copy_from_slice(&dmac);
+        av[26] = grh.traffic_class;
+        av[27] = grh.hop_limit;
+        let gid_fl = (u32::from(grh.sgid_index) << 20) | (grh.flow_label & FLOW_LABEL);
+        av[28..32].copy_from_slice(&gid_fl.to_be_bytes());
+        av[32..48].copy_from_slice(&grh.dgid);
+        Self(av)
+    }
+
     /// The datagram segment of a send to `remote_qpn` with `remote_qkey` (libmlx5
     /// `_set_datagram_seg`): the vector with the key and destination filled in, as three
     /// segments.
@@ -70,6 +90,22 @@ fn mlx5_rate(rate: u8) -> u8 {
     TABLE.get(usize::from(rate)).copied().unwrap_or(0)
 }
 
+/// RoCE v2's UDP source port for a vector: from the flow label as
+/// `ibv_flow_label_to_udp_sport` does, else (libmlx5 draws a random one) from the DGID, so
+/// that each destination keeps one port; both in 0xc000..=0xffff.
+fn udp_sport(flow_label: u32, dgid: &[u8; 16]) -> u16 {
+    let fl = match flow_label & FLOW_LABEL {
+        0 => {
+            dgid.chunks_exact(4).fold(0u32, |h, c| {
+                h.rotate_left(5) ^ u32::from_be_bytes([c[0], c[1], c[2], c[3]])
+            }) & FLOW_LABEL
+        }
+        fl => fl,
+    };
+    let (low, high) = (fl & 0x3fff, fl & 0xf_c000);
+    ((low ^ (high >> 14)) as u16) | 0xc000
+}
+
 /// CREATE_AH with room for the driver's answer, then the vector, boxed; its address is the
 /// AH's provider value.
 pub(super) fn create(attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
@@ -77,14 +113,17 @@ pub(super) fn create(attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> 
     kernel(&[], resp.as_mut_bytes())?;
     // hw/mlx5/ah.c:106-120: the driver answers (the destination MAC, response_length 10)
     // for a RoCE AH only; an InfiniBand AH leaves the buffer alone.
-    if resp.response_length != 0 {
-        return Err(Error::Unsupported {
-            verb: "create_ah",
-            what: "address handles on mlx5 RoCE ports (built for InfiniBand, the link layer of the model)",
-        });
-    }
-    let av = Box::new(AddressVector::infiniband(attr));
-    Ok(Box::into_raw(av) as u64)
+    let av = match resp.response_length {
+        0 => AddressVector::infiniband(attr),
+        n if n >= 10 && attr.grh.is_some() => AddressVector::roce(attr, resp.dmac),
+        n => {
+            return Err(Error::malformed(
+                "CREATE_AH",
+                format!("driver response_length {n} (a RoCE answer has 10 and a GRH)"),
+            ))
+        }
+    };
+    Ok(Box::into_raw(Box::new(av)) as u64)
 }
 
 /// The vector behind an AH's provider value.
@@ -149,5 +188,36 @@ mod tests {
         );
         assert_eq!(segs[1][10..16], [3, 64, 0x40, 0x2f, 0xff, 0xff]);
         assert_eq!(segs[2], [0xd0; 16]);
+    }
+
+    /// A RoCE vector: priority in bits 1-3, no GRH bit, the MAC, the UDP source port in
+    /// `rlid`, the GRH fields.
+    #[test]
+    fn roce_vectors_carry_the_mac_and_udp_source_port() {
+        let attr = AhAttr {
+            port_num: 1,
+            sl: 0xd,
+            static_rate: 3,
+            grh: Some(GlobalRoute {
+                dgid: [0xd0; 16],
+                flow_label: 0x1_2345,
+                sgid_index: 3,
+                hop_limit: 64,
+                traffic_class: 8,
+            }),
+            ..Default::default()
+        };
+        let av = AddressVector::roce(&attr, [2, 0, 0xc9, 0, 1, 2]);
+        assert_eq!(av.0[12], (8 << 4) | (5 << 1));
+        assert_eq!(av.0[13], 0);
+        // ibv_flow_label_to_udp_sport(0x12345): (0x2345 ^ (0x10000 >> 14)) | 0xc000.
+        assert_eq!(av.0[14..16], (0xc000u16 | 0x2345 ^ 0x4).to_be_bytes());
+        assert_eq!(av.0[20..26], [2, 0, 0xc9, 0, 1, 2]);
+        assert_eq!(av.0[26..32], [8, 64, 0x00, 0x31, 0x23, 0x45]);
+        assert_eq!(av.0[32..48], [0xd0; 16]);
+        let mut no_fl = attr;
+        no_fl.grh.as_mut().unwrap().flow_label = 0;
+        let sport = u16::from_be_bytes(AddressVector::roce(&no_fl, [0; 6]).0[14..16].try_into().unwrap());
+        assert!(sport >= 0xc000);
     }
 }

@@ -19,11 +19,12 @@
 //!   ibv_uc_pingpong pairs, `tests/mlx5/verbs_check.c`; then the Rust demo and
 //!   rc_pingpong with the Rust mlx5 provider, the latter against ibv_rc_pingpong
 //!   both ways; xtask/src/mlx5.rs), each item counted in that line.
-//! - `cargo xtask mlx5 [--] <command...>`: build the mlx5 device model
+//! - `cargo xtask mlx5 [--roce] [--] <command...>`: build the mlx5 device model
 //!   (`cargo build -p uverbs-mlx5-model`) and run a shell command on it on the
 //!   host (cwd = project root, `/bin/sh -c`, `UVERBS_MLX5_MODEL_DIR` set to a
 //!   fresh `target/mlx5-model/<pid>-<n>/`, `LD_PRELOAD` to the interposer); its
-//!   exit status is returned (docs/mlx5-model.md). `cargo xtask mlx5 --step` runs
+//!   exit status is returned (docs/mlx5-model.md); `--roce` gives the model a RoCE port
+//!   (`UVERBS_MLX5_MODEL_LINK=eth`) instead of an InfiniBand one. `cargo xtask mlx5 --step` runs
 //!   only the mlx5 step of `cargo xtask test` and prints each item.
 //! - `cargo xtask demo`: build and run `examples/demo` (release) in the guest.
 //! - `cargo xtask loom`, `cargo xtask miri`, `cargo xtask fuzz [seconds]`: the
@@ -133,7 +134,9 @@ usage: cargo xtask guest [--kernel K] [--] <command...>
        cargo xtask guest --suite [--kernel K] [-- <test args>]
                                              only the guest suite of `test` (default: on 6.1 and 6.12)
        cargo xtask test [-- <test args>]     run all tests (host, mlx5 model, rxe guest)
-       cargo xtask mlx5 [--] <command...>    run a shell command on the mlx5 device model
+       cargo xtask mlx5 [--roce] [--] <command...>
+                                             run a shell command on the mlx5 device model
+                                             (with a RoCE port instead of InfiniBand)
        cargo xtask mlx5 --step               run only the mlx5 model checks of `test`
        cargo xtask demo                      build and run examples/demo in the guest
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider

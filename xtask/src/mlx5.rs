@@ -23,6 +23,8 @@ pub const ENV_TIMEOUT: &str = "UVERBS_MLX5_TIMEOUT";
 const ITEM_TIMEOUT: u32 = 300;
 /// The model's directory variable (the contract with the model crate).
 const ENV_DIR: &str = "UVERBS_MLX5_MODEL_DIR";
+/// The model's link layer: `eth` for a RoCE port (docs/mlx5-model.md).
+const ENV_LINK: &str = "UVERBS_MLX5_MODEL_LINK";
 const MODEL_PACKAGE: &str = "uverbs-mlx5-model";
 const MODEL_MANIFEST: &str = "tests/mlx5/model/Cargo.toml";
 const MODEL_LIB: &str = "libuverbs_mlx5_model.so";
@@ -32,12 +34,23 @@ const VERBS_CHECK_C: &str = "tests/mlx5/verbs_check.c";
 /// ibv_rc_pingpong/ibv_uc_pingpong/ibv_ud_pingpong iterations per pair.
 const ITERS: &str = "10000";
 
-/// `cargo xtask mlx5 [--] <command...>`: builds the model and runs the shell command on it
-/// (`/bin/sh -c`, cwd = project root) in a fresh model dir; returns its exit status.
+/// `cargo xtask mlx5 [--roce] [--] <command...>`: builds the model and runs the shell
+/// command on it (`/bin/sh -c`, cwd = project root) in a fresh model dir, on a RoCE port with
+/// `--roce` (else as `UVERBS_MLX5_MODEL_LINK` says, InfiniBand by default); returns its exit
+/// status.
 pub fn run(args: &[String]) -> Result<ExitCode> {
-    // `cargo xtask mlx5 --step`: only the mlx5 step of `cargo xtask test`, on the host.
-    if args == ["--step"] {
-        let results = test_step();
+    let (roce, args) = match args.split_first() {
+        Some((first, rest)) if first == "--roce" => (true, rest.strip_prefix(&["--".to_string()][..]).unwrap_or(rest)),
+        _ => (false, args),
+    };
+    // `cargo xtask mlx5 --step`: only the mlx5 step of `cargo xtask test`, on the host;
+    // `--step --roce`: only its RoCE items.
+    if args.first().is_some_and(|a| a == "--step") {
+        let results = match &args[1..] {
+            [] => test_step(),
+            [r] if r == "--roce" => test_step_on(true),
+            _ => bail!("usage: cargo xtask mlx5 --step [--roce]"),
+        };
         let failed = results.iter().filter(|c| c.result.is_err()).count();
         for c in &results {
             say!("{} {}", if c.result.is_ok() { "PASS" } else { "FAIL" }, c.name);
@@ -56,6 +69,9 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     let mut c = Command::new("/bin/sh");
     c.args(["-c", &command]);
     on_model(&mut c, &lib, &dir);
+    if roce {
+        c.env(ENV_LINK, "eth");
+    }
     let st = proc::status(&mut c)?;
     if st.success() {
         let _ = std::fs::remove_dir_all(&dir);
@@ -157,6 +173,11 @@ pub struct Checked {
 /// provider; each bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
 /// (never a skip).
 pub fn test_step() -> Vec<Checked> {
+    test_step_on(false)
+}
+
+/// The step; with `roce_only`, only its items on the RoCE port.
+fn test_step_on(roce_only: bool) -> Vec<Checked> {
     let lib = match crate::packages::ensure().and_then(|()| build_model()) {
         Ok(lib) => lib,
         Err(e) => {
@@ -175,7 +196,11 @@ pub fn test_step() -> Vec<Checked> {
             }]
         }
     };
-    let step = Step { lib, limit };
+    let step = Step {
+        lib,
+        limit,
+        link: Some("ib"),
+    };
     let mut out = Vec::new();
     // `UVERBS_MLX5_ONLY=<text>`: only the items whose name holds it (and the port query the
     // others read the link layer from), for running one item by hand.
@@ -194,6 +219,15 @@ pub fn test_step() -> Vec<Checked> {
         }
         out.push(Checked { name, result });
     };
+    if roce_only {
+        let roce = Step {
+            lib: step.lib.clone(),
+            limit: step.limit,
+            link: Some("eth"),
+        };
+        roce_items(&roce, &build_rust_examples(), &mut check);
+        return out;
+    }
 
     check("ibv_devices lists mlx5_0".into(), &mut |dir| {
         let text = step.output(dir, "ibv_devices", &["ibv_devices"])?;
@@ -348,8 +382,171 @@ pub fn test_step() -> Vec<Checked> {
             Ok(())
         },
     );
-    integration_suite(&step, &mut check);
+    integration_suite(&step, None, &mut check);
+    let roce = Step {
+        lib: step.lib.clone(),
+        limit: step.limit,
+        link: Some("eth"),
+    };
+    roce_items(&roce, &rust, &mut check);
     out
+}
+
+/// The integration tests of [`SUITE`] left out on the RoCE port: the long random runs
+/// (`soak`, 100,000 work requests; `safe_fuzz`, 60 s), which exercise posting and polling the
+/// InfiniBand run covers, past a setup that is the same on both ports. Everything else runs
+/// on both.
+const ROCE_SKIP: &[&str] = &["soak", "safe_fuzz"];
+
+/// The step's items on the model's RoCE port (`UVERBS_MLX5_MODEL_LINK=eth`): `ibv_devinfo`
+/// shows an Ethernet port with RoCE v1 and v2 GIDs; Debian's pingpongs with `-g 1` (the
+/// RoCE v2 GID of the link-local address: the kernel resolves the MAC through the model's
+/// neighbour table) and `-c` (every payload checked); the Rust rc_pingpong against
+/// ibv_rc_pingpong both ways and against itself at 1, 60 and 4096 bytes; verbs_check in one
+/// process and in two; the demo; then [`SUITE`] but for [`ROCE_SKIP`]. Each pingpong item also fails if the model dropped a packet
+/// (`<dir>/drops-*`).
+fn roce_items(
+    step: &Step,
+    rust: &std::result::Result<(String, String), String>,
+    check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>),
+) {
+    check(
+        "RoCE: ibv_devinfo -v shows an Ethernet port with RoCE v1 and v2 GIDs".into(),
+        &mut |dir| {
+            let text = step.output(dir, "ibv_devinfo", &["ibv_devinfo", "-v", "-d", DEVICE])?;
+            let info = devinfo(&text);
+            let wanted = ["GID[  0]:", ", RoCE v1", "GID[  1]:", ", RoCE v2", "::ffff:10.77."];
+            match (info.port1_active, info.link) {
+                (true, Link::Ethernet) if wanted.iter().all(|w| text.contains(w)) => Ok(()),
+                _ => Err(format!(
+                    "not an active Ethernet port with RoCE GIDs:\n{}",
+                    tail(&text, 12)
+                )),
+            }
+        },
+    );
+    let pairs: Vec<(String, String, &[&str])> = {
+        let c = |p: &str| p.to_string();
+        let mut v: Vec<(String, String, &[&str])> = Vec::new();
+        for size in [&["-s", "1"][..], &["-s", "60"], &["-s", "4096"]] {
+            v.push((c("ibv_rc_pingpong"), c("ibv_rc_pingpong"), size));
+        }
+        v.push((c("ibv_uc_pingpong"), c("ibv_uc_pingpong"), &[]));
+        v.push((c("ibv_ud_pingpong"), c("ibv_ud_pingpong"), &[]));
+        v.push((c("ibv_srq_pingpong"), c("ibv_srq_pingpong"), &[]));
+        if let Ok((_, rust_pp)) = rust {
+            for size in [&["-s", "1"][..], &["-s", "60"], &["-s", "4096"]] {
+                v.push((rust_pp.clone(), c("ibv_rc_pingpong"), size));
+                v.push((c("ibv_rc_pingpong"), rust_pp.clone(), size));
+                v.push((rust_pp.clone(), rust_pp.clone(), size));
+            }
+        }
+        v
+    };
+    let short = |p: &str| match p.rsplit('/').next() {
+        Some("rc_pingpong") => "rc_pingpong (Rust)".to_string(),
+        _ => p.to_string(),
+    };
+    if let Err(e) = rust {
+        check("RoCE: the Rust pingpongs".into(), &mut |_| Err(e.clone()));
+    }
+    for (server, client, extra) in pairs {
+        let name = format!(
+            "RoCE: {} server, {} client, -g 1 -c -n {ITERS} {}",
+            short(&server),
+            short(&client),
+            extra.join(" ")
+        );
+        check(name, &mut |dir| {
+            let port = free_port()?;
+            let args = |program: &str| -> Vec<String> {
+                [
+                    program,
+                    "-d",
+                    DEVICE,
+                    "-g",
+                    "1",
+                    "-c",
+                    "-n",
+                    ITERS,
+                    "-p",
+                    &port.to_string(),
+                ]
+                .iter()
+                .chain(extra)
+                .map(|s| s.to_string())
+                .collect()
+            };
+            let mut client_args = args(&client);
+            client_args.push("127.0.0.1".into());
+            let (s, c) = step.pair(dir, port, &args(&server), &client_args)?;
+            let done = format!("{ITERS} iters");
+            for (side, text) in [("server", &s), ("client", &c)] {
+                if !text.contains(&done) {
+                    return Err(format!("the {side} exited 0 without reporting {done}"));
+                }
+            }
+            no_drops(dir)
+        });
+    }
+    let exe = compile_verbs_check();
+    check("RoCE: verbs_check (one process, two contexts)".into(), &mut |dir| {
+        let exe = exe.clone()?;
+        let text = step.output(dir, "verbs_check", &[exe.as_str(), "-d", DEVICE])?;
+        verbs_check_passed(&text)
+    });
+    check("RoCE: verbs_check (two processes)".into(), &mut |dir| {
+        let exe = exe.clone()?;
+        let port = free_port()?;
+        let p = port.to_string();
+        let server = [exe.as_str(), "-d", DEVICE, "-S", "-p", &p].map(String::from);
+        let client = [exe.as_str(), "-d", DEVICE, "-p", &p, "127.0.0.1"].map(String::from);
+        let (_, c) = step.pair(dir, port, &server, &client)?;
+        verbs_check_passed(&c)
+    });
+    check(
+        "RoCE: Rust demo (RC over a RoCE v2 GID, UD through a RoCE address handle)".into(),
+        &mut |dir| {
+            let (demo, _) = rust.clone()?;
+            let text = step.output(dir, "demo", &[demo.as_str()])?;
+            let lines = [
+                "link layer ETHERNET",
+                "every payload checked",
+                "bytes match",
+                "UD: 10 datagrams",
+            ];
+            match lines.iter().all(|l| text.contains(l)) {
+                true => no_drops(dir),
+                false => Err(format!("the demo exited 0 without its lines:\n{}", tail(&text, 20))),
+            }
+        },
+    );
+    integration_suite(step, Some(ROCE_SKIP), check);
+}
+
+/// Fails when the model dropped a packet in `dir`'s run for a reason that says a header was
+/// wrong (it writes `drops-<LID>`, one `reason count` line per reason, when it drops one).
+/// Packets for a QP that is gone or no longer receiving (`dest_qpn`, `qp_state`) are left
+/// out: a pingpong may end with requests in flight to a peer that already exited
+/// (`ibv_srq_pingpong` posts a whole round to its 16 QPs), which a device drops too.
+fn no_drops(dir: &Path) -> std::result::Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| e.to_string())?;
+    let mut found = String::new();
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with("drops-") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            for line in text.lines() {
+                if !line.starts_with("dest_qpn ") && !line.starts_with("qp_state ") {
+                    found.push_str(line);
+                    found.push('\n');
+                }
+            }
+        }
+    }
+    match found.is_empty() {
+        true => Ok(()),
+        false => Err(format!("the model dropped packets:\n{found}")),
+    }
 }
 
 /// The integration tests (`tests/<name>.rs`) run on the model, each with the words its command
@@ -396,10 +593,15 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
 /// What one item of the step runs, given its model dir.
 type ItemFn<'a> = dyn FnMut(&Path) -> std::result::Result<(), String> + 'a;
 
-/// Builds the integration tests with `--features mlx5` and runs each of [`SUITE`] on the model
-/// (the Rust core with the Rust mlx5 provider), one item per test binary, `--test-threads=1`;
-/// then `tests/discovery.rs` built without the mlx5 feature.
-fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
+/// Builds the integration tests with `--features mlx5` and runs each of [`SUITE`] (but those
+/// in `skip`) on the model (the Rust core with the Rust mlx5 provider), one item per test
+/// binary, `--test-threads=1`; then, for the whole suite, `tests/discovery.rs` built
+/// without the mlx5 feature.
+fn integration_suite(step: &Step, skip: Option<&[&str]>, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
+    let on = match step.link {
+        Some("eth") => "RoCE: ",
+        _ => "",
+    };
     let mut c = crate::toolchain::cargo();
     c.args([
         "test",
@@ -414,7 +616,10 @@ fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut 
     let built = crate::json::cargo_executables(&mut c)
         .map_err(|e| format!("the tests do not build with the mlx5 provider: {e}"));
     for (name, env, args) in SUITE {
-        check(format!("tests/{name}.rs (Rust mlx5 provider)"), &mut |dir| {
+        if skip.is_some_and(|o| o.contains(name)) {
+            continue;
+        }
+        check(format!("{on}tests/{name}.rs (Rust mlx5 provider)"), &mut |dir| {
             let bins = built.as_ref().map_err(Clone::clone)?;
             let exe = bins
                 .iter()
@@ -429,6 +634,9 @@ fn integration_suite(step: &Step, check: &mut dyn for<'a> FnMut(String, &'a mut 
             let text = step.output(dir, name, &argv)?;
             passed(&text)
         });
+    }
+    if skip.is_some() {
+        return;
     }
     // The model's device is one that a build without the mlx5 provider has no provider for:
     // `uverbs::open` must say so with `Error::NoProvider`.
@@ -503,10 +711,12 @@ fn build_rust_examples() -> std::result::Result<(String, String), String> {
     Ok((path("demo"), path("rc_pingpong")))
 }
 
-/// What one step run shares: the interposer and the per-item limit.
+/// What one step run shares: the interposer, the per-item limit, and the model's link
+/// layer (`UVERBS_MLX5_MODEL_LINK`: `ib` or `eth`; `None` leaves it to the environment).
 struct Step {
     lib: PathBuf,
     limit: Duration,
+    link: Option<&'static str>,
 }
 
 impl Step {
@@ -535,6 +745,9 @@ impl Step {
             .stdout(out)
             .stderr(err);
         on_model(&mut c, &self.lib, dir);
+        if let Some(link) = self.link {
+            c.env(ENV_LINK, link);
+        }
         c.spawn()
             .map_err(|e| format!("cannot start `{}`: {e}", proc::describe(&c)))
     }
@@ -826,6 +1039,19 @@ mod tests {
             "nothing ran"
         );
         assert!(verbs_check_passed("PASS a\n").is_err(), "cut short");
+    }
+
+    #[test]
+    fn drops_of_wrong_headers_fail_an_item_and_those_of_gone_qps_do_not() {
+        let dir = std::env::temp_dir().join(format!("xtask-drops-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(no_drops(&dir).is_ok());
+        std::fs::write(dir.join("drops-7"), "dest_qpn 1\nqp_state 2\n").unwrap();
+        assert!(no_drops(&dir).is_ok());
+        std::fs::write(dir.join("drops-9"), "dgid 3\n").unwrap();
+        let err = no_drops(&dir).unwrap_err();
+        assert!(err.contains("dgid 3") && !err.contains("dest_qpn"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -103,10 +103,20 @@ impl Cqe {
         self.0[24..28].copy_from_slice(&(src_qp & 0xff_ffff).to_be_bytes());
         self
     }
-    /// A UD receive's `flags_rqpn` high byte: the service level (bits 24-27) and the GRH
-    /// type (bits 28-29, 1: an InfiniBand GRH; libmlx5 sets `IBV_WC_GRH` when non-zero).
-    fn datagram(mut self, d: &Datagram) -> Self {
-        self.0[24] = (d.sl & 0xf) | if d.grh.is_some() { 1 << 4 } else { 0 };
+    /// A UD receive's `flags_rqpn` high byte: the GRH flag (bits 28-29: non-zero when the
+    /// packet had a network header; libmlx5 and mlx5_ib set `IBV_WC_GRH` from it), and on
+    /// InfiniBand the service level (bits 24-27), on Ethernet the network header's type
+    /// (bits 24-25, hw/mlx5/cq.c:248: 0 GRH, 1 IPv6, 2 IPv4; the service level comes from a
+    /// VLAN tag, and the model has none).
+    fn datagram(mut self, d: &Datagram, l3: Option<recv::L3>, eth: bool) -> Self {
+        let low = if eth { l3.map_or(0, |k| k as u8) } else { d.sl & 0xf };
+        self.0[24] = low | if l3.is_some() { 1 << 4 } else { 0 };
+        self
+    }
+    /// A connected QP's receive of a packet with a network header: the GRH flag, and on
+    /// Ethernet its type (the SL bits of InfiniBand stay 0 for RC and UC).
+    fn network_header(mut self, l3: recv::L3, eth: bool) -> Self {
+        self.0[24] = (1 << 4) | if eth { l3 as u8 } else { 0 };
         self
     }
     fn solicited(mut self, yes: bool) -> Self {

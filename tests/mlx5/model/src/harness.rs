@@ -8,6 +8,7 @@ use crate::device::Device;
 use crate::kernel::{Errno, Host, Model};
 use crate::mem::{Arena, Memory};
 use crate::objects::EventSink;
+pub(crate) use crate::port::LinkLayer;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use zerocopy::{FromBytes, IntoBytes};
@@ -70,10 +71,20 @@ pub(crate) struct Env {
     pub(crate) model: Mutex<Model>,
     pub(crate) mem: Arena,
     pub(crate) host: TestHost,
+    /// The source GID index [`Env::connect`] uses on Ethernet (the destination is this
+    /// port's GID at the same index).
+    pub(crate) sgid_index: u8,
+    /// The destination GID [`Env::connect`] uses on Ethernet instead of the port's own.
+    pub(crate) dgid: Option<[u8; 16]>,
 }
 
 impl Env {
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
     pub(crate) fn bare() -> Self {
+        Self::bare_on(LinkLayer::InfiniBand)
+    }
+
+    pub(crate) fn bare_on(link: LinkLayer) -> Self {
         let mem = Arena::default();
         for (addr, len) in [
             (CMD, 4096),
@@ -85,18 +96,26 @@ impl Env {
         ] {
             mem.add(addr, len);
         }
-        let mut model = Model::new(7);
+        let mut model = Model::with_link(7, link);
         model.open(CTX);
         Self {
             model: Mutex::new(model),
             mem,
             host: TestHost::default(),
+            sgid_index: 3,
+            dgid: None,
         }
     }
 
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
     /// A context with legacy UARs (`dyn_uar == false`) or dynamic ones.
     pub(crate) fn new(dyn_uar: bool) -> Self {
-        let env = Self::bare();
+        Self::new_on(dyn_uar, LinkLayer::InfiniBand)
+    }
+
+    /// A context on a port with `link`.
+    pub(crate) fn new_on(dyn_uar: bool, link: LinkLayer) -> Self {
+        let env = Self::bare_on(link);
         let req = abi::AllocUcontextReq {
             total_num_bfregs: 16,
             num_low_latency_bfregs: 4,
@@ -229,6 +248,11 @@ impl Env {
 
     /// RESET -> INIT -> RTR -> RTS, connected to `dest_qpn` on this model's LID.
     pub(crate) fn connect(&self, qp: u32, dest_qpn: u32, rnr_retry: u8) {
+        self.connect_psn(qp, dest_qpn, rnr_retry, (0, 0));
+    }
+
+    /// [`Env::connect`] with the send and receive PSNs `(sq_psn, rq_psn)`.
+    pub(crate) fn connect_psn(&self, qp: u32, dest_qpn: u32, rnr_retry: u8, (sq_psn, rq_psn): (u32, u32)) {
         let all = abi::access::REMOTE_WRITE | abi::access::REMOTE_READ | abi::access::REMOTE_ATOMIC;
         self.modify(qp, |m| {
             m.attr_mask = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS;
@@ -248,8 +272,17 @@ impl Env {
             m.qp_state = qps::RTR;
             m.dest.dlid = 7;
             m.dest.port_num = 1;
+            let port = &self.model.lock().unwrap().port;
+            if port.is_eth() {
+                m.dest.dlid = 0;
+                m.dest.is_global = 1;
+                m.dest.sgid_index = self.sgid_index;
+                m.dest.hop_limit = 1;
+                m.dest.dgid = self.dgid.unwrap_or(port.gids[usize::from(self.sgid_index)].gid);
+            }
             m.path_mtu = 5;
             m.dest_qp_num = dest_qpn;
+            m.rq_psn = rq_psn;
             m.max_dest_rd_atomic = 1;
             m.min_rnr_timer = 1;
         })
@@ -265,6 +298,7 @@ impl Env {
             m.timeout = 1;
             m.retry_cnt = 1;
             m.rnr_retry = rnr_retry;
+            m.sq_psn = sq_psn;
             m.max_rd_atomic = 1;
         })
         .unwrap();
@@ -313,7 +347,13 @@ pub(crate) const CQ_DB: u64 = DB;
 
 impl Pair {
     pub(crate) fn new(rnr_retry: u8) -> Self {
-        let (env, key, handles, qpn) = Self::qps(abi::qpt::RC);
+        Self::new_on(LinkLayer::InfiniBand, 3, rnr_retry)
+    }
+
+    /// Two connected RC QPs on a port with `link`; on Ethernet, through GID `sgid_index`.
+    pub(crate) fn new_on(link: LinkLayer, sgid_index: u8, rnr_retry: u8) -> Self {
+        let (mut env, key, handles, qpn) = Self::qps_on(abi::qpt::RC, link);
+        env.sgid_index = sgid_index;
         env.connect(handles[0], qpn[1], rnr_retry);
         env.connect(handles[1], qpn[0], rnr_retry);
         Self::with(env, key, qpn)
@@ -322,7 +362,13 @@ impl Pair {
     #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
     /// Two UD QPs in RTS, each with Q_Key `qkey`.
     pub(crate) fn ud(qkey: u32) -> Self {
-        let (env, key, handles, qpn) = Self::qps(abi::qpt::UD);
+        Self::ud_on(LinkLayer::InfiniBand, qkey)
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))] // the unit tests' own
+    /// Two UD QPs in RTS on a port with `link`, each with Q_Key `qkey`.
+    pub(crate) fn ud_on(link: LinkLayer, qkey: u32) -> Self {
+        let (env, key, handles, qpn) = Self::qps_on(abi::qpt::UD, link);
         for qp in handles {
             env.modify(qp, |m| {
                 m.attr_mask = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::QKEY;
@@ -340,8 +386,8 @@ impl Pair {
     }
 
     /// An MR over DATA, one CQ and two QPs of `qp_type` in RESET: `(env, key, handles, qpns)`.
-    fn qps(qp_type: u8) -> (Env, u32, [u32; 2], [u32; 2]) {
-        let env = Env::new(false);
+    pub(crate) fn qps_on(qp_type: u8, link: LinkLayer) -> (Env, u32, [u32; 2], [u32; 2]) {
+        let env = Env::new_on(false, link);
         let pd = env.alloc_pd();
         let (_, key) = env.reg_mr(pd, DATA, 0x8000, 0xf).unwrap();
         let cq = env.create_cq(15, CQ_BUF, CQ_DB).unwrap();
@@ -359,7 +405,7 @@ impl Pair {
         (env, key, handles, qpn)
     }
 
-    fn with(env: Env, key: u32, qpn: [u32; 2]) -> Self {
+    pub(crate) fn with(env: Env, key: u32, qpn: [u32; 2]) -> Self {
         Self {
             env,
             key,

@@ -86,17 +86,37 @@ fn classify(path: *const c_char) -> Path {
     if bytes == DEVICE_PATH {
         return Path::Device;
     }
+    let sysfs_class = dir.join("sysfs/class").into_os_string().into_encoded_bytes();
+    let mut full = None;
     if let Some(rest) = bytes.strip_prefix(SYSFS_PREFIX) {
         if rest.is_empty() || rest.starts_with(b"/") || rest.starts_with(b"_verbs") {
-            let mut full = dir.join("sysfs/class").into_os_string().into_encoded_bytes();
-            full.extend_from_slice(b"/infiniband");
-            full.extend_from_slice(rest);
-            if let Ok(c) = CString::new(full) {
-                return Path::Redirect(c);
+            let mut f = sysfs_class.clone();
+            f.extend_from_slice(b"/infiniband");
+            f.extend_from_slice(rest);
+            full = Some(f);
+        }
+    }
+    // The port's own files (LID, GIDs and their attributes) differ between processes: they
+    // come from this process's port directory, whichever way the path was spelt.
+    let mut port_prefix = sysfs_class;
+    port_prefix.extend_from_slice(b"/infiniband/mlx5_0/ports/1");
+    let candidate = full.as_deref().unwrap_or(bytes);
+    if let Some(rest) = candidate.strip_prefix(port_prefix.as_slice()) {
+        if [&b"/gids"[..], b"/gid_attrs", b"/lid"]
+            .iter()
+            .any(|p| rest.starts_with(p))
+        {
+            if let Some(port_dir) = runtime().map(|rt| rt.port_dir()) {
+                let mut f = port_dir.into_os_string().into_encoded_bytes();
+                f.extend_from_slice(rest);
+                full = Some(f);
             }
         }
     }
-    Path::Other
+    match full.map(CString::new) {
+        Some(Ok(c)) => Path::Redirect(c),
+        _ => Path::Other,
+    }
 }
 
 /// The path to give the real function: the redirection, `/dev/null` for the device file

@@ -117,6 +117,10 @@ pub struct Context {
 pub struct Model {
     pub lid: u16,
     pub node_guid: u64,
+    /// The port: link layer, addresses, GID table, neighbours.
+    pub port: crate::port::Port,
+    /// Packets the device dropped, by reason.
+    pub drops: crate::port::Drops,
     pub contexts: HashMap<i32, Context>,
     pub pds: Table<Pd>,
     pub mrs: Table<Mr>,
@@ -214,11 +218,18 @@ fn write_method(command: u32) -> Option<(usize, usize)> {
 }
 
 impl Model {
-    /// A model whose port has `lid`.
+    /// A model whose port has `lid`, on the link layer `UVERBS_MLX5_MODEL_LINK` names.
     pub fn new(lid: u16) -> Self {
+        Self::with_link(lid, crate::port::LinkLayer::from_env())
+    }
+
+    /// A model whose port has `lid`, on `link`.
+    pub fn with_link(lid: u16, link: crate::port::LinkLayer) -> Self {
         Self {
             lid,
             node_guid: 0x0002_c903_0000_0001,
+            port: crate::port::Port::new(lid, link),
+            drops: crate::port::Drops::default(),
             contexts: HashMap::new(),
             pds: Table::default(),
             mrs: Table::default(),

@@ -31,6 +31,7 @@ mod interpose;
 pub mod kernel;
 pub mod mem;
 pub mod objects;
+pub mod port;
 #[cfg(not(feature = "harness"))]
 pub mod runtime;
 pub mod stepper;

@@ -124,6 +124,14 @@ pub struct QpAttrs {
     /// `enum ib_mig_state` (0, MIGRATED, until a modify names another).
     pub path_mig_state: u8,
     pub dest: crate::abi::QpDest,
+    /// On Ethernet: the destination MAC MODIFY_QP resolved from the path's DGID.
+    pub dmac: [u8; 6],
+    /// On RoCE v2: the path's UDP source port.
+    pub udp_sport: u16,
+    /// The PSN of the next request the send queue sends (from `sq_psn`).
+    pub next_psn: u32,
+    /// The PSN the receive side expects next (from `rq_psn`).
+    pub epsn: u32,
 }
 
 /// Why the send queue waits before retrying its head WQE.

@@ -10,6 +10,7 @@ use crate::device::Device;
 use crate::kernel::{Errno, Host, Model};
 use crate::mem::ProcessMemory;
 use crate::objects::EventSink;
+use crate::port::DropReason;
 use crate::wire::{read_frame, write_frame, Request, Response};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -56,8 +57,18 @@ impl Runtime {
                 .map(|l| (lid, l))
         })?;
         crate::log!("pid {pid} has LID {lid}");
+        let mut model = Model::new(lid);
+        model.port.publish(dir.join("neigh"));
+        let port_dir = dir.join(format!("port-{lid}"));
+        for (rel, text) in model.port.sysfs_files() {
+            let path = port_dir.join(rel);
+            if let Some(parent) = path.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            let _ = std::fs::write(&path, format!("{text}\n"));
+        }
         let rt = Self {
-            model: Mutex::new(Model::new(lid)),
+            model: Mutex::new(model),
             dir,
             lid,
         };
@@ -73,6 +84,22 @@ impl Runtime {
         // model; it can fail only for want of memory, and then forks are as before.
         unsafe { libc::pthread_atfork(Some(lock_for_fork), Some(unlock_after_fork), Some(unlock_after_fork)) };
         Some(rt)
+    }
+
+    /// This process's port files (`ports/1/lid`, `gids/`, `gid_attrs/`), where the
+    /// interposer sends their sysfs paths.
+    pub fn port_dir(&self) -> PathBuf {
+        self.dir.join(format!("port-{}", self.lid))
+    }
+
+    /// Writes `<dir>/drops-<LID>` (one `reason count` line per reason) when the model's
+    /// drop counters moved: what the test harness reads after a run.
+    fn note_drops(&self, m: &Model) {
+        static WRITTEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let total = m.drops.total();
+        if WRITTEN.swap(total, std::sync::atomic::Ordering::Relaxed) != total {
+            let _ = std::fs::write(self.dir.join(format!("drops-{}", self.lid)), m.drops.report());
+        }
     }
 
     /// The model, locked (a panic while it was held leaves it usable: every handler
@@ -117,11 +144,23 @@ fn listen(listener: UnixListener) {
 fn serve(mut stream: UnixStream) {
     let Some(rt) = runtime() else { return };
     while let Ok(frame) = read_frame(&mut stream) {
-        let answer = match Request::decode(&frame) {
-            Some(req) => Device::respond(&mut rt.lock(), &req, &ProcessMemory),
-            None => Response::Dropped,
+        let Some(req) = Request::decode(&frame) else {
+            if write_frame(&mut stream, &Response::Dropped.encode()).is_err() {
+                return;
+            }
+            continue;
         };
-        if write_frame(&mut stream, &answer.encode()).is_err() {
+        // The answer goes out before the model's lock is let go: the receive CQE is already
+        // visible, and a client that then destroys its QP and exits (its destroy waits for
+        // the lock) must not take the acknowledgement with it, which a device sends whatever
+        // the host does next. (Seen as RETRY_EXC_ERR at the server of an `ibv_rc_pingpong
+        // -e` pair whose client had finished.)
+        let mut m = rt.lock();
+        let answer = Device::respond(&mut m, &req, &ProcessMemory);
+        rt.note_drops(&m);
+        let sent = write_frame(&mut stream, &answer.encode());
+        drop(m);
+        if sent.is_err() {
             return;
         }
     }
@@ -149,8 +188,22 @@ fn device_loop() {
         };
         if let Some(work) = work {
             active = true;
-            let answer = if work.dlid == rt.lid {
-                Some(Device::respond(&mut rt.lock(), &work.request, &ProcessMemory))
+            let answer = if work.dlid == 0 {
+                // No port has that LID or MAC: the fabric drops the packet.
+                let mut m = rt.lock();
+                let reason = if m.port.is_eth() {
+                    DropReason::Dmac
+                } else {
+                    DropReason::Dlid
+                };
+                m.drops.add(reason);
+                rt.note_drops(&m);
+                None
+            } else if work.dlid == rt.lid {
+                let mut m = rt.lock();
+                let a = Device::respond(&mut m, &work.request, &ProcessMemory);
+                rt.note_drops(&m);
+                Some(a)
             } else {
                 exchange(&rt.dir, &mut peers, work.dlid, &work.request)
             };

@@ -2,6 +2,7 @@
 //! `SYSFS_PATH`) and what the Rust core reads (through the interposer's redirection of
 //! `/sys/class/infiniband*`).
 
+use crate::port::LinkLayer;
 use std::path::Path;
 
 /// The device's node GUID as sysfs prints it (the same for every process: per-process
@@ -32,14 +33,14 @@ pub fn build(root: &Path) -> std::io::Result<()> {
         ),
         ("class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE"),
         ("class/infiniband/mlx5_0/ports/1/phys_state", "5: LinkUp"),
-        ("class/infiniband/mlx5_0/ports/1/link_layer", "InfiniBand"),
-        ("class/infiniband/mlx5_0/ports/1/rate", "100 Gb/sec (4X EDR)"),
         (
-            "class/infiniband/mlx5_0/ports/1/gids/0",
-            "fe80:0000:0000:0000:0002:c903:0000:0001",
+            "class/infiniband/mlx5_0/ports/1/link_layer",
+            LinkLayer::from_env().sysfs(),
         ),
-        ("class/infiniband/mlx5_0/ports/1/gid_attrs/types/0", "IB/RoCE v1"),
+        ("class/infiniband/mlx5_0/ports/1/rate", "100 Gb/sec (4X EDR)"),
         ("class/infiniband/mlx5_0/ports/1/pkeys/0", "0xffff"),
+        // The LID, GIDs and GID attributes are each process's own: the interposer sends
+        // their paths to the process's port directory (`Runtime::port_dir`).
     ];
     for (rel, text) in files {
         let path = root.join(rel);

@@ -20,4 +20,5 @@ mod mmap;
 mod qp;
 mod srq;
 mod srq_device;
+mod strict;
 mod write;

@@ -36,13 +36,47 @@ pub enum Op {
     },
 }
 
-/// The headers of a UD send the receiver sees: the DETH's Q_Key, the LRH's service level
-/// and, when the address vector asks for one, the 40-byte GRH.
+/// What a UD send carries besides its headers: the DETH's Q_Key and the service level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Datagram {
     pub qkey: u32,
     pub sl: u8,
-    pub grh: Option<[u8; 40]>,
+}
+
+/// The global route header (InfiniBand GRH, RoCE v1 GRH, or the IP header of RoCE v2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grh {
+    pub sgid: [u8; 16],
+    pub dgid: [u8; 16],
+    pub tclass: u8,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+}
+
+/// The Ethernet frame around a RoCE packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Eth {
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    /// RoCE v2 (UDP/IP, destination port 4791) rather than v1 (Ethertype 0x8915, a GRH).
+    pub v2: bool,
+    /// RoCE v2's UDP source port.
+    pub udp_sport: u16,
+}
+
+/// The headers of a packet that the receiving device checks before it runs the request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Headers {
+    /// InfiniBand LRH: the destination LID (0 on Ethernet).
+    pub dlid: u16,
+    /// BTH: the P_Key.
+    pub pkey: u16,
+    /// BTH: the PSN of the message's first packet.
+    pub psn: u32,
+    /// PSNs the message takes (its packets; a READ's, its response packets).
+    pub npkts: u32,
+    pub grh: Option<Grh>,
+    pub eth: Option<Eth>,
 }
 
 /// One request packet.
@@ -51,6 +85,7 @@ pub struct Request {
     pub dst_qpn: u32,
     pub src_qpn: u32,
     pub src_lid: u16,
+    pub hdr: Headers,
     pub op: Op,
 }
 
@@ -91,6 +126,10 @@ impl Writer {
     }
     fn imm(&mut self, v: Option<u32>) -> &mut Self {
         self.u8(u8::from(v.is_some())).u32(v.unwrap_or(0))
+    }
+    fn raw(&mut self, v: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(v);
+        self
     }
     fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.u32(v.len() as u32);
@@ -138,6 +177,22 @@ impl Request {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer(Vec::new());
         w.u32(self.dst_qpn).u32(self.src_qpn).u16(self.src_lid);
+        let h = &self.hdr;
+        w.u16(h.dlid).u16(h.pkey).u32(h.psn).u32(h.npkts);
+        match &h.grh {
+            None => w.u8(0),
+            Some(g) => w
+                .u8(1)
+                .raw(&g.sgid)
+                .raw(&g.dgid)
+                .u8(g.tclass)
+                .u8(g.hop_limit)
+                .u32(g.flow_label),
+        };
+        match &h.eth {
+            None => w.u8(0),
+            Some(e) => w.u8(1).raw(&e.dmac).raw(&e.smac).u8(u8::from(e.v2)).u16(e.udp_sport),
+        };
         match &self.op {
             Op::Send {
                 imm,
@@ -148,11 +203,7 @@ impl Request {
                 w.u8(0).imm(*imm).u8(u8::from(*solicited)).bytes(data);
                 match datagram {
                     None => w.u8(0),
-                    Some(d) => w
-                        .u8(1)
-                        .u32(d.qkey)
-                        .u8(d.sl)
-                        .bytes(d.grh.as_ref().map_or(&[][..], |g| &g[..])),
+                    Some(d) => w.u8(1).u32(d.qkey).u8(d.sl),
                 }
             }
             Op::Write {
@@ -183,6 +234,35 @@ impl Request {
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let mut r = Reader(bytes);
         let (dst_qpn, src_qpn, src_lid) = (r.u32()?, r.u32()?, r.u16()?);
+        let mut hdr = Headers {
+            dlid: r.u16()?,
+            pkey: r.u16()?,
+            psn: r.u32()?,
+            npkts: r.u32()?,
+            grh: None,
+            eth: None,
+        };
+        hdr.grh = match r.u8()? {
+            0 => None,
+            1 => Some(Grh {
+                sgid: r.take()?,
+                dgid: r.take()?,
+                tclass: r.u8()?,
+                hop_limit: r.u8()?,
+                flow_label: r.u32()?,
+            }),
+            _ => return None,
+        };
+        hdr.eth = match r.u8()? {
+            0 => None,
+            1 => Some(Eth {
+                dmac: r.take()?,
+                smac: r.take()?,
+                v2: r.u8()? != 0,
+                udp_sport: r.u16()?,
+            }),
+            _ => return None,
+        };
         let op = match r.u8()? {
             0 => Op::Send {
                 imm: r.imm()?,
@@ -193,10 +273,6 @@ impl Request {
                     1 => Some(Datagram {
                         qkey: r.u32()?,
                         sl: r.u8()?,
-                        grh: match r.bytes()? {
-                            g if g.is_empty() => None,
-                            g => Some(g.try_into().ok()?),
-                        },
                     }),
                     _ => return None,
                 },
@@ -230,6 +306,7 @@ impl Request {
             dst_qpn,
             src_qpn,
             src_lid,
+            hdr,
             op,
         })
     }
@@ -304,18 +381,13 @@ mod tests {
                 datagram: Some(Datagram {
                     qkey: 0x1111_1111,
                     sl: 3,
-                    grh: None,
                 }),
             },
             Op::Send {
                 imm: Some(1),
                 solicited: false,
                 data: vec![],
-                datagram: Some(Datagram {
-                    qkey: 5,
-                    sl: 0,
-                    grh: Some([9; 40]),
-                }),
+                datagram: Some(Datagram { qkey: 5, sl: 0 }),
             },
             Op::Write {
                 raddr: 9,
@@ -341,11 +413,34 @@ mod tests {
                 add: 2,
             },
         ];
-        for op in ops {
+        let headers = [
+            Headers::default(),
+            Headers {
+                dlid: 4,
+                pkey: 0xffff,
+                psn: 0xab_cdef,
+                npkts: 3,
+                grh: Some(Grh {
+                    sgid: [1; 16],
+                    dgid: [2; 16],
+                    tclass: 3,
+                    hop_limit: 64,
+                    flow_label: 0xf_1234,
+                }),
+                eth: Some(Eth {
+                    dmac: [5; 6],
+                    smac: [6; 6],
+                    v2: true,
+                    udp_sport: 0xc123,
+                }),
+            },
+        ];
+        for (i, op) in ops.into_iter().enumerate() {
             let r = Request {
                 dst_qpn: 1,
                 src_qpn: 2,
                 src_lid: 3,
+                hdr: headers[i % 2].clone(),
                 op,
             };
             assert_eq!(Request::decode(&r.encode()), Some(r.clone()));

@@ -6,25 +6,166 @@ use super::{mr_covering, Cqe, Device, RecvWqe, GRH_LEN};
 use crate::abi::{self, cqe_op, qps, syndrome};
 use crate::kernel::Model;
 use crate::mem::Memory;
+use crate::port::{DropReason, GidType};
 use crate::wire::{Op, Request, Response};
 
 impl Device {
-    /// The responder: runs `req` on the destination QP of this model.
-    pub fn respond(model: &mut Model, req: &Request, mem: &dyn Memory) -> Response {
-        let Some((h, qp)) = model.qps.iter().find(|(_, q)| q.qpn == req.dst_qpn) else {
-            return Response::Dropped;
+    /// Checks `req`'s headers as the receiving port and QP would: `Err` names why a device
+    /// drops it. On success, the handle of the destination QP and whether the packet is a
+    /// duplicate (an RC request whose PSN the QP already took).
+    fn admit(model: &Model, req: &Request) -> Result<(u32, bool), DropReason> {
+        let port = &model.port;
+        let hdr = &req.hdr;
+        // The link: on Ethernet the frame's destination MAC, on InfiniBand the LRH's DLID.
+        let ty = match (&hdr.eth, port.is_eth()) {
+            (Some(eth), true) => {
+                if eth.dmac != port.mac {
+                    return Err(DropReason::Dmac);
+                }
+                if hdr.grh.is_none() {
+                    return Err(DropReason::GidType);
+                }
+                if eth.v2 {
+                    GidType::RoceV2
+                } else {
+                    GidType::RoceV1
+                }
+            }
+            (None, false) => {
+                if hdr.dlid != port.lid {
+                    return Err(DropReason::Dlid);
+                }
+                GidType::Ib
+            }
+            (Some(_), false) => return Err(DropReason::Dlid),
+            (None, true) => return Err(DropReason::Dmac),
         };
-        let receiving = matches!(qp.state, qps::RTR | qps::RTS | qps::SQD);
-        let ud = qp.qp_type == abi::qpt::UD;
-        let accepted = match &req.op {
-            // A UD QP takes datagrams whose Q_Key is its own; the hardware drops the others
-            // (and counts a Q_Key violation).
-            Op::Send { datagram: Some(d), .. } => ud && receiving && d.qkey == qp.attrs.qkey,
-            _ => !ud && receiving && qp.attrs.dest_qp_num == req.src_qpn,
-        };
-        if !accepted {
-            return Response::Dropped;
+        // The network header: the DGID (RoCE v2: the destination IP) must be one of the
+        // port's, of the packet's type; a routed packet must have hops left.
+        if let Some(grh) = &hdr.grh {
+            if port.find(&grh.dgid, ty).is_none() {
+                return Err(DropReason::Dgid);
+            }
+            if ty == GidType::RoceV2 && grh.hop_limit == 0 {
+                return Err(DropReason::HopLimit);
+            }
         }
+        // The BTH's P_Key: the port's table holds the default, 0xffff (a full member); a
+        // packet matches when the low 15 bits agree and one side is a full member.
+        if hdr.pkey & 0x7fff != 0x7fff {
+            return Err(DropReason::Pkey);
+        }
+        let (h, qp) = model
+            .qps
+            .iter()
+            .find(|(_, q)| q.qpn == req.dst_qpn)
+            .ok_or(DropReason::DestQpn)?;
+        if !matches!(qp.state, qps::RTR | qps::RTS | qps::SQD) {
+            return Err(DropReason::QpState);
+        }
+        let ud = qp.qp_type == abi::qpt::UD;
+        match &req.op {
+            // A UD QP takes datagrams whose Q_Key is its own (the hardware counts a Q_Key
+            // violation for the others).
+            Op::Send { datagram: Some(d), .. } if ud => {
+                return if d.qkey == qp.attrs.qkey {
+                    Ok((h, false))
+                } else {
+                    Err(DropReason::Qkey)
+                };
+            }
+            Op::Send { datagram: Some(_), .. } => return Err(DropReason::DestQpn),
+            _ if ud => return Err(DropReason::DestQpn),
+            _ => {}
+        }
+        // A connected QP takes packets only from the QP its path names: that QP number,
+        // from the GID (or LID) it is connected to, to its own GID at the path's index,
+        // of that GID's type.
+        if qp.attrs.dest_qp_num != req.src_qpn {
+            return Err(DropReason::SrcQpn);
+        }
+        let dest = &qp.attrs.dest;
+        match &hdr.grh {
+            Some(grh) if port.is_eth() || dest.is_global != 0 => {
+                let own = port.gid(dest.sgid_index).map_err(|_| DropReason::Dgid)?;
+                if own.gid != grh.dgid {
+                    return Err(DropReason::Dgid);
+                }
+                if own.ty != ty {
+                    return Err(DropReason::GidType);
+                }
+                if grh.sgid != dest.dgid {
+                    return Err(DropReason::Source);
+                }
+            }
+            None if !port.is_eth() && dest.is_global == 0 => {
+                if req.src_lid != dest.dlid {
+                    return Err(DropReason::Source);
+                }
+            }
+            _ => return Err(DropReason::Source),
+        }
+        // RC takes the PSN it expects; one it already took is a duplicate (answered again,
+        // not run again); any other is dropped (the requester's retries run out). UC
+        // starts over at whatever PSN a message begins with.
+        if qp.qp_type == abi::qpt::RC && hdr.psn != qp.attrs.epsn {
+            let behind = qp.attrs.epsn.wrapping_sub(hdr.psn) & 0xff_ffff;
+            if behind != 0 && behind < 1 << 23 {
+                return Ok((h, true));
+            }
+            return Err(DropReason::Psn);
+        }
+        Ok((h, false))
+    }
+
+    /// The responder: runs `req` on the destination QP of this model, if the device takes
+    /// it ([`Self::admit`]); a packet it drops is counted with its reason.
+    pub fn respond(model: &mut Model, req: &Request, mem: &dyn Memory) -> Response {
+        let (h, duplicate) = match Self::admit(model, req) {
+            Ok(v) => v,
+            Err(reason) => {
+                model.drops.add(reason);
+                crate::log!(
+                    "drop ({}) for qpn {:#x} from {:#x}",
+                    reason.name(),
+                    req.dst_qpn,
+                    req.src_qpn
+                );
+                return Response::Dropped;
+            }
+        };
+        if duplicate {
+            // Sends and writes already done are acknowledged again; a READ is served
+            // again (it changes nothing); an atomic's saved result is not modelled.
+            if !matches!(req.op, Op::Read { .. } | Op::CompareSwap { .. } | Op::FetchAdd { .. }) {
+                return Response::Ack;
+            }
+            if !matches!(req.op, Op::Read { .. }) {
+                return Response::Dropped;
+            }
+        }
+        let answer = Self::execute(model, h, req, mem);
+        if !duplicate
+            && matches!(
+                answer,
+                Response::Ack | Response::ReadData(_) | Response::AtomicOriginal(_)
+            )
+        {
+            if let Some(qp) = model.qps.get_mut(h) {
+                if qp.qp_type == abi::qpt::UC {
+                    qp.attrs.epsn = req.hdr.psn;
+                }
+                qp.attrs.epsn = qp.attrs.epsn.wrapping_add(req.hdr.npkts) & 0xff_ffff;
+            }
+        }
+        answer
+    }
+
+    /// Runs an admitted request on QP `h`.
+    fn execute(model: &mut Model, h: u32, req: &Request, mem: &dyn Memory) -> Response {
+        let Some(qp) = model.qps.get(h) else {
+            return Response::Dropped;
+        };
         let rc = qp.qp_type == abi::qpt::RC;
         // Remote read and atomics are off without responder resources (qp.c
         // set_qpc_atomic_flags: `if (!dest_rd_atomic) access_flags &= IB_ACCESS_REMOTE_WRITE`).
@@ -187,21 +328,30 @@ impl Device {
             Err(()) => return Err(Response::Dropped),
         };
         let index = wqe.index;
-        // A UD receive buffer starts with room for the GRH: the hardware writes the GRH
-        // there when the packet carried one and leaves those bytes alone when not; the
-        // byte count includes them either way.
+        // A UD receive buffer starts with room for the GRH: the hardware writes the network
+        // header there when the packet carried one (a GRH; on RoCE v2 over IPv4 the IPv4
+        // header in the last 20 bytes) and leaves the bytes it does not write alone; the
+        // byte count includes all 40 either way.
         let datagram = match &req.op {
             Op::Send { datagram: Some(d), .. } => Some(d),
             _ => None,
         };
         let with_grh;
+        let mut l3 = None;
         let (data, unwritten) = match (data, datagram) {
-            (Some(payload), Some(d)) => {
+            (Some(payload), Some(_)) => {
                 let mut bytes = Vec::with_capacity(GRH_LEN + payload.len());
-                bytes.extend_from_slice(d.grh.as_ref().unwrap_or(&[0; GRH_LEN]));
+                let (grh, skip) = match network_header(&req.hdr, payload.len(), imm.is_some()) {
+                    Some((g, kind, skip)) => {
+                        l3 = Some(kind);
+                        (g, skip)
+                    }
+                    None => ([0; GRH_LEN], GRH_LEN),
+                };
+                bytes.extend_from_slice(&grh);
                 bytes.extend_from_slice(payload);
                 with_grh = bytes;
-                (Some(&with_grh), if d.grh.is_some() { 0 } else { GRH_LEN })
+                (Some(&with_grh), skip)
             }
             (data, _) => (data, 0),
         };
@@ -266,9 +416,79 @@ impl Device {
             cqe = cqe.imm(imm);
         }
         if let Some(d) = datagram {
-            cqe = cqe.datagram(d);
+            cqe = cqe.datagram(d, l3, model.port.is_eth());
+        } else if let Some(kind) = l3_of(&req.hdr) {
+            // A connected QP's receive says so too when its packet had a network header
+            // (on RoCE, every packet).
+            cqe = cqe.network_header(kind, model.port.is_eth());
         }
         Self::post_for(model, h, false, cqe, mem);
         Ok(Response::Ack)
     }
+}
+
+/// What a receive CQE says of the network header (`flags_rqpn` bits 24-25 on Ethernet:
+/// `MLX5_CQE_ROCE_L3_HEADER_TYPE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum L3 {
+    /// An InfiniBand or RoCE v1 GRH.
+    Grh = 0,
+    Ipv6 = 1,
+    Ipv4 = 2,
+}
+
+/// The kind of network header a packet with `hdr` has, if any.
+fn l3_of(hdr: &crate::wire::Headers) -> Option<L3> {
+    let grh = hdr.grh?;
+    let v2 = hdr.eth.is_some_and(|e| e.v2);
+    let v4 = grh.dgid[..10] == [0; 10] && grh.dgid[10..12] == [0xff, 0xff];
+    Some(match (v2, v4) {
+        (true, true) => L3::Ipv4,
+        (true, false) => L3::Ipv6,
+        _ => L3::Grh,
+    })
+}
+
+/// The 40 bytes a UD receive gets at its head for a packet with `hdr` and a payload of
+/// `len` bytes, their kind, and how many leading bytes stay unwritten: `None` when the
+/// packet has no network header (an InfiniBand packet without a GRH).
+fn network_header(hdr: &crate::wire::Headers, len: usize, imm: bool) -> Option<([u8; GRH_LEN], L3, usize)> {
+    let grh = hdr.grh?;
+    // BTH 12, DETH 8, the immediate, the payload padded to 4, the ICRC 4.
+    let transport = 12 + 8 + if imm { 4 } else { 0 } + len.div_ceil(4) * 4 + 4;
+    let mut g = [0u8; GRH_LEN];
+    let v2 = hdr.eth.is_some_and(|e| e.v2);
+    let v4 = grh.dgid[..10] == [0; 10] && grh.dgid[10..12] == [0xff, 0xff];
+    if v2 && v4 {
+        // RoCE v2 over IPv4: the IPv4 header (20 bytes, DF, protocol UDP) ends the room.
+        let total = 20 + 8 + transport;
+        let ip = &mut g[20..];
+        ip[0] = 0x45;
+        ip[1] = grh.tclass;
+        ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        ip[6] = 0x40;
+        ip[8] = grh.hop_limit;
+        ip[9] = 17;
+        ip[12..16].copy_from_slice(&grh.sgid[12..]);
+        ip[16..20].copy_from_slice(&grh.dgid[12..]);
+        let mut sum = 0u32;
+        for pair in ip.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        return Some((g, L3::Ipv4, 20));
+    }
+    // A GRH (InfiniBand, RoCE v1: next header 0x1b) or an IPv6 header (RoCE v2: UDP, its
+    // 8 bytes counted in the payload length).
+    g[0..4].copy_from_slice(&((6 << 28) | (u32::from(grh.tclass) << 20) | (grh.flow_label & 0xf_ffff)).to_be_bytes());
+    let paylen = transport + if v2 { 8 } else { 0 };
+    g[4..6].copy_from_slice(&(paylen as u16).to_be_bytes());
+    g[6] = if v2 { 17 } else { 0x1b };
+    g[7] = grh.hop_limit;
+    g[8..24].copy_from_slice(&grh.sgid);
+    g[24..40].copy_from_slice(&grh.dgid);
+    Some((g, if v2 { L3::Ipv6 } else { L3::Grh }, 0))
 }

@@ -2,12 +2,13 @@
 //! and keys, hands the request to the fabric and completes it with the responder's answer;
 //! errors, flushes and NOPs complete locally.
 
-use super::{ack_timeout, mr_covering, rnr_delay, uidx, Cqe, Device, Segment, Work, Wqe, GRH_LEN, UD_MTU};
+use super::{ack_timeout, mr_covering, rnr_delay, uidx, Cqe, Device, Segment, Work, Wqe, UD_MTU};
 use crate::abi::{self, cqe_op, opcode, qps, syndrome};
 use crate::kernel::Model;
 use crate::mem::Memory;
 use crate::objects::{Qp, Stall};
-use crate::wire::{Datagram, Op, Request, Response};
+use crate::port::{GidType, Port};
+use crate::wire::{Datagram, Eth, Grh, Op, Request, Response};
 use std::time::Instant;
 
 impl Device {
@@ -287,7 +288,7 @@ impl Device {
                         if data.len() > UD_MTU {
                             return Err(fail(syndrome::LOCAL_LENGTH));
                         }
-                        Some(Self::datagram(qp, av, data.len(), imm.is_some(), model.node_guid))
+                        Some(Self::datagram(qp, av, model.port.is_eth()))
                     }
                     None => None,
                 },
@@ -330,21 +331,39 @@ impl Device {
                 }
             }
         };
-        // A UD send goes where its address vector says: `rlid`, and `dqp_dct`'s low 24 bits.
-        let (dlid, dst_qpn) = match &wqe.av {
-            Some(av) => (
-                u16::from_be_bytes([av[14], av[15]]),
-                u32::from_be_bytes([0, av[9], av[10], av[11]]),
-            ),
-            None => (qp.attrs.dest.dlid, qp.attrs.dest_qp_num),
+        let (route, hdr) = match &wqe.av {
+            Some(av) => Self::av_headers(&model.port, av).ok_or_else(|| fail(syndrome::LOCAL_QP_OP))?,
+            None => Self::path_headers(&model.port, qp),
+        };
+        let len = match &op {
+            Op::Send { data, .. } | Op::Write { data, .. } => data.len() as u64,
+            Op::Read { len, .. } => u64::from(*len),
+            _ => 0,
+        };
+        let npkts = match &wqe.av {
+            Some(_) => 1,
+            None => {
+                let mtu = 128u64 << qp.attrs.path_mtu.clamp(1, 5);
+                len.div_ceil(mtu).max(1) as u32
+            }
+        };
+        // A UD send goes to `dqp_dct`'s low 24 bits; a connected one to its QP's.
+        let dst_qpn = match &wqe.av {
+            Some(av) => u32::from_be_bytes([0, av[9], av[10], av[11]]),
+            None => qp.attrs.dest_qp_num,
         };
         Ok(Some(Work {
             qp: h,
-            dlid,
+            dlid: route,
             request: Request {
                 dst_qpn,
                 src_qpn: qp.qpn,
                 src_lid: model.lid,
+                hdr: crate::wire::Headers {
+                    psn: qp.attrs.next_psn,
+                    npkts,
+                    ..hdr
+                },
                 op,
             },
             wqe_index: wqe.index,
@@ -356,40 +375,118 @@ impl Device {
         }))
     }
 
-    /// The headers a UD send from `qp` carries, from its address vector
-    /// (`mlx5_wqe_av`: `qkey` at 0, `stat_rate_sl` at 12, `tclass` 26, `hop_limit` 27,
-    /// `grh_gid_fl` 28, `rgid` 32), for a payload of `len` bytes.
-    fn datagram(qp: &Qp, av: &[u8; 48], len: usize, imm: bool, node_guid: u64) -> Datagram {
-        let be32 = |at: usize| u32::from_be_bytes([av[at], av[at + 1], av[at + 2], av[at + 3]]);
-        // A Q_Key with its high bit set is a controlled one: the QP's own goes out instead.
-        let qkey = match be32(0) {
-            k if k & 0x8000_0000 != 0 => qp.attrs.qkey,
-            k => k,
-        };
-        let grh_gid_fl = be32(28);
-        // Bit 30 of `grh_gid_fl`: the address vector asks for a GRH (InfiniBand; RoCE
-        // always has one).
-        let grh = (grh_gid_fl & (1 << 30) != 0).then(|| {
-            let mut g = [0u8; GRH_LEN];
-            let flow = grh_gid_fl & 0xf_ffff;
-            g[0..4].copy_from_slice(&((6 << 28) | (u32::from(av[26]) << 20) | flow).to_be_bytes());
-            // PayLen: what follows the GRH (BTH 12, DETH 8, the immediate, the payload
-            // padded to 4, ICRC 4).
-            let paylen = 12 + 8 + if imm { 4 } else { 0 } + len.div_ceil(4) * 4 + 4;
-            g[4..6].copy_from_slice(&(paylen as u16).to_be_bytes());
-            g[6] = 0x1b;
-            g[7] = av[27];
-            // The source GID: the port's only one, fe80:: and the port GUID.
-            g[8..16].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
-            g[16..24].copy_from_slice(&node_guid.to_be_bytes());
-            g[24..40].copy_from_slice(&av[32..48]);
-            g
+    /// The headers of a connected QP's packets, from its path (MODIFY_QP's address vector,
+    /// and on Ethernet the MAC and UDP source port the kernel resolved), and the port they
+    /// go to (the destination LID, or on Ethernet the port whose MAC it is; 0: none).
+    fn path_headers(port: &Port, qp: &Qp) -> (u16, crate::wire::Headers) {
+        let dest = &qp.attrs.dest;
+        let pkey = Self::pkey(qp.attrs.pkey_index);
+        let sgid = port.gid(dest.sgid_index).ok();
+        let grh = (port.is_eth() || dest.is_global != 0).then(|| Grh {
+            sgid: sgid.map_or([0; 16], |g| g.gid),
+            dgid: dest.dgid,
+            tclass: dest.traffic_class,
+            hop_limit: dest.hop_limit,
+            flow_label: dest.flow_label & 0xf_ffff,
         });
-        Datagram {
-            qkey,
-            sl: av[12] & 0xf,
-            grh,
+        if port.is_eth() {
+            let eth = Eth {
+                dmac: qp.attrs.dmac,
+                smac: port.mac,
+                v2: sgid.is_some_and(|g| g.ty == GidType::RoceV2),
+                udp_sport: qp.attrs.udp_sport,
+            };
+            let route = crate::port::lid_of_mac(&eth.dmac).unwrap_or(0);
+            let hdr = crate::wire::Headers {
+                pkey,
+                grh,
+                eth: Some(eth),
+                ..Default::default()
+            };
+            (route, hdr)
+        } else {
+            let hdr = crate::wire::Headers {
+                dlid: dest.dlid,
+                pkey,
+                grh,
+                ..Default::default()
+            };
+            (dest.dlid, hdr)
         }
+    }
+
+    /// The headers of a UD send from its address vector (`mlx5_wqe_av`: `stat_rate_sl` at
+    /// 12, `rlid` 14 (on RoCE v2 the UDP source port), `rmac` 20, `tclass` 26, `hop_limit`
+    /// 27, `grh_gid_fl` 28, `rgid` 32) and the port they go to. On InfiniBand a GRH only
+    /// when `grh_gid_fl` bit 30 asks for one; on Ethernet always (libmlx5 leaves the bit
+    /// clear there: it is reserved), from the source GID the vector's index names, whose
+    /// type makes the packet RoCE v1 or v2. `None`: that index names no GID.
+    fn av_headers(port: &Port, av: &[u8; 48]) -> Option<(u16, crate::wire::Headers)> {
+        let grh_gid_fl = u32::from_be_bytes([av[28], av[29], av[30], av[31]]);
+        let sgid_index = ((grh_gid_fl >> 20) & 0xff) as u8;
+        let mut dgid = [0u8; 16];
+        dgid.copy_from_slice(&av[32..48]);
+        let rlid = u16::from_be_bytes([av[14], av[15]]);
+        let grh = |sgid: [u8; 16]| Grh {
+            sgid,
+            dgid,
+            tclass: av[26],
+            hop_limit: av[27],
+            flow_label: grh_gid_fl & 0xf_ffff,
+        };
+        if port.is_eth() {
+            let sgid = port.gid(sgid_index).ok()?;
+            let mut dmac = [0u8; 6];
+            dmac.copy_from_slice(&av[20..26]);
+            let v2 = sgid.ty == GidType::RoceV2;
+            let hdr = crate::wire::Headers {
+                pkey: Self::pkey(0),
+                grh: Some(grh(sgid.gid)),
+                eth: Some(Eth {
+                    dmac,
+                    smac: port.mac,
+                    v2,
+                    udp_sport: if v2 { rlid } else { 0 },
+                }),
+                ..Default::default()
+            };
+            Some((crate::port::lid_of_mac(&dmac).unwrap_or(0), hdr))
+        } else {
+            let g = if grh_gid_fl & (1 << 30) != 0 {
+                Some(grh(port.gid(sgid_index).ok()?.gid))
+            } else {
+                None
+            };
+            let hdr = crate::wire::Headers {
+                dlid: rlid,
+                pkey: Self::pkey(0),
+                grh: g,
+                ..Default::default()
+            };
+            Some((rlid, hdr))
+        }
+    }
+
+    /// The P_Key at `index` of the port's table: 0xffff (the default full member) at 0,
+    /// the rest of the table empty.
+    fn pkey(index: u16) -> u16 {
+        if index == 0 {
+            0xffff
+        } else {
+            0
+        }
+    }
+
+    /// What a UD send carries besides its headers: the Q_Key and service level from its
+    /// address vector (`qkey` at 0, `stat_rate_sl` at 12).
+    fn datagram(qp: &Qp, av: &[u8; 48], eth: bool) -> Datagram {
+        let qkey = u32::from_be_bytes([av[0], av[1], av[2], av[3]]);
+        // A Q_Key with its high bit set is a controlled one: the QP's own goes out instead.
+        let qkey = if qkey & 0x8000_0000 != 0 { qp.attrs.qkey } else { qkey };
+        // On Ethernet the priority sits in bits 1-3 (ah.c create_ib_ah), on InfiniBand
+        // the SL in bits 0-3.
+        let sl = if eth { (av[12] >> 1) & 7 } else { av[12] & 0xf };
+        Datagram { qkey, sl }
     }
 
     /// Finishes `work` with the responder's answer (`None`: the fabric could not deliver it).
@@ -470,6 +567,7 @@ impl Device {
         }
         qp.stall = None;
         qp.sq_ci = qp.sq_ci.wrapping_add(work.nbb);
+        qp.attrs.next_psn = work.request.hdr.psn.wrapping_add(work.request.hdr.npkts) & 0xff_ffff;
         if work.signaled {
             let cqe = Cqe::new(
                 cqe_op::REQ,

@@ -8,8 +8,8 @@ use libc::{EINVAL, ENOENT};
 
 impl Model {
     /// CREATE_AH (core/uverbs_cmd.c:2408 `ib_uverbs_create_ah`). libmlx5 sends it only on
-    /// an Ethernet port (it builds an InfiniBand address vector itself); the Rust provider
-    /// sends it on every port, as the kernel allows.
+    /// an Ethernet port, for the destination MAC (it builds an InfiniBand address vector
+    /// itself); the Rust provider sends it on every port, as the kernel allows.
     pub(super) fn create_ah(&mut self, call: &Call<'_>, mem: &dyn Memory) -> Result<(), Errno> {
         crate::trace::command("CREATE_AH", &call.udata_in, call.udata_outlen);
         let req: abi::CreateAh = decode(call.req);
@@ -21,17 +21,38 @@ impl Model {
         if !self.pds.get(req.pd_handle).is_some_and(|p| p.ctx == call.ctx) {
             return Err(ENOENT);
         }
-        // core/verbs.c:597 rdma_create_user_ah -> :451 rdma_check_ah_attr: the port is
-        // InfiniBand (core/uverbs_cmd.c:2438 rdma_ah_find_type gives an IB AH) and does not
-        // require a GRH (hw/mlx5/main.c:2894: only a port whose vport says so), so an AH
-        // without one is fine. With one, :463 rdma_get_gid_attr: an sgid index beyond the
-        // GID table (one entry) is EINVAL (core/cache.c:1232).
-        if req.attr.is_global != 0 && req.attr.sgid_index >= 1 {
+        // core/verbs.c:597 rdma_create_user_ah -> :441 rdma_fill_sgid_attr -> :420
+        // rdma_check_ah_attr: an AH on Ethernet (a RoCE AH, core/uverbs_cmd.c:2438
+        // rdma_ah_find_type) needs a GRH (EINVAL); an InfiniBand port does not require one
+        // (hw/mlx5/main.c:2894: only a port whose vport says so). With a GRH, its source
+        // GID index must name a valid GID (core/cache.c:1221: beyond the table EINVAL, an
+        // empty entry ENODATA).
+        if self.port.is_eth() && req.attr.is_global == 0 {
             return Err(EINVAL);
         }
-        // hw/mlx5/ah.c:93 mlx5_ib_create_ah: an IB AH takes no driver data and returns none
-        // (the dmac response, :106-120, is for RoCE AHs only); the AH holds its PD
-        // (core/verbs.c:544).
+        let mut dmac = None;
+        if req.attr.is_global != 0 {
+            self.port.gid(req.attr.sgid_index)?;
+            // core/verbs.c:610: a RoCE AH's destination MAC is resolved from the DGID
+            // (:1727 ib_resolve_eth_dmac), as for a connected QP's path.
+            if self.port.is_eth() {
+                dmac = Some(self.port.resolve_dmac(req.attr.sgid_index, &req.attr.dgid)?.0);
+            }
+        }
+        // hw/mlx5/ah.c:93 mlx5_ib_create_ah: a RoCE AH created with driver data answers
+        // `struct mlx5_ib_create_ah_resp` up to `dmac` (response_length 10), and a response
+        // buffer shorter than that is EINVAL (:106-120); an InfiniBand AH takes no driver
+        // data and returns none. The AH holds its PD (core/verbs.c:544).
+        if let Some(dmac) = dmac {
+            const MIN_RESP: usize = 10;
+            if call.udata_outlen < MIN_RESP {
+                return Err(EINVAL);
+            }
+            let mut resp = [0u8; MIN_RESP];
+            resp[..4].copy_from_slice(&(MIN_RESP as u32).to_ne_bytes());
+            resp[4..].copy_from_slice(&dmac);
+            Self::respond(mem, call.udata_out, &resp)?;
+        }
         let handle = self.ahs.insert(Ah {
             ctx: call.ctx,
             pd: req.pd_handle,

@@ -116,6 +116,9 @@ impl Model {
             cqe_version,
             // main.c:1809: QUERY_DEVICE and CREATE_AH take driver data.
             cmds_supp_uhw: 3,
+            // main.c:1811-1814: on Ethernet, the minimum inline mode plus one (a ConnectX-5
+            // needs no inline headers: MLX5_INLINE_MODE_NONE, so 1).
+            eth_min_inline: u8::from(self.port.is_eth()),
             // main.c:1816: a clock info page only where the device has a clock frequency.
             clock_info_versions: if caps::HAS_CLOCK_INFO {
                 1 << abi::CLOCK_INFO_V1
@@ -192,23 +195,45 @@ impl Model {
         if req.port_num != 1 {
             return Err(EINVAL);
         }
-        let resp = abi::QueryPortResp {
-            port_cap_flags: 0x0251_0868,
-            max_msg_sz: 1 << 30,
-            gid_tbl_len: 1,
-            pkey_tbl_len: caps::PKEY_TABLE_LEN,
-            lid: self.lid,
-            sm_lid: 1,
-            state: 4,
-            max_mtu: 5,
-            active_mtu: 5,
-            max_vl_num: 4,
-            subnet_timeout: 18,
-            active_width: 2,
-            active_speed: 32,
-            phys_state: 5,
-            link_layer: 1,
-            ..Default::default()
+        let resp = if self.port.is_eth() {
+            // hw/mlx5/main.c:470 mlx5_query_port_roce: CM supported and IP-based GIDs
+            // (core/uverbs_cmd.c copy_port_attr_to_resp turns `ip_gids` into
+            // IB_UVERBS_PCF_IP_BASED_GIDS, bit 26), the RoCE GID table, one P_Key, no LIDs,
+            // SM or VLs; the active MTU from the netdev's (9000: `iboe_get_mtu` gives 4096),
+            // the maximum 4096; speed and width from the Ethernet protocol (100GBASE: EDR, 4X).
+            abi::QueryPortResp {
+                port_cap_flags: (1 << 16) | (1 << 26),
+                max_msg_sz: 1 << 30,
+                gid_tbl_len: self.port.gid_tbl_len(),
+                pkey_tbl_len: 1,
+                state: 4,
+                max_mtu: 5,
+                active_mtu: 5,
+                active_width: 2,
+                active_speed: 32,
+                phys_state: 5,
+                link_layer: self.port.link.abi(),
+                ..Default::default()
+            }
+        } else {
+            abi::QueryPortResp {
+                port_cap_flags: 0x0251_0868,
+                max_msg_sz: 1 << 30,
+                gid_tbl_len: self.port.gid_tbl_len(),
+                pkey_tbl_len: caps::PKEY_TABLE_LEN,
+                lid: self.lid,
+                sm_lid: 1,
+                state: 4,
+                max_mtu: 5,
+                active_mtu: 5,
+                max_vl_num: 4,
+                subnet_timeout: 18,
+                active_width: 2,
+                active_speed: 32,
+                phys_state: 5,
+                link_layer: self.port.link.abi(),
+                ..Default::default()
+            }
         };
         call.respond_core(mem, resp.as_bytes())
     }

@@ -241,6 +241,40 @@ impl Model {
         {
             return Err(EINVAL);
         }
+        // core/verbs.c:1769 _ib_modify_qp -> :441 rdma_fill_sgid_attr: a RoCE address
+        // without a GRH is EINVAL (:420 rdma_check_ah_attr); with one, its source GID index
+        // must name a valid GID (core/cache.c:1221 rdma_get_gid_attr: beyond the table
+        // EINVAL, an empty entry ENODATA; hw/mlx5/qp.c:3498 mlx5_set_path checks the
+        // length again).
+        let mut dest = req.dest;
+        let mut roce = None;
+        if mask & qp_attr::AV != 0 {
+            if self.port.is_eth() && dest.is_global == 0 {
+                return Err(EINVAL);
+            }
+            if dest.is_global != 0 {
+                let sgid = self.port.gid(dest.sgid_index)?;
+                // :1778 a RoCE path of a connected QP from user space: the destination MAC
+                // is resolved from the DGID (:1727 ib_resolve_eth_dmac), and the hop limit
+                // becomes the route's where the IP stack resolved it.
+                if self.port.is_eth() && matches!(qp.qp_type, abi::qpt::RC | abi::qpt::UC) {
+                    let (dmac, hop_limit) = self.port.resolve_dmac(dest.sgid_index, &dest.dgid)?;
+                    if let Some(h) = hop_limit {
+                        dest.hop_limit = h;
+                    }
+                    // hw/mlx5/qp.c:3512-3520: a RoCE v2 path of a connected QP gets its UDP
+                    // source port when the modify names the destination QP.
+                    let sport = (sgid.ty == crate::port::GidType::RoceV2 && mask & qp_attr::DEST_QPN != 0)
+                        .then(|| crate::port::Port::udp_sport(dest.flow_label, qp.qpn, req.dest_qp_num));
+                    roce = Some((dmac, sport));
+                }
+            }
+        }
+        // core/verbs.c:1797-1817: an alternate path is for InfiniBand only ("Ban them in
+        // roce mode"): EINVAL on an Ethernet port.
+        if mask & qp_attr::ALT_PATH != 0 && self.port.is_eth() {
+            return Err(EINVAL);
+        }
         // hw/mlx5/qp.c:4640, :4643, :4652 mlx5_ib_modify_qp, driver data: `if (udata->inlen <
         // offsetofend(ucmd, ece_options)) return -EINVAL;` beyond the struct must be zero
         // (EOPNOTSUPP); comp_mask and burst reserved too.
@@ -285,14 +319,15 @@ impl Model {
         {
             return Err(EINVAL);
         }
-        // hw/mlx5/qp.c:3498 mlx5_set_path: a GRH whose sgid index is beyond the GID table is
-        // EINVAL.
-        if mask & qp_attr::AV != 0 && req.dest.is_global != 0 && req.dest.sgid_index >= 1 {
-            return Err(EINVAL);
-        }
         let _ = mem;
         let qp = self.qps.get_mut(req.qp_handle).ok_or(EINVAL)?;
         let a = &mut qp.attrs;
+        if let Some((dmac, sport)) = roce {
+            a.dmac = dmac;
+            if let Some(p) = sport {
+                a.udp_sport = p;
+            }
+        }
         if mask & qp_attr::ACCESS_FLAGS != 0 {
             a.access = req.qp_access_flags;
         }
@@ -306,7 +341,7 @@ impl Model {
             a.qkey = req.qkey;
         }
         if mask & qp_attr::AV != 0 {
-            a.dest = req.dest;
+            a.dest = dest;
         }
         if mask & qp_attr::PATH_MTU != 0 {
             a.path_mtu = req.path_mtu;
@@ -320,11 +355,14 @@ impl Model {
         if mask & qp_attr::RNR_RETRY != 0 {
             a.rnr_retry = req.rnr_retry;
         }
+        // core/verbs.c:1826-1838: PSNs are masked to 24 bits.
         if mask & qp_attr::RQ_PSN != 0 {
-            a.rq_psn = req.rq_psn;
+            a.rq_psn = req.rq_psn & 0xff_ffff;
+            a.epsn = a.rq_psn;
         }
         if mask & qp_attr::SQ_PSN != 0 {
-            a.sq_psn = req.sq_psn;
+            a.sq_psn = req.sq_psn & 0xff_ffff;
+            a.next_psn = a.sq_psn;
         }
         if mask & qp_attr::MAX_QP_RD_ATOMIC != 0 {
             a.max_rd_atomic = req.max_rd_atomic;

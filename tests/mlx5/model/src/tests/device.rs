@@ -99,9 +99,17 @@ fn a_full_cq_raises_cq_err_and_is_not_overwritten() {
     assert_eq!(m.cqs.iter().next().unwrap().1.async_events, 1);
 }
 
+/// The port GID of the harness's model (LID 7): fe80:: and the port GUID.
+fn port_gid() -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
+    g[8..].copy_from_slice(&0x0002_c903_0001_0007u64.to_be_bytes());
+    g
+}
+
 /// A UD send's datagram segment (`mlx5_wqe_av`) to `dqpn` at LID 7 with `qkey`, service
-/// level 5, and a GRH (traffic class 3, hop limit 64, flow label 0x12345, DGID 0xd0..) if
-/// `grh`; then one data segment.
+/// level 5, and a GRH (traffic class 3, hop limit 64, flow label 0x12345, DGID the port's)
+/// if `grh`; then one data segment.
 fn ud_segs(qkey: u32, dqpn: u32, grh: bool, data: [u8; 16]) -> Vec<u8> {
     let mut av = [0u8; 48];
     av[0..4].copy_from_slice(&qkey.to_be_bytes());
@@ -112,9 +120,7 @@ fn ud_segs(qkey: u32, dqpn: u32, grh: bool, data: [u8; 16]) -> Vec<u8> {
         av[26] = 3;
         av[27] = 64;
         av[28..32].copy_from_slice(&((1u32 << 30) | 0x1_2345).to_be_bytes());
-        for (k, b) in av[32..48].iter_mut().enumerate() {
-            *b = 0xd0 + k as u8;
-        }
+        av[32..48].copy_from_slice(&port_gid());
     }
     let mut segs = av.to_vec();
     segs.extend_from_slice(&data);
@@ -154,10 +160,8 @@ fn a_ud_send_lands_after_the_grh_room_with_its_source_in_the_cqe() {
             // header 0x1b; hop limit; SGID fe80::<port GUID>; the DGID asked for.
             assert_eq!(buf[0..4], ((6u32 << 28) | (3 << 20) | 0x1_2345).to_be_bytes());
             assert_eq!(buf[4..8], [0, 124, 0x1b, 64]);
-            assert_eq!(buf[8..10], [0xfe, 0x80]);
-            assert_eq!(buf[16..24], 0x0002_c903_0000_0001u64.to_be_bytes());
-            assert_eq!(buf[24], 0xd0);
-            assert_eq!(buf[39], 0xdf);
+            assert_eq!(buf[8..24], port_gid());
+            assert_eq!(buf[24..40], port_gid());
         } else {
             assert_eq!(buf[..40], [0xee; 40]);
         }

@@ -241,7 +241,7 @@ fn ioctl_query_port_and_gid_table() {
     let mut gid = [0u8; 16];
     gid[0] = 0xfe;
     gid[1] = 0x80;
-    gid[8..].copy_from_slice(&0x0002_c903_0000_0001u64.to_be_bytes());
+    gid[8..].copy_from_slice(&0x0002_c903_0001_0007u64.to_be_bytes());
     assert_eq!((e.gid, e.gid_index, e.port_num, e.gid_type), (gid, 0, 1, 0));
     // A larger entry size: each entry padded with zeros.
     env.mem.write(RESP, &[0xff; 64]).unwrap();

@@ -64,19 +64,23 @@ impl Model {
         b.output_or_zero(mem, 1, &resp)
     }
 
-    /// The port's GID table: on an InfiniBand port, GID 0 is the link-local prefix and the
-    /// port GUID (the node GUID here, as sysfs `ports/1/gids/0` shows), type IB, no netdev.
+    /// The port's valid GIDs: on an InfiniBand port GID 0, the link-local prefix and the
+    /// port GUID, type IB, no netdev; on Ethernet the RoCE v1 and v2 GIDs of the netdev's
+    /// addresses (`port.rs`), each with the netdev's ifindex.
     pub fn gid_table(&self) -> Vec<abi::GidEntry> {
-        let mut gid = [0u8; 16];
-        gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
-        gid[8..].copy_from_slice(&self.node_guid.to_be_bytes());
-        vec![abi::GidEntry {
-            gid,
-            gid_index: 0,
-            port_num: 1,
-            gid_type: 0,
-            netdev_ifindex: 0,
-        }]
+        let eth = self.port.is_eth();
+        self.port
+            .gids
+            .iter()
+            .enumerate()
+            .map(|(i, g)| abi::GidEntry {
+                gid: g.gid,
+                gid_index: i as u32,
+                port_num: 1,
+                gid_type: g.ty.abi(),
+                netdev_ifindex: if eth { crate::port::NETDEV_IFINDEX } else { 0 },
+            })
+            .collect()
     }
 
     /// core/uverbs_std_types_device.c:312 `UVERBS_METHOD_QUERY_GID_TABLE`; each entry is
