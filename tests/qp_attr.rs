@@ -125,7 +125,7 @@ fn a_global_routes_dgid_reaches_the_kernel_intact() {
         assert_eq!(grh.dgid, gid.raw, "the DGID the kernel holds");
         assert_eq!(grh.sgid_index, gid.index);
     }
-    let mut mr = pd.alloc_mr(4096, access).unwrap();
+    let mut mr = pd.alloc_mr(4096, LocalAccess::LOCAL_WRITE).unwrap();
     mr.as_mut_slice()[..64].fill(0x5a);
     let recv = [mr.sge(1024, 64).unwrap()];
     // SAFETY: the buffers are read only after the completions below.
