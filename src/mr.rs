@@ -71,8 +71,11 @@ bitflags::bitflags! {
 }
 
 impl From<LocalAccess> for AccessFlags {
+    /// Only [`LocalAccess`]'s own flags: a value built with `LocalAccess::from_bits_retain`
+    /// may carry other bits (remote write, say), and those must not reach an [`Mr`], whose
+    /// slices are safe only while no peer can write it.
     fn from(a: LocalAccess) -> Self {
-        AccessFlags::from_bits_retain(a.bits())
+        AccessFlags::from_bits_truncate(a.intersection(LocalAccess::all()).bits())
     }
 }
 
@@ -154,8 +157,12 @@ impl Pd {
     /// write and remote read at most ([`LocalAccess`]; remote write, remote atomic or window
     /// binding does not compile, since a peer, or a window bound over the region, could change
     /// the bytes under a slice). For memory peers write, [`Pd::alloc_remote_mr`].
+    /// A `LocalAccess` built with `from_bits_retain` keeps only its own flags (the others
+    /// are dropped, not registered).
     pub fn alloc_mr(&self, len: usize, access: LocalAccess) -> Result<Mr> {
-        self.alloc_any_mr(len, access.into())
+        let access = AccessFlags::from(access);
+        debug_assert!(!access.intersects(PEER_WRITES));
+        self.alloc_any_mr(len, access)
     }
 
     /// Allocates `len` zeroed, page-aligned bytes that peers may write, registered with
@@ -703,8 +710,15 @@ impl Pd {
         access: AccessFlags,
     ) -> Result<DmabufMr> {
         const VERB: crate::error::Verb = "REG_DMABUF_MR";
-        const PAGE_MASK: u64 = 4095;
-        if offset & PAGE_MASK != iova & PAGE_MASK {
+        // The kernel compares the offsets within its own pages.
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| u64::try_from(p).ok())
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096);
+        let page_mask = page - 1;
+        if offset & page_mask != iova & page_mask {
             return Err(Error::invalid(
                 VERB,
                 format!("offset {offset:#x} and iova {iova:#x} must have the same offset within a page"),
@@ -853,6 +867,15 @@ impl Drop for Mr {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn local_access_smuggles_no_peer_write_into_an_mr() {
+        let smuggled = super::LocalAccess::from_bits_retain(0x1f);
+        assert_eq!(
+            super::AccessFlags::from(smuggled),
+            super::AccessFlags::LOCAL_WRITE | super::AccessFlags::REMOTE_READ
+        );
+    }
+
     use super::piece_len;
 
     /// Each piece is `size` bytes but the last, which is what is left, at every region size

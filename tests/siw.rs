@@ -276,7 +276,7 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
         let two = [end.mr.sge(0, 8).unwrap(), end.mr.sge(8, 8).unwrap()];
         let long = [end.mr.sge(0, 81).unwrap()];
         assert!(conn.qp().cap().max_inline_data >= 64);
-        let refusals: [(SendWr<'_>, WrReject); 6] = [
+        let refusals: [(SendWr<'_>, WrReject); 7] = [
             (
                 SendWr::new(30, SendOp::SendWithImm { imm: 1 }, &one),
                 WrReject::OpcodeNotSupported,
@@ -304,6 +304,12 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
             (
                 SendWr::new(34, SendOp::RdmaRead(source), &two),
                 WrReject::TooManySge { given: 2, max: 1 },
+            ),
+            // Inline data for anything but SEND and WRITE: the kernel would leave the slot
+            // VALID and stop the queue.
+            (
+                SendWr::new(36, SendOp::SendWithInv { rkey: 1 }, &one).with(SendFlags::INLINE),
+                WrReject::OpcodeNotSupported,
             ),
             (
                 SendWr::new(35, SendOp::Send, &long).with(SendFlags::INLINE),
@@ -390,7 +396,10 @@ fn private_data_at_the_iwarp_limit_arrives_whole_and_past_it_is_refused() {
         let server = s.spawn(move || listener.get_request(T).unwrap().reject(rej_data).unwrap());
         let connector = Connector::resolve(addr, T).unwrap();
         let end = End::new(&connector.context().unwrap());
-        match connector.connect(end.qp(), &ConnParam::default(), T).map_err(|f| f.error) {
+        match connector
+            .connect(end.qp(), &ConnParam::default(), T)
+            .map_err(|f| f.error)
+        {
             Err(Error::Rejected { status, private_data }) => {
                 println!("reject: status {status}, {} bytes", private_data.len());
                 assert_eq!(&private_data[..], &rej_data[..]);

@@ -206,16 +206,23 @@ impl Ctx {
         let toggle = (self.bf_reg_size / 2) as usize;
         let uar = self.uars.get(page)?;
         let reg = self.bfregs.get(index as usize)?.clone();
+        let shared = reg.shared();
         let bf_size = if index == 0 { 0 } else { self.bf_buf_size };
         // A BlueFlame copy is whole basic blocks: up to `bf_size` rounded up to one.
         let copy = bf_size.next_multiple_of(wqe::SEND_WQE_BB);
         let fits = |at: usize| uar.fits(at) && (copy == 0 || uar.fits(at + copy - 8));
-        (fits(offset) && fits(offset ^ toggle)).then_some(qp::SendDoorbell {
+        // The doorbell goes to `offset` plus the current half (0 or `toggle`), as libmlx5
+        // writes `bf->reg + bf->offset`.
+        let second = offset.checked_add(toggle)?;
+        (fits(offset) && fits(second)).then_some(qp::SendDoorbell {
             page: uar.base(),
             offset,
             toggle,
             bf_size,
             reg,
+            claimed: false,
+            shared,
+            half: 0,
         })
     }
 

@@ -322,11 +322,17 @@ pub(super) struct SendDoorbell {
     pub(super) bf_size: usize,
     /// The bfreg's state, shared with every QP of the context on it.
     pub(super) reg: Arc<BfReg>,
+    /// Counted in `reg.users` (by [`Self::claim`], until [`Self::release`]).
+    pub(super) claimed: bool,
+    /// `reg.shared()`, read once: a dedicated bfreg's poster keeps the half itself.
+    pub(super) shared: bool,
+    /// The next half on a dedicated bfreg (0 or `toggle`); a shared one's is in `reg`.
+    pub(super) half: usize,
 }
 
 impl Drop for SendDoorbell {
     fn drop(&mut self) {
-        self.reg.users.fetch_sub(1, Ordering::AcqRel);
+        self.release();
     }
 }
 
@@ -334,11 +340,20 @@ impl SendDoorbell {
     /// Takes the bfreg for one more QP: `None` if it is a dedicated one already in use (the
     /// kernel hands a low-latency bfreg to one QP at a time; two QPs posting on it without
     /// the lock could interleave their copies).
-    pub(super) fn claim(self) -> Option<Self> {
+    pub(super) fn claim(mut self) -> Option<Self> {
         let before = self.reg.users.fetch_add(1, Ordering::AcqRel);
+        self.claimed = true;
         match before > 0 && !self.reg.shared() {
             true => None, // dropping `self` gives the count back
             false => Some(self),
+        }
+    }
+
+    /// Gives the bfreg back: once the kernel destroyed the QP (it may then hand the bfreg to
+    /// a new QP at once, before this QP's queues are dropped), or at the latest on drop.
+    pub(super) fn release(&mut self) {
+        if std::mem::take(&mut self.claimed) {
+            self.reg.users.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -348,7 +363,15 @@ impl SendDoorbell {
     /// the flush is inside it, as libmlx5 has it: otherwise another CPU's later doorbell
     /// could reach the device first.
     #[inline(always)]
-    fn with_half(&self, write: impl FnOnce(usize)) {
+    fn with_half(&mut self, write: impl FnOnce(usize)) {
+        if !self.shared {
+            // Dedicated: this QP's poster is the bfreg's only writer (`claim`).
+            let half = self.half;
+            write(self.offset + half);
+            mmio_fence();
+            self.half = half ^ self.toggle;
+            return;
+        }
         let reg = &*self.reg;
         let _guard = reg.lock.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
         let half = reg.offset.load(Ordering::Relaxed);
@@ -829,6 +852,8 @@ unsafe impl QpQueues for Mlx5Qp {
 
     fn destroyed(&mut self) {
         self.scrub(true);
+        // The kernel freed the bfreg with the QP; no post follows a destroy.
+        self.doorbell.release();
     }
 }
 

@@ -234,6 +234,11 @@ impl Send {
             | SendOp::AtomicWrite { .. }
             | SendOp::Raw(_) => return Err(WrReject::OpcodeNotSupported),
         }
+        // siw_activate_tx takes inline data for SEND and WRITE only: anything else is EINVAL
+        // there, with the slot left VALID, and the send queue stops.
+        if inline && sqe.opcode != op::SEND && sqe.opcode != op::WRITE {
+            return Err(WrReject::OpcodeNotSupported);
+        }
         if inline {
             let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
             if len > u64::from(self.max_inline) {

@@ -454,7 +454,11 @@ impl Core {
                 key: self.rbuf.rkey(),
                 length: half,
             };
-            let at = self.remote_sgl.addr + u64::from(self.remote_sge) * SGE_LEN as u64;
+            // The peer's address: wrapping, since it only ever addresses the peer's memory.
+            let at = self
+                .remote_sgl
+                .addr
+                .wrapping_add(u64::from(self.remote_sge) * SGE_LEN as u64);
             let r = self.post_ctrl(wire::imm(wire::OP_SGL, credits), at, &sge.to_ne_bytes());
             if r.is_ok() {
                 self.rbuf_bytes_avail -= half;
@@ -525,7 +529,18 @@ impl Core {
                     self.rbuf_offset = 0;
                 }
             }
-            self.rbuf_bytes_avail += n;
+            // What was read was written into space granted to the peer: more than the buffer
+            // holds means the peer wrote where it had no credit.
+            match self.rbuf_bytes_avail.checked_add(n).filter(|&a| a <= self.rbuf_size) {
+                Some(a) => self.rbuf_bytes_avail = a,
+                None => {
+                    self.fail(Error::malformed(
+                        "rsocket stream",
+                        "the peer wrote beyond the space granted to it",
+                    ));
+                    return Poll::Ready(Err(self.down_error(false)));
+                }
+            }
             *front -= n;
             if *front == 0 {
                 self.rmsg.pop_front();
@@ -626,7 +641,7 @@ impl Core {
             self.sseq_no = self.sseq_no.wrapping_add(1);
             self.sqe_avail -= 1;
             let t = &mut self.target[self.target_sge];
-            t.addr += u64::from(len);
+            t.addr = t.addr.wrapping_add(u64::from(len));
             t.length -= len;
             if t.length == 0 {
                 self.target_sge = (self.target_sge + 1) % SGL_SIZE;
