@@ -19,6 +19,9 @@ struct Item {
     argv: Vec<String>,
 }
 
+/// The default limit of one guest boot that runs the whole suite, in seconds.
+const SUITE_BOOT_TIMEOUT: u32 = 4800;
+
 /// How an item ended.
 enum Outcome {
     Exited(i32),
@@ -401,6 +404,11 @@ fn guest_script(items: &[Item], timeout: u32) -> String {
 /// Boots one guest for all items; an item the guest never finished counts as
 /// failed. Also returns why the guest failed (did not boot, crashed), if it did.
 fn run_in_guest(items: &[Item], timeout: u32) -> (Vec<Outcome>, Option<String>) {
+    // The whole boot's limit (`UVERBS_GUEST_TIMEOUT`) defaults to one that lets every item
+    // run: each is bounded by its own `timeout`, and the suite is far longer than one item.
+    if std::env::var_os(crate::ENV_TIMEOUT).is_none() {
+        std::env::set_var(crate::ENV_TIMEOUT, SUITE_BOOT_TIMEOUT.to_string());
+    }
     let job = guest::Job {
         command: "/bin/sh \"$UVERBS_RESULTS/tests.sh\"".into(),
         files: vec![("tests.sh".into(), guest_script(items, timeout))],
