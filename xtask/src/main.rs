@@ -51,7 +51,7 @@
 //! - `UVERBS_GUEST_KERNELS=<spec>,<spec>`: the kernels `cargo xtask test` and
 //!   `cargo xtask guest --suite` run the guest suite on (default `6.1,6.12`; a set
 //!   `UVERBS_GUEST_KERNEL` means only that one).
-//! - `UVERBS_GUEST_TIMEOUT=<s>`: limit for a whole QEMU run (default 1200).
+//! - `UVERBS_GUEST_TIMEOUT=<s>`: limit for a whole QEMU run (default 1200; 4800 for the suite).
 //! - `UVERBS_GUEST_TEST_TIMEOUT=<s>`: limit per test binary/script (default 600).
 //! - `UVERBS_GUEST_KVM=1`: use KVM instead of TCG (only where KVM works).
 //! - `UVERBS_GUEST_MEM_MIB`, `UVERBS_GUEST_CPUS`: guest size (default 2048, 2).
