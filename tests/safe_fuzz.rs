@@ -906,6 +906,12 @@ impl<'r> Round<'r> {
                 matches!(r, Err(Error::RequestsOutstanding { send, recv, .. }) if (send, recv) == held),
                 "qp{i}: RESET with {held:?} held: {r:?}"
             );
+        } else if before == QpState::Sqd
+            && target == Some(QpState::Reset)
+            && matches!(r, Err(Error::Kernel { verb: "MODIFY_QP", .. }))
+        {
+            // rxe lets a QP leave SQD only for ERR while its send queue still drains
+            // (`rxe_qp_chk_attr`): a race with the drain (seen on 6.12, docs/kernel-facts.md).
         } else if target == Some(QpState::Reset) || (target == Some(QpState::Err) && before != QpState::Reset) {
             assert!(r.is_ok(), "qp{i}: {before:?} to {target:?} is always valid: {r:?}");
         }
