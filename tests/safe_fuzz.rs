@@ -291,6 +291,10 @@ struct QpSlot {
     srq: Option<usize>,
     sends: VecDeque<Sent>,
     recvs: VecDeque<Key>,
+    /// A connection no disconnect has touched yet: its first `start_disconnect` moves the QP
+    /// to ERR. Once one has, a later one is a no-op and leaves the state alone (the caller
+    /// may have moved the QP on since).
+    link_up: bool,
 }
 
 struct SrqSlot {
@@ -739,6 +743,7 @@ impl<'r> Round<'r> {
                     srq,
                     sends: VecDeque::new(),
                     recvs: VecDeque::new(),
+                    link_up: false,
                 }));
                 let i = self.qps.len() - 1;
                 step!(
@@ -1628,6 +1633,7 @@ impl<'r> Round<'r> {
             srq,
             sends,
             recvs,
+            link_up,
         } = s;
         let qp = match qp {
             Handle::Plain(qp) => qp,
@@ -1668,6 +1674,7 @@ impl<'r> Round<'r> {
                     srq,
                     sends,
                     recvs,
+                    link_up,
                 };
                 self.qps[i] = Some(s);
             }
@@ -2155,6 +2162,7 @@ impl Round<'_> {
                     srq: None,
                     sends: VecDeque::new(),
                     recvs,
+                    link_up: true,
                 });
                 true
             }
@@ -2420,6 +2428,11 @@ impl Round<'_> {
         }
     }
 
+    /// Marks connection `i` as touched by a disconnect; whether it was untouched until now.
+    fn link_down(&mut self, i: usize) -> bool {
+        std::mem::replace(&mut self.qps[i].as_mut().expect("live").link_up, false)
+    }
+
     /// A disconnect from either side, waited for or not, both at once, or a poll.
     fn cm_disconnect(&mut self) {
         let conns = self.conns();
@@ -2437,8 +2450,9 @@ impl Round<'_> {
         let mut outcome = Vec::new();
         let start = |r: &mut Self, k: usize| {
             r.call("cm_start_disconnect");
+            let was_up = r.link_down(k);
             let res = r.conn(k).start_disconnect();
-            if res.is_ok() {
+            if res.is_ok() && was_up {
                 assert_eq!(r.conn(k).qp().state(), QpState::Err, "qp{k}: disconnecting, so in ERR");
             }
             match res {
@@ -2463,11 +2477,13 @@ impl Round<'_> {
                         self.call("cm_advance");
                         match self.conn(k).advance() {
                             Ok(true) => {
+                                self.link_down(k);
                                 left.retain(|&x| x != k);
                                 outcome.push(format!("qp{k}: down"));
                             }
                             Ok(false) => std::thread::sleep(Duration::from_millis(1)),
                             Err(e) => {
+                                self.link_down(k);
                                 left.retain(|&x| x != k);
                                 let kind = self.error(&e);
                                 outcome.push(format!("qp{k}: advance {kind}"));
@@ -2482,6 +2498,7 @@ impl Round<'_> {
             3 => {
                 let t = Duration::from_millis(20 + self.rng.below(80));
                 self.call("cm_disconnect");
+                self.link_down(i);
                 let r = self.conn(i).disconnect(t);
                 let k = match &r {
                     Ok(()) => "ok".to_string(),
@@ -2491,6 +2508,7 @@ impl Round<'_> {
             }
             4 => {
                 self.call("cm_wait_disconnected");
+                self.link_down(i);
                 let r = self.conn(i).wait_disconnected(Duration::ZERO);
                 let k = match &r {
                     Ok(()) => "ok".to_string(),
@@ -2501,6 +2519,9 @@ impl Round<'_> {
             _ => {
                 self.call("cm_advance");
                 let r = self.conn(i).advance();
+                if !matches!(r, Ok(false)) {
+                    self.link_down(i);
+                }
                 let k = match &r {
                     Ok(down) => format!("{down}"),
                     Err(e) => self.error(e),
