@@ -10,10 +10,9 @@ use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
 use crate::front_end::{ChainQueues, Queues};
 use crate::provider::{CreateQpCall, KernelCall, ProviderQp, QpQueues, QpRequest};
-use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
-use crate::sys::cmd::write_raw;
+use crate::sys::cmd::SendDoorbell;
 use crate::wr::{ContextId, RawOp, RecvWr, Remote, SendFlags, SendList, SendOp, SendWr, Sge};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -49,55 +48,10 @@ pub(super) fn create(ctx: &RxeContext, req: &QpRequest<'_>, kernel: CreateQpCall
         max_send_sge: cap.max_send_sge,
         max_recv_sge: cap.max_recv_sge,
         max_inline,
-        doorbell: Doorbell::new(created.handle),
+        doorbell: SendDoorbell::new(created.handle),
         file: ctx.file.clone(),
     });
     Ok(ProviderQp { queues, cap })
-}
-
-/// The empty POST_SEND command that tells rxe to process the SQ.
-#[repr(C)]
-#[derive(Clone, Copy, IntoBytes, zerocopy::Immutable)]
-struct DoorbellCmd {
-    hdr: CmdHdr,
-    body: PostSend,
-}
-
-struct Doorbell {
-    cmd: DoorbellCmd,
-    /// `ib_uverbs_post_send_resp`, written by the kernel.
-    resp: u32,
-}
-
-impl Doorbell {
-    fn new(qp_handle: u32) -> Self {
-        Self {
-            cmd: DoorbellCmd {
-                hdr: CmdHdr {
-                    command: cmd::POST_SEND,
-                    in_words: (size_of::<DoorbellCmd>() / 4) as u16,
-                    out_words: 1,
-                },
-                body: PostSend {
-                    response: 0,
-                    qp_handle,
-                    wr_count: 0,
-                    sge_count: 0,
-                    wqe_size: SEND_WR_SIZE,
-                },
-            },
-            resp: 0,
-        }
-    }
-
-    /// Rings, on the device file `fd`.
-    #[inline]
-    fn ring(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
-        self.cmd.body.response = std::ptr::addr_of_mut!(self.resp) as u64;
-        // SAFETY: the only user pointer in the command is `response`, which names `self.resp`:
-        // live, 4 bytes, the `out_words` the header declares.
-        unsafe { write_raw(fd, self.cmd.as_bytes()) }.map_err(|e| Error::kernel("POST_SEND", e))
-    }
 }
 
 struct RxeQp {
@@ -107,7 +61,7 @@ struct RxeQp {
     max_send_sge: u32,
     max_recv_sge: u32,
     max_inline: u32,
-    doorbell: Doorbell,
+    doorbell: SendDoorbell,
     /// The device file the doorbell is rung on.
     file: Arc<DeviceFile>,
 }
@@ -143,20 +97,10 @@ impl RxeQp {
     /// are not in the ring, as librxe's `bad_wr` tells).
     #[inline(always)]
     fn finish(&mut self, posted: usize, rejected: Option<(usize, WrReject)>) -> Result<()> {
-        let rung = if posted > 0 {
+        if posted > 0 {
             self.sq.publish();
-            self.doorbell.ring(self.file.as_fd())
-        } else {
-            Ok(())
-        };
-        match rejected {
-            None => rung,
-            Some((index, reason)) => Err(Error::WorkRequest {
-                verb: "post_send",
-                index,
-                reason,
-            }),
         }
+        self.doorbell.finish_post(self.file.as_fd(), posted > 0, rejected)
     }
 }
 
@@ -962,16 +906,4 @@ mod tests {
             }
         }
     }
-}
-
-#[cfg(test)]
-crate::sys::layout_check::kernel_layouts! {
-    headers: ["rdma/ib_user_verbs.h"],
-    structs: {
-        // A `write()` command: the header, then the body.
-        DoorbellCmd sized("sizeof(struct ib_uverbs_cmd_hdr) + sizeof(struct ib_uverbs_post_send)") {
-            hdr @ "0",
-            body @ "sizeof(struct ib_uverbs_cmd_hdr)",
-        },
-    },
 }

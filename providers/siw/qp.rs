@@ -11,8 +11,7 @@ use crate::device::DeviceFile;
 use crate::error::{Error, Result, WrReject};
 use crate::front_end::{GatheredChains, Queues};
 use crate::provider::{CreateQpCall, KernelCall, KernelInput, ProviderQp, QpQueues, QpRequest, SrqCreated, SrqQueue};
-use crate::sys::abi::{cmd, CmdHdr, PostSend, SEND_WR_SIZE};
-use crate::sys::cmd::write_raw;
+use crate::sys::cmd::SendDoorbell;
 use crate::wr::{RecvWr, SendFlags, SendList, SendOp, SendWr};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicU16;
@@ -67,7 +66,7 @@ pub(super) fn create(ctx: &SiwContext, req: &QpRequest<'_>, kernel: CreateQpCall
     let queues = Box::new(SiwQp {
         send: Send::new(sq, cap.max_send_sge, cap.max_inline_data, req.sq_sig_all),
         rq,
-        doorbell: Doorbell::new(created.handle),
+        doorbell: SendDoorbell::new(created.handle),
         file: ctx.file.clone(),
     });
     Ok(ProviderQp { queues, cap })
@@ -101,49 +100,6 @@ pub(super) fn create_srq(
     Ok(Box::new(SiwSrq {
         rq: Recv::new(ring, created.max_sge.min(MAX_SGE as u32)),
     }))
-}
-
-/// The empty POST_SEND command that makes siw process the send queue.
-#[repr(C)]
-#[derive(Clone, Copy, IntoBytes, zerocopy::Immutable)]
-struct DoorbellCmd {
-    hdr: CmdHdr,
-    body: PostSend,
-}
-
-struct Doorbell {
-    cmd: DoorbellCmd,
-    /// `ib_uverbs_post_send_resp`, written by the kernel.
-    resp: u32,
-}
-
-impl Doorbell {
-    fn new(qp_handle: u32) -> Self {
-        Self {
-            cmd: DoorbellCmd {
-                hdr: CmdHdr {
-                    command: cmd::POST_SEND,
-                    in_words: (size_of::<DoorbellCmd>() / 4) as u16,
-                    out_words: 1,
-                },
-                body: PostSend {
-                    response: 0,
-                    qp_handle,
-                    wr_count: 0,
-                    sge_count: 0,
-                    wqe_size: SEND_WR_SIZE,
-                },
-            },
-            resp: 0,
-        }
-    }
-
-    fn ring(&mut self, file: &DeviceFile) -> Result<()> {
-        self.cmd.body.response = std::ptr::addr_of_mut!(self.resp) as u64;
-        // SAFETY: the only user pointer in the command is `response`, which names `self.resp`:
-        // live, 4 bytes, the `out_words` the header declares.
-        unsafe { write_raw(file.as_fd(), self.cmd.as_bytes()) }.map_err(|e| Error::kernel("POST_SEND", e))
-    }
 }
 
 /// A send queue: the slots and our position in them.
@@ -352,7 +308,7 @@ impl Recv {
 struct SiwQp {
     send: Send,
     rq: Option<Recv>,
-    doorbell: Doorbell,
+    doorbell: SendDoorbell,
     file: Arc<DeviceFile>,
 }
 
@@ -369,19 +325,7 @@ unsafe impl QpQueues for SiwQp {
             }
             posted += 1;
         }
-        let rung = if posted > 0 {
-            self.doorbell.ring(&self.file)
-        } else {
-            Ok(())
-        };
-        match rejected {
-            None => rung,
-            Some((index, reason)) => Err(Error::WorkRequest {
-                verb: "post_send",
-                index,
-                reason,
-            }),
-        }
+        self.doorbell.finish_post(self.file.as_fd(), posted > 0, rejected)
     }
 
     fn send_room(&mut self) -> u32 {
@@ -613,16 +557,4 @@ mod tests {
             "{e}"
         );
     }
-}
-
-#[cfg(test)]
-crate::sys::layout_check::kernel_layouts! {
-    headers: ["rdma/ib_user_verbs.h"],
-    structs: {
-        // A `write()` command: the header, then the body.
-        DoorbellCmd sized("sizeof(struct ib_uverbs_cmd_hdr) + sizeof(struct ib_uverbs_post_send)") {
-            hdr @ "0",
-            body @ "sizeof(struct ib_uverbs_cmd_hdr)",
-        },
-    },
 }

@@ -378,7 +378,7 @@ pub struct QueryQpResp {
 assert_layout!(QueryQpResp, size 128, cap @ 64, qkey @ 84, pkey_index @ 104, qp_state @ 108,
     sq_sig_all @ 122);
 
-/// `struct ib_uverbs_post_send` with no work requests: rxe's doorbell.
+/// `struct ib_uverbs_post_send` with no work requests: the send doorbell (`cmd::SendDoorbell`).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, IntoBytes, FromBytes, Immutable, KnownLayout)]
 pub struct PostSend {

@@ -1,8 +1,10 @@
 //! Framed `write()` commands: `ib_uverbs_cmd_hdr | core request | driver request`, with the
 //! response (core then driver bytes) written by the kernel through a user pointer.
 
-use super::abi::{cmd, CmdHdr, CreateCompChannel, CreateCompChannelResp, ExCmdHdr, CMD_FLAG_EXTENDED};
-use crate::error::{Error, Result, Verb};
+use super::abi::{
+    cmd, CmdHdr, CreateCompChannel, CreateCompChannelResp, ExCmdHdr, PostSend, CMD_FLAG_EXTENDED, SEND_WR_SIZE,
+};
+use crate::error::{Error, Result, Verb, WrReject};
 use nix::errno::Errno;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
@@ -198,6 +200,73 @@ pub unsafe fn write_raw(fd: BorrowedFd<'_>, cmd: &[u8]) -> Result<(), Errno> {
     Ok(())
 }
 
+/// The empty `POST_SEND` command (no work requests) that providers whose kernel driver reads
+/// the send queue itself use as the doorbell: the driver processes the queue inside the call.
+/// Built once per QP; ringing it writes only the response pointer.
+#[repr(C)]
+#[derive(Clone, Copy, IntoBytes, Immutable)]
+struct SendDoorbellCmd {
+    hdr: CmdHdr,
+    body: PostSend,
+}
+
+/// A QP's send doorbell: the empty `POST_SEND` on its handle.
+pub struct SendDoorbell {
+    cmd: SendDoorbellCmd,
+    /// `ib_uverbs_post_send_resp`, written by the kernel.
+    resp: u32,
+}
+
+impl SendDoorbell {
+    /// The doorbell of the QP with kernel handle `qp_handle`.
+    pub fn new(qp_handle: u32) -> Self {
+        Self {
+            cmd: SendDoorbellCmd {
+                hdr: CmdHdr {
+                    command: cmd::POST_SEND,
+                    in_words: (size_of::<SendDoorbellCmd>() / 4) as u16,
+                    out_words: 1,
+                },
+                body: PostSend {
+                    response: 0,
+                    qp_handle,
+                    wr_count: 0,
+                    sge_count: 0,
+                    wqe_size: SEND_WR_SIZE,
+                },
+            },
+            resp: 0,
+        }
+    }
+
+    /// Rings, on the device file `fd`.
+    #[inline]
+    pub fn ring(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
+        self.cmd.body.response = std::ptr::addr_of_mut!(self.resp) as u64;
+        // SAFETY: the only user pointer in the command is `response`, which names `self.resp`:
+        // live, 4 bytes, the `out_words` the header declares.
+        unsafe { write_raw(fd, self.cmd.as_bytes()) }.map_err(|e| Error::kernel("POST_SEND", e))
+    }
+
+    /// Ends a post that wrote requests into the send queue and stopped at `rejected` (the
+    /// index of the request refused and why), if one was: rings if `posted` (any were
+    /// written), then reports the refusal whatever the doorbell said (a post below RTS: the
+    /// kernel refuses the doorbell, and the caller must still learn which requests are not in
+    /// the queue, as libibverbs' `bad_wr` tells); else the doorbell's result.
+    #[inline(always)]
+    pub fn finish_post(&mut self, fd: BorrowedFd<'_>, posted: bool, rejected: Option<(usize, WrReject)>) -> Result<()> {
+        let rung = if posted { self.ring(fd) } else { Ok(()) };
+        match rejected {
+            None => rung,
+            Some((index, reason)) => Err(Error::WorkRequest {
+                verb: "post_send",
+                index,
+                reason,
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -295,4 +364,70 @@ pub(crate) mod tests {
         super::super::abi::each_request(&mut framing);
         assert_eq!(framing.checked.len(), 13, "{:?}", framing.checked);
     }
+
+    /// The send doorbell is an empty POST_SEND on the QP's handle, its response pointer
+    /// naming the doorbell's own word; a post that wrote nothing does not ring, and a refused
+    /// request is reported whatever the doorbell said.
+    #[test]
+    #[cfg_attr(miri, ignore)] // pipe(2)
+    fn send_doorbell_is_an_empty_post_send() {
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        let mut bell = SendDoorbell::new(0x1234_5678);
+        bell.ring(tx.as_fd()).unwrap();
+        let mut got = [0u8; 64];
+        let n = nix::unistd::read(rx.as_raw_fd(), &mut got).unwrap();
+        assert_eq!(n, size_of::<SendDoorbellCmd>());
+        let hdr = CmdHdr::read_from_bytes(&got[..size_of::<CmdHdr>()]).unwrap();
+        assert_eq!(
+            (hdr.command, hdr.in_words, hdr.out_words),
+            (cmd::POST_SEND, (n / 4) as u16, 1)
+        );
+        let body = PostSend::read_from_bytes(&got[size_of::<CmdHdr>()..n]).unwrap();
+        assert_eq!(body.response, std::ptr::addr_of!(bell.resp) as u64);
+        assert_eq!(
+            (body.qp_handle, body.wr_count, body.sge_count, body.wqe_size),
+            (0x1234_5678, 0, 0, SEND_WR_SIZE)
+        );
+
+        // Nothing written: no ring, even with a refusal to report.
+        let refused = Some((0, WrReject::OpcodeNotSupported));
+        let err = bell.finish_post(tx.as_fd(), false, refused.clone()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::WorkRequest {
+                    verb: "post_send",
+                    index: 0,
+                    reason: WrReject::OpcodeNotSupported
+                }
+            ),
+            "{err}"
+        );
+        bell.finish_post(tx.as_fd(), false, None).unwrap();
+        // Written: rung (the doorbell's error when nothing was refused, the refusal otherwise).
+        let bad = rx.as_fd(); // a pipe's read end refuses writes
+        assert!(matches!(
+            bell.finish_post(bad, true, None),
+            Err(Error::Kernel { verb: "POST_SEND", .. })
+        ));
+        let err = bell
+            .finish_post(bad, true, Some((2, WrReject::OpcodeNotSupported)))
+            .unwrap_err();
+        assert!(matches!(err, Error::WorkRequest { index: 2, .. }), "{err}");
+        bell.finish_post(tx.as_fd(), true, None).unwrap();
+        let n = nix::unistd::read(rx.as_raw_fd(), &mut got).unwrap();
+        assert_eq!(n, size_of::<SendDoorbellCmd>(), "one ring, the last post's");
+    }
+}
+
+#[cfg(test)]
+crate::sys::layout_check::kernel_layouts! {
+    headers: ["rdma/ib_user_verbs.h"],
+    structs: {
+        // A `write()` command: the header, then the body.
+        SendDoorbellCmd sized("sizeof(struct ib_uverbs_cmd_hdr) + sizeof(struct ib_uverbs_post_send)") {
+            hdr @ "0",
+            body @ "sizeof(struct ib_uverbs_cmd_hdr)",
+        },
+    },
 }
