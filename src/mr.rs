@@ -119,20 +119,128 @@ const PEER_WRITES: AccessFlags = AccessFlags::REMOTE_WRITE
     .union(AccessFlags::REMOTE_ATOMIC)
     .union(AccessFlags::MW_BIND);
 
+/// What every kind of memory region holds of its registration: the kernel's handle and keys,
+/// the addresses work requests use, and the memory it allocated itself, if any.
+struct Registration {
+    pd: Arc<PdInner>,
+    handle: u32,
+    lkey: u32,
+    rkey: u32,
+    /// The address of the first byte in work requests and for peers.
+    iova: u64,
+    len: usize,
+    access: AccessFlags,
+    /// The memory [`Pd::alloc_mr`] and [`Pd::alloc_remote_mr`] mapped for the region.
+    owned: Option<Mapping>,
+}
+
+impl Registration {
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfBounds {
+                offset,
+                len,
+                mr_len: self.len,
+            }),
+        }
+    }
+
+    fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
+        self.check(offset, len as usize)?;
+        Ok(Sge {
+            addr: self.iova + offset as u64,
+            length: len,
+            lkey: self.lkey,
+        })
+    }
+
+    fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
+        self.check(offset, 0)?;
+        Ok(Remote {
+            addr: self.iova + offset as u64,
+            rkey: self.rkey,
+        })
+    }
+
+    /// Deregisters the region (the [`Drop`] of each kind), after the QPs' responders let go
+    /// of it where the kernel would wait for them, then unmaps the memory it owns.
+    fn deregister(&mut self) {
+        let mut owned = self.owned.take();
+        // A region peers can access may be held by a QP's responder in the middle of a
+        // message; where the kernel's DEREG_MR would wait for it (rxe), it waits for the QPs.
+        if self.access.intersects(PEER_ACCESS) && self.pd.ctx.provider.dereg_waits_for_responders() {
+            match self.pd.park_mr(self.handle, owned) {
+                Ok(()) => return,
+                Err(back) => owned = back,
+            }
+        }
+        // Deregistered before the mapping is unmapped (leaked if DEREG_MR failed).
+        self.pd.dereg_mr(self.handle, owned);
+    }
+}
+
+/// The accessors every kind of memory region has, over its [`Registration`] at `self.$reg`;
+/// `$addr_doc` says what its address is.
+macro_rules! region_accessors {
+    ($($reg:ident).+, $addr_doc:literal) => {
+        /// Local key.
+        pub fn lkey(&self) -> u32 {
+            self.$($reg).+.lkey
+        }
+
+        /// Remote key: what a peer needs, with the address [`Self::remote`] gives, to reach
+        /// the region.
+        pub fn rkey(&self) -> u32 {
+            self.$($reg).+.rkey
+        }
+
+        #[doc = $addr_doc]
+        pub fn addr(&self) -> u64 {
+            self.$($reg).+.iova
+        }
+
+        /// The kernel's handle.
+        pub fn handle(&self) -> u32 {
+            self.$($reg).+.handle
+        }
+
+        /// Length in bytes.
+        pub fn len(&self) -> usize {
+            self.$($reg).+.len
+        }
+
+        /// Whether the region is empty.
+        pub fn is_empty(&self) -> bool {
+            self.$($reg).+.len == 0
+        }
+
+        /// The access it was registered with.
+        pub fn access(&self) -> AccessFlags {
+            self.$($reg).+.access
+        }
+
+        /// A scatter/gather entry for the `len` bytes at `offset` in the region.
+        pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
+            self.$($reg).+.sge(offset, len)
+        }
+
+        /// Where a peer's RDMA read, write or atomic lands at `offset` in this region: the
+        /// address and rkey to send the peer. `offset` may be the region's length (for
+        /// zero-length operations).
+        pub fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
+            self.$($reg).+.remote(offset)
+        }
+    };
+}
+
 /// A registered memory region that no peer may write (see the module docs for the rule).
 ///
 /// Either it owns its memory (from [`Pd::alloc_mr`], page aligned and zeroed) or it names
 /// memory the caller keeps alive (from the unsafe [`Pd::reg_mr`]).
 pub struct Mr {
-    pd: Arc<PdInner>,
-    handle: u32,
-    lkey: u32,
-    rkey: u32,
+    reg: Registration,
     addr: *mut u8,
-    iova: u64,
-    len: usize,
-    access: AccessFlags,
-    owned: Option<Mapping>,
 }
 
 // SAFETY: `addr` is only dereferenced through `&self`/`&mut self` methods that follow Rust's
@@ -145,9 +253,9 @@ impl std::fmt::Debug for Mr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mr")
             .field("addr", &self.addr)
-            .field("len", &self.len)
-            .field("lkey", &self.lkey)
-            .field("rkey", &self.rkey)
+            .field("len", &self.reg.len)
+            .field("lkey", &self.reg.lkey)
+            .field("rkey", &self.reg.rkey)
             .finish()
     }
 }
@@ -180,7 +288,7 @@ impl Pd {
         let addr = map.as_mut_ptr();
         // SAFETY: `map` is kept in the returned `Mr`, so the region outlives the registration.
         let mut mr = unsafe { self.reg_mr(addr, len, access) }?;
-        mr.owned = Some(map);
+        mr.reg.owned = Some(map);
         Ok(mr)
     }
 
@@ -223,87 +331,27 @@ impl Pd {
             Ok(())
         })?;
         Ok(Mr {
-            pd: self.inner.clone(),
-            handle: resp.mr_handle,
-            lkey: resp.lkey,
-            rkey: resp.rkey,
+            reg: Registration {
+                pd: self.inner.clone(),
+                handle: resp.mr_handle,
+                lkey: resp.lkey,
+                rkey: resp.rkey,
+                iova,
+                len,
+                access,
+                owned: None,
+            },
             addr,
-            iova,
-            len,
-            access,
-            owned: None,
         })
     }
 }
 
 impl Mr {
-    /// Local key.
-    pub fn lkey(&self) -> u32 {
-        self.lkey
-    }
-
-    /// Remote key.
-    pub fn rkey(&self) -> u32 {
-        self.rkey
-    }
-
-    /// The address work requests and peers use for the region's first byte (its start
-    /// address unless registered with [`Pd::reg_mr_iova`]).
-    pub fn addr(&self) -> u64 {
-        self.iova
-    }
-
-    /// The kernel's handle.
-    pub fn handle(&self) -> u32 {
-        self.handle
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the region is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The access it was registered with.
-    pub fn access(&self) -> AccessFlags {
-        self.access
-    }
-
-    /// A scatter/gather entry for the `len` bytes at `offset` in the region.
-    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
-        self.check(offset, len as usize)?;
-        Ok(Sge {
-            addr: self.iova + offset as u64,
-            length: len,
-            lkey: self.lkey,
-        })
-    }
-
-    /// Where a peer's RDMA read, write or atomic lands at `offset` in this region: the
-    /// address and rkey to send the peer. `offset` may be the region's length (for
-    /// zero-length operations).
-    pub fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
-        self.check(offset, 0)?;
-        Ok(Remote {
-            addr: self.iova + offset as u64,
-            rkey: self.rkey,
-        })
-    }
-
-    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(OutOfBounds {
-                offset,
-                len,
-                mr_len: self.len,
-            }),
-        }
-    }
+    region_accessors!(
+        reg,
+        "The address work requests and peers use for the region's first byte (its start \
+         address unless registered with [`Pd::reg_mr_iova`])."
+    );
 
     /// The bytes. No peer writes them; the device executing this process's receives, reads
     /// and atomics may, which is why those posts are `unsafe`: read only what completed work
@@ -311,13 +359,13 @@ impl Mr {
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `addr..addr+len` is mapped for the life of `self` (owned, or the caller's
         // `reg_mr` contract).
-        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
+        unsafe { std::slice::from_raw_parts(self.addr, self.reg.len) }
     }
 
     /// The bytes, mutably (to fill send buffers).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` excludes other local references.
-        unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.addr, self.reg.len) }
     }
 }
 
@@ -328,14 +376,14 @@ impl Mr {
     /// atomic access (possible only through the unsafe [`Pd::reg_mr`]), and for a `size` of 0
     /// or above `u32::MAX`.
     pub fn into_bufs(self, size: usize) -> Result<Vec<Buf>> {
-        if self.access.intersects(PEER_WRITES) {
+        if self.reg.access.intersects(PEER_WRITES) {
             return Err(Error::invalid("into_bufs", "peers may write this region"));
         }
         let cap = u32::try_from(size)
             .ok()
             .filter(|&c| c > 0)
             .ok_or_else(|| Error::invalid("into_bufs", format!("buffer size {size}: 1 to 2^32-1 bytes")))?;
-        let (iova, lkey, len) = (self.iova, self.lkey, self.len);
+        let (iova, lkey, len) = (self.reg.iova, self.reg.lkey, self.reg.len);
         let mr = Arc::new(self);
         Ok((0..len)
             .step_by(size)
@@ -408,7 +456,7 @@ impl std::fmt::Debug for Buf {
 impl Buf {
     /// Where the buffer starts within its region.
     pub fn offset(&self) -> usize {
-        (self.0.sge.addr - self.0.mr.iova) as usize
+        (self.0.sge.addr - self.0.mr.reg.iova) as usize
     }
 
     /// Its length: what a send or write takes, what a read fetches, what a receive delivered.
@@ -512,55 +560,15 @@ pub struct RemoteMr {
 }
 
 impl RemoteMr {
-    /// Local key.
-    pub fn lkey(&self) -> u32 {
-        self.mr.lkey
-    }
-
-    /// Remote key: what a peer needs, with [`RemoteMr::remote`]'s address, to reach it.
-    pub fn rkey(&self) -> u32 {
-        self.mr.rkey
-    }
-
-    /// The address work requests and peers use for the region's first byte.
-    pub fn addr(&self) -> u64 {
-        self.mr.iova
-    }
-
-    /// The kernel's handle.
-    pub fn handle(&self) -> u32 {
-        self.mr.handle
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.mr.len
-    }
-
-    /// Whether the region is empty.
-    pub fn is_empty(&self) -> bool {
-        self.mr.len == 0
-    }
-
-    /// The access it was registered with.
-    pub fn access(&self) -> AccessFlags {
-        self.mr.access
-    }
-
-    /// A scatter/gather entry for the `len` bytes at `offset` (for the unsafe posts).
-    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
-        self.mr.sge(offset, len)
-    }
-
-    /// Where a peer's RDMA read, write or atomic lands at `offset` in this region.
-    pub fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
-        self.mr.remote(offset)
-    }
+    region_accessors!(
+        mr.reg,
+        "The address work requests and peers use for the region's first byte."
+    );
 
     /// Copies the bytes at `offset` into `out`, each read once with a volatile load: a byte a
     /// peer writes meanwhile comes out old or new.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
-        self.mr.check(offset, out.len())?;
+        self.mr.reg.check(offset, out.len())?;
         let src = self.mr.addr.wrapping_add(offset);
         // Word loads where the source is aligned, bytes at either end.
         let head = src.align_offset(8).min(out.len());
@@ -594,7 +602,7 @@ impl RemoteMr {
     /// Copies `data` in at `offset`, each byte written once with a volatile store (a peer
     /// writing the same bytes meanwhile leaves either value).
     pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
-        self.mr.check(offset, data.len())?;
+        self.mr.reg.check(offset, data.len())?;
         let dst = self.mr.addr.wrapping_add(offset);
         let head = dst.align_offset(8).min(data.len());
         let words = (data.len() - head) / 8;
@@ -619,7 +627,7 @@ impl RemoteMr {
 
     /// Sets the `len` bytes at `offset` to `byte`, as [`RemoteMr::write`] would.
     pub fn fill(&mut self, offset: usize, len: usize, byte: u8) -> Result<(), OutOfBounds> {
-        self.mr.check(offset, len)?;
+        self.mr.reg.check(offset, len)?;
         for i in offset..offset + len {
             // SAFETY: in the region (checked above); see `write`.
             unsafe { self.mr.addr.add(i).write_volatile(byte) };
@@ -668,22 +676,16 @@ mod dmabuf_attr {
 /// of the unsafe posts ([`DmabufMr::sge`]) and as a target for peers ([`DmabufMr::remote`],
 /// [`DmabufMr::region`]). The bytes are read and written through the exporter.
 pub struct DmabufMr {
-    pd: Arc<PdInner>,
-    handle: u32,
-    lkey: u32,
-    rkey: u32,
-    iova: u64,
-    len: usize,
-    access: AccessFlags,
+    reg: Registration,
 }
 
 impl std::fmt::Debug for DmabufMr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DmabufMr")
-            .field("iova", &self.iova)
-            .field("len", &self.len)
-            .field("lkey", &self.lkey)
-            .field("rkey", &self.rkey)
+            .field("iova", &self.reg.iova)
+            .field("len", &self.reg.len)
+            .field("lkey", &self.reg.lkey)
+            .field("rkey", &self.reg.rkey)
             .finish()
     }
 }
@@ -758,110 +760,37 @@ impl Pd {
             _ => e,
         })?;
         Ok(DmabufMr {
-            pd: self.inner.clone(),
-            handle: done.handle(slot),
-            lkey,
-            rkey,
-            iova,
-            len: length,
-            access,
+            reg: Registration {
+                pd: self.inner.clone(),
+                handle: done.handle(slot),
+                lkey,
+                rkey,
+                iova,
+                len: length,
+                access,
+                owned: None,
+            },
         })
     }
 }
 
 impl DmabufMr {
-    /// Local key.
-    pub fn lkey(&self) -> u32 {
-        self.lkey
-    }
-
-    /// Remote key.
-    pub fn rkey(&self) -> u32 {
-        self.rkey
-    }
-
-    /// The address work requests and peers use for the region's first byte (the `iova` it
-    /// was registered with).
-    pub fn addr(&self) -> u64 {
-        self.iova
-    }
-
-    /// The kernel's handle.
-    pub fn handle(&self) -> u32 {
-        self.handle
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the region is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The access it was registered with.
-    pub fn access(&self) -> AccessFlags {
-        self.access
-    }
-
-    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(OutOfBounds {
-                offset,
-                len,
-                mr_len: self.len,
-            }),
-        }
-    }
-
-    /// A scatter/gather entry for the `len` bytes at `offset` (for the unsafe posts).
-    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, OutOfBounds> {
-        self.check(offset, len as usize)?;
-        Ok(Sge {
-            addr: self.iova + offset as u64,
-            length: len,
-            lkey: self.lkey,
-        })
-    }
-
-    /// Where a peer's RDMA read, write or atomic lands at `offset` in this region.
-    pub fn remote(&self, offset: usize) -> Result<Remote, OutOfBounds> {
-        self.check(offset, 0)?;
-        Ok(Remote {
-            addr: self.iova + offset as u64,
-            rkey: self.rkey,
-        })
-    }
+    region_accessors!(
+        reg,
+        "The address work requests and peers use for the region's first byte (the `iova` it \
+         was registered with)."
+    );
 }
 
 impl Drop for DmabufMr {
     fn drop(&mut self) {
-        if self.access.intersects(PEER_ACCESS)
-            && self.pd.ctx.provider.dereg_waits_for_responders()
-            && self.pd.park_mr(self.handle, None).is_ok()
-        {
-            return;
-        }
-        self.pd.dereg_mr(self.handle, None);
+        self.reg.deregister();
     }
 }
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        let mut owned = self.owned.take();
-        // A region peers can access may be held by a QP's responder in the middle of a
-        // message; where the kernel's DEREG_MR would wait for it (rxe), it waits for the QPs.
-        if self.access.intersects(PEER_ACCESS) && self.pd.ctx.provider.dereg_waits_for_responders() {
-            match self.pd.park_mr(self.handle, owned) {
-                Ok(()) => return,
-                Err(back) => owned = back,
-            }
-        }
-        // Deregistered before the mapping is unmapped (leaked if DEREG_MR failed).
-        self.pd.dereg_mr(self.handle, owned);
+        self.reg.deregister();
     }
 }
 
