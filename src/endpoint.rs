@@ -7,7 +7,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mr::AccessFlags;
 use crate::qp::{ConnectAttr, Qp};
-use crate::remote::DecodeError;
+use crate::remote::{DecodeError, Versioned};
 
 /// How a port is addressed on its link layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,24 +60,23 @@ pub struct Endpoint {
     pub mtu: Mtu,
 }
 
-const MAGIC: [u8; 4] = *b"uvEP";
-const VERSION: u8 = 1;
-const HEADER: usize = 8;
-const BODY: usize = 32;
+/// The encoding of an [`Endpoint`] (its body described in the type's docs).
+const FORMAT: Versioned = Versioned {
+    magic: *b"uvEP",
+    version: 1,
+    body: 32,
+};
 const KIND_LID: u8 = 1;
 const KIND_GID: u8 = 2;
 
 impl Endpoint {
     /// Bytes of [`Endpoint::encode`]'s output.
-    pub const ENCODED_LEN: usize = HEADER + BODY;
+    pub const ENCODED_LEN: usize = FORMAT.encoded_len();
 
     /// The fixed little-endian encoding (see the type's docs).
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut b = [0u8; Self::ENCODED_LEN];
-        b[..4].copy_from_slice(&MAGIC);
-        b[4] = VERSION;
-        b[6..8].copy_from_slice(&(BODY as u16).to_le_bytes());
-        let body = &mut b[HEADER..];
+        let body = FORMAT.write_header(&mut b);
         body[1] = self.port;
         body[3] = self.mtu as u8;
         match self.addr {
@@ -99,19 +98,7 @@ impl Endpoint {
     /// Reads [`Endpoint::encode`]'s bytes from the start of `bytes` (what follows, such as
     /// private data's zero padding, is ignored).
     pub fn decode(bytes: &[u8]) -> std::result::Result<Self, DecodeError> {
-        let short = |need| DecodeError::Short { need, got: bytes.len() };
-        let header = bytes.get(..HEADER).ok_or(short(HEADER))?;
-        if header[..4] != MAGIC {
-            return Err(DecodeError::BadMagic);
-        }
-        if header[4] != VERSION {
-            return Err(DecodeError::Version(header[4]));
-        }
-        let n = usize::from(u16::from_le_bytes([header[6], header[7]]));
-        if n < BODY {
-            return Err(DecodeError::BadLength(n));
-        }
-        let body = bytes.get(HEADER..HEADER + n).ok_or(short(HEADER + n))?;
+        let body = FORMAT.body(bytes)?;
         let u32_at = |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
         let addr = match body[0] {
             KIND_LID => PortAddr::Lid(u16::from_le_bytes([body[4], body[5]])),

@@ -36,14 +36,61 @@ pub struct RemoteRegion {
     rkey: u32,
 }
 
-/// The magic that starts an encoded [`RemoteRegion`].
-const MAGIC: [u8; 4] = *b"uvRR";
-/// The encoding's version.
-const VERSION: u8 = 1;
-/// The header: magic, version, reserved byte, body length.
-const HEADER: usize = 8;
-/// The body of version 1: address, length, rkey.
-const BODY: usize = 20;
+/// The encoding of a [`RemoteRegion`]; the body of version 1: address, length, rkey.
+const FORMAT: Versioned = Versioned {
+    magic: *b"uvRR",
+    version: 1,
+    body: 20,
+};
+
+/// A versioned little-endian encoding ([`RemoteRegion`]'s, [`crate::Endpoint`]'s): a
+/// [`Versioned::HEADER`] of the magic, the version, a reserved 0 byte and the body's length
+/// (u16), then the body. A decoder takes a longer body of its version (fields a later release
+/// may append) and ignores the bytes after the body.
+pub(crate) struct Versioned {
+    /// The four bytes that start the encoding.
+    pub(crate) magic: [u8; 4],
+    /// The version written, the only one read.
+    pub(crate) version: u8,
+    /// The length of this version's body.
+    pub(crate) body: usize,
+}
+
+impl Versioned {
+    /// Bytes of the header.
+    pub(crate) const HEADER: usize = 8;
+
+    /// The encoded length: the header and this version's body.
+    pub(crate) const fn encoded_len(&self) -> usize {
+        Self::HEADER + self.body
+    }
+
+    /// Writes the header into the start of `out`; returns the rest, where the body goes.
+    pub(crate) fn write_header<'a>(&self, out: &'a mut [u8]) -> &'a mut [u8] {
+        out[..4].copy_from_slice(&self.magic);
+        out[4] = self.version;
+        out[6..8].copy_from_slice(&(self.body as u16).to_le_bytes());
+        &mut out[Self::HEADER..]
+    }
+
+    /// The body of the encoding at the start of `bytes`, checked: the magic, the version, a
+    /// body at least this version's and all of it there.
+    pub(crate) fn body<'a>(&self, bytes: &'a [u8]) -> Result<&'a [u8], DecodeError> {
+        let short = |need| DecodeError::Short { need, got: bytes.len() };
+        let header = bytes.get(..Self::HEADER).ok_or(short(Self::HEADER))?;
+        if header[..4] != self.magic {
+            return Err(DecodeError::BadMagic);
+        }
+        if header[4] != self.version {
+            return Err(DecodeError::Version(header[4]));
+        }
+        let n = usize::from(u16::from_le_bytes([header[6], header[7]]));
+        if n < self.body {
+            return Err(DecodeError::BadLength(n));
+        }
+        bytes.get(Self::HEADER..Self::HEADER + n).ok_or(short(Self::HEADER + n))
+    }
+}
 
 /// Why bytes could not be decoded ([`RemoteRegion::decode`], [`crate::Endpoint::decode`],
 /// [`unframe_private_data`]).
@@ -72,7 +119,11 @@ impl std::fmt::Display for DecodeError {
         match self {
             Self::Short { need, got } => write!(f, "{got} bytes, the encoding needs {need}"),
             Self::BadMagic => write!(f, "not this encoding (its magic is missing)"),
-            Self::Version(v) => write!(f, "remote region encoding version {v}, this release reads {VERSION}"),
+            Self::Version(v) => write!(
+                f,
+                "remote region encoding version {v}, this release reads {}",
+                FORMAT.version
+            ),
             Self::BadLength(n) => write!(f, "a {n}-byte body, shorter than its version's"),
             Self::Malformed(what) => write!(f, "malformed: {what}"),
         }
@@ -128,7 +179,7 @@ impl From<RemoteOutOfBounds> for Error {
 
 impl RemoteRegion {
     /// Bytes of [`RemoteRegion::encode`]'s output.
-    pub const ENCODED_LEN: usize = HEADER + BODY;
+    pub const ENCODED_LEN: usize = FORMAT.encoded_len();
 
     /// A region from its parts, for a peer that learnt them otherwise (its own protocol).
     pub fn new(addr: u64, rkey: u32, len: u64) -> Self {
@@ -190,12 +241,10 @@ impl RemoteRegion {
     /// The fixed little-endian encoding (see the type's docs).
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut b = [0u8; Self::ENCODED_LEN];
-        b[..4].copy_from_slice(&MAGIC);
-        b[4] = VERSION;
-        b[6..8].copy_from_slice(&(BODY as u16).to_le_bytes());
-        b[8..16].copy_from_slice(&self.addr.to_le_bytes());
-        b[16..24].copy_from_slice(&self.len.to_le_bytes());
-        b[24..28].copy_from_slice(&self.rkey.to_le_bytes());
+        let body = FORMAT.write_header(&mut b);
+        body[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        body[8..16].copy_from_slice(&self.len.to_le_bytes());
+        body[16..20].copy_from_slice(&self.rkey.to_le_bytes());
         b
     }
 
@@ -203,7 +252,7 @@ impl RemoteRegion {
     /// encoding (padding, the rest of a message) is ignored. [`RemoteRegion::decoded_len`]
     /// says how many bytes it took.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let body = Self::body(bytes)?;
+        let body = FORMAT.body(bytes)?;
         let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap_or_default());
         Ok(Self {
             addr: u64_at(0),
@@ -214,24 +263,7 @@ impl RemoteRegion {
 
     /// How many bytes at the start of `bytes` the encoded region takes (its header and body).
     pub fn decoded_len(bytes: &[u8]) -> Result<usize, DecodeError> {
-        Ok(HEADER + Self::body(bytes)?.len())
-    }
-
-    /// The body of the encoding at the start of `bytes`, checked.
-    fn body(bytes: &[u8]) -> Result<&[u8], DecodeError> {
-        let short = |need| DecodeError::Short { need, got: bytes.len() };
-        let header = bytes.get(..HEADER).ok_or(short(HEADER))?;
-        if header[..4] != MAGIC {
-            return Err(DecodeError::BadMagic);
-        }
-        if header[4] != VERSION {
-            return Err(DecodeError::Version(header[4]));
-        }
-        let n = usize::from(u16::from_le_bytes([header[6], header[7]]));
-        if n < BODY {
-            return Err(DecodeError::BadLength(n));
-        }
-        bytes.get(HEADER..HEADER + n).ok_or(short(HEADER + n))
+        Ok(Versioned::HEADER + FORMAT.body(bytes)?.len())
     }
 }
 
