@@ -289,21 +289,7 @@ fn test_step_on(roce_only: bool) -> Vec<Checked> {
     check(format!("ibv_srq_pingpong -d {DEVICE} -n {ITERS} pair"), &mut |dir| {
         srq_pingpong(&step, dir, gid)
     });
-    let exe = compile_verbs_check();
-    check("verbs_check (one process, two contexts)".into(), &mut |dir| {
-        let exe = exe.clone()?;
-        let text = step.output(dir, "verbs_check", &[exe.as_str(), "-d", DEVICE])?;
-        verbs_check_passed(&text)
-    });
-    check("verbs_check (two processes)".into(), &mut |dir| {
-        let exe = exe.clone()?;
-        let port = free_port()?;
-        let p = port.to_string();
-        let server = [exe.as_str(), "-d", DEVICE, "-S", "-p", &p].map(String::from);
-        let client = [exe.as_str(), "-d", DEVICE, "-p", &p, "127.0.0.1"].map(String::from);
-        let (_, c) = step.pair(dir, port, &server, &client)?;
-        verbs_check_passed(&c)
-    });
+    verbs_check_items(&step, "", &mut check);
     // The Rust core with the Rust mlx5 provider on the model.
     let rust = build_rust_examples();
     check(
@@ -489,21 +475,7 @@ fn roce_items(
             no_drops(dir)
         });
     }
-    let exe = compile_verbs_check();
-    check("RoCE: verbs_check (one process, two contexts)".into(), &mut |dir| {
-        let exe = exe.clone()?;
-        let text = step.output(dir, "verbs_check", &[exe.as_str(), "-d", DEVICE])?;
-        verbs_check_passed(&text)
-    });
-    check("RoCE: verbs_check (two processes)".into(), &mut |dir| {
-        let exe = exe.clone()?;
-        let port = free_port()?;
-        let p = port.to_string();
-        let server = [exe.as_str(), "-d", DEVICE, "-S", "-p", &p].map(String::from);
-        let client = [exe.as_str(), "-d", DEVICE, "-p", &p, "127.0.0.1"].map(String::from);
-        let (_, c) = step.pair(dir, port, &server, &client)?;
-        verbs_check_passed(&c)
-    });
+    verbs_check_items(step, "RoCE: ", check);
     check(
         "RoCE: Rust demo (RC over a RoCE v2 GID, UD through a RoCE address handle)".into(),
         &mut |dir| {
@@ -940,6 +912,26 @@ fn devinfo(text: &str) -> DevInfo {
         }
     }
     info
+}
+
+/// The verbs_check items on `step`'s port, named after `on` (`""` or `"RoCE: "`): one process
+/// with two contexts, then a server and a client process.
+fn verbs_check_items(step: &Step, on: &str, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
+    let exe = compile_verbs_check();
+    check(format!("{on}verbs_check (one process, two contexts)"), &mut |dir| {
+        let exe = exe.clone()?;
+        let text = step.output(dir, "verbs_check", &[exe.as_str(), "-d", DEVICE])?;
+        verbs_check_passed(&text)
+    });
+    check(format!("{on}verbs_check (two processes)"), &mut |dir| {
+        let exe = exe.clone()?;
+        let port = free_port()?;
+        let p = port.to_string();
+        let server = [exe.as_str(), "-d", DEVICE, "-S", "-p", &p].map(String::from);
+        let client = [exe.as_str(), "-d", DEVICE, "-p", &p, "127.0.0.1"].map(String::from);
+        let (_, c) = step.pair(dir, port, &server, &client)?;
+        verbs_check_passed(&c)
+    });
 }
 
 /// Compiles verbs_check with gcc against libibverbs; its path, or why it does not build.
