@@ -155,7 +155,9 @@ fn usage(kind: Kind, argv0: &str) {
     println!("                         completions (default 60)");
     println!("  -h, --help             print this help");
     match kind {
-        Kind::Rc => println!("Not supported by this port: -e/--events, -o/--odp, -O/--iodp, -P/--prefetch,\n  -t/--ts, -j/--dm"),
+        Kind::Rc => {
+            println!("Not supported by this port: -e/--events, -o/--odp, -O/--iodp, -P/--prefetch,\n  -t/--ts, -j/--dm")
+        }
         Kind::Srq => println!("Not supported by this port: -e/--events, -o/--odp"),
         Kind::Uc | Kind::Ud => println!("Not supported by this port: -e/--events"),
     }
@@ -426,7 +428,6 @@ fn set_timeouts(s: &TcpStream, timeout: Duration) -> io::Result<()> {
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))
 }
-
 
 /// Reads `n` address messages.
 fn read_dests(s: &mut TcpStream, n: u32) -> io::Result<Vec<[u8; MSG_LEN]>> {
@@ -733,7 +734,9 @@ fn run(kind: Kind, o: &Opts) -> Result<(), String> {
             max_inline_data: 0,
         };
         init.sq_sig_all = false;
-        let qp = pd.create_qp(&init).map_err(|e| format!("Couldn't create QP[{i}]: {e}"))?;
+        let qp = pd
+            .create_qp(&init)
+            .map_err(|e| format!("Couldn't create QP[{i}]: {e}"))?;
         if qp.cap().max_inline_data >= o.size {
             send_flags |= SendFlags::INLINE;
         }
@@ -983,9 +986,12 @@ mod tests {
     #[test]
     fn options_parse_like_getopt_long() {
         let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let Ok(Parsed::Run(o)) = parse_args(Kind::Rc, &args(&[
-            "-p18600", "-d", "rxe0", "-cn", "10000", "--gid=1", "host", "--mtu", "4096",
-        ])) else {
+        let Ok(Parsed::Run(o)) = parse_args(
+            Kind::Rc,
+            &args(&[
+                "-p18600", "-d", "rxe0", "-cn", "10000", "--gid=1", "host", "--mtu", "4096",
+            ]),
+        ) else {
             panic!("should parse");
         };
         assert_eq!(o.port, 18600);
