@@ -169,8 +169,9 @@ pub struct Checked {
 /// ibv_srq_pingpong pair and verbs_check (one process, and two
 /// processes) on it; then the
 /// Rust demo and the Rust rc_pingpong against ibv_rc_pingpong both ways (the Rust core and
-/// mlx5 provider, `--features mlx5`), then the integration tests of [`SUITE`] on that
-/// provider; each bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
+/// mlx5 provider, `--features mlx5`), the differential, then the integration tests of
+/// [`SUITE`] on that provider; then the same on the model's RoCE port ([`roce_items`]); each
+/// bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
 /// (never a skip).
 pub fn test_step() -> Vec<Checked> {
     test_step_on(false)
