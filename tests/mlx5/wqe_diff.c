@@ -165,6 +165,13 @@ int main(int argc, char **argv)
 			attr.min_rnr_timer = 12;
 			attr.ah_attr.dlid = port.lid;
 			attr.ah_attr.port_num = 1;
+			/* On a RoCE port by GID 0 (RoCE v1, link-local: the MAC comes out of it). */
+			if (port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+				attr.ah_attr.is_global = 1;
+				attr.ah_attr.grh.hop_limit = 1;
+				if (ibv_query_gid(ctx, 1, 0, &attr.ah_attr.grh.dgid))
+					die("ibv_query_gid");
+			}
 			if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 					  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 					  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))

@@ -112,10 +112,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
     )?;
     let mut qpn = qp.qpn();
-    // Connected to itself: the model executes nothing while it traces.
+    // Connected to itself: the model executes nothing while it traces. On a RoCE port by
+    // GID 0 (RoCE v1, link-local: the kernel takes the MAC out of it), as wqe_diff.c does.
+    let port = ctx.query_port(1)?;
+    let grh = match port.needs_grh() {
+        true => Some(GlobalRoute {
+            dgid: ctx.query_gid(1, 0)?.raw,
+            sgid_index: 0,
+            hop_limit: 1,
+            traffic_class: 0,
+            flow_label: 0,
+        }),
+        false => None,
+    };
     let ah = AhAttr {
         port_num: 1,
-        dlid: ctx.query_port(1)?.lid,
+        dlid: port.lid,
+        grh,
         ..Default::default()
     };
     qp.to_rtr(ah, qpn, 0, Mtu::Mtu1024)?;

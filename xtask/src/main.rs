@@ -18,7 +18,9 @@
 //!   C libmlx5 on the model: `ibv_devices`, `ibv_devinfo -v`, ibv_rc_pingpong and
 //!   ibv_uc_pingpong pairs, `tests/mlx5/verbs_check.c`; then the Rust demo and
 //!   rc_pingpong with the Rust mlx5 provider, the latter against ibv_rc_pingpong
-//!   both ways; xtask/src/mlx5.rs), each item counted in that line.
+//!   both ways, the differential and the integration suite; then the same on the model's
+//!   RoCE port, with the Rust uc/ud/srq pingpongs against Debian's too; xtask/src/mlx5.rs),
+//!   each item counted in that line.
 //! - `cargo xtask mlx5 [--roce] [--] <command...>`: build the mlx5 device model
 //!   (`cargo build -p uverbs-mlx5-model`) and run a shell command on it on the
 //!   host (cwd = project root, `/bin/sh -c`, `UVERBS_MLX5_MODEL_DIR` set to a

@@ -169,8 +169,9 @@ pub struct Checked {
 /// ibv_srq_pingpong pair and verbs_check (one process, and two
 /// processes) on it; then the
 /// Rust demo and the Rust rc_pingpong against ibv_rc_pingpong both ways (the Rust core and
-/// mlx5 provider, `--features mlx5`), then the integration tests of [`SUITE`] on that
-/// provider; each bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
+/// mlx5 provider, `--features mlx5`), the differential, then the integration tests of
+/// [`SUITE`] on that provider; then the same on the model's RoCE port ([`roce_items`]); each
+/// bounded by [`ENV_TIMEOUT`]. A model that is missing or does not build is one failed item
 /// (never a skip).
 pub fn test_step() -> Vec<Checked> {
     test_step_on(false)
@@ -342,32 +343,7 @@ fn test_step_on(roce_only: bool) -> Vec<Checked> {
     }
     // The differential against libmlx5: WQE bytes, doorbells, completions and driver data
     // (mlx5_diff.rs).
-    let mut runs = Vec::new();
-    check(
-        "differential: same WQE bytes, doorbells and completions as libmlx5 (Rust mlx5 provider)".into(),
-        &mut |dir| {
-            for setting in 0..crate::mlx5_diff::SETTINGS.len() {
-                let r = crate::mlx5_diff::run_both(dir, &|c| on_model(c, &step.lib, dir), step.limit, setting)?;
-                note!("xtask: {}", crate::mlx5_diff::check_rings(&r, setting)?);
-                runs.push(r);
-            }
-            Ok(())
-        },
-    );
-    check(
-        "differential: driver requests equal libmlx5's but for the listed differences".into(),
-        &mut |_| {
-            if runs.is_empty() {
-                return Err("no runs: the item before failed".into());
-            }
-            for r in &runs {
-                for line in crate::mlx5_diff::compare_commands(&r.c.trace, &r.rust.trace)? {
-                    note!("xtask:   {line}");
-                }
-            }
-            Ok(())
-        },
-    );
+    differential(&step, "", &mut check);
     integration_suite(&step, None, &mut check);
     let roce = Step {
         lib: step.lib.clone(),
@@ -378,19 +354,31 @@ fn test_step_on(roce_only: bool) -> Vec<Checked> {
     out
 }
 
-/// The integration tests of [`SUITE`] left out on the RoCE port: the long random runs
-/// (`soak`, 100,000 work requests; `safe_fuzz`, 60 s), which exercise posting and polling the
-/// InfiniBand run covers, past a setup that is the same on both ports. Everything else runs
-/// on both.
-const ROCE_SKIP: &[&str] = &["soak", "safe_fuzz"];
+/// What the RoCE run of [`SUITE`] sets differently: the long random runs are shorter there
+/// (`soak` 20,000 work requests instead of 100,000, `safe_fuzz` 15 s instead of 60), as
+/// posting and polling past their setup are the same on both ports and the InfiniBand run
+/// has the long form. Everything else runs on both with the same settings.
+const ROCE_SHORTER: &[(&str, &str)] = &[
+    ("soak", "UVERBS_SOAK_WRS=20000"),
+    ("safe_fuzz", "UVERBS_SAFE_FUZZ_SECONDS=15"),
+];
+
+/// Iterations of the Rust uc_pingpong and ud_pingpong against libmlx5's and against
+/// themselves on the RoCE port (18 pairs): a 10,000-iteration pair takes 10 to 30 s on the
+/// model (both processes poll, and so does each one's device thread), so these run 1,000 to
+/// keep the step's time; the C pairs, the RC pairs and the SRQ pairs (whose count is of all 16
+/// QPs together) run [`ITERS`].
+const ROCE_PP_ITERS: &str = "1000";
 
 /// The step's items on the model's RoCE port (`UVERBS_MLX5_MODEL_LINK=eth`): `ibv_devinfo`
 /// shows an Ethernet port with RoCE v1 and v2 GIDs; Debian's pingpongs with `-g 1` (the
 /// RoCE v2 GID of the link-local address: the kernel resolves the MAC through the model's
 /// neighbour table) and `-c` (every payload checked); the Rust rc_pingpong against
-/// ibv_rc_pingpong both ways and against itself at 1, 60 and 4096 bytes; verbs_check in one
-/// process and in two; the demo; then [`SUITE`] but for [`ROCE_SKIP`]. Each pingpong item also fails if the model dropped a packet
-/// (`<dir>/drops-*`).
+/// ibv_rc_pingpong both ways and against itself at 1, 60 and 4096 bytes, and so the Rust
+/// uc_pingpong, ud_pingpong and srq_pingpong against theirs; ibv_rc_pingpong with completion
+/// events (`-e`); the differential (both settings); verbs_check in one
+/// process and in two; the demo; then [`SUITE`] (with [`ROCE_SHORTER`]). Each pingpong item
+/// also fails if the model dropped a packet (`<dir>/drops-*`).
 fn roce_items(
     step: &Step,
     rust: &std::result::Result<(String, String), String>,
@@ -411,34 +399,46 @@ fn roce_items(
             }
         },
     );
-    let pairs: Vec<(String, String, &[&str])> = {
+    // (server, client, extra arguments, iterations)
+    type Pair<'a> = (String, String, &'a [&'a str], &'a str);
+    let pairs: Vec<Pair> = {
         let c = |p: &str| p.to_string();
-        let mut v: Vec<(String, String, &[&str])> = Vec::new();
-        for size in [&["-s", "1"][..], &["-s", "60"], &["-s", "4096"]] {
-            v.push((c("ibv_rc_pingpong"), c("ibv_rc_pingpong"), size));
+        let sizes = [&["-s", "1"][..], &["-s", "60"], &["-s", "4096"]];
+        let mut v: Vec<Pair> = Vec::new();
+        for size in sizes {
+            v.push((c("ibv_rc_pingpong"), c("ibv_rc_pingpong"), size, ITERS));
         }
-        v.push((c("ibv_uc_pingpong"), c("ibv_uc_pingpong"), &[]));
-        v.push((c("ibv_ud_pingpong"), c("ibv_ud_pingpong"), &[]));
-        v.push((c("ibv_srq_pingpong"), c("ibv_srq_pingpong"), &[]));
-        if let Ok((_, rust_pp)) = rust {
-            for size in [&["-s", "1"][..], &["-s", "60"], &["-s", "4096"]] {
-                v.push((rust_pp.clone(), c("ibv_rc_pingpong"), size));
-                v.push((c("ibv_rc_pingpong"), rust_pp.clone(), size));
-                v.push((rust_pp.clone(), rust_pp.clone(), size));
+        v.push((c("ibv_rc_pingpong"), c("ibv_rc_pingpong"), &["-e"], ITERS));
+        v.push((c("ibv_uc_pingpong"), c("ibv_uc_pingpong"), &[], ITERS));
+        v.push((c("ibv_ud_pingpong"), c("ibv_ud_pingpong"), &[], ITERS));
+        v.push((c("ibv_srq_pingpong"), c("ibv_srq_pingpong"), &[], ITERS));
+        if let Ok((_, rust_rc)) = rust {
+            for pp in RUST_PINGPONGS {
+                let ours = rust_rc.replace("rc_pingpong", pp);
+                let theirs = format!("ibv_{pp}");
+                let iters = match pp {
+                    "uc_pingpong" | "ud_pingpong" => ROCE_PP_ITERS,
+                    _ => ITERS,
+                };
+                for size in sizes {
+                    v.push((ours.clone(), theirs.clone(), size, iters));
+                    v.push((theirs.clone(), ours.clone(), size, iters));
+                    v.push((ours.clone(), ours.clone(), size, iters));
+                }
             }
         }
         v
     };
     let short = |p: &str| match p.rsplit('/').next() {
-        Some("rc_pingpong") => "rc_pingpong (Rust)".to_string(),
+        Some(name) if p.contains('/') => format!("{name} (Rust)"),
         _ => p.to_string(),
     };
     if let Err(e) = rust {
         check("RoCE: the Rust pingpongs".into(), &mut |_| Err(e.clone()));
     }
-    for (server, client, extra) in pairs {
+    for (server, client, extra, iters) in pairs {
         let name = format!(
-            "RoCE: {} server, {} client, -g 1 -c -n {ITERS} {}",
+            "RoCE: {} server, {} client, -g 1 -c -n {iters} {}",
             short(&server),
             short(&client),
             extra.join(" ")
@@ -454,7 +454,7 @@ fn roce_items(
                     "1",
                     "-c",
                     "-n",
-                    ITERS,
+                    iters,
                     "-p",
                     &port.to_string(),
                 ]
@@ -466,7 +466,7 @@ fn roce_items(
             let mut client_args = args(&client);
             client_args.push("127.0.0.1".into());
             let (s, c) = step.pair(dir, port, &args(&server), &client_args)?;
-            let done = format!("{ITERS} iters");
+            let done = format!("{iters} iters");
             for (side, text) in [("server", &s), ("client", &c)] {
                 if !text.contains(&done) {
                     return Err(format!("the {side} exited 0 without reporting {done}"));
@@ -475,6 +475,7 @@ fn roce_items(
             no_drops(dir)
         });
     }
+    differential(step, "RoCE: ", check);
     verbs_check_items(step, "RoCE: ", check);
     check(
         "RoCE: Rust demo (RC over a RoCE v2 GID, UD through a RoCE address handle)".into(),
@@ -493,7 +494,47 @@ fn roce_items(
             }
         },
     );
-    integration_suite(step, Some(ROCE_SKIP), check);
+    integration_suite(step, Some(ROCE_SHORTER), check);
+}
+
+/// The differential's two items on `step`'s port (names prefixed by `on`): one seeded script
+/// through libmlx5 and through the Rust provider in each of [`crate::mlx5_diff::SETTINGS`];
+/// same WQE bytes, doorbells and completions, then the driver requests but for the listed
+/// differences. On the RoCE port the script's paths carry a GRH (mlx5_diff.rs).
+fn differential(step: &Step, on: &str, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
+    let roce = step.link == Some("eth");
+    let model = |c: &mut Command, dir: &Path| {
+        on_model(c, &step.lib, dir);
+        if let Some(link) = step.link {
+            c.env(ENV_LINK, link);
+        }
+    };
+    let mut runs = Vec::new();
+    check(
+        format!("{on}differential: same WQE bytes, doorbells and completions as libmlx5 (Rust mlx5 provider)"),
+        &mut |dir| {
+            for setting in 0..crate::mlx5_diff::SETTINGS.len() {
+                let r = crate::mlx5_diff::run_both(dir, &|c| model(c, dir), step.limit, setting, roce)?;
+                note!("xtask: {}", crate::mlx5_diff::check_rings(&r, setting)?);
+                runs.push(r);
+            }
+            Ok(())
+        },
+    );
+    check(
+        format!("{on}differential: driver requests equal libmlx5's but for the listed differences"),
+        &mut |_| {
+            if runs.is_empty() {
+                return Err("no runs: the item before failed".into());
+            }
+            for r in &runs {
+                for line in crate::mlx5_diff::compare_commands(&r.c.trace, &r.rust.trace, r.roce)? {
+                    note!("xtask:   {line}");
+                }
+            }
+            Ok(())
+        },
+    );
 }
 
 /// Fails when the model dropped a packet in `dir`'s run for a reason that says a header was
@@ -565,11 +606,15 @@ const SUITE: &[(&str, &[&str], &[&str])] = &[
 /// What one item of the step runs, given its model dir.
 type ItemFn<'a> = dyn FnMut(&Path) -> std::result::Result<(), String> + 'a;
 
-/// Builds the integration tests with `--features mlx5` and runs each of [`SUITE`] (but those
-/// in `skip`) on the model (the Rust core with the Rust mlx5 provider), one item per test
+/// Builds the integration tests with `--features mlx5` and runs each of [`SUITE`] (on the
+/// RoCE port, `roce`: with the settings it replaces) on the model (the Rust core with the Rust mlx5 provider), one item per test
 /// binary, `--test-threads=1`; then, for the whole suite, `tests/discovery.rs` built
 /// without the mlx5 feature.
-fn integration_suite(step: &Step, skip: Option<&[&str]>, check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>)) {
+fn integration_suite(
+    step: &Step,
+    roce: Option<&[(&str, &str)]>,
+    check: &mut dyn for<'a> FnMut(String, &'a mut ItemFn<'a>),
+) {
     let on = match step.link {
         Some("eth") => "RoCE: ",
         _ => "",
@@ -588,9 +633,12 @@ fn integration_suite(step: &Step, skip: Option<&[&str]>, check: &mut dyn for<'a>
     let built = crate::json::cargo_executables(&mut c)
         .map_err(|e| format!("the tests do not build with the mlx5 provider: {e}"));
     for (name, env, args) in SUITE {
-        if skip.is_some_and(|o| o.contains(name)) {
-            continue;
-        }
+        // On the RoCE port a test's setting may be replaced by a shorter one.
+        let shorter = roce.and_then(|r| r.iter().find(|(n, _)| n == name)).map(|(_, v)| [*v]);
+        let env: &[&str] = match &shorter {
+            Some(v) => v,
+            None => env,
+        };
         check(format!("{on}tests/{name}.rs (Rust mlx5 provider)"), &mut |dir| {
             let bins = built.as_ref().map_err(Clone::clone)?;
             let exe = bins
@@ -607,7 +655,7 @@ fn integration_suite(step: &Step, skip: Option<&[&str]>, check: &mut dyn for<'a>
             passed(&text)
         });
     }
-    if skip.is_some() {
+    if roce.is_some() {
         return;
     }
     // The model's device is one that a build without the mlx5 provider has no provider for:
@@ -664,18 +712,18 @@ fn srq_pingpong(step: &Step, dir: &Path, gid: &[&str]) -> std::result::Result<()
     }
 }
 
-/// Builds the demo and rc_pingpong examples with the mlx5 provider; their paths.
+/// The Rust ports of the pingpongs (`examples/pingpong`), as the C tools are named without
+/// their `ibv_` prefix.
+const RUST_PINGPONGS: [&str; 4] = ["rc_pingpong", "uc_pingpong", "ud_pingpong", "srq_pingpong"];
+
+/// Builds the demo and the pingpong examples ([`RUST_PINGPONGS`]) with the mlx5 provider;
+/// the demo's path and the rc_pingpong's (the others lie next to it).
 fn build_rust_examples() -> std::result::Result<(String, String), String> {
     let mut c = crate::toolchain::cargo();
-    c.args([
-        "build",
-        "--features",
-        "mlx5",
-        "--example",
-        "demo",
-        "--example",
-        "rc_pingpong",
-    ]);
+    c.args(["build", "--features", "mlx5", "--example", "demo"]);
+    for pp in RUST_PINGPONGS {
+        c.args(["--example", pp]);
+    }
     note!("xtask: {}", proc::describe(&c));
     proc::check(&mut c).map_err(|e| format!("the Rust examples do not build with the mlx5 provider: {e}"))?;
     let dir = paths::target_dir().join("debug").join("examples");

@@ -29,6 +29,8 @@ pub struct Run {
 pub struct Runs {
     pub c: Run,
     pub rust: Run,
+    /// On a RoCE port (the script of `script(_, _, true)`).
+    pub roce: bool,
 }
 
 /// The two settings both providers run the script in: a device without write combining
@@ -41,8 +43,15 @@ pub const SETTINGS: [(&str, &str, &str); 2] = [
 ];
 
 /// Builds both programs, writes the script into `dir` and runs each on the model (`model`
-/// points a command at it) with the trace on, in setting `setting` of [`SETTINGS`].
-pub fn run_both(dir: &Path, model: &dyn Fn(&mut Command), limit: Duration, setting: usize) -> Result<Runs, String> {
+/// points a command at it) with the trace on, in setting `setting` of [`SETTINGS`]; `roce`:
+/// the script for a RoCE port (see [`script`]).
+pub fn run_both(
+    dir: &Path,
+    model: &dyn Fn(&mut Command),
+    limit: Duration,
+    setting: usize,
+    roce: bool,
+) -> Result<Runs, String> {
     let (_, var, value) = SETTINGS[setting];
     let out_dir = paths::target_dir().join("mlx5-check");
     std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
@@ -58,7 +67,7 @@ pub fn run_both(dir: &Path, model: &dyn Fn(&mut Command), limit: Duration, setti
     proc::check(&mut cargo).map_err(|e| format!("the example {WQE_DIFF_EXAMPLE} does not build: {e}"))?;
     let rust_exe = paths::target_dir().join("debug/examples").join(WQE_DIFF_EXAMPLE);
     let script_path = dir.join("script");
-    std::fs::write(&script_path, script(SEED, STEPS)).map_err(|e| e.to_string())?;
+    std::fs::write(&script_path, script(SEED, STEPS, roce)).map_err(|e| e.to_string())?;
     let run = |name: &str, exe: &Path| -> Result<Run, String> {
         let trace = dir.join(format!("{name}-{setting}.trace"));
         let out = dir.join(format!("{name}-{setting}.out"));
@@ -89,12 +98,13 @@ pub fn run_both(dir: &Path, model: &dyn Fn(&mut Command), limit: Duration, setti
     Ok(Runs {
         c: run("libmlx5", &c_exe)?,
         rust: run("rust", &rust_exe)?,
+        roce,
     })
 }
 
 /// Acceptance 3 and 4 on `runs` of setting `setting`: one line saying what was compared.
 pub fn check_rings(runs: &Runs, setting: usize) -> Result<String, String> {
-    let (sq, rq, uar) = compare_traces(&runs.c.trace, &runs.rust.trace)?;
+    let (sq, rq, uar) = compare_traces(&runs.c.trace, &runs.rust.trace, runs.roce)?;
     // The trace's own findings: a doorbell that is not the last WQE, a ring it could not read.
     let flagged = ["differs from the WQE", "names no traced QP", "unreadable"];
     if let Some(l) = runs.c.trace.lines().find(|l| flagged.iter().any(|f| l.contains(f))) {
@@ -207,8 +217,11 @@ const SIZINGS: [(u8, [u32; 5]); 14] = [
 
 /// The script (format in tests/mlx5/wqe_diff.c): every opcode, lists of 1..32, inline
 /// sizes 0..=MAX_INLINE over 0..4 SGEs, zero-length SGEs, every flag combination; the last
-/// request of each list signaled so the queue drains at each step.
-pub fn script(seed: u64, steps: u32) -> String {
+/// request of each list signaled so the queue drains at each step. With `roce`, for a RoCE
+/// port: the same script, but every address handle has a GRH towards a link-local DGID
+/// (from the source GID 0, a RoCE v1 GID, the kernel takes the MAC out of the DGID, so both
+/// runs' address vectors are the same whatever their process's addresses).
+pub fn script(seed: u64, steps: u32, roce: bool) -> String {
     let mut r = Rng(seed);
     let mut s = format!("qp {MAX_SEND_WR} {MAX_RECV_WR} {MAX_SGE} {MAX_SGE} {MAX_INLINE} {CQE}\n");
     // QPs created and destroyed at once, for their CREATE_QP's queue sizes.
@@ -285,7 +298,7 @@ pub fn script(seed: u64, steps: u32) -> String {
         }
         let _ = writeln!(s, "T {step}");
     }
-    ud_script(&mut r, &mut s, &mut wr_id);
+    ud_script(&mut r, &mut s, &mut wr_id, roce);
     // One more trace: the consumer index record after the last polls.
     s.push_str("T end\n");
     s
@@ -294,25 +307,23 @@ pub fn script(seed: u64, steps: u32) -> String {
 /// The UD part of the script: a UD QP, address handles with random attributes (with and
 /// without a GRH, SLs, rates and path bits beyond what the fields hold), then steps of SEND
 /// and SEND_IMM lists to random QPNs and Q_Keys through them, inline or not, and receives.
-fn ud_script(r: &mut Rng, s: &mut String, wr_id: &mut u64) {
+fn ud_script(r: &mut Rng, s: &mut String, wr_id: &mut u64, roce: bool) {
     let _ = writeln!(
         s,
         "ud {MAX_SEND_WR} {MAX_RECV_WR} {MAX_SGE} {MAX_SGE} {MAX_INLINE} {CQE}"
     );
     for _ in 0..UD_AHS {
+        let (dlid, sl, path_bits, rate) = (r.next() as u16, r.below(256), r.below(256), r.below(30));
+        let global = r.below(2);
+        let (hop_limit, tclass, flow_label, dgid_hi) = (r.below(256), r.below(256), r.next() as u32, r.next());
+        let dgid_lo = r.next();
+        let (global, dgid_hi) = match roce {
+            true => (1, 0xfe80_0000_0000_0000),
+            false => (global, dgid_hi),
+        };
         let _ = writeln!(
             s,
-            "A {:#x} {} {} {} {} {} {} {:#x} {:#x} {:#x}",
-            r.next() as u16,
-            r.below(256),
-            r.below(256),
-            r.below(30),
-            r.below(2),
-            r.below(256),
-            r.below(256),
-            r.next() as u32,
-            r.next(),
-            r.next()
+            "A {dlid:#x} {sl} {path_bits} {rate} {global} {hop_limit} {tclass} {flow_label:#x} {dgid_hi:#x} {dgid_lo:#x}"
         );
     }
     for step in 0..UD_STEPS {
@@ -440,13 +451,62 @@ fn first_difference(a: &[String], b: &[String], what: &str) -> Result<(), String
 }
 
 /// Compares the traces' ring, doorbell and UAR lines (every line but `cmd`); returns how
-/// many send WQEs, receive WQEs and UAR doorbells were compared.
-pub fn compare_traces(c: &str, rust: &str) -> Result<(usize, usize, usize), String> {
-    let rings = |t: &str| -> Vec<String> { t.lines().filter(|l| !l.starts_with("cmd ")).map(String::from).collect() };
+/// many send WQEs, receive WQEs and UAR doorbells were compared. On a RoCE port (`roce`)
+/// every byte is compared but [`ROCE_V1_RLID`] of the UD part's send WQEs.
+pub fn compare_traces(c: &str, rust: &str, roce: bool) -> Result<(usize, usize, usize), String> {
+    let rings = |t: &str| -> Vec<String> {
+        let mut ud = false;
+        t.lines()
+            .filter(|l| !l.starts_with("cmd "))
+            .map(|l| {
+                ud |= l.starts_with("step ud");
+                match roce && ud {
+                    true => mask_rlid(l),
+                    false => l.to_string(),
+                }
+            })
+            .collect()
+    };
     let (a, b) = (rings(c), rings(rust));
     first_difference(&a, &b, "trace")?;
     let count = |p: &str| a.iter().filter(|l| l.starts_with(p)).count();
     Ok((count("sq "), count("rq "), count("uar ")))
+}
+
+/// The one WQE field the RoCE comparison leaves out: bytes 14-15 of a UD send's address vector
+/// (`rlid`, at WQE bytes 30-31, after the 16-byte control segment). On a RoCE port it holds
+/// RoCE v2's UDP source port; libmlx5 (`mlx5_create_ah`) writes one only when the source GID
+/// is a RoCE v2 GID and leaves 0 for a v1 GID, whose packets have no UDP header. The Rust
+/// provider does not know the source GID's type when it builds the vector (the provider
+/// interface passes it only the `AhAttr` and the kernel's answer, a MAC), so it always writes
+/// a port; the device does not read the field for a v1 GID. The differential's address
+/// handles use GID 0 (RoCE v1, so that the MAC comes from the DGID on both sides and the
+/// vectors are comparable; libmlx5 draws a v2 port at random).
+pub const ROCE_V1_RLID: std::ops::Range<usize> = 30..32;
+
+/// `line` (a `sq` or BlueFlame `uar` line of the trace) with the bytes of [`ROCE_V1_RLID`]
+/// shown as `..`; other lines as they are.
+fn mask_rlid(line: &str) -> String {
+    let body_at = match line.split_once(' ') {
+        Some(("sq", _)) => 3,
+        Some(("uar", rest)) if rest.starts_with("bf+") => match rest.split_once(' ') {
+            Some((reg, _)) => 4 + reg.len() + 1,
+            None => return line.to_string(),
+        },
+        _ => return line.to_string(),
+    };
+    let mut out = String::with_capacity(line.len());
+    let mut nibble = 0usize;
+    for (i, ch) in line.char_indices() {
+        if i < body_at || ch == ' ' {
+            out.push(ch);
+            continue;
+        }
+        let byte = nibble / 2;
+        nibble += 1;
+        out.push(if ROCE_V1_RLID.contains(&byte) { '.' } else { ch });
+    }
+    out
 }
 
 /// A driver-data field where libmlx5 and this provider may differ, and the kernel rule that
@@ -574,11 +634,14 @@ const COMPARED: [&str; 8] = [
 
 /// Compares the driver data of each command in [`COMPARED`] (the last GET_CONTEXT: libmlx5
 /// retries it; every other one in order), masking only [`ALLOWED`] and [`ABSENT_OR_ZERO`];
-/// returns one line per command saying what differed within the allowance.
-pub fn compare_commands(c: &str, rust: &str) -> Result<Vec<String>, String> {
+/// returns one line per command saying what differed within the allowance. On a RoCE port
+/// (`roce`) libmlx5 issues CREATE_AH too (for the destination MAC): it is compared as those
+/// are, and not one of [`ONLY_RUST`].
+pub fn compare_commands(c: &str, rust: &str, roce: bool) -> Result<Vec<String>, String> {
     let (a, b) = (commands(c), commands(rust));
     let mut report = Vec::new();
-    for name in COMPARED {
+    let roce_ah = roce.then_some("CREATE_AH");
+    for name in COMPARED.into_iter().chain(roce_ah) {
         let pick = |cmds: &[Cmd]| -> Vec<Cmd> {
             let all: Vec<Cmd> = cmds.iter().filter(|c| c.name == name).cloned().collect();
             match name {
@@ -651,6 +714,9 @@ pub fn compare_commands(c: &str, rust: &str) -> Result<Vec<String>, String> {
         }
     }
     for (name, outlen, why) in ONLY_RUST {
+        if roce_ah == Some(*name) {
+            continue;
+        }
         let (x, y) = (
             a.iter().filter(|c| c.name == *name),
             b.iter().filter(|c| c.name == *name),
@@ -688,9 +754,23 @@ mod tests {
 
     #[test]
     fn the_script_is_seeded_and_covers_every_opcode_and_flag() {
-        let s = script(SEED, 200);
-        assert_eq!(s, script(SEED, 200));
-        assert_ne!(s, script(SEED + 1, 200));
+        let s = script(SEED, 200, false);
+        assert_eq!(s, script(SEED, 200, false));
+        assert_ne!(s, script(SEED + 1, 200, false));
+        // The RoCE script: the same but for the address handles, each with a GRH towards a
+        // link-local DGID.
+        let roce = script(SEED, 200, true);
+        let (ib_lines, roce_lines): (Vec<&str>, Vec<&str>) = (s.lines().collect(), roce.lines().collect());
+        assert_eq!(ib_lines.len(), roce_lines.len());
+        for (a, b) in ib_lines.iter().zip(&roce_lines) {
+            match a.starts_with("A ") {
+                false => assert_eq!(a, b),
+                true => {
+                    let w: Vec<&str> = b.split(' ').collect();
+                    assert_eq!((w[5], w[9]), ("1", "0xfe80000000000000"), "{b}");
+                }
+            }
+        }
         let sends: Vec<Vec<&str>> = s
             .lines()
             .filter(|l| l.starts_with("S "))
@@ -737,6 +817,29 @@ mod tests {
     }
 
     #[test]
+    fn the_roce_comparison_leaves_out_only_the_v1_vectors_udp_port() {
+        let wqe = |rlid: &str| {
+            format!(
+                "sq 0000000aqqqqqq060000000a00000000 6dab6f4d0000000080e17cf10c00{rlid} \
+                 00000000bfa88d3633c6a98b0008edd1 fe8000000000000000000000000000aa"
+            )
+        };
+        let bf =
+            |rlid: &str| format!("uar bf+0x100 0000000aqqqqqq060000000a00000000 6dab6f4d0000000080e17cf10c00{rlid}");
+        let trace = |rlid: &str| format!("step 0\n{}\nstep ud 0\n{}\n{}\n", wqe(rlid), wqe(rlid), bf(rlid));
+        // Before the UD part nothing is masked; in it the two rlid bytes only.
+        let err = compare_traces(&trace("0000"), &trace("edf2"), true).unwrap_err();
+        assert!(err.contains("line 2, at step 0"), "{err}");
+        let ud = |rlid: &str| format!("step ud 0\n{}\n{}\n", wqe(rlid), bf(rlid));
+        assert!(compare_traces(&ud("0000"), &ud("edf2"), true).is_ok());
+        assert!(compare_traces(&ud("0000"), &ud("edf2"), false).is_err());
+        let other = ud("0000").replace("0c00", "0d00");
+        assert!(compare_traces(&ud("0000"), &other, true).is_err());
+        assert_eq!(mask_rlid(&bf("edf2")), bf("...."));
+        assert_eq!(mask_rlid("uar db 0000000aqqqqqq06"), "uar db 0000000aqqqqqq06");
+    }
+
+    #[test]
     fn completions_compare_on_the_fields_libmlx5_defines() {
         let ok = "wc id=5 status=0 opcode=128 vendor_err=0 byte_len=7 imm=00000009 qp=self src_qp=3 \
                   flags=2 pkey=1 slid=2 sl=3 dlid_path_bits=4";
@@ -770,7 +873,7 @@ mod tests {
         };
         let a = trace(qp("02000000", "0000000000000000"));
         let b = trace(qp("00000000", "0000000000000000"));
-        let report = compare_commands(&a, &b).unwrap();
+        let report = compare_commands(&a, &b, false).unwrap();
         assert!(
             report
                 .iter()
@@ -778,16 +881,23 @@ mod tests {
             "{report:?}"
         );
         let c = trace(qp("00000000", "0100000000000000"));
-        let e = compare_commands(&a, &c).unwrap_err();
+        let e = compare_commands(&a, &c, false).unwrap_err();
         assert!(e.contains("byte 20"), "{e}");
         // CREATE_AH from the Rust provider only, with no driver data and room for the answer.
         let ah = |outlen: usize| format!("cmd CREATE_AH outlen={outlen} \n");
-        let report = compare_commands(&a, &(b.clone() + &ah(16))).unwrap();
+        let report = compare_commands(&a, &(b.clone() + &ah(16)), false).unwrap();
         assert!(
             report.iter().any(|l| l.starts_with("CREATE_AH: 1 time(s)")),
             "{report:?}"
         );
-        assert!(compare_commands(&a, &(b.clone() + &ah(8))).is_err());
-        assert!(compare_commands(&(a.clone() + &ah(16)), &(b + &ah(16))).is_err());
+        assert!(compare_commands(&a, &(b.clone() + &ah(8)), false).is_err());
+        assert!(compare_commands(&(a.clone() + &ah(16)), &(b.clone() + &ah(16)), false).is_err());
+        // On RoCE both issue it, and it is compared as the others are.
+        let report = compare_commands(&(a.clone() + &ah(16)), &(b.clone() + &ah(16)), true).unwrap();
+        assert!(
+            report.iter().any(|l| l == "CREATE_AH: 0 bytes, identical"),
+            "{report:?}"
+        );
+        assert!(compare_commands(&a, &(b + &ah(16)), true).is_err());
     }
 }
