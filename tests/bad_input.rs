@@ -124,6 +124,7 @@ fn bad_lkey_and_bad_rkey_complete_in_error_and_the_qp_recovers() {
         _ if flushed => WcStatus::WR_FLUSH_ERR,
         Driver::Rxe => WcStatus::LOC_QP_OP_ERR,
         Driver::Mlx5 => WcStatus::LOC_PROT_ERR,
+        Driver::Siw => unreachable!("this test connects its QPs by hand: it does not run on siw"),
     };
     let unknown = [Sge {
         lkey: p.a.mr.lkey() ^ 0x5a5a00,

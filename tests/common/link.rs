@@ -1,0 +1,119 @@
+//! QPs of one process connected to each other by the way the device's transport needs: on
+//! RoCE and InfiniBand (rxe, mlx5) moved to RTS by hand over the loopback path; on iWARP
+//! (siw), where a QP reaches RTS only through the connection manager, connected by
+//! `uverbs::cm` over `UVERBS_CM_ADDR` (`xtask/guest/with_siw.sh` points it at siw's netdev),
+//! the connection then owning the QP.
+
+use super::*;
+use std::thread;
+use uverbs::cm::{ConnParam, Connection, Connector, Listener};
+
+/// Whether `ctx`'s device speaks iWARP.
+pub fn is_iwarp(ctx: &Context) -> bool {
+    ctx.device().transport().expect("the device's transport") == Transport::IWARP
+}
+
+/// A QP in RTS, connected to its peer.
+pub enum Linked {
+    /// Moved through INIT, RTR and RTS by hand.
+    Direct(Qp),
+    /// Connected through the CM; `active` is the side that sent the connect request.
+    Cm { conn: Connection, active: bool },
+}
+
+impl Linked {
+    pub fn qp(&self) -> &Qp {
+        match self {
+            Linked::Direct(qp) => qp,
+            Linked::Cm { conn, .. } => conn.qp(),
+        }
+    }
+
+    pub fn qp_mut(&mut self) -> &mut Qp {
+        match self {
+            Linked::Direct(qp) => qp,
+            Linked::Cm { conn, .. } => conn.qp_mut(),
+        }
+    }
+}
+
+/// Connects `qps[2i]` with `qps[2i + 1]` (RC, `access` for the peer's requests, `mtu` on a
+/// path set by hand) and returns them in the same order. On iWARP the even QP of each pair
+/// connects to a listener on `UVERBS_CM_ADDR` port `port`, the odd one accepts; the CM
+/// dictates the attributes (its INIT access flags are LOCAL_WRITE, REMOTE_WRITE and
+/// REMOTE_READ, all iWARP allows).
+pub fn connect_pairs(ctx: &Context, qps: Vec<Qp>, access: AccessFlags, mtu: Mtu, port: u16) -> Vec<Linked> {
+    assert!(qps.len() % 2 == 0, "QPs come in pairs");
+    if !is_iwarp(ctx) {
+        let path = loopback_path(ctx);
+        let qpns: Vec<u32> = qps.iter().map(|qp| qp.qpn()).collect();
+        return qps
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut qp)| {
+                qp.to_init(1, access).expect("to INIT");
+                qp.to_rtr(path, qpns[i ^ 1], 0, mtu).expect("to RTR");
+                qp.to_rts(0).expect("to RTS");
+                Linked::Direct(qp)
+            })
+            .collect();
+    }
+    let addr = cm::cm_addr(port);
+    let listener = Listener::bind(addr).expect("listening on UVERBS_CM_ADDR");
+    let mut out = Vec::with_capacity(qps.len());
+    let mut qps = qps.into_iter();
+    while let (Some(a), Some(b)) = (qps.next(), qps.next()) {
+        let (active, passive) = thread::scope(|s| {
+            let listener = &listener;
+            let passive = s.spawn(move || {
+                let req = listener.get_request(TIMEOUT).expect("get_request");
+                req.accept(b, &ConnParam::default(), TIMEOUT).expect("accept")
+            });
+            let connector = Connector::resolve(addr, TIMEOUT).expect("resolve");
+            let active = connector
+                .connect(a, &ConnParam::default(), TIMEOUT)
+                .map_err(|f| f.error)
+                .expect("connect");
+            (active, passive.join().expect("the accepting thread"))
+        });
+        assert_eq!(active.qp().state(), QpState::Rts);
+        assert_eq!(passive.qp().state(), QpState::Rts);
+        out.push(Linked::Cm {
+            conn: active,
+            active: true,
+        });
+        out.push(Linked::Cm {
+            conn: passive,
+            active: false,
+        });
+    }
+    out
+}
+
+/// Moves every QP of `links` to ERR, so that what is still posted flushes: by hand; on
+/// iWARP by disconnecting each pair (the active side's QP goes to ERR and the peer's
+/// connection closes, its QP moved to ERR by the kernel) and waiting until both sides saw
+/// `DISCONNECTED`.
+pub fn to_error(links: &mut [&mut Linked]) {
+    for link in links.iter_mut() {
+        match link {
+            Linked::Direct(qp) => qp
+                .modify(&QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                })
+                .expect("to ERR"),
+            Linked::Cm { conn, active: true } => conn.start_disconnect().expect("disconnect"),
+            Linked::Cm { active: false, .. } => {}
+        }
+    }
+    for active in [false, true] {
+        for link in links.iter_mut() {
+            if let Linked::Cm { conn, active: a } = link {
+                if *a == active {
+                    conn.wait_disconnected(TIMEOUT).expect("DISCONNECTED");
+                }
+            }
+        }
+    }
+}
