@@ -6,7 +6,7 @@
 
 use super::*;
 use std::thread;
-use uverbs::cm::{ConnParam, Connection, Connector, Listener};
+use uverbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, Connection, Connector, EventChannel, Listener};
 
 /// Whether `ctx`'s device speaks iWARP.
 pub fn is_iwarp(ctx: &Context) -> bool {
@@ -116,4 +116,92 @@ pub fn to_error(links: &mut [&mut Linked]) {
             }
         }
     }
+}
+
+/// Two QPs the caller keeps, connected to each other through the CM: the ids (the listener,
+/// each side's, and their channel) live as long as this value. Dropping it ends the
+/// connection (the kernel closes it when it destroys the ids).
+pub struct CmLink {
+    // Declared in the order they are destroyed: the connection's ids, then the listener.
+    _ids: [CmId; 2],
+    _listener: CmId,
+}
+
+impl std::fmt::Debug for CmLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CmLink")
+    }
+}
+
+/// Waits for the next event of `ch` and checks that it is `kind`.
+fn expect_event(ch: &EventChannel, kind: CmEventKind) -> CmEvent {
+    let ev = ch.get_event(Some(TIMEOUT)).expect("a CM event");
+    assert_eq!(ev.kind, kind, "{ev:?}");
+    ev
+}
+
+/// Connects `a` (active) with `b` (passive) through the CM on `UVERBS_CM_ADDR` (a port the
+/// kernel picks), with the CM's own attributes, leaving both QPs with the caller: in RTS once
+/// this returns (on iWARP the kernel moved them).
+pub fn cm_connect(a: &mut Qp, b: &mut Qp) -> CmLink {
+    let ch = EventChannel::open().expect("rdma_cm channel");
+    let mut listener = ch.create_id().expect("listener id");
+    listener.bind(cm::cm_addr(0)).expect("bind");
+    listener.listen(1).expect("listen");
+    let addr = listener
+        .query_addr()
+        .expect("the listener's address")
+        .src
+        .expect("bound");
+    let mut active = ch.create_id().expect("active id");
+    active.resolve_addr(None, addr, TIMEOUT).expect("resolve_addr");
+    expect_event(&ch, CmEventKind::ADDR_RESOLVED);
+    active.resolve_route(TIMEOUT).expect("resolve_route");
+    expect_event(&ch, CmEventKind::ROUTE_RESOLVED);
+    active.connect(a, &ConnParam::default()).expect("connect");
+    let mut ev = expect_event(&ch, CmEventKind::CONNECT_REQUEST);
+    let req = ev.take_request().expect("the request");
+    let passive = req.accept_id(b, &ConnParam::default()).expect("accept");
+    // Each side's ESTABLISHED (on RoCE the active side's CONNECT_RESPONSE first).
+    let (mut a_up, mut b_up) = (false, false);
+    while !(a_up && b_up) {
+        let ev = ch.get_event(Some(TIMEOUT)).expect("a CM event");
+        match (ev.kind, ev.uid) {
+            (CmEventKind::CONNECT_RESPONSE, uid) if uid == active.uid() => {
+                active.establish(a).expect("establish");
+                a_up = true;
+            }
+            (CmEventKind::ESTABLISHED, uid) if uid == active.uid() => {
+                active.established(a).expect("established");
+                a_up = true;
+            }
+            (CmEventKind::ESTABLISHED, uid) if uid == passive.uid() => {
+                passive.established(b).expect("established");
+                b_up = true;
+            }
+            _ => panic!("unexpected CM event while connecting: {ev:?}"),
+        }
+    }
+    assert_eq!((a.state(), b.state()), (QpState::Rts, QpState::Rts));
+    CmLink {
+        _ids: [active, passive],
+        _listener: listener,
+    }
+}
+
+/// Connects RC QPs `a` and `b` (both in RESET) to each other: by hand over the loopback path
+/// with `access` for the peer's requests and MTU 1024, or on iWARP through the CM
+/// ([`cm_connect`], whose link the caller keeps while the QPs are used).
+pub fn connect_qps(ctx: &Context, a: &mut Qp, b: &mut Qp, access: AccessFlags) -> Option<CmLink> {
+    if is_iwarp(ctx) {
+        return Some(cm_connect(a, b));
+    }
+    let path = loopback_path(ctx);
+    let (an, bn) = (a.qpn(), b.qpn());
+    for (qp, peer) in [(a, bn), (b, an)] {
+        qp.to_init(1, access).expect("to INIT");
+        qp.to_rtr(path, peer, 0, Mtu::Mtu1024).expect("to RTR");
+        qp.to_rts(0).expect("to RTS");
+    }
+    None
 }

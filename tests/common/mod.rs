@@ -139,12 +139,16 @@ pub fn loopback_path_with_grh(ctx: &Context) -> (AhAttr, Gid) {
     }
 }
 
-/// Two RC QPs on one device connected to each other, each with its own CQ and MR.
+/// Two RC QPs on one device connected to each other, each with its own CQ and MR: by hand
+/// over the loopback path, or on iWARP (siw) through the CM ([`link::cm_connect`], `a` the
+/// active side).
 pub struct Pair {
     pub ctx: Context,
     pub pd: Pd,
     pub a: End,
     pub b: End,
+    /// The CM ids of an iWARP pair's connection.
+    pub cm: Option<link::CmLink>,
 }
 
 /// One side of a [`Pair`].
@@ -196,7 +200,6 @@ impl Pair {
     pub fn with(opts: PairOpts) -> Self {
         let ctx = open_test_device();
         let pd = ctx.alloc_pd().expect("alloc_pd");
-        let path = loopback_path(&ctx);
         let make = || {
             let cq = ctx.create_cq(opts.cq_depth).expect("create_cq");
             let mut init = QpInit::new(opts.qp_type, &cq, &cq);
@@ -207,6 +210,12 @@ impl Pair {
             End { qp, cq, mr }
         };
         let (mut a, mut b) = (make(), make());
+        if link::is_iwarp(&ctx) {
+            assert_eq!(opts.qp_type, QpType::Rc, "iWARP connects RC QPs only");
+            let cm = Some(link::cm_connect(&mut a.qp, &mut b.qp));
+            return Self { ctx, pd, a, b, cm };
+        }
+        let path = loopback_path(&ctx);
         let access = opts.access;
         let (a_qpn, b_qpn) = (a.qp.qpn(), b.qp.qpn());
         for (me, peer) in [(&mut a, b_qpn), (&mut b, a_qpn)] {
@@ -214,8 +223,33 @@ impl Pair {
             me.qp.to_rtr(path, peer, 0, Mtu::Mtu1024).expect("to RTR");
             me.qp.to_rts(0).expect("to RTS");
         }
-        Self { ctx, pd, a, b }
+        Self {
+            ctx,
+            pd,
+            a,
+            b,
+            cm: None,
+        }
     }
+}
+
+/// Waits until the RDMA WRITEs `p.a` completed are in `p.b`'s memory: on siw, which completes
+/// a WRITE once sent (docs/kernel-facts.md), by an 8-byte READ from `p.b` whose completion
+/// follows their placement; elsewhere a WRITE's completion already means placed.
+pub fn await_placement(p: &mut Pair) {
+    if driver(&p.ctx) != Driver::Siw {
+        return;
+    }
+    let len = p.a.mr.len();
+    let sge = [p.a.mr.sge(len - 8, 8).unwrap()];
+    let from = Remote {
+        addr: p.b.mr.addr() + p.b.mr.len() as u64 - 8,
+        rkey: p.b.mr.rkey(),
+    };
+    // SAFETY: the last 8 bytes of A's region are written only by this READ, polled below.
+    unsafe { p.a.qp.post_send(&[SendWr::new(u64::MAX, SendOp::RdmaRead(from), &sge)]) }.expect("READ");
+    let c = poll_n(&mut p.a.cq, 1, 1)[0];
+    assert_eq!((c.wr_id, c.status), (u64::MAX, WcStatus::SUCCESS), "{c:?}");
 }
 
 /// Polls `cq` until `n` completions arrived (asking for at most `batch` at a time).
