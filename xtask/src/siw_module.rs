@@ -251,7 +251,7 @@ mod tests {
         assert_eq!(guest_argv("rc", argv.clone()), argv);
         let w = guest_argv("siw", vec!["/t/siw".into()]);
         assert!(w[1].ends_with("xtask/guest/with_siw.sh") && w[2] == "/t/siw", "{w:?}");
-        assert_eq!(siw_rerun_argv("rc", &argv), None);
+        assert_eq!(siw_rerun_argv("cm", &argv), None);
         assert_eq!(siw_rerun_argv("siw", &argv), None);
         let w = siw_rerun_argv("soak", &["/t/soak".into(), "-q".into()]).unwrap();
         assert!(
