@@ -26,7 +26,16 @@ const SIW_TESTS: &[&str] = &["siw"];
 /// Test binaries of the rxe suite that run a second time on siw from the same sources, as an
 /// item of their own (`test <name> on siw0`, through `with_siw.sh`): each connects its QPs
 /// by the CM where the device is iWARP and expects siw's refusals where siw refuses.
-const ALSO_ON_SIW: &[&str] = &["bad_input", "cq", "discovery", "leaks", "rc", "soak"];
+const ALSO_ON_SIW: &[&str] = &[
+    "bad_input",
+    "cq",
+    "discovery",
+    "leaks",
+    "rc",
+    "soak",
+    "srq",
+    "srq_owned",
+];
 
 /// The argv of test binary `name`: wrapped in `with_siw.sh` when it is a siw test.
 pub fn guest_argv(name: &str, argv: Vec<String>) -> Vec<String> {
