@@ -4,9 +4,16 @@
 //!
 //! `cargo xtask demo` runs this in a guest with the rdma_rxe driver when the host has no
 //! RDMA device; on a host with one, `cargo run --release --example demo [device]`.
+//!
+//! On an iWARP device (siw) the QPs reach RTS only through the connection manager: the demo
+//! then connects its two RC QPs over `uverbs::cm` at the address given as the second argument
+//! or in `UVERBS_CM_ADDR` (an IPv4 address of the device's netdev), and shows that iWARP has
+//! no UD QPs (`tests/guest/demo_siw.sh` runs it on siw0).
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use uverbs::cm::{ConnParam, Connection, Listener};
 use uverbs::*;
 
 /// The demo's own failures (bad data, stalls) next to the library's errors.
@@ -55,6 +62,25 @@ fn run() -> DemoResult<()> {
     for g in &gids {
         println!("  gid[{}] {} type {:?}", g.index, g.ip(), g.gid_type);
     }
+    if ctx.device().transport()? == Transport::IWARP {
+        let ip = std::env::args()
+            .nth(2)
+            .or_else(|| std::env::var("UVERBS_CM_ADDR").ok())
+            .ok_or("an iWARP device connects through the CM: give an IPv4 address of its netdev")?;
+        let addr = SocketAddr::new(ip.parse()?, 7499);
+        println!("\niWARP: connecting through the RDMA CM at {addr}");
+        rc_traffic(&ctx, Link::Cm(addr))?;
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(4)?;
+        return match pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)) {
+            Err(e @ Error::Unsupported { .. }) => {
+                println!("UD: {e}");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+            Ok(_) => Err("an iWARP device made a UD QP".into()),
+        };
+    }
     // RoCE addresses by GID; InfiniBand by LID (both QPs are on this port).
     let path = if port.needs_grh() {
         let gid = ctx.roce_v2_gid(1)?;
@@ -68,8 +94,37 @@ fn run() -> DemoResult<()> {
             ..Default::default()
         }
     };
-    rc_traffic(&ctx, path)?;
+    rc_traffic(&ctx, Link::Path(path))?;
     ud_traffic(&ctx, path)
+}
+
+/// How the two RC QPs reach RTS: by hand on `path`, or through the CM at an address (iWARP).
+enum Link {
+    Path(AhAttr),
+    Cm(SocketAddr),
+}
+
+/// Connects `a` (the active side) with `b` through the CM at `addr`; `b` takes `recvs` as
+/// its receive buffers before it accepts (an iWARP SEND that finds no receive ends the
+/// connection).
+fn cm_connect(addr: SocketAddr, a: Qp, mut b: Qp, recvs: Vec<Buf>) -> DemoResult<(Connection, Connection)> {
+    let listener = Listener::bind(addr)?;
+    let t = Duration::from_secs(20);
+    std::thread::scope(|s| {
+        let listener = &listener;
+        let server = s.spawn(move || -> Result<Connection> {
+            let req = listener.get_request(t)?;
+            req.init_qp(&mut b)?;
+            for buf in recvs {
+                b.recv_buf(buf)?;
+            }
+            req.accept(b, &ConnParam::default(), t)
+        });
+        let connector = uverbs::cm::Connector::resolve(addr, t)?;
+        let a = connector.connect(a, &ConnParam::default(), t)?;
+        let b = server.join().map_err(|_| "the accepting thread panicked")??;
+        Ok((a, b))
+    })
 }
 
 const MSG: usize = 4096;
@@ -77,7 +132,7 @@ const DEPTH: usize = 64;
 
 /// RC sends with every payload checked, then an RDMA write and read, all through the safe
 /// posts: each buffer is moved into the QP and comes back with its completion.
-fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
+fn rc_traffic(ctx: &Context, link: Link) -> DemoResult<()> {
     let pd = ctx.alloc_pd()?;
     let (mut scq, mut rcq) = (ctx.create_cq(256)?, ctx.create_cq(256)?);
     let mut init = QpInit::new(QpType::Rc, &scq, &rcq);
@@ -85,18 +140,32 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
     init.cap.max_recv_wr = DEPTH as u32;
     let (mut a, mut b) = (pd.create_qp(&init)?, pd.create_qp(&init)?);
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let (an, bn) = (a.qpn(), b.qpn());
-    for (qp, peer) in [(&mut a, bn), (&mut b, an)] {
-        qp.to_init(1, access)?;
-        qp.to_rtr(path, peer, 0, Mtu::Mtu1024)?;
-        qp.to_rts(0)?;
-    }
     // Local memory (only this process's requests touch it), cut into buffers: the free
     // send buffers, and receive buffers, all lent to B's receive queue.
     let mut free = pd.alloc_mr(MSG * DEPTH, LocalAccess::LOCAL_WRITE)?.into_bufs(MSG)?;
-    for buf in pd.alloc_mr(MSG * DEPTH, LocalAccess::LOCAL_WRITE)?.into_bufs(MSG)? {
-        b.recv_buf(buf)?;
+    let recvs = pd.alloc_mr(MSG * DEPTH, LocalAccess::LOCAL_WRITE)?.into_bufs(MSG)?;
+    // Through the CM the connections own the QPs; kept here while the traffic runs.
+    let (mut conns, mut own) = (None, None);
+    match link {
+        Link::Path(path) => {
+            let (an, bn) = (a.qpn(), b.qpn());
+            for (qp, peer) in [(&mut a, bn), (&mut b, an)] {
+                qp.to_init(1, access)?;
+                qp.to_rtr(path, peer, 0, Mtu::Mtu1024)?;
+                qp.to_rts(0)?;
+            }
+            for buf in recvs {
+                b.recv_buf(buf)?;
+            }
+            own = Some((a, b));
+        }
+        Link::Cm(addr) => conns = Some(cm_connect(addr, a, b, recvs)?),
     }
+    let (a, b): (&mut Qp, &mut Qp) = match (conns.as_mut(), own.as_mut()) {
+        (Some((ca, cb)), _) => (ca.qp_mut(), cb.qp_mut()),
+        (None, Some((a, b))) => (a, b),
+        (None, None) => return Err("no QPs".into()),
+    };
     const TOTAL: u64 = 20_000;
     let (mut sent, mut received) = (0u64, 0u64);
     let mut wc = [WorkCompletion::default(); 32];
@@ -148,9 +217,9 @@ fn rc_traffic(ctx: &Context, path: AhAttr) -> DemoResult<()> {
         .for_each(|(i, b)| *b = i as u8);
     back.as_mut_slice().fill(0);
     a.send_buf(SendOp::RdmaWrite(remote), out)?;
-    let (_, out) = wait_buf(&mut scq, &mut [&mut a])?;
+    let (_, out) = wait_buf(&mut scq, &mut [&mut *a])?;
     a.send_buf(SendOp::RdmaRead(remote), back)?;
-    let (_, back) = wait_buf(&mut scq, &mut [&mut a])?;
+    let (_, back) = wait_buf(&mut scq, &mut [&mut *a])?;
     let written = dst.to_vec(0, MSG)?;
     let same = out.as_slice() == &written[..] && out.as_slice() == back.as_slice();
     println!(

@@ -578,12 +578,19 @@ impl Qp {
             attr_mask: QpAttrMask::all().difference(QpAttrMask::RATE_LIMIT).bits(),
         };
         let r: QueryQpResp = self.ctx().write_cmd("QUERY_QP", abi::cmd::QUERY_QP, &req)?;
-        let state = qp_state(r.qp_state)?;
+        let (mut state, mut cur_state) = (qp_state(r.qp_state)?, qp_state(r.cur_qp_state)?);
+        // The kernel moves a QP to RESET only on a MODIFY_QP, which goes through this side:
+        // RESET reported for a QP tracked elsewhere is a driver that leaves the state out of
+        // its answer (siw fills neither field, docs/kernel-facts.md), and the tracked state
+        // stands.
+        if state == QpState::Reset && self.state != QpState::Reset {
+            (state, cur_state) = (self.state, self.state);
+        }
         self.set_state(state);
         let info = QpInfo {
             attr: QpAttr {
                 state: Some(state),
-                cur_state: Some(qp_state(r.cur_qp_state)?),
+                cur_state: Some(cur_state),
                 en_sqd_async_notify: None,
                 access: Some(AccessFlags::from_bits_retain(r.qp_access_flags)),
                 pkey_index: Some(r.pkey_index),

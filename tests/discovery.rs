@@ -9,19 +9,23 @@ mod common;
 
 use uverbs::*;
 
-/// `RDMA_DRIVER_MLX5` and `RDMA_DRIVER_RXE` in the kernel's `enum rdma_driver_id`.
+/// `RDMA_DRIVER_MLX5`, `RDMA_DRIVER_RXE` and `RDMA_DRIVER_SIW` in the kernel's
+/// `enum rdma_driver_id`.
 const DRIVER_MLX5: u32 = 1;
 const DRIVER_RXE: u32 = 14;
+const DRIVER_SIW: u32 = 18;
 
 /// The provider a device's kernel driver calls for, as rdma-core picks its C provider.
 fn drivers_provider(device: &DeviceInfo) -> &'static str {
     match device.driver_id {
         Some(DRIVER_RXE) => "rxe",
         Some(DRIVER_MLX5) => "mlx5",
-        Some(id) => panic!("{}: driver id {id} is neither rxe's nor mlx5's", device.name),
+        Some(DRIVER_SIW) => "siw",
+        Some(id) => panic!("{}: driver id {id} is not rxe's, mlx5's or siw's", device.name),
         None if device.name.starts_with("mlx5_") => "mlx5",
         None if device.name.contains("rxe") => "rxe",
-        None => panic!("{}: no driver id and a name of neither driver", device.name),
+        None if device.name.starts_with("siw") => "siw",
+        None => panic!("{}: no driver id and a name of no driver this build knows", device.name),
     }
 }
 

@@ -45,7 +45,13 @@ fn pair_with_rnr_retry(rnr_retry: u8) -> Pair {
             })
             .unwrap();
     }
-    Pair { ctx, pd, a, b }
+    Pair {
+        ctx,
+        pd,
+        a,
+        b,
+        cm: None,
+    }
 }
 
 fn to_err(qp: &mut Qp) {

@@ -42,7 +42,7 @@ fn all_fds() -> usize {
 /// Makes one of every kind of object, moves traffic through them, and returns them.
 fn zoo(ctx: &Context) -> Vec<Box<dyn std::any::Any>> {
     let pd = ctx.alloc_pd().unwrap();
-    let path = loopback_path(ctx);
+    let iwarp = link::is_iwarp(ctx);
     let channel = ctx.create_comp_channel().unwrap();
     let mut cq = ctx
         .create_cq_with(&CqInit {
@@ -63,13 +63,37 @@ fn zoo(ctx: &Context) -> Vec<Box<dyn std::any::Any>> {
             ..QpInit::new(QpType::Rc, &cq, &cq)
         })
         .unwrap();
-    let uc = pd.create_qp(&QpInit::new(QpType::Uc, &cq, &cq)).unwrap();
-    let ud = pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)).unwrap();
-    let ah = pd.create_ah(&path).unwrap();
-    let qpn = rc.qpn();
-    rc.to_init(1, access).unwrap();
-    rc.to_rtr(path, qpn, 0, Mtu::Mtu1024).unwrap();
-    rc.to_rts(0).unwrap();
+    let mut kept: Vec<Box<dyn std::any::Any>> = Vec::new();
+    if iwarp {
+        // iWARP has RC only and no address handles: each refused before the kernel; the RC
+        // QP connects to a second one through the CM (dropped before it: `kept` first).
+        for qp_type in [QpType::Uc, QpType::Ud] {
+            match pd.create_qp(&QpInit::new(qp_type, &cq, &cq)) {
+                Err(Error::Unsupported { verb: "CREATE_QP", .. }) => {}
+                other => panic!("{qp_type:?} on iWARP: {:?}", other.map(|q| q.qpn())),
+            }
+        }
+        assert!(matches!(
+            pd.create_ah(&AhAttr::default()),
+            Err(Error::Unsupported { verb: "CREATE_AH", .. })
+        ));
+        let mut peer = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+        let link = link::cm_connect(&mut rc, &mut peer);
+        kept.push(Box::new(link));
+        kept.push(Box::new(peer));
+    } else {
+        let path = loopback_path(ctx);
+        let uc = pd.create_qp(&QpInit::new(QpType::Uc, &cq, &cq)).unwrap();
+        let ud = pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)).unwrap();
+        let ah = pd.create_ah(&path).unwrap();
+        let qpn = rc.qpn();
+        rc.to_init(1, access).unwrap();
+        rc.to_rtr(path, qpn, 0, Mtu::Mtu1024).unwrap();
+        rc.to_rts(0).unwrap();
+        kept.push(Box::new(ah));
+        kept.push(Box::new(ud));
+        kept.push(Box::new(uc));
+    }
     let sge = [mr.sge(0, 64).unwrap()];
     let remote = Remote {
         addr: user_mr.addr(),
@@ -84,10 +108,7 @@ fn zoo(ctx: &Context) -> Vec<Box<dyn std::any::Any>> {
         .unwrap()
         .expect("event");
     // Queues dropped first, the memory behind `user_mr` last.
-    vec![
-        Box::new(ah),
-        Box::new(ud),
-        Box::new(uc),
+    let rest: [Box<dyn std::any::Any>; 9] = [
         Box::new(on_srq),
         Box::new(rc),
         Box::new(srq),
@@ -97,7 +118,9 @@ fn zoo(ctx: &Context) -> Vec<Box<dyn std::any::Any>> {
         Box::new(user_mr),
         Box::new(user_mem),
         Box::new(pd),
-    ]
+    ];
+    kept.extend(rest);
+    kept
 }
 
 #[test]

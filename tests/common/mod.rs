@@ -4,6 +4,7 @@
 
 pub mod cm;
 pub mod kernel;
+pub mod link;
 pub mod srq;
 pub mod wire;
 
@@ -41,42 +42,51 @@ pub enum Driver {
     Rxe,
     /// ConnectX (`mlx5_ib`), or the mlx5 model on the host (`cargo xtask mlx5 --step`).
     Mlx5,
+    /// soft-iWARP (`siw`), in the test guest under `xtask/guest/with_siw.sh`.
+    Siw,
 }
 
-/// The driver of `ctx`'s device, by its uverbs ABI version (rxe 2, mlx5 1: each provider
-/// drives only its own).
+/// The driver of `ctx`'s device, by the provider that drives it (the ABI version does not
+/// tell: mlx5 and siw are both 1).
 pub fn driver(ctx: &Context) -> Driver {
-    match ctx.device().abi_version {
-        2 => Driver::Rxe,
-        1 => Driver::Mlx5,
-        v => panic!("{}: uverbs ABI {v} is neither rxe's nor mlx5's", ctx.device().name),
+    let dev = ctx.device();
+    let provider = uverbs::providers().iter().find(|p| p.matches(dev)).map(|p| p.name());
+    match provider {
+        Some("rxe") => Driver::Rxe,
+        Some("mlx5") => Driver::Mlx5,
+        Some("siw") => Driver::Siw,
+        other => panic!("{}: no test expectations for provider {other:?}", dev.name),
     }
 }
 
 /// `byte_len` of a successful SEND or RDMA_WRITE completion of `len` bytes, at the requester.
-/// rxe reports the length. On mlx5 the field is undefined there (ibv_poll_cq(3) defines it at
+/// rxe and siw report the length. On mlx5 the field is undefined there (ibv_poll_cq(3) defines it at
 /// the requester for READ and atomics only, and libmlx5 leaves it unwritten): the Rust
 /// provider reports 0.
 pub fn sent_byte_len(ctx: &Context, len: usize) -> u32 {
     match driver(ctx) {
-        Driver::Rxe => len as u32,
+        Driver::Rxe | Driver::Siw => len as u32,
         Driver::Mlx5 => 0,
     }
 }
 
-/// `src_qp` of an RC receive completion sent by `peer_qpn`: rxe leaves it 0; mlx5 reports the
-/// sender's QPN (the CQE's `flags_rqpn`, which libmlx5 copies for every receive).
+/// `src_qp` of an RC receive completion sent by `peer_qpn`: rxe and siw (whose CQE has no
+/// such field) leave it 0; mlx5 reports the sender's QPN (the CQE's `flags_rqpn`, which libmlx5 copies for every receive).
 pub fn rc_recv_src_qp(ctx: &Context, peer_qpn: u32) -> u32 {
     match driver(ctx) {
-        Driver::Rxe => 0,
+        Driver::Rxe | Driver::Siw => 0,
         Driver::Mlx5 => peer_qpn,
     }
 }
 
 /// The GRH flag of an RC receive completion: rxe sets it on every RoCE receive, RC included
 /// (docs/kernel-facts.md); mlx5 sets it when the packet carried a GRH, which on InfiniBand (the
-/// model) a path without a global route does not, and on RoCE every packet does.
+/// model) a path without a global route does not, and on RoCE every packet does; siw (iWARP,
+/// no GRH at all) never.
 pub fn rc_recv_grh(ctx: &Context) -> WcFlags {
+    if driver(ctx) == Driver::Siw {
+        return WcFlags::empty();
+    }
     let roce = ctx.query_port(1).expect("query_port 1").needs_grh();
     match driver(ctx) == Driver::Rxe || roce {
         true => WcFlags::GRH,
@@ -129,12 +139,16 @@ pub fn loopback_path_with_grh(ctx: &Context) -> (AhAttr, Gid) {
     }
 }
 
-/// Two RC QPs on one device connected to each other, each with its own CQ and MR.
+/// Two RC QPs on one device connected to each other, each with its own CQ and MR: by hand
+/// over the loopback path, or on iWARP (siw) through the CM ([`link::cm_connect`], `a` the
+/// active side).
 pub struct Pair {
     pub ctx: Context,
     pub pd: Pd,
     pub a: End,
     pub b: End,
+    /// The CM ids of an iWARP pair's connection.
+    pub cm: Option<link::CmLink>,
 }
 
 /// One side of a [`Pair`].
@@ -186,7 +200,6 @@ impl Pair {
     pub fn with(opts: PairOpts) -> Self {
         let ctx = open_test_device();
         let pd = ctx.alloc_pd().expect("alloc_pd");
-        let path = loopback_path(&ctx);
         let make = || {
             let cq = ctx.create_cq(opts.cq_depth).expect("create_cq");
             let mut init = QpInit::new(opts.qp_type, &cq, &cq);
@@ -197,6 +210,12 @@ impl Pair {
             End { qp, cq, mr }
         };
         let (mut a, mut b) = (make(), make());
+        if link::is_iwarp(&ctx) {
+            assert_eq!(opts.qp_type, QpType::Rc, "iWARP connects RC QPs only");
+            let cm = Some(link::cm_connect(&mut a.qp, &mut b.qp));
+            return Self { ctx, pd, a, b, cm };
+        }
+        let path = loopback_path(&ctx);
         let access = opts.access;
         let (a_qpn, b_qpn) = (a.qp.qpn(), b.qp.qpn());
         for (me, peer) in [(&mut a, b_qpn), (&mut b, a_qpn)] {
@@ -204,8 +223,33 @@ impl Pair {
             me.qp.to_rtr(path, peer, 0, Mtu::Mtu1024).expect("to RTR");
             me.qp.to_rts(0).expect("to RTS");
         }
-        Self { ctx, pd, a, b }
+        Self {
+            ctx,
+            pd,
+            a,
+            b,
+            cm: None,
+        }
     }
+}
+
+/// Waits until the RDMA WRITEs `p.a` completed are in `p.b`'s memory: on siw, which completes
+/// a WRITE once sent (docs/kernel-facts.md), by an 8-byte READ from `p.b` whose completion
+/// follows their placement; elsewhere a WRITE's completion already means placed.
+pub fn await_placement(p: &mut Pair) {
+    if driver(&p.ctx) != Driver::Siw {
+        return;
+    }
+    let len = p.a.mr.len();
+    let sge = [p.a.mr.sge(len - 8, 8).unwrap()];
+    let from = Remote {
+        addr: p.b.mr.addr() + p.b.mr.len() as u64 - 8,
+        rkey: p.b.mr.rkey(),
+    };
+    // SAFETY: the last 8 bytes of A's region are written only by this READ, polled below.
+    unsafe { p.a.qp.post_send(&[SendWr::new(u64::MAX, SendOp::RdmaRead(from), &sge)]) }.expect("READ");
+    let c = poll_n(&mut p.a.cq, 1, 1)[0];
+    assert_eq!((c.wr_id, c.status), (u64::MAX, WcStatus::SUCCESS), "{c:?}");
 }
 
 /// Polls `cq` until `n` completions arrived (asking for at most `batch` at a time).

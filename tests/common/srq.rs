@@ -1,6 +1,6 @@
 //! Two senders and two receivers on one SRQ (`tests/srq.rs`, `tests/mlx5_srq.rs`).
 
-use super::{loopback_path, open_test_device};
+use super::{link, open_test_device};
 use uverbs::*;
 
 /// The objects of [`setup`].
@@ -13,30 +13,27 @@ pub struct Setup {
     pub senders: Vec<Qp>,
     pub receivers: Vec<Qp>,
     pub mr: Mr,
+    /// On iWARP, each sender's connection to its receiver.
+    pub cm: Vec<link::CmLink>,
 }
 
 /// Two senders and two receivers on one SRQ of `max_wr` requests, connected on the test
-/// device.
+/// device (on iWARP through the CM, [`link::connect_qps`]).
 pub fn setup(max_wr: u32) -> Setup {
     let ctx = open_test_device();
     let pd = ctx.alloc_pd().unwrap();
-    let path = loopback_path(&ctx);
     let srq = pd.create_srq(&SrqInit::new(max_wr, 1)).unwrap();
     let (send_cq, recv_cq) = (ctx.create_cq(512).unwrap(), ctx.create_cq(512).unwrap());
     let access = AccessFlags::LOCAL_WRITE;
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
+    let mut cm = Vec::new();
     for _ in 0..2 {
         let mut tx = pd.create_qp(&QpInit::new(QpType::Rc, &send_cq, &send_cq)).unwrap();
         let mut init = QpInit::new(QpType::Rc, &send_cq, &recv_cq);
         init.srq = Some(&srq);
         let mut rx = pd.create_qp(&init).expect("QP on an SRQ");
-        let (txn, rxn) = (tx.qpn(), rx.qpn());
-        for (qp, peer) in [(&mut tx, rxn), (&mut rx, txn)] {
-            qp.to_init(1, access).unwrap();
-            qp.to_rtr(path, peer, 0, Mtu::Mtu1024).unwrap();
-            qp.to_rts(0).unwrap();
-        }
+        cm.extend(link::connect_qps(&ctx, &mut tx, &mut rx, access));
         senders.push(tx);
         receivers.push(rx);
     }
@@ -50,5 +47,6 @@ pub fn setup(max_wr: u32) -> Setup {
         senders,
         receivers,
         mr,
+        cm,
     }
 }

@@ -1,6 +1,7 @@
 # Runs a command (a siw test binary, from `cargo xtask test`) with a soft-iWARP device:
 # adds the dummy netdev uvsiw0 (169.254.78.1/24) and `siw0` on it, runs the command with
-# UVERBS_TEST_DEVICE=siw0 and UVERBS_SIW_ADDR set, then removes both again, so that the items
+# UVERBS_TEST_DEVICE=siw0 and UVERBS_SIW_ADDR set (and UVERBS_CM_ADDR to the same address, so
+# that tests written for the rxe suite connect over siw), then removes both again, so that the items
 # after it see the rxe devices only. siw.ko was loaded by xtask/guest/siw.sh.
 set -u
 if [ -z "${UVERBS_SIW_LOADED:-}" ]; then
@@ -26,7 +27,7 @@ until [ -e /sys/class/infiniband/siw0 ]; do
     sleep 0.01
 done
 echo "with_siw.sh: siw0 on uvsiw0 (169.254.78.1): $(rdma link show siw0/1 2>&1)"
-UVERBS_TEST_DEVICE=siw0 UVERBS_SIW_ADDR=169.254.78.1 "$@"
+UVERBS_TEST_DEVICE=siw0 UVERBS_SIW_ADDR=169.254.78.1 UVERBS_CM_ADDR=169.254.78.1 "$@"
 rc=$?
 rdma link delete siw0 || rc=1
 ip link del uvsiw0 || rc=1

@@ -18,15 +18,40 @@ use std::process::Command;
 /// The guest script's part that loads the module (sourced into guest.sh before run.sh).
 pub const GUEST_SH: &str = include_str!("../guest/siw.sh");
 
-/// Test binaries (by target name) that run with a siw device: `xtask/guest/with_siw.sh` adds
-/// one for the run and removes it after, so that every other item sees the rxe devices only.
+/// Test binaries (by target name) that run with a siw device only: `xtask/guest/with_siw.sh`
+/// adds one for the run and removes it after, so that every other item sees the rxe devices
+/// only.
 const SIW_TESTS: &[&str] = &["siw"];
+
+/// Test binaries of the rxe suite that run a second time on siw from the same sources, as an
+/// item of their own (`test <name> on siw0`, through `with_siw.sh`): each connects its QPs
+/// by the CM where the device is iWARP and expects siw's refusals where siw refuses.
+const ALSO_ON_SIW: &[&str] = &[
+    "bad_input",
+    "cq",
+    "discovery",
+    "leaks",
+    "rc",
+    "soak",
+    "srq",
+    "srq_owned",
+];
 
 /// The argv of test binary `name`: wrapped in `with_siw.sh` when it is a siw test.
 pub fn guest_argv(name: &str, argv: Vec<String>) -> Vec<String> {
     if !SIW_TESTS.contains(&name) {
         return argv;
     }
+    with_siw(argv)
+}
+
+/// The argv of test binary `name`'s second run on siw, if it has one ([`ALSO_ON_SIW`]).
+pub fn siw_rerun_argv(name: &str, argv: &[String]) -> Option<Vec<String>> {
+    ALSO_ON_SIW.contains(&name).then(|| with_siw(argv.to_vec()))
+}
+
+/// `argv` run through `with_siw.sh`.
+fn with_siw(argv: Vec<String>) -> Vec<String> {
     let wrapper = crate::paths::root().join("xtask/guest/with_siw.sh");
     let mut v = vec!["/bin/sh".to_string(), wrapper.to_string_lossy().into_owned()];
     v.extend(argv);
@@ -235,5 +260,12 @@ mod tests {
         assert_eq!(guest_argv("rc", argv.clone()), argv);
         let w = guest_argv("siw", vec!["/t/siw".into()]);
         assert!(w[1].ends_with("xtask/guest/with_siw.sh") && w[2] == "/t/siw", "{w:?}");
+        assert_eq!(siw_rerun_argv("cm", &argv), None);
+        assert_eq!(siw_rerun_argv("siw", &argv), None);
+        let w = siw_rerun_argv("soak", &["/t/soak".into(), "-q".into()]).unwrap();
+        assert!(
+            w[1].ends_with("xtask/guest/with_siw.sh") && w[2..] == ["/t/soak", "-q"],
+            "{w:?}"
+        );
     }
 }

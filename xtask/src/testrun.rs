@@ -182,11 +182,18 @@ pub fn guest_suite(extra: &[String], native: bool) -> Result<Suite> {
             for (name, exe) in bins {
                 let mut argv = vec![exe, "--test-threads=1".to_string()];
                 argv.extend(extra.iter().cloned());
+                let on_siw = crate::siw_module::siw_rerun_argv(&name, &argv);
                 let argv = crate::siw_module::guest_argv(&name, argv);
                 items.push(Item {
                     name: format!("test {name}"),
                     argv,
                 });
+                if let Some(argv) = on_siw {
+                    items.push(Item {
+                        name: format!("test {name} on siw0"),
+                        argv,
+                    });
+                }
             }
         }
         Err(e) => failures.push(format!("build: {e}")),
