@@ -14,7 +14,7 @@ use crate::sys::cmd::{self, PlainRequest};
 use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
@@ -58,6 +58,16 @@ impl Gid {
     }
 }
 
+/// What the event readers record for one CQ: one allocation per CQ, shared by its handle,
+/// its completion channel and its context.
+#[derive(Debug, Default)]
+pub(crate) struct CqFlags {
+    /// Completion events delivered for the CQ (counted by its channel's reader).
+    pub(crate) events: AtomicU32,
+    /// Set when a CQ_ERR event for the CQ is read off the async event file.
+    pub(crate) overrun: AtomicBool,
+}
+
 pub(crate) struct ContextInner {
     pub(crate) file: Arc<DeviceFile>,
     driver_id: u32,
@@ -73,7 +83,7 @@ pub(crate) struct ContextInner {
     next_user_handle: AtomicU64,
     /// Each live CQ's overrun flag by user handle, set when a CQ_ERR event for it is read
     /// off the kernel's async event file.
-    cq_overruns: Mutex<Vec<(u64, Weak<AtomicBool>)>>,
+    cq_overruns: Mutex<Vec<(u64, Weak<CqFlags>)>>,
     /// The process the context was created in; a forked child must not touch its objects
     /// (see `crate::fork`).
     pub(crate) owner: Owner,
@@ -86,19 +96,19 @@ impl ContextInner {
         self.next_user_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn cq_overruns(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicBool>)>> {
+    fn cq_overruns(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<CqFlags>)>> {
         self.cq_overruns.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sets `overrun` when a CQ_ERR event names `cq_user_handle` (on CQ create; entries of
     /// dropped CQs are pruned here, when the list is full: a scan per doubling, so creating
     /// a CQ costs the same with thousands alive, and at most half the entries are dead).
-    pub(crate) fn watch_cq_overrun(&self, cq_user_handle: u64, overrun: &Arc<AtomicBool>) {
+    pub(crate) fn watch_cq_overrun(&self, cq_user_handle: u64, flags: &Arc<CqFlags>) {
         let mut cqs = self.cq_overruns();
         if cqs.len() == cqs.capacity() {
             cqs.retain(|(_, w)| w.strong_count() > 0);
         }
-        cqs.push((cq_user_handle, Arc::downgrade(overrun)));
+        cqs.push((cq_user_handle, Arc::downgrade(flags)));
     }
 
     /// An async event was read off the kernel's file: a CQ_ERR flags every live CQ with the
@@ -108,8 +118,8 @@ impl ContextInner {
             return;
         }
         for (_, flag) in self.cq_overruns().iter().filter(|(h, _)| *h == desc.element) {
-            if let Some(flag) = flag.upgrade() {
-                flag.store(true, Ordering::Relaxed);
+            if let Some(flags) = flag.upgrade() {
+                flags.overrun.store(true, Ordering::Relaxed);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Completion queues.
 
 use crate::batch::Batch;
-use crate::context::{Context, ContextInner};
+use crate::context::{Context, ContextInner, CqFlags};
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
 use crate::parked::Parked;
@@ -13,7 +13,7 @@ use crate::sys::ioctl::{object, UHW_IN, UHW_OUT};
 use crate::wc::WorkCompletion;
 use std::any::Any;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
@@ -53,15 +53,14 @@ pub(crate) struct CqInner {
     user_handle: u64,
     /// The channel, kept open while the kernel may send events to it.
     channel: Option<CompChannel>,
-    /// Completion events delivered for this CQ (counted by the channel's reader).
-    events: Arc<AtomicU32>,
+    /// Its completion events and overrun flag, shared with the channel's and the context's
+    /// event readers.
+    flags: Arc<CqFlags>,
     /// The provider's half, once the [`Cq`] handle is gone: the device may write into it
     /// until the kernel CQ is destroyed.
     parked: Parked<dyn CqRing>,
     /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
-    /// Set when a CQ_ERR event for this CQ is read off the async event file.
-    overrun: Arc<AtomicBool>,
 }
 
 impl Drop for CqInner {
@@ -146,12 +145,11 @@ impl Cq {
         // forked child.
         inner.check_owner("CREATE_CQ")?;
         let user_handle = init.user_handle.unwrap_or_else(|| inner.new_user_handle());
-        let events = Arc::new(AtomicU32::new(0));
+        let flags = Arc::new(CqFlags::default());
         if let Some(channel) = init.channel {
-            channel.watch_cq(user_handle, &events)?;
+            channel.watch_cq(user_handle, &flags)?;
         }
-        let overrun = Arc::new(AtomicBool::new(false));
-        inner.watch_cq_overrun(user_handle, &overrun);
+        inner.watch_cq_overrun(user_handle, &flags);
         let (created, ring) = create_object(
             "CREATE_CQ",
             |kernel| inner.provider.create_cq(init.cqe, kernel),
@@ -192,10 +190,9 @@ impl Cq {
                 handle: created.handle,
                 user_handle,
                 channel: init.channel.cloned(),
-                events,
+                flags,
                 parked: Parked::new(),
                 destroyed: AtomicBool::new(false),
-                overrun,
             }),
             ring,
             owner: inner.owner,
@@ -289,7 +286,7 @@ impl Cq {
     /// check ([`Cq::try_poll`], [`Cq::check`], `aio::AsyncCq::poll`), on any clone of
     /// the context, in any thread. It makes no system call and reads nothing itself.
     pub fn overrun(&self) -> bool {
-        self.inner.overrun.load(Ordering::Relaxed)
+        self.inner.flags.overrun.load(Ordering::Relaxed)
     }
 
     /// [`Error::CqOverrun`] if the CQ overran: reads the async events pending on the
@@ -325,7 +322,7 @@ impl Cq {
     pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
         self.owner.check("REQ_NOTIFY_CQ")?;
         self.check_flag()?;
-        let events = self.inner.events.load(Ordering::Relaxed);
+        let events = self.inner.flags.events.load(Ordering::Relaxed);
         let (ctx, handle) = (&self.inner.ctx, self.inner.handle);
         self.ring.arm(solicited_only, events, &mut || {
             let req = ReqNotifyCq {

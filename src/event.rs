@@ -8,13 +8,13 @@
 //! a plain value naming the object by its user handle, so nothing can dangle and there is
 //! nothing to wait for. Each event is consumed exactly once by the read that returns it.
 
-use crate::context::{Context, ContextInner};
+use crate::context::{Context, ContextInner, CqFlags};
 use crate::error::{Error, Result};
 use crate::event_file::read_event;
 use crate::open_enum::open_enum;
 use crate::sys::abi::{AsyncEventDesc, CompEventDesc};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ struct ChannelInner {
     fd: OwnedFd,
     /// The CQs on this channel by user handle, with their delivered-event counters: each
     /// event read here is counted for its CQ (mlx5 arms with the count as sequence number).
-    cqs: Mutex<Vec<(u64, Weak<AtomicU32>)>>,
+    cqs: Mutex<Vec<(u64, Weak<CqFlags>)>>,
 }
 
 impl std::fmt::Debug for CompChannel {
@@ -53,13 +53,13 @@ impl CompChannel {
         Ok(Self::from(crate::sys::cmd::create_comp_channel(ctx.fd())?))
     }
 
-    fn cqs(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicU32>)>> {
+    fn cqs(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<CqFlags>)>> {
         self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts the events for the CQ named `user_handle` in `events`. A user handle names one
     /// live CQ per channel, or events could not be told apart.
-    pub(crate) fn watch_cq(&self, user_handle: u64, events: &Arc<AtomicU32>) -> Result<()> {
+    pub(crate) fn watch_cq(&self, user_handle: u64, flags: &Arc<CqFlags>) -> Result<()> {
         let mut cqs = self.cqs();
         cqs.retain(|(_, w)| w.strong_count() > 0);
         if cqs.iter().any(|(h, _)| *h == user_handle) {
@@ -68,7 +68,7 @@ impl CompChannel {
                 format!("user handle {user_handle} already names a CQ on this channel"),
             ));
         }
-        cqs.push((user_handle, Arc::downgrade(events)));
+        cqs.push((user_handle, Arc::downgrade(flags)));
         Ok(())
     }
 
@@ -83,8 +83,8 @@ impl CompChannel {
         let desc: Option<CompEventDesc> = read_event(self.as_fd(), "get_cq_event", timeout)?;
         Ok(desc.map(|d| {
             if let Some((_, events)) = self.cqs().iter().find(|(h, _)| *h == d.cq_handle) {
-                if let Some(events) = events.upgrade() {
-                    events.fetch_add(1, Ordering::Relaxed);
+                if let Some(flags) = events.upgrade() {
+                    flags.events.fetch_add(1, Ordering::Relaxed);
                 }
             }
             CqEvent {
@@ -234,10 +234,13 @@ mod tests {
     fn the_channel_counts_events_per_cq() {
         let (rx, tx) = nix::unistd::pipe().unwrap();
         let channel = CompChannel::from(rx);
-        let (seven, nine) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (seven, nine) = (Arc::new(CqFlags::default()), Arc::new(CqFlags::default()));
         channel.watch_cq(7, &seven).unwrap();
         channel.watch_cq(9, &nine).unwrap();
-        assert!(channel.watch_cq(7, &Arc::new(AtomicU32::new(0))).is_err(), "7 is taken");
+        assert!(
+            channel.watch_cq(7, &Arc::new(CqFlags::default())).is_err(),
+            "7 is taken"
+        );
         for handle in [7u64, 9, 7, 5] {
             nix::unistd::write(&tx, CompEventDesc { cq_handle: handle }.as_bytes()).unwrap();
         }
@@ -246,7 +249,13 @@ mod tests {
             seen.push(event.cq_user_handle);
         }
         assert_eq!(seen, [7, 9, 7, 5], "every event is returned, counted or not");
-        assert_eq!((seven.load(Ordering::Relaxed), nine.load(Ordering::Relaxed)), (2, 1));
+        assert_eq!(
+            (
+                seven.events.load(Ordering::Relaxed),
+                nine.events.load(Ordering::Relaxed)
+            ),
+            (2, 1)
+        );
         channel.forget_cq(7);
         drop(nine);
         channel.watch_cq(7, &seven).unwrap();

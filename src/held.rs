@@ -132,7 +132,8 @@ impl Held {
             } else {
                 vec![WcOpcode::default(); cap].into()
             },
-            list: Prepared::new(if recv || depth == 0 { 0 } else { LIST }),
+            // A list never holds more requests than the queue has room for.
+            list: Prepared::new(if recv || depth == 0 { 0 } else { LIST.min(cap) }),
             ids: Ids {
                 depth: if depth == 0 { 0 } else { cap as u64 },
                 next: 0,
