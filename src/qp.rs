@@ -151,7 +151,7 @@ pub struct QpAttr {
 }
 
 impl QpAttr {
-    fn to_abi(&self, qp_handle: u32) -> Result<ModifyQp> {
+    pub(crate) fn to_abi(&self, qp_handle: u32) -> Result<ModifyQp> {
         let mut m = ModifyQp {
             qp_handle,
             ..Default::default()
@@ -529,20 +529,38 @@ impl Qp {
     /// progress may still write one after the move (docs/kernel-facts.md). Move the QP to ERR
     /// first: every queued request then completes, flushed, and gives its buffer back.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        self.check_move(attr.state)?;
+        let req = attr.to_abi(self.handle)?;
+        self.run_modify(&req, attr.state)
+    }
+
+    /// MODIFY_QP with the request already in the ABI's form (the connection manager's
+    /// attributes, converted once: `crate::cm`), `state` the one its mask names; the same
+    /// checks as [`Qp::modify`].
+    pub(crate) fn modify_abi(&mut self, req: &ModifyQp, state: Option<QpState>) -> Result<()> {
+        self.check_move(state)?;
+        self.run_modify(req, state)
+    }
+
+    /// What [`Qp::modify`] refuses before asking the kernel.
+    fn check_move(&self, state: Option<QpState>) -> Result<()> {
         self.owner.check("MODIFY_QP")?;
-        if attr.state == Some(QpState::Reset) && (self.sends.len(), self.recvs.len()) != (0, 0) {
+        if state == Some(QpState::Reset) && (self.sends.len(), self.recvs.len()) != (0, 0) {
             return Err(Error::RequestsOutstanding {
                 verb: "MODIFY_QP",
                 send: self.sends.len(),
                 recv: self.recvs.len(),
             });
         }
-        let req = attr.to_abi(self.handle)?;
+        Ok(())
+    }
+
+    fn run_modify(&mut self, req: &ModifyQp, state: Option<QpState>) -> Result<()> {
         let ctx = &self.pd.ctx;
-        self.queues.vendor().modify(attr.state, &mut |drv_in, drv_out| {
-            cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out)
+        self.queues.vendor().modify(state, &mut |drv_in, drv_out| {
+            cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, req, drv_in, drv_out)
         })?;
-        if let Some(state) = attr.state {
+        if let Some(state) = state {
             self.set_state(state);
             if state == QpState::Reset {
                 // A reset ends whatever message its responder was in the middle of.

@@ -172,8 +172,13 @@ impl<'a> Ioctl<'a> {
         self
     }
 
-    /// Runs the call.
+    /// Runs the call. Inlined, so the call runs where it was built, not in a copy.
+    #[inline]
     pub fn execute(mut self, fd: BorrowedFd<'_>, verb: Verb) -> Result<Done> {
+        self.execute_here(fd, verb)
+    }
+
+    fn execute_here(&mut self, fd: BorrowedFd<'_>, verb: Verb) -> Result<Done> {
         if let Some(owner) = self.owner {
             owner.check(verb)?;
         }
