@@ -421,8 +421,8 @@ impl Qp {
                 let mut call = ctx.ioctl(object::QP, METHOD_QP_CREATE);
                 let handle = call.new_handle(0);
                 call.handle(2, pd.inner.handle)
-                    .handle(4, init.send_cq.inner.handle)
-                    .handle(5, init.recv_cq.inner.handle)
+                    .handle(4, init.send_cq.inner.handle())
+                    .handle(5, init.recv_cq.inner.handle())
                     .input(7, &user_handle)
                     .input(8, &asked)
                     .input(9, &qp_type)
