@@ -319,7 +319,7 @@ impl Test {
     fn new(o: &Options) -> Result<Self> {
         Ok(Self {
             nodes: Vec::with_capacity(o.connections),
-            by_uid: HashMap::default(),
+            by_uid: HashMap::with_capacity_and_hasher(o.connections, Default::default()),
             connects_left: o.connections,
             disconnects_left: 0,
             channel: EventChannel::open()?,
