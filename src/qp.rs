@@ -227,6 +227,16 @@ impl QpAttr {
     }
 }
 
+/// The MODIFY_QP request of a [`QpAttr`] that names the state alone.
+fn state_only(qp_handle: u32, state: QpState) -> ModifyQp {
+    ModifyQp {
+        qp_handle,
+        attr_mask: QpAttrMask::STATE.bits(),
+        qp_state: state as u8,
+        ..Default::default()
+    }
+}
+
 /// What QUERY_QP reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -540,6 +550,12 @@ impl Qp {
     pub(crate) fn modify_abi(&mut self, req: &ModifyQp, state: Option<QpState>) -> Result<()> {
         self.check_move(state)?;
         self.run_modify(req, state)
+    }
+
+    /// [`Qp::modify`] with the state alone (the connection manager's moves to ERR and SQD),
+    /// its request built directly.
+    pub(crate) fn move_to(&mut self, state: QpState) -> Result<()> {
+        self.modify_abi(&state_only(self.handle, state), Some(state))
     }
 
     /// What [`Qp::modify`] refuses before asking the kernel.
@@ -964,6 +980,30 @@ fn destroy_qp(ctx: &Arc<ContextInner>, handle: u32) -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state-only request the connection manager's moves use is the one `modify` sends.
+    #[test]
+    fn a_state_only_request_is_the_attributes_request() {
+        use zerocopy::IntoBytes;
+        for state in [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Err,
+        ] {
+            let attr = QpAttr {
+                state: Some(state),
+                ..Default::default()
+            };
+            assert_eq!(
+                state_only(9, state).as_bytes(),
+                attr.to_abi(9).unwrap().as_bytes(),
+                "{state:?}"
+            );
+        }
+    }
 
     /// Bits without a field go to the kernel as given, next to the fields' own bits; a bit a
     /// field sets cannot be given bare.

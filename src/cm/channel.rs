@@ -136,6 +136,7 @@ impl EventChannel {
     }
 
     /// The next queued event, or `None` at once if there is none (`EAGAIN`).
+    #[inline]
     pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
         let mut raw = EventResp::new_zeroed();
         loop {

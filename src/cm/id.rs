@@ -524,16 +524,10 @@ impl CmId {
     pub fn disconnect(&mut self, qp: &mut Qp) -> Result<()> {
         if self.is_iwarp()? {
             if qp.state() == QpState::Rts {
-                qp.modify(&QpAttr {
-                    state: Some(QpState::Sqd),
-                    ..Default::default()
-                })?;
+                qp.move_to(QpState::Sqd)?;
             }
         } else if qp.state() != QpState::Err {
-            qp.modify(&QpAttr {
-                state: Some(QpState::Err),
-                ..Default::default()
-            })?;
+            qp.move_to(QpState::Err)?;
         }
         ucma::call(self.channel.fd(), &Disconnect { id: self.id }, ())
     }
