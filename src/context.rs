@@ -14,7 +14,7 @@ use crate::sys::cmd::{self, PlainRequest};
 use crate::sys::fork::Owner;
 use crate::sys::ioctl::{object, Ioctl, UHW_IN, UHW_OUT};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
@@ -58,6 +58,25 @@ impl Gid {
     }
 }
 
+/// What the event readers record for one CQ, held in the CQ's own kernel-object value
+/// (`cq::CqInner`), which the readers reach through a [`CqWatch`].
+#[derive(Debug, Default)]
+pub(crate) struct CqFlags {
+    /// Completion events delivered for the CQ (counted by its channel's reader).
+    pub(crate) events: AtomicU32,
+    /// Set when a CQ_ERR event for the CQ is read off the async event file.
+    pub(crate) overrun: AtomicBool,
+}
+
+/// How a completion channel and a context reach a live CQ's [`CqFlags`] (a `Weak` of the
+/// CQ, so that neither keeps it alive and the CQ needs no allocation of its own for them).
+pub(crate) trait CqWatch: Send + Sync {
+    fn cq_flags(&self) -> &CqFlags;
+}
+
+/// A CQ as the event readers hold it.
+pub(crate) type WatchedCq = Weak<dyn CqWatch>;
+
 pub(crate) struct ContextInner {
     pub(crate) file: Arc<DeviceFile>,
     driver_id: u32,
@@ -73,7 +92,7 @@ pub(crate) struct ContextInner {
     next_user_handle: AtomicU64,
     /// Each live CQ's overrun flag by user handle, set when a CQ_ERR event for it is read
     /// off the kernel's async event file.
-    cq_overruns: Mutex<Vec<(u64, Weak<AtomicBool>)>>,
+    cq_overruns: Mutex<Vec<(u64, WatchedCq)>>,
     /// The process the context was created in; a forked child must not touch its objects
     /// (see `crate::fork`).
     pub(crate) owner: Owner,
@@ -86,19 +105,19 @@ impl ContextInner {
         self.next_user_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn cq_overruns(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicBool>)>> {
+    fn cq_overruns(&self) -> std::sync::MutexGuard<'_, Vec<(u64, WatchedCq)>> {
         self.cq_overruns.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sets `overrun` when a CQ_ERR event names `cq_user_handle` (on CQ create; entries of
     /// dropped CQs are pruned here, when the list is full: a scan per doubling, so creating
     /// a CQ costs the same with thousands alive, and at most half the entries are dead).
-    pub(crate) fn watch_cq_overrun(&self, cq_user_handle: u64, overrun: &Arc<AtomicBool>) {
+    pub(crate) fn watch_cq_overrun(&self, cq_user_handle: u64, cq: WatchedCq) {
         let mut cqs = self.cq_overruns();
         if cqs.len() == cqs.capacity() {
             cqs.retain(|(_, w)| w.strong_count() > 0);
         }
-        cqs.push((cq_user_handle, Arc::downgrade(overrun)));
+        cqs.push((cq_user_handle, cq));
     }
 
     /// An async event was read off the kernel's file: a CQ_ERR flags every live CQ with the
@@ -107,10 +126,16 @@ impl ContextInner {
         if desc.event_type != abi::ASYNC_EVENT_CQ_ERR {
             return;
         }
-        for (_, flag) in self.cq_overruns().iter().filter(|(h, _)| *h == desc.element) {
-            if let Some(flag) = flag.upgrade() {
-                flag.store(true, Ordering::Relaxed);
-            }
+        // The CQs are released after the list's lock: the last reference to one may be here,
+        // and dropping it destroys the kernel CQ.
+        let hit: Vec<Arc<dyn CqWatch>> = self
+            .cq_overruns()
+            .iter()
+            .filter(|(h, _)| *h == desc.element)
+            .filter_map(|(_, cq)| cq.upgrade())
+            .collect();
+        for cq in &hit {
+            cq.cq_flags().overrun.store(true, Ordering::Relaxed);
         }
     }
 
@@ -140,7 +165,8 @@ impl ContextInner {
         self.owner.check(verb)
     }
 
-    /// Starts an ioctl call on this context's device.
+    /// Starts an ioctl call on this context's device (inlined: the call is built in place).
+    #[inline]
     pub(crate) fn ioctl<'a>(&self, object: u16, method: u16) -> Ioctl<'a> {
         Ioctl::new(self.driver_id, object, method).owned_by(self.owner)
     }

@@ -1,7 +1,7 @@
 //! Completion queues.
 
 use crate::batch::Batch;
-use crate::context::{Context, ContextInner};
+use crate::context::{Context, ContextInner, CqFlags, CqWatch, WatchedCq};
 use crate::error::{Error, Result};
 use crate::event::CompChannel;
 use crate::parked::Parked;
@@ -47,30 +47,48 @@ impl CqInit<'_> {
 
 /// The kernel CQ. QPs hold an `Arc` of this to keep the CQ alive; the ring belongs to the
 /// unique [`Cq`] handle while it lives, then to this, until the kernel CQ is destroyed.
+///
+/// It exists from before the kernel CQ is created (the event readers watch it from the
+/// start, through a `Weak`), so the kernel's handle is set once the kernel answered.
 pub(crate) struct CqInner {
     pub(crate) ctx: Arc<ContextInner>,
-    pub(crate) handle: u32,
+    handle: AtomicU32,
     user_handle: u64,
     /// The channel, kept open while the kernel may send events to it.
     channel: Option<CompChannel>,
-    /// Completion events delivered for this CQ (counted by the channel's reader).
-    events: Arc<AtomicU32>,
+    /// Its completion events and overrun flag, which the channel's and the context's event
+    /// readers set (`CqWatch`).
+    flags: CqFlags,
     /// The provider's half, once the [`Cq`] handle is gone: the device may write into it
     /// until the kernel CQ is destroyed.
     parked: Parked<dyn CqRing>,
-    /// Set once an explicit [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
+    /// Set while there is no kernel CQ to destroy: until it is created, and once an explicit
+    /// [`Cq::destroy`] succeeded, so `Drop` does not repeat it.
     destroyed: AtomicBool,
-    /// Set when a CQ_ERR event for this CQ is read off the async event file.
-    overrun: Arc<AtomicBool>,
+}
+
+impl CqInner {
+    /// The kernel's handle.
+    #[inline]
+    pub(crate) fn handle(&self) -> u32 {
+        self.handle.load(Ordering::Relaxed)
+    }
+}
+
+impl CqWatch for CqInner {
+    fn cq_flags(&self) -> &CqFlags {
+        &self.flags
+    }
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        // Runs after every QP using the CQ is gone (they hold this `Arc`).
-        let gone = self.destroyed.load(Ordering::Relaxed) || destroy_cq(&self.ctx, self.handle).is_ok();
+        // Runs after every QP using the CQ is gone (they hold this `Arc`), possibly in an
+        // event reader that held the last reference for a moment.
+        let gone = self.destroyed.load(Ordering::Relaxed) || destroy_cq(&self.ctx, self.handle()).is_ok();
         self.parked.release(gone);
         if let Some(channel) = &self.channel {
-            channel.forget_cq(self.user_handle);
+            channel.forget_dead_cqs();
         }
     }
 }
@@ -121,7 +139,7 @@ const LOOK_EVERY: u32 = 64;
 impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cq")
-            .field("handle", &self.inner.handle)
+            .field("handle", &self.inner.handle())
             .field("cqe", &self.cqe)
             .finish()
     }
@@ -146,12 +164,25 @@ impl Cq {
         // forked child.
         inner.check_owner("CREATE_CQ")?;
         let user_handle = init.user_handle.unwrap_or_else(|| inner.new_user_handle());
-        let events = Arc::new(AtomicU32::new(0));
+        // No kernel CQ yet (`destroyed`); dropped on a failure below, it only prunes the
+        // watch lists.
+        let cq = Arc::new(CqInner {
+            ctx: inner.clone(),
+            handle: AtomicU32::new(0),
+            user_handle,
+            channel: init.channel.cloned(),
+            flags: CqFlags::default(),
+            parked: Parked::new(),
+            destroyed: AtomicBool::new(true),
+        });
+        let watched = || -> WatchedCq {
+            let cq: Arc<dyn CqWatch> = cq.clone();
+            Arc::downgrade(&cq)
+        };
         if let Some(channel) = init.channel {
-            channel.watch_cq(user_handle, &events)?;
+            channel.watch_cq(user_handle, watched())?;
         }
-        let overrun = Arc::new(AtomicBool::new(false));
-        inner.watch_cq_overrun(user_handle, &overrun);
+        inner.watch_cq_overrun(user_handle, watched());
         let (created, ring) = create_object(
             "CREATE_CQ",
             |kernel| inner.provider.create_cq(init.cqe, kernel),
@@ -180,23 +211,11 @@ impl Cq {
                 })
             },
             |c| drop(destroy_cq(inner, c.handle)),
-        )
-        .inspect_err(|_| {
-            if let Some(channel) = init.channel {
-                channel.forget_cq(user_handle);
-            }
-        })?;
+        )?;
+        cq.handle.store(created.handle, Ordering::Relaxed);
+        cq.destroyed.store(false, Ordering::Relaxed);
         Ok(Self {
-            inner: Arc::new(CqInner {
-                ctx: inner.clone(),
-                handle: created.handle,
-                user_handle,
-                channel: init.channel.cloned(),
-                events,
-                parked: Parked::new(),
-                destroyed: AtomicBool::new(false),
-                overrun,
-            }),
+            inner: cq,
             ring,
             owner: inner.owner,
             cqe: created.cqe,
@@ -289,7 +308,7 @@ impl Cq {
     /// check ([`Cq::try_poll`], [`Cq::check`], `aio::AsyncCq::poll`), on any clone of
     /// the context, in any thread. It makes no system call and reads nothing itself.
     pub fn overrun(&self) -> bool {
-        self.inner.overrun.load(Ordering::Relaxed)
+        self.inner.flags.overrun.load(Ordering::Relaxed)
     }
 
     /// [`Error::CqOverrun`] if the CQ overran: reads the async events pending on the
@@ -325,8 +344,8 @@ impl Cq {
     pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
         self.owner.check("REQ_NOTIFY_CQ")?;
         self.check_flag()?;
-        let events = self.inner.events.load(Ordering::Relaxed);
-        let (ctx, handle) = (&self.inner.ctx, self.inner.handle);
+        let events = self.inner.flags.events.load(Ordering::Relaxed);
+        let (ctx, handle) = (&self.inner.ctx, self.inner.handle());
         self.ring.arm(solicited_only, events, &mut || {
             let req = ReqNotifyCq {
                 cq_handle: handle,
@@ -340,7 +359,7 @@ impl Cq {
     pub fn resize(&mut self, cqe: u32) -> Result<()> {
         self.owner.check("RESIZE_CQ")?;
         let ctx = self.inner.ctx.clone();
-        let handle = self.inner.handle;
+        let handle = self.inner.handle();
         self.cqe = self.ring.resize(cqe, &mut |cqe, drv_in, drv_out| {
             let req = ResizeCq {
                 response: 0,
@@ -358,7 +377,7 @@ impl Cq {
     /// but only once no QP uses it; this asks the kernel at once, and if it refuses (EBUSY
     /// while a QP still uses the CQ) hands the CQ back, unchanged and usable, with the error.
     pub fn destroy(self) -> std::result::Result<EventsReported, (Self, crate::Error)> {
-        match destroy_cq(&self.inner.ctx, self.inner.handle) {
+        match destroy_cq(&self.inner.ctx, self.inner.handle()) {
             Ok(r) => {
                 self.inner.destroyed.store(true, Ordering::Relaxed);
                 Ok(EventsReported {
@@ -382,7 +401,7 @@ impl Cq {
 
     /// The kernel's handle.
     pub fn handle(&self) -> u32 {
-        self.inner.handle
+        self.inner.handle()
     }
 
     /// The value naming this CQ in [`crate::CqEvent`]s and [`crate::AsyncEvent`]s.

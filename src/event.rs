@@ -8,14 +8,14 @@
 //! a plain value naming the object by its user handle, so nothing can dangle and there is
 //! nothing to wait for. Each event is consumed exactly once by the read that returns it.
 
-use crate::context::{Context, ContextInner};
+use crate::context::{Context, ContextInner, WatchedCq};
 use crate::error::{Error, Result};
 use crate::event_file::read_event;
 use crate::open_enum::open_enum;
 use crate::sys::abi::{AsyncEventDesc, CompEventDesc};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A completion channel: CQs created on it report "a completion arrived" events here after
@@ -30,7 +30,7 @@ struct ChannelInner {
     fd: OwnedFd,
     /// The CQs on this channel by user handle, with their delivered-event counters: each
     /// event read here is counted for its CQ (mlx5 arms with the count as sequence number).
-    cqs: Mutex<Vec<(u64, Weak<AtomicU32>)>>,
+    cqs: Mutex<Vec<(u64, WatchedCq)>>,
 }
 
 impl std::fmt::Debug for CompChannel {
@@ -53,13 +53,13 @@ impl CompChannel {
         Ok(Self::from(crate::sys::cmd::create_comp_channel(ctx.fd())?))
     }
 
-    fn cqs(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Weak<AtomicU32>)>> {
+    fn cqs(&self) -> std::sync::MutexGuard<'_, Vec<(u64, WatchedCq)>> {
         self.inner.cqs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts the events for the CQ named `user_handle` in `events`. A user handle names one
     /// live CQ per channel, or events could not be told apart.
-    pub(crate) fn watch_cq(&self, user_handle: u64, events: &Arc<AtomicU32>) -> Result<()> {
+    pub(crate) fn watch_cq(&self, user_handle: u64, cq: WatchedCq) -> Result<()> {
         let mut cqs = self.cqs();
         cqs.retain(|(_, w)| w.strong_count() > 0);
         if cqs.iter().any(|(h, _)| *h == user_handle) {
@@ -68,13 +68,13 @@ impl CompChannel {
                 format!("user handle {user_handle} already names a CQ on this channel"),
             ));
         }
-        cqs.push((user_handle, Arc::downgrade(events)));
+        cqs.push((user_handle, cq));
         Ok(())
     }
 
-    /// Stops counting events for `user_handle`.
-    pub(crate) fn forget_cq(&self, user_handle: u64) {
-        self.cqs().retain(|(h, w)| *h != user_handle && w.strong_count() > 0);
+    /// Forgets the CQs that are gone (a CQ calls this as it goes).
+    pub(crate) fn forget_dead_cqs(&self) {
+        self.cqs().retain(|(_, w)| w.strong_count() > 0);
     }
 
     /// Waits up to `timeout` (forever with `None`, not at all with `Some(ZERO)`) for the next
@@ -82,10 +82,15 @@ impl CompChannel {
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CqEvent>> {
         let desc: Option<CompEventDesc> = read_event(self.as_fd(), "get_cq_event", timeout)?;
         Ok(desc.map(|d| {
-            if let Some((_, events)) = self.cqs().iter().find(|(h, _)| *h == d.cq_handle) {
-                if let Some(events) = events.upgrade() {
-                    events.fetch_add(1, Ordering::Relaxed);
-                }
+            // Upgraded after the list's lock: the last reference to the CQ may be this one,
+            // and dropping it destroys the CQ, which prunes this list.
+            let cq = self
+                .cqs()
+                .iter()
+                .find(|(h, _)| *h == d.cq_handle)
+                .map(|(_, cq)| cq.clone());
+            if let Some(cq) = cq.and_then(|cq| cq.upgrade()) {
+                cq.cq_flags().events.fetch_add(1, Ordering::Relaxed);
             }
             CqEvent {
                 cq_user_handle: d.cq_handle,
@@ -232,12 +237,24 @@ mod tests {
     /// pipe stand in for the kernel's); a user handle names one live CQ per channel.
     #[test]
     fn the_channel_counts_events_per_cq() {
+        use crate::context::{CqFlags, CqWatch};
+        struct Cq(CqFlags);
+        impl CqWatch for Cq {
+            fn cq_flags(&self) -> &CqFlags {
+                &self.0
+            }
+        }
+        let new_cq = || Arc::new(Cq(CqFlags::default()));
+        let watch = |cq: &Arc<Cq>| -> WatchedCq {
+            let cq: Arc<dyn CqWatch> = cq.clone();
+            Arc::downgrade(&cq)
+        };
         let (rx, tx) = nix::unistd::pipe().unwrap();
         let channel = CompChannel::from(rx);
-        let (seven, nine) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
-        channel.watch_cq(7, &seven).unwrap();
-        channel.watch_cq(9, &nine).unwrap();
-        assert!(channel.watch_cq(7, &Arc::new(AtomicU32::new(0))).is_err(), "7 is taken");
+        let (seven, nine) = (new_cq(), new_cq());
+        channel.watch_cq(7, watch(&seven)).unwrap();
+        channel.watch_cq(9, watch(&nine)).unwrap();
+        assert!(channel.watch_cq(7, watch(&new_cq())).is_err(), "7 is taken");
         for handle in [7u64, 9, 7, 5] {
             nix::unistd::write(&tx, CompEventDesc { cq_handle: handle }.as_bytes()).unwrap();
         }
@@ -246,10 +263,19 @@ mod tests {
             seen.push(event.cq_user_handle);
         }
         assert_eq!(seen, [7, 9, 7, 5], "every event is returned, counted or not");
-        assert_eq!((seven.load(Ordering::Relaxed), nine.load(Ordering::Relaxed)), (2, 1));
-        channel.forget_cq(7);
+        assert_eq!(
+            (
+                seven.0.events.load(Ordering::Relaxed),
+                nine.0.events.load(Ordering::Relaxed)
+            ),
+            (2, 1)
+        );
+        // A dropped CQ's handle is free again; a live one's is not.
         drop(nine);
-        channel.watch_cq(7, &seven).unwrap();
-        channel.watch_cq(9, &seven).unwrap();
+        channel.forget_dead_cqs();
+        channel.watch_cq(9, watch(&new_cq())).unwrap();
+        assert!(channel.watch_cq(7, watch(&new_cq())).is_err(), "7 is still taken");
+        drop(seven);
+        channel.watch_cq(7, watch(&new_cq())).unwrap();
     }
 }

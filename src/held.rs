@@ -33,16 +33,21 @@ static EMPTY_SGE: Sge = Sge {
 /// while nothing is held, which keeps the ids counted gapless.
 pub(crate) struct Held {
     /// A power of two long, at least 1 (so `id & mask` is always an index).
-    slots: Box<[Option<Buf>]>,
+    slots: Box<[Slot]>,
     /// `slots.len() - 1`.
     mask: usize,
     ids: Ids,
-    /// The operation of the request in each slot, as posted (send queues only: a receive
-    /// queue's are all receives). Kept after the request is released, until a later request
-    /// takes the slot.
-    ops: Box<[WcOpcode]>,
     /// The request array of [`Held::post_list`] (none for a receive queue).
     list: Prepared,
+}
+
+/// One request's place in the ring (buffer and operation in one allocation per queue).
+struct Slot {
+    /// The buffer the request holds (none for an inline send, or once released).
+    buf: Option<Buf>,
+    /// The operation of the request, as posted (send queues only: a receive queue's are all
+    /// receives). Kept after the request is released, until a later request takes the slot.
+    op: WcOpcode,
 }
 
 /// The most requests [`Held::post_list`] hands the provider at once.
@@ -125,14 +130,15 @@ impl Held {
     pub(crate) fn new(depth: u32, recv: bool) -> Self {
         let cap = depth.max(1).next_power_of_two() as usize;
         Self {
-            slots: (0..cap).map(|_| None).collect(),
+            slots: (0..cap)
+                .map(|_| Slot {
+                    buf: None,
+                    op: WcOpcode::default(),
+                })
+                .collect(),
             mask: cap - 1,
-            ops: if recv {
-                Box::default()
-            } else {
-                vec![WcOpcode::default(); cap].into()
-            },
-            list: Prepared::new(if recv || depth == 0 { 0 } else { LIST }),
+            // A list never holds more requests than the queue has room for.
+            list: Prepared::new(if recv || depth == 0 { 0 } else { LIST.min(cap) }),
             ids: Ids {
                 depth: if depth == 0 { 0 } else { cap as u64 },
                 next: 0,
@@ -171,7 +177,7 @@ impl Held {
         let at = self.ids.next as usize & self.mask;
         // SAFETY: `mask` is `slots.len() - 1` and the length a power of two (`new`), so `at`
         // is below the length.
-        let slot = unsafe { self.slots.get_unchecked_mut(at) };
+        let slot = unsafe { &mut self.slots.get_unchecked_mut(at).buf };
         // Free: `next_id` saw room, so the slot's last request (`depth` ago) was released.
         std::mem::forget(slot.replace(buf));
         match &*slot {
@@ -187,8 +193,8 @@ impl Held {
     #[inline]
     pub(crate) fn note_op(&mut self, op: &SendOp) {
         let at = self.ids.next as usize & self.mask;
-        if let (Some(slot), Some(op)) = (self.ops.get_mut(at), op.wc_opcode()) {
-            *slot = op;
+        if let (Some(slot), Some(op)) = (self.slots.get_mut(at), op.wc_opcode()) {
+            slot.op = op;
         }
     }
 
@@ -201,7 +207,7 @@ impl Held {
         if self.is_recv() {
             return Some(WcOpcode::RECV);
         }
-        self.ops.get(id as usize & self.mask).copied()
+        self.slots.get(id as usize & self.mask).map(|s| s.op)
     }
 
     /// Counts the claimed request: the provider took it.
@@ -213,7 +219,7 @@ impl Held {
     /// The claimed buffer, back: the provider refused the request.
     pub(crate) fn unclaim(&mut self) -> Buf {
         let at = self.ids.next as usize & self.mask;
-        self.slots[at].take().expect("claimed just before")
+        self.slots[at].buf.take().expect("claimed just before")
     }
 
     /// Posts the buffers of `bufs`, in order, in lists of at most [`LIST`] requests, each
@@ -239,13 +245,7 @@ impl Held {
         if all == 0 {
             return (0, None);
         }
-        let Self {
-            slots,
-            mask,
-            ids,
-            ops,
-            list,
-        } = self;
+        let Self { slots, mask, ids, list } = self;
         let wrs = list.prepared(op, flags);
         let wc_op = op.wc_opcode().unwrap_or_default();
         // Every slot is reached through this pointer (masked, so within the ring) until the
@@ -278,20 +278,20 @@ impl Held {
             let first = ids.next;
             for (k, wr) in wrs[..n].iter_mut().enumerate() {
                 let id = first + k as u64;
-                if let Some(slot) = ops.get_mut(id as usize & *mask) {
-                    *slot = wc_op;
-                }
                 // SAFETY: `read + k` is below `all`, the length `bufs` had: that buffer is
                 // read once, so moved. `mask` is the ring's length less one (a power of two),
                 // so the slot is in the ring; it is free (`room` counted it: its last request
-                // was released), so writing over its `None` forgets nothing. The SGE is read
+                // was released), so writing over its `None` (and its `Copy` operation)
+                // forgets nothing. The SGE is read
                 // back from the slot (the buffer's box, which stays put while the slot holds
                 // it: until a completion of this request or the QP's destruction releases
                 // it, or the refusal below takes it back after `post` returned). The array
                 // entry is initialised (`prepared`); only its id and SGE change.
                 unsafe {
                     let buf = from.add(read + k).read();
-                    let slot = ring.add(id as usize & *mask);
+                    let entry = ring.add(id as usize & *mask);
+                    std::ptr::addr_of_mut!((*entry).op).write(wc_op);
+                    let slot = std::ptr::addr_of_mut!((*entry).buf);
                     slot.write(Some(buf));
                     let sge = sge_of(&*slot);
                     let wr = wr.as_mut_ptr();
@@ -317,7 +317,7 @@ impl Held {
                     // so nothing else names its buffer. It goes to the front of `bufs`, below
                     // `read - n + k`, where the buffers not read yet (from `read` on) are not.
                     unsafe {
-                        if let Some(buf) = (*ring.add(at)).take() {
+                        if let Some(buf) = (*ring.add(at)).buf.take() {
                             from.add(back).write(buf);
                             back += 1;
                         }
@@ -385,7 +385,7 @@ impl Held {
             let held = ids.oldest;
             ids.oldest += 1;
             ids.update_limit();
-            if let Some(buf) = self.slots[at].take() {
+            if let Some(buf) = self.slots[at].buf.take() {
                 return Some((held, buf));
             }
         }

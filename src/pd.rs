@@ -28,7 +28,7 @@ struct Responders {
     /// The next QP's number here.
     next: u64,
     /// The QPs not yet destroyed.
-    live: BTreeSet<u64>,
+    live: QpSet,
     parked: Vec<ParkedMr>,
 }
 
@@ -37,7 +37,37 @@ struct Responders {
 struct ParkedMr {
     handle: u32,
     owned: Option<Mapping>,
-    waiting: BTreeSet<u64>,
+    waiting: QpSet,
+}
+
+/// A set of QP numbers that holds its first member in place: most PDs have one QP at a time,
+/// and creating one then allocates nothing here.
+#[derive(Clone, Default)]
+struct QpSet {
+    one: Option<u64>,
+    more: BTreeSet<u64>,
+}
+
+impl QpSet {
+    fn insert(&mut self, qp: u64) {
+        if self.one.is_none() {
+            self.one = Some(qp);
+        } else {
+            self.more.insert(qp);
+        }
+    }
+
+    fn remove(&mut self, qp: u64) {
+        if self.one == Some(qp) {
+            self.one = None;
+        } else {
+            self.more.remove(&qp);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.one.is_none() && self.more.is_empty()
+    }
 }
 
 impl PdInner {
@@ -57,10 +87,13 @@ impl PdInner {
         let ready: Vec<ParkedMr> = {
             let mut r = self.responders.lock().unwrap_or_else(|e| e.into_inner());
             if destroyed {
-                r.live.remove(&qp);
+                r.live.remove(qp);
+            }
+            if r.parked.is_empty() {
+                return;
             }
             for p in &mut r.parked {
-                p.waiting.remove(&qp);
+                p.waiting.remove(qp);
             }
             let (ready, waiting) = std::mem::take(&mut r.parked)
                 .into_iter()
@@ -165,5 +198,36 @@ impl Pd {
     /// The kernel's handle.
     pub fn handle(&self) -> u32 {
         self.inner.handle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QpSet;
+
+    #[test]
+    fn a_qp_set_holds_its_members_in_place_or_not() {
+        let mut s = QpSet::default();
+        assert!(s.is_empty());
+        s.insert(3);
+        s.insert(5);
+        s.insert(7);
+        let copy = s.clone();
+        s.remove(5);
+        s.remove(3);
+        assert!(!s.is_empty(), "7 is still in");
+        s.remove(9);
+        s.remove(7);
+        assert!(s.is_empty());
+        // The first slot is taken again; the others stay where they were.
+        s.insert(11);
+        s.remove(11);
+        assert!(s.is_empty());
+        let mut c = copy;
+        for qp in [7, 3, 5] {
+            assert!(!c.is_empty());
+            c.remove(qp);
+        }
+        assert!(c.is_empty());
     }
 }

@@ -151,7 +151,7 @@ pub struct QpAttr {
 }
 
 impl QpAttr {
-    fn to_abi(&self, qp_handle: u32) -> Result<ModifyQp> {
+    pub(crate) fn to_abi(&self, qp_handle: u32) -> Result<ModifyQp> {
         let mut m = ModifyQp {
             qp_handle,
             ..Default::default()
@@ -224,6 +224,16 @@ impl QpAttr {
             })?;
         }
         Ok(m)
+    }
+}
+
+/// The MODIFY_QP request of a [`QpAttr`] that names the state alone.
+fn state_only(qp_handle: u32, state: QpState) -> ModifyQp {
+    ModifyQp {
+        qp_handle,
+        attr_mask: QpAttrMask::STATE.bits(),
+        qp_state: state as u8,
+        ..Default::default()
     }
 }
 
@@ -421,8 +431,8 @@ impl Qp {
                 let mut call = ctx.ioctl(object::QP, METHOD_QP_CREATE);
                 let handle = call.new_handle(0);
                 call.handle(2, pd.inner.handle)
-                    .handle(4, init.send_cq.inner.handle)
-                    .handle(5, init.recv_cq.inner.handle)
+                    .handle(4, init.send_cq.inner.handle())
+                    .handle(5, init.recv_cq.inner.handle())
                     .input(7, &user_handle)
                     .input(8, &asked)
                     .input(9, &qp_type)
@@ -529,20 +539,44 @@ impl Qp {
     /// progress may still write one after the move (docs/kernel-facts.md). Move the QP to ERR
     /// first: every queued request then completes, flushed, and gives its buffer back.
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        self.check_move(attr.state)?;
+        let req = attr.to_abi(self.handle)?;
+        self.run_modify(&req, attr.state)
+    }
+
+    /// MODIFY_QP with the request already in the ABI's form (the connection manager's
+    /// attributes, converted once: `crate::cm`), `state` the one its mask names; the same
+    /// checks as [`Qp::modify`].
+    pub(crate) fn modify_abi(&mut self, req: &ModifyQp, state: Option<QpState>) -> Result<()> {
+        self.check_move(state)?;
+        self.run_modify(req, state)
+    }
+
+    /// [`Qp::modify`] with the state alone (the connection manager's moves to ERR and SQD),
+    /// its request built directly.
+    pub(crate) fn move_to(&mut self, state: QpState) -> Result<()> {
+        self.modify_abi(&state_only(self.handle, state), Some(state))
+    }
+
+    /// What [`Qp::modify`] refuses before asking the kernel.
+    fn check_move(&self, state: Option<QpState>) -> Result<()> {
         self.owner.check("MODIFY_QP")?;
-        if attr.state == Some(QpState::Reset) && (self.sends.len(), self.recvs.len()) != (0, 0) {
+        if state == Some(QpState::Reset) && (self.sends.len(), self.recvs.len()) != (0, 0) {
             return Err(Error::RequestsOutstanding {
                 verb: "MODIFY_QP",
                 send: self.sends.len(),
                 recv: self.recvs.len(),
             });
         }
-        let req = attr.to_abi(self.handle)?;
+        Ok(())
+    }
+
+    fn run_modify(&mut self, req: &ModifyQp, state: Option<QpState>) -> Result<()> {
         let ctx = &self.pd.ctx;
-        self.queues.vendor().modify(attr.state, &mut |drv_in, drv_out| {
-            cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, &req, drv_in, drv_out)
+        self.queues.vendor().modify(state, &mut |drv_in, drv_out| {
+            cmd::execute_plain(ctx.fd(), "MODIFY_QP", abi::cmd::MODIFY_QP, req, drv_in, drv_out)
         })?;
-        if let Some(state) = attr.state {
+        if let Some(state) = state {
             self.set_state(state);
             if state == QpState::Reset {
                 // A reset ends whatever message its responder was in the middle of.
@@ -953,6 +987,30 @@ fn destroy_qp(ctx: &Arc<ContextInner>, handle: u32) -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state-only request the connection manager's moves use is the one `modify` sends.
+    #[test]
+    fn a_state_only_request_is_the_attributes_request() {
+        use zerocopy::IntoBytes;
+        for state in [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Err,
+        ] {
+            let attr = QpAttr {
+                state: Some(state),
+                ..Default::default()
+            };
+            assert_eq!(
+                state_only(9, state).as_bytes(),
+                attr.to_abi(9).unwrap().as_bytes(),
+                "{state:?}"
+            );
+        }
+    }
 
     /// Bits without a field go to the kernel as given, next to the fields' own bits; a bit a
     /// field sets cannot be given bare.

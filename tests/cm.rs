@@ -1500,3 +1500,39 @@ fn the_kernel_ends_an_unanswered_connect_request() {
     );
     assert!(took > Duration::from_secs(60), "{took:?}");
 }
+
+/// How long the kernel keeps a client waiting when the listener's CM answers but its
+/// application never accepts or rejects: the passive side's CM answers the request with an
+/// MRA (a longer service timeout) and again each time the request is resent, so the active
+/// side waits far longer than for an absent host, and then gets `UNREACHABLE` (1019 s on
+/// Linux 6.12). Ignored: it runs for about 17 minutes (docs/rdma-cm.md); run with
+/// `UVERBS_GUEST_TIMEOUT=2400`.
+#[test]
+#[ignore]
+fn the_kernel_ends_a_connect_request_the_listener_never_answers() {
+    let addr = cm_addr(7546);
+    let listener = Listener::bind(addr).unwrap();
+    let connector = Connector::resolve(addr, T).unwrap();
+    let side = Side::new(&connector.context().unwrap());
+    let start = std::time::Instant::now();
+    let failed = connector
+        .connect(side.qp(), &ConnParam::default(), Duration::from_secs(1800))
+        .unwrap_err();
+    let took = start.elapsed();
+    println!(
+        "a connect request the listener never answers: {} after {took:?}",
+        failed.error
+    );
+    assert!(
+        matches!(
+            failed.error,
+            Error::CmEvent {
+                event: "UNREACHABLE",
+                ..
+            }
+        ),
+        "{failed}"
+    );
+    assert!(took > Duration::from_secs(240), "{took:?}");
+    drop(listener);
+}

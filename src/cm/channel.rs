@@ -9,6 +9,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use std::collections::HashMap;
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +41,31 @@ pub struct EventChannel {
 pub(crate) struct ChannelInner {
     fd: OwnedFd,
     /// The ids on this channel: uid -> the kernel's id.
-    registry: Mutex<HashMap<u64, u32>>,
+    registry: Mutex<Registry>,
+}
+
+/// uid -> the kernel's id. The uids are this crate's own counter ([`new_uid`]), never a
+/// peer's input, so one multiplication spreads them over the table (SipHash, `HashMap`'s
+/// default against chosen keys, cost more than the rest of an insert).
+type Registry = HashMap<u64, u32, BuildHasherDefault<UidHasher>>;
+
+#[derive(Default)]
+struct UidHasher(u64);
+
+impl Hasher for UidHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 << 8 | u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 impl ChannelInner {
@@ -48,7 +73,7 @@ impl ChannelInner {
         self.fd.as_fd()
     }
 
-    fn registry(&self) -> MutexGuard<'_, HashMap<u64, u32>> {
+    fn registry(&self) -> MutexGuard<'_, Registry> {
         // A panic elsewhere cannot leave the map half-updated: every update is one call.
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -91,7 +116,7 @@ impl EventChannel {
         Ok(Self {
             inner: Arc::new(ChannelInner {
                 fd: file.into(),
-                registry: Mutex::new(HashMap::new()),
+                registry: Mutex::default(),
             }),
         })
     }
@@ -111,14 +136,12 @@ impl EventChannel {
     }
 
     /// The next queued event, or `None` at once if there is none (`EAGAIN`).
+    #[inline]
     pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
         let mut raw = EventResp::new_zeroed();
         loop {
-            match ucma::execute(self.inner.fd(), &GetEvent::default(), raw) {
-                Ok(resp) => {
-                    raw = resp;
-                    break;
-                }
+            match ucma::execute_into(self.inner.fd(), &GetEvent::default(), &mut raw) {
+                Ok(()) => break,
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN) => return Ok(None),
                 Err(e) => return Err(Error::kernel("GET_EVENT", e)),
@@ -135,11 +158,13 @@ impl EventChannel {
 
     /// Waits for the next event, at most `timeout` (forever with `None`).
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<CmEvent> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // The clock is read only once there is something to wait for.
+        let mut deadline = None;
         loop {
             if let Some(event) = self.try_get_event()? {
                 return Ok(event);
             }
+            let deadline = *deadline.get_or_insert_with(|| timeout.map(|t| Instant::now() + t));
             self.wait_readable("get_event", deadline, timeout.unwrap_or_default())?;
         }
     }

@@ -101,9 +101,15 @@ impl CmEvent {
     pub(crate) fn from_abi(raw: &EventResp) -> Self {
         let kind = CmEventKind(raw.event);
         // The union holds `rdma_ucm_conn_param` for every connected-mode event.
-        let p = AbiConnParam::read_from_prefix(&raw.param)
-            .map(|(p, _)| p)
-            .unwrap_or_else(|_| AbiConnParam::new_zeroed());
+        // Read in place (the union is 4-byte aligned in the response, as the struct needs).
+        let zeroed;
+        let p = match AbiConnParam::ref_from_prefix(&raw.param) {
+            Ok((p, _)) => p,
+            Err(_) => {
+                zeroed = AbiConnParam::new_zeroed();
+                &zeroed
+            }
+        };
         Self {
             kind,
             status: raw.status as i32,

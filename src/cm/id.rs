@@ -10,7 +10,7 @@ use crate::device::{devices, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::mr::AccessFlags;
 use crate::qp::{Qp, QpAttr};
-use crate::sys::abi::AhAttrAbi;
+use crate::sys::abi::{AhAttrAbi, ModifyQp, QpDest};
 use crate::sys::ucma::{
     self, Accept, Bind, ConnParam as AbiConnParam, Connect, DestroyId, Disconnect, Ece, InitQpAttr, Listen, MigrateId,
     Query, QueryAddrResp, Reject, ResolveAddr, ResolveRoute, UverbsQpAttr, MAX_PRIVATE_DATA, QUERY_ADDR,
@@ -400,20 +400,31 @@ impl CmId {
     /// Moves `qp` to `state` with the CM's attributes; `rd_atomic` replaces the negotiated
     /// `max_dest_rd_atomic` (RTR) or `max_rd_atomic` (RTS) where the CM sets one, `ack_timeout`
     /// the ACK timeout where the CM sets one and the id has no ACK timeout option.
+    ///
+    /// The kernel's attributes go straight into the MODIFY_QP request ([`modify_from_cm`]),
+    /// checked as [`CmId::qp_attr`] checks them, with no [`QpAttr`] in between.
     fn move_qp(&self, qp: &mut Qp, state: QpState, rd_atomic: Option<u8>, ack_timeout: Option<u8>) -> Result<()> {
-        let mut attr = self.qp_attr(state)?;
-        if let (Some(t), Some(_), false) = (ack_timeout, attr.timeout, self.ack_timeout_set) {
-            attr.timeout = Some(t);
+        let req = InitQpAttr {
+            response: 0,
+            id: self.id,
+            qp_state: state as u32,
+        };
+        let mut r = UverbsQpAttr::new_zeroed();
+        ucma::execute_into(self.channel.fd(), &req, &mut r).map_err(|e| Error::kernel("INIT_QP_ATTR", e))?;
+        let (mut m, next) = modify_from_cm(&r, qp.handle())?;
+        let has = |bit: QpAttrMask| m.attr_mask & bit.bits() != 0;
+        if let (Some(t), true, false) = (ack_timeout, has(QpAttrMask::TIMEOUT), self.ack_timeout_set) {
+            m.timeout = t;
         }
         if let Some(n) = rd_atomic {
-            if attr.max_dest_rd_atomic.is_some() {
-                attr.max_dest_rd_atomic = Some(n);
+            if has(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+                m.max_dest_rd_atomic = n;
             }
-            if attr.max_rd_atomic.is_some() {
-                attr.max_rd_atomic = Some(n);
+            if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
+                m.max_rd_atomic = n;
             }
         }
-        qp.modify(&attr)
+        qp.modify_abi(&m, next)
     }
 
     /// Moves `qp` from RESET to INIT with the CM's attributes, so receives can be posted
@@ -513,16 +524,10 @@ impl CmId {
     pub fn disconnect(&mut self, qp: &mut Qp) -> Result<()> {
         if self.is_iwarp()? {
             if qp.state() == QpState::Rts {
-                qp.modify(&QpAttr {
-                    state: Some(QpState::Sqd),
-                    ..Default::default()
-                })?;
+                qp.move_to(QpState::Sqd)?;
             }
         } else if qp.state() != QpState::Err {
-            qp.modify(&QpAttr {
-                state: Some(QpState::Err),
-                ..Default::default()
-            })?;
+            qp.move_to(QpState::Err)?;
         }
         ucma::call(self.channel.fd(), &Disconnect { id: self.id }, ())
     }
@@ -688,29 +693,32 @@ fn sysfs_guid(guid: u64) -> String {
     )
 }
 
+/// The attributes INIT_QP_ATTR may name: those a [`QpAttr`] carries.
+const CM_CARRIED: QpAttrMask = QpAttrMask::STATE
+    .union(QpAttrMask::CUR_STATE)
+    .union(QpAttrMask::EN_SQD_ASYNC_NOTIFY)
+    .union(QpAttrMask::ACCESS_FLAGS)
+    .union(QpAttrMask::PKEY_INDEX)
+    .union(QpAttrMask::PORT)
+    .union(QpAttrMask::QKEY)
+    .union(QpAttrMask::AV)
+    .union(QpAttrMask::PATH_MTU)
+    .union(QpAttrMask::TIMEOUT)
+    .union(QpAttrMask::RETRY_CNT)
+    .union(QpAttrMask::RNR_RETRY)
+    .union(QpAttrMask::RQ_PSN)
+    .union(QpAttrMask::MAX_QP_RD_ATOMIC)
+    .union(QpAttrMask::MIN_RNR_TIMER)
+    .union(QpAttrMask::SQ_PSN)
+    .union(QpAttrMask::MAX_DEST_RD_ATOMIC)
+    .union(QpAttrMask::DEST_QPN);
+
 /// INIT_QP_ATTR's `ib_uverbs_qp_attr` as a [`QpAttr`]: each attribute its mask names, and
 /// nothing else; a mask bit [`QpAttr`] cannot carry is an error, not a silent drop.
 fn qp_attr_from_abi(r: &UverbsQpAttr) -> Result<QpAttr> {
     let verb = "INIT_QP_ATTR";
     let mask = QpAttrMask::from_bits_retain(r.qp_attr_mask);
-    let carried = QpAttrMask::STATE
-        | QpAttrMask::CUR_STATE
-        | QpAttrMask::EN_SQD_ASYNC_NOTIFY
-        | QpAttrMask::ACCESS_FLAGS
-        | QpAttrMask::PKEY_INDEX
-        | QpAttrMask::PORT
-        | QpAttrMask::QKEY
-        | QpAttrMask::AV
-        | QpAttrMask::PATH_MTU
-        | QpAttrMask::TIMEOUT
-        | QpAttrMask::RETRY_CNT
-        | QpAttrMask::RNR_RETRY
-        | QpAttrMask::RQ_PSN
-        | QpAttrMask::MAX_QP_RD_ATOMIC
-        | QpAttrMask::MIN_RNR_TIMER
-        | QpAttrMask::SQ_PSN
-        | QpAttrMask::MAX_DEST_RD_ATOMIC
-        | QpAttrMask::DEST_QPN;
+    let carried = CM_CARRIED;
     if !carried.contains(mask) {
         return Err(Error::malformed(
             verb,
@@ -770,6 +778,109 @@ fn qp_attr_from_abi(r: &UverbsQpAttr) -> Result<QpAttr> {
     })
 }
 
+/// INIT_QP_ATTR's `ib_uverbs_qp_attr` as the MODIFY_QP request for QP `qp_handle`, and the
+/// state it moves to: exactly `qp_attr_from_abi(r)?.to_abi(qp_handle)` (the same checks and
+/// typed errors, every attribute the mask does not name zero), without the [`QpAttr`] in
+/// between.
+fn modify_from_cm(r: &UverbsQpAttr, qp_handle: u32) -> Result<(ModifyQp, Option<QpState>)> {
+    let verb = "INIT_QP_ATTR";
+    let mask = QpAttrMask::from_bits_retain(r.qp_attr_mask);
+    if !CM_CARRIED.contains(mask) {
+        return Err(Error::malformed(
+            verb,
+            format!(
+                "attribute mask {:#x} names attributes this crate cannot set",
+                mask.difference(CM_CARRIED).bits()
+            ),
+        ));
+    }
+    let has = |bit| mask.contains(bit);
+    let state = |bit, raw: u32| -> Result<Option<QpState>> {
+        if !has(bit) {
+            return Ok(None);
+        }
+        u8::try_from(raw)
+            .ok()
+            .and_then(QpState::from_raw)
+            .map(Some)
+            .ok_or_else(|| Error::malformed(verb, format!("QP state {raw}")))
+    };
+    let path_mtu = if has(QpAttrMask::PATH_MTU) {
+        u8::try_from(r.path_mtu)
+            .ok()
+            .and_then(Mtu::from_raw)
+            .ok_or_else(|| Error::malformed(verb, format!("path MTU {}", r.path_mtu)))? as u8
+    } else {
+        0
+    };
+    // Checked in `qp_attr_from_abi`'s order: the MTU, then the states.
+    let next = state(QpAttrMask::STATE, r.qp_state)?;
+    let cur = state(QpAttrMask::CUR_STATE, r.cur_qp_state)?;
+    let a = &r.ah_attr;
+    let dest = if has(QpAttrMask::AV) {
+        let global = a.is_global != 0;
+        let grh = |v: u8| if global { v } else { 0 };
+        QpDest {
+            dgid: if global { a.dgid } else { [0; 16] },
+            flow_label: if global { a.flow_label } else { 0 },
+            dlid: a.dlid,
+            reserved: 0,
+            sgid_index: grh(a.sgid_index),
+            hop_limit: grh(a.hop_limit),
+            traffic_class: grh(a.traffic_class),
+            sl: a.sl,
+            src_path_bits: a.src_path_bits,
+            static_rate: a.static_rate,
+            is_global: u8::from(global),
+            port_num: a.port_num,
+        }
+    } else {
+        QpDest::default()
+    };
+    let m = ModifyQp {
+        dest,
+        alt_dest: QpDest::default(),
+        qp_handle,
+        attr_mask: mask.bits(),
+        qkey: pick(mask, QpAttrMask::QKEY, r.qkey),
+        rq_psn: pick(mask, QpAttrMask::RQ_PSN, r.rq_psn),
+        sq_psn: pick(mask, QpAttrMask::SQ_PSN, r.sq_psn),
+        dest_qp_num: pick(mask, QpAttrMask::DEST_QPN, r.dest_qp_num),
+        qp_access_flags: pick(mask, QpAttrMask::ACCESS_FLAGS, r.qp_access_flags),
+        pkey_index: pick(mask, QpAttrMask::PKEY_INDEX, r.pkey_index),
+        alt_pkey_index: 0,
+        qp_state: next.map_or(0, |s| s as u8),
+        cur_qp_state: cur.map_or(0, |s| s as u8),
+        path_mtu,
+        path_mig_state: 0,
+        en_sqd_async_notify: pick(
+            mask,
+            QpAttrMask::EN_SQD_ASYNC_NOTIFY,
+            u8::from(r.en_sqd_async_notify != 0),
+        ),
+        max_rd_atomic: pick(mask, QpAttrMask::MAX_QP_RD_ATOMIC, r.max_rd_atomic),
+        max_dest_rd_atomic: pick(mask, QpAttrMask::MAX_DEST_RD_ATOMIC, r.max_dest_rd_atomic),
+        min_rnr_timer: pick(mask, QpAttrMask::MIN_RNR_TIMER, r.min_rnr_timer),
+        port_num: pick(mask, QpAttrMask::PORT, r.port_num),
+        timeout: pick(mask, QpAttrMask::TIMEOUT, r.timeout),
+        retry_cnt: pick(mask, QpAttrMask::RETRY_CNT, r.retry_cnt),
+        rnr_retry: pick(mask, QpAttrMask::RNR_RETRY, r.rnr_retry),
+        alt_port_num: 0,
+        alt_timeout: 0,
+        reserved: [0; 2],
+    };
+    Ok((m, next))
+}
+
+/// `v` if `mask` names `bit`, else zero.
+fn pick<T: Default>(mask: QpAttrMask, bit: QpAttrMask, v: T) -> T {
+    if mask.contains(bit) {
+        v
+    } else {
+        T::default()
+    }
+}
+
 /// `ib_uverbs_ah_attr` (the CM's order) as an [`AhAttr`].
 fn ah_from_abi(a: &AhAttrAbi) -> AhAttr {
     AhAttr {
@@ -825,6 +936,47 @@ mod tests {
             (Some(0xabcdef), Some(17), Some(128), Some(12))
         );
         assert_eq!((a.sq_psn, a.access, a.timeout, a.port_num), (None, None, None, None));
+    }
+
+    /// The direct conversion the CM's moves use gives the very request (byte for byte) and
+    /// errors that going through a `QpAttr` gives, for any mask and any values.
+    #[test]
+    fn modify_from_cm_is_qp_attr_then_to_abi() {
+        use zerocopy::IntoBytes;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..20_000 {
+            let mut r = UverbsQpAttr::new_zeroed();
+            for b in r.as_mut_bytes() {
+                *b = next() as u8;
+            }
+            // Mostly masks this crate carries, sometimes any; states and MTUs mostly valid.
+            let any = next() as u32;
+            r.qp_attr_mask = if round % 8 == 0 { any } else { any & CM_CARRIED.bits() };
+            if round % 5 != 0 {
+                r.qp_state = (next() % 7) as u32;
+                r.cur_qp_state = (next() % 7) as u32;
+                r.path_mtu = (next() % 5 + 1) as u32;
+            }
+            if round % 3 == 0 {
+                r.ah_attr.is_global = 0;
+            }
+            let handle = next() as u32;
+            let via_attr = qp_attr_from_abi(&r).and_then(|a| a.to_abi(handle).map(|m| (m, a.state)));
+            match (modify_from_cm(&r, handle), via_attr) {
+                (Ok((m, state)), Ok((n, want))) => {
+                    assert_eq!(m.as_bytes(), n.as_bytes(), "mask {:#x}", r.qp_attr_mask);
+                    assert_eq!(state, want);
+                }
+                (Err(e), Err(f)) => assert_eq!(e.to_string(), f.to_string()),
+                (m, n) => panic!("mask {:#x}: {:?} against {:?}", r.qp_attr_mask, m.err(), n.err()),
+            }
+        }
     }
 
     #[test]

@@ -446,6 +446,13 @@ const MAX_BODY: usize = 296;
 /// Writes one command on an rdma_cm channel and returns its response; `resp` is the value the
 /// response starts from (the kernel may write fewer bytes than it holds).
 pub fn execute<C: UcmCommand>(fd: BorrowedFd<'_>, req: &C, mut resp: C::Resp) -> Result<C::Resp, nix::errno::Errno> {
+    execute_into(fd, req, &mut resp)?;
+    Ok(resp)
+}
+
+/// [`execute`] with the response written in place: for large responses (an event), which
+/// would otherwise be copied in and out.
+pub fn execute_into<C: UcmCommand>(fd: BorrowedFd<'_>, req: &C, resp: &mut C::Resp) -> Result<(), nix::errno::Errno> {
     let body = req.as_bytes();
     let resp_bytes = resp.as_mut_bytes();
     let hdr = UcmHdr {
@@ -469,7 +476,7 @@ pub fn execute<C: UcmCommand>(fd: BorrowedFd<'_>, req: &C, mut resp: C::Resp) ->
     if n != len {
         return Err(nix::errno::Errno::EIO);
     }
-    Ok(resp)
+    Ok(())
 }
 
 /// [`execute`] with the kernel's refusal as the crate's error, named by the command.
