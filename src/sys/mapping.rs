@@ -17,102 +17,68 @@
 //! as it leaks the inherited kernel objects.
 
 use super::fork::Owner;
-use nix::libc;
+use memmap2::{MmapMut, MmapOptions};
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::RawFd;
-use std::ptr::NonNull;
 
 /// A memory mapping made by this process, unmapped on drop unless the drop runs in a forked
-/// child (see the module docs). One `mmap(2)` and one `madvise(2)`, nothing else: rings are
-/// mapped for every CQ and QP, so connection setup pays for every step here.
+/// child (see the module docs).
 pub(crate) struct Mapping {
-    /// The first byte, page-aligned (what `mmap` returned).
-    ptr: NonNull<u8>,
-    /// The length asked for, at least 1 (the kernel maps whole pages).
-    len: usize,
+    map: ManuallyDrop<MmapMut>,
     owner: Owner,
 }
-
-// SAFETY: a `Mapping` owns its pages as a `Box` owns its allocation: nothing else unmaps them
-// while it lives, and it hands their address out only through `&mut self`. Moving it to or
-// sharing it with another thread changes neither.
-unsafe impl Send for Mapping {}
-// SAFETY: as for `Send`; `&Mapping` reads only the address and length.
-unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// `len` bytes (at least one) of zeroed, page-aligned private memory, wiped for a forked
     /// child. `populate`: faulted in now (`MAP_POPULATE`).
     pub(crate) fn anon(len: usize, populate: bool) -> io::Result<Self> {
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if populate { libc::MAP_POPULATE } else { 0 };
-        let mut map = Self::map(len.max(1), flags, -1, 0)?;
-        if !cfg!(miri) {
-            // From here on a failure unmaps the pages (`Drop`).
-            map.advise(libc::MADV_WIPEONFORK)?;
+        let mut options = MmapOptions::new();
+        options.len(len.max(1));
+        if populate {
+            options.populate();
         }
-        Ok(map)
+        let mut map = options.map_anon()?;
+        if !cfg!(miri) {
+            // SAFETY: the range is exactly the mapping just made, which this process owns;
+            // the advice changes only what a future child sees.
+            let rc = unsafe { nix::libc::madvise(map.as_mut_ptr().cast(), map.len(), nix::libc::MADV_WIPEONFORK) };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(Self::owned(map))
     }
 
-    /// `len` bytes of the device file `fd` at `offset` (an mmap cookie, page-aligned as the
-    /// kernel requires), shared with the kernel and not inherited by a child.
+    /// `len` bytes of the device file `fd` at `offset`, shared with the kernel and not
+    /// inherited by a child.
     ///
     /// # Safety
     /// The kernel or the device may change the bytes at any time: the caller reaches them
     /// only through raw pointers with volatile or atomic accesses, never through references
     /// to plain bytes.
     pub(crate) unsafe fn device(fd: RawFd, offset: u64, len: usize) -> io::Result<Self> {
-        if len == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        let offset = libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        let mut map = Self::map(len, libc::MAP_SHARED, fd, offset)?;
-        map.advise(libc::MADV_DONTFORK)?;
-        Ok(map)
+        // SAFETY: per the contract, the caller never forms references to the bytes.
+        let map = unsafe { MmapOptions::new().offset(offset).len(len).map_mut(fd) }?;
+        map.advise(memmap2::Advice::DontFork)?;
+        Ok(Self::owned(map))
     }
 
-    /// A fresh read-write mapping of `len` (non-zero) bytes.
-    fn map(len: usize, flags: libc::c_int, fd: RawFd, offset: libc::off_t) -> io::Result<Self> {
-        // SAFETY: no address hint is binding (no `MAP_FIXED`), so the kernel places the mapping
-        // where no other mapping of this process is: nothing existing changes.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                offset,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-        Ok(Self {
-            ptr,
-            len,
+    fn owned(map: MmapMut) -> Self {
+        Self {
+            map: ManuallyDrop::new(map),
             owner: Owner::current(),
-        })
-    }
-
-    fn advise(&mut self, advice: libc::c_int) -> io::Result<()> {
-        // SAFETY: the range is exactly this mapping, which this process made and owns; the
-        // advice changes only what a future child sees.
-        let rc = unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, advice) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
         }
-        Ok(())
     }
 
     /// The first byte.
     pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.as_mut_ptr()
     }
 
     /// The length, as asked for (the kernel maps whole pages).
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 }
 
@@ -121,9 +87,8 @@ impl Drop for Mapping {
         if self.owner.forked() {
             return;
         }
-        // SAFETY: the mapping this value made and owns, dropped once, here; nothing reaches
-        // its pages after this (every user holds the `Mapping` or borrows from it).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        // SAFETY: dropped once, here; `map` is not used again.
+        unsafe { ManuallyDrop::drop(&mut self.map) };
     }
 }
 
