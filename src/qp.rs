@@ -593,6 +593,29 @@ impl Qp {
         self.set_state(state);
     }
 
+    /// Records that an iWARP QP's connection came up through a connection manager this
+    /// library does not drive, so that its sends are posted: the kernel moved the QP to RTS
+    /// with no MODIFY_QP from user space and no event this side sees. For a libibverbs
+    /// provider under librdmacm (`dropin/libibverbs`), which learns of the connection only
+    /// from the first send posted; code on [`crate::cm`] calls [`crate::cm::CmId::established`]
+    /// instead. Should the connection not be up after all, the kernel refuses the doorbell
+    /// (ENOTCONN), as it does for rdma-core's C providers.
+    ///
+    /// Refused with [`Error::InvalidArgument`] on a QP of a device that is not iWARP, or one
+    /// not in INIT or RTR (the states an iWARP QP waits for its connection in).
+    #[doc(hidden)]
+    pub fn iwarp_connected_elsewhere(&mut self) -> Result<()> {
+        const VERB: &str = "iwarp_connected_elsewhere";
+        if self.context_device().transport()? != crate::attr::Transport::IWARP {
+            return Err(Error::invalid(VERB, "the QP's device is not iWARP"));
+        }
+        if !matches!(self.state, QpState::Init | QpState::Rtr) {
+            return Err(Error::invalid(VERB, format!("the QP is in state {:?}", self.state)));
+        }
+        self.kernel_moved_to(QpState::Rts);
+        Ok(())
+    }
+
     /// Records the state, opening or closing the safe posts' queues (`crate::owned`) with it.
     fn set_state(&mut self, state: QpState) {
         self.state = state;

@@ -25,14 +25,30 @@ pub struct Frontend {
 }
 
 /// Every core provider this library fronts: adding one is one entry.
-pub static FRONTENDS: &[Frontend] = &[Frontend {
-    core: "rxe",
-    driver: c"uverbs_rxe",
-    name_modalias: c"rdma_device:*Nrxe*",
-    // rxe's per-device uverbs ABI: 1 and 2 are the same on 64-bit machines.
-    abi_versions: 1..=2,
-    fw_ver: |raw| format!("{}.{}.{}", (raw >> 32) & 0xffff, (raw >> 16) & 0xffff, raw & 0xffff),
-}];
+pub static FRONTENDS: &[Frontend] = &[
+    Frontend {
+        core: "rxe",
+        driver: c"uverbs_rxe",
+        name_modalias: c"rdma_device:*Nrxe*",
+        // rxe's per-device uverbs ABI: 1 and 2 are the same on 64-bit machines.
+        abi_versions: 1..=2,
+        fw_ver: dotted_fw_ver,
+    },
+    Frontend {
+        core: "siw",
+        driver: c"uverbs_siw",
+        name_modalias: c"rdma_device:*Nsiw*",
+        // siw's per-device uverbs ABI (SIW_ABI_VERSION).
+        abi_versions: 1..=1,
+        fw_ver: dotted_fw_ver,
+    },
+];
+
+/// `major.minor.sub_minor` from the kernel's 64-bit firmware version, as rdma-core's rxe and
+/// siw print it.
+fn dotted_fw_ver(raw: u64) -> String {
+    format!("{}.{}.{}", (raw >> 32) & 0xffff, (raw >> 16) & 0xffff, raw & 0xffff)
+}
 
 /// What a match table entry's `driver_data` points at: the frontend a device matched, and its
 /// core provider's kernel driver id.
@@ -119,5 +135,13 @@ mod tests {
         let rxe = FRONTENDS.iter().find(|f| f.core == "rxe").unwrap();
         assert_eq!(rxe.name_modalias, c"rdma_device:*Nrxe*");
         assert_eq!((rxe.fw_ver)(0x0001_0002_0003), "1.2.3");
+    }
+
+    #[test]
+    fn siw_matches_as_the_c_provider() {
+        let siw = FRONTENDS.iter().find(|f| f.core == "siw").unwrap();
+        assert_eq!(siw.name_modalias, c"rdma_device:*Nsiw*");
+        assert_eq!(siw.abi_versions, 1..=1);
+        assert_eq!(siw.driver, c"uverbs_siw");
     }
 }

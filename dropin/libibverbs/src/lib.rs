@@ -1,15 +1,15 @@
-//! A drop-in libibverbs provider for SoftRoCE (`rdma_rxe`) built on the pure-Rust `uverbs`
-//! core: libibverbs loads this library as a provider (driver `uverbs_rxe`, file
-//! `libuverbs_rxe-rdmav34.so`), and unmodified programs linked against libibverbs
-//! (`ibv_devinfo`, `ibv_rc_pingpong`, perftest, ...) then run their verbs on rxe devices
-//! through `uverbs` instead of rdma-core's C rxe provider.
+//! A drop-in libibverbs provider for SoftRoCE (`rdma_rxe`) and soft-iWARP (`siw`) built on the
+//! pure-Rust `uverbs` core: libibverbs loads this library as a provider (drivers `uverbs_rxe`
+//! and `uverbs_siw`, file `libuverbs_rxe-rdmav34.so`), and unmodified programs linked against
+//! libibverbs (`ibv_devinfo`, `ibv_rc_pingpong`, perftest, librdmacm's `rping`, ...) then run
+//! their verbs on rxe and siw devices through `uverbs` instead of rdma-core's C providers.
 //!
 //! How it fits together:
 //!
 //! - A constructor in `.init_array` runs when libibverbs `dlopen`s the library. It looks up
 //!   the four libibverbs entry points it needs at symbol version `IBVERBS_PRIVATE_34`
 //!   ([`libibverbs`]) and registers, with `verbs_register_driver_34`, one driver per
-//!   provider of the `uverbs` core it fronts ([`device::FRONTENDS`]: rxe today), each with a
+//!   provider of the `uverbs` core it fronts ([`device::FRONTENDS`]: rxe and siw), each with a
 //!   match table made from the core provider's kernel driver id ([`uverbs::providers`],
 //!   [`ops::device_ops`]). On a libibverbs with another provider ABI it prints why and
 //!   registers nothing.

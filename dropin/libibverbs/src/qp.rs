@@ -18,7 +18,9 @@ use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
-use uverbs::{AccessFlags, AltPath, CSendWr, MigState, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr};
+use uverbs::{
+    AccessFlags, AltPath, CSendWr, MigState, Mtu, QpAttr, QpAttrMask, QpState, QpType, SendFlags, SendWr, WrReject,
+};
 
 /// A QP: `verbs_qp`, then the `uverbs` QP, the objects whose use counts it holds, and the
 /// `ibv_wr_*` batch being built (see [`crate::qp_ex`]).
@@ -367,6 +369,62 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
     // for the call with its SGE arrays and AHs (the ibv_post_send contract), whose buffers the
     // caller keeps valid until completion, the contract `uverbs::Qp::post_send` asks for.
     let posted = unsafe { qp_ref(qp).qp.lock().post_send_chain(first, slow_send_wr) };
+    match posted {
+        Ok(()) => 0,
+        Err(
+            e @ uverbs::Error::WorkRequest {
+                reason: WrReject::WrongState(QpState::Init | QpState::Rtr),
+                ..
+            },
+        ) => {
+            // SAFETY: as above; `first` is `wr`.
+            unsafe { post_send_connected(qp, wr, bad_wr, first, &e) }
+        }
+        // SAFETY: `wr` is the list posted; `bad_wr` is writable.
+        Err(e) => unsafe { reject_send(wr, bad_wr, &e) },
+    }
+}
+
+/// Whether `qp`'s device speaks iWARP (libibverbs' record of its transport).
+///
+/// # Safety
+/// `qp` must be a live QP of ours, whose context and device libibverbs keeps live.
+#[cold]
+unsafe fn is_iwarp(qp: *mut ibv_qp) -> bool {
+    const IBV_TRANSPORT_IWARP: c_int = 1;
+    // SAFETY: per the contract.
+    unsafe { (*(*(*qp).context).device).transport_type == IBV_TRANSPORT_IWARP }
+}
+
+/// `post_send` refused with `refused` because the QP is below RTS by our record. On iWARP that
+/// is a connection that came up through librdmacm, which moves an iWARP QP to RTS in the
+/// kernel with no `ibv_modify_qp` this provider sees: records the move and posts again (if the
+/// connection is not up after all, the kernel refuses the doorbell, ENOTCONN, as with
+/// rdma-core's C siw). Elsewhere the refusal stands.
+///
+/// # Safety
+/// As for [`post_send`], with `first` the non-null `wr`.
+#[cold]
+#[inline(never)]
+unsafe fn post_send_connected(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+    first: NonNull<CSendWr>,
+    refused: &uverbs::Error,
+) -> c_int {
+    // SAFETY: libibverbs passes one of our QPs, its context and device live.
+    if !unsafe { is_iwarp(qp) } {
+        // SAFETY: `wr` is the list posted; `bad_wr` is writable.
+        return unsafe { reject_send(wr, bad_wr, refused) };
+    }
+    // SAFETY: libibverbs passes one of our QPs.
+    let mut q = unsafe { qp_ref(qp) }.qp.lock();
+    let posted = q.iwarp_connected_elsewhere().and_then(|()| {
+        // SAFETY: as in `post_send`.
+        unsafe { q.post_send_chain(first, slow_send_wr) }
+    });
+    drop(q);
     match posted {
         Ok(()) => 0,
         // SAFETY: `wr` is the list posted; `bad_wr` is writable.
