@@ -581,6 +581,7 @@ impl Connection {
     }
 
     /// Whether `DISCONNECTED` came (no event to read for it).
+    #[cfg(feature = "tokio")]
     pub(crate) fn is_down(&self) -> bool {
         self.state == Link::Down
     }
