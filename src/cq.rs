@@ -356,6 +356,10 @@ impl Cq {
     }
 
     /// Resizes the CQ to at least `cqe` entries, keeping the completions it holds.
+    ///
+    /// Some devices mark the switch with an entry of their own in the old ring: there a CQ
+    /// whose ring is full is refused ([`Error::InvalidArgument`], the CQ unchanged); poll,
+    /// then resize.
     pub fn resize(&mut self, cqe: u32) -> Result<()> {
         self.owner.check("RESIZE_CQ")?;
         let ctx = self.inner.ctx.clone();

@@ -6,7 +6,7 @@
 //! listen, connect (accepted, rejected, dropped on either side on the way up, or nobody
 //! there or answering: typed rejects and timeouts), post over the connected QPs with the
 //! same buffer accounting, disconnect from either side, and drop connections and listeners
-//! while connected; those steps take at most [`CM_SHARE`] of the run. Without it (the mlx5
+//! while connected; those steps are [`CM_PER_MILLE`] of all. Without it (the mlx5
 //! model) they are skipped and the summary says so.
 //!
 //! Every round checks that every `Buf` comes back exactly once (from a reclaim, a refusal or
@@ -16,8 +16,14 @@
 //! sent. In the test guest it also reads the kernel log: an oops, BUG or WARNING fails the
 //! round.
 //!
-//! `UVERBS_SAFE_FUZZ_SEED` sets the seed, `UVERBS_SAFE_FUZZ_SECONDS` the budget (default 60,
-//! the CI run), `UVERBS_SAFE_FUZZ_ROUND=n` replays round `n` alone, and
+//! `UVERBS_SAFE_FUZZ_SEED` sets the seed. Without `UVERBS_SAFE_FUZZ_SECONDS` (the CI run) a
+//! run is a fixed number of rounds (`UVERBS_SAFE_FUZZ_ROUNDS`; by default
+//! [`DEFAULT_ROUNDS_RXE`] or [`DEFAULT_ROUNDS_MLX5`]): the same rounds on every machine,
+//! whatever its speed, stopped early only at a time cap ([`ROUNDS_CAP_SECONDS`]). A round's
+//! draws do not depend on timing, but what it sees does (which completions have arrived when
+//! it polls), so the same round may still take another path on another run.
+//! `UVERBS_SAFE_FUZZ_SECONDS=s` explores instead: rounds until `s` seconds are spent (with
+//! `UVERBS_SAFE_FUZZ_ROUNDS`, whichever ends first). `UVERBS_SAFE_FUZZ_ROUND=n` replays round `n` alone, and
 //! `UVERBS_SAFE_FUZZ_TRACE=1` prints every step as it runs (for a round that kills the
 //! kernel, where the step log printed on failure never comes).
 
@@ -38,6 +44,15 @@ use uverbs::testing::Rng;
 use uverbs::*;
 
 const DEFAULT_SEED: u64 = 0x5afe_f022;
+/// Rounds of a run without `UVERBS_SAFE_FUZZ_SECONDS` (the CI run): about a minute on an
+/// idle host (rxe in the guest under TCG: 5 rounds a second; the mlx5 model: 44), which is
+/// what the 60 s budget the CI run had gave there.
+const DEFAULT_ROUNDS_RXE: u64 = 300;
+const DEFAULT_ROUNDS_MLX5: u64 = 2500;
+/// Where a run of a fixed number of rounds stops early, on a host too busy for them (rxe in
+/// the guest ran 0.6 rounds a second on a host shared by six builds): the rounds it ran are
+/// the first of the same fixed set, never others.
+const ROUNDS_CAP_SECONDS: u64 = 120;
 /// Steps of the step log printed with a failure.
 const LOG_STEPS: usize = 200;
 const QKEY: u32 = 0x1111_1111;
@@ -62,8 +77,10 @@ const MAX_LISTENERS: usize = 2;
 /// The ports listeners bind (the round picks among them), and one nothing listens on.
 const CM_PORTS: [u16; 3] = [7701, 7702, 7703];
 const CM_PORT_NOBODY: u16 = 7709;
-/// The share of the run's time CM steps may take (a connect takes tens of ms under TCG).
-const CM_SHARE: f64 = 0.18;
+/// CM steps per thousand steps where the CM is (a connect takes tens of ms under TCG: about
+/// a fifth of the run's time in the test guest). A fixed chance, not a share of the time, so
+/// a round takes the same path whatever the machine's speed.
+const CM_PER_MILLE: u64 = 25;
 /// Queue ids of SRQs (those of QPs are twice the QP's index, plus one for its receives).
 const SRQ_QUEUE: u32 = 1 << 20;
 
@@ -131,7 +148,6 @@ struct Stats {
     cm: std::result::Result<IpAddr, String>,
     cm_time: Duration,
     cm_connections: u64,
-    start: Option<Instant>,
 }
 
 impl Default for Stats {
@@ -150,7 +166,6 @@ impl Default for Stats {
             cm: Err("not looked for".into()),
             cm_time: Duration::ZERO,
             cm_connections: 0,
-            start: None,
         }
     }
 }
@@ -1863,13 +1878,11 @@ impl<'r> Round<'r> {
     // ---- the round ----
 
     fn step(&mut self) {
-        if self.cm_ip.is_some() && self.rng.chance(4) {
-            if self.cm_allowed() {
-                let t = Instant::now();
-                self.cm_step();
-                self.stats.cm_time += t.elapsed();
-                self.check_counts();
-            }
+        if self.cm_ip.is_some() && self.rng.below(1000) < CM_PER_MILLE {
+            let t = Instant::now();
+            self.cm_step();
+            self.stats.cm_time += t.elapsed();
+            self.check_counts();
             return;
         }
         match self.rng.below(1000) {
@@ -1953,15 +1966,10 @@ impl<'r> Round<'r> {
 
 // ---- the RDMA connection manager ----
 
-/// Whether a CM step may run now: CM steps take at most [`CM_SHARE`] of the time so far.
-fn cm_time_left(stats: &Stats) -> bool {
-    let elapsed = stats.start.map_or(Duration::ZERO, |s| s.elapsed());
-    stats.cm_time.as_secs_f64() <= CM_SHARE * elapsed.as_secs_f64() + 0.2
-}
-
 /// Polls `advance` of each end that is still on its way up, in random order, until both
 /// ended or `deadline`; returns each end's outcome (`None`: still pending at the deadline).
-fn drive(rng: &mut Rng, ends: [&mut Option<Establishing>; 2], deadline: Instant) -> [Option<Result<Connection>>; 2] {
+/// `rng` is the caller's to spend: how many polls it takes depends on timing.
+fn drive(mut rng: Rng, ends: [&mut Option<Establishing>; 2], deadline: Instant) -> [Option<Result<Connection>>; 2] {
     let mut out: [Option<Result<Connection>>; 2] = [None, None];
     let [a, b] = ends;
     let ends = [a, b];
@@ -1993,10 +2001,6 @@ fn cm_data(rng: &mut Rng, len: usize) -> Vec<u8> {
 }
 
 impl Round<'_> {
-    fn cm_allowed(&self) -> bool {
-        cm_time_left(self.stats)
-    }
-
     fn cm_step(&mut self) {
         self.cm_touched = true;
         match self.rng.below(100) {
@@ -2315,7 +2319,7 @@ impl Round<'_> {
         }
         let had = [client.is_some(), server.is_some()];
         let deadline = Instant::now() + Duration::from_secs(2);
-        let [c, s] = drive(&mut self.rng, [&mut client, &mut server], deadline);
+        let [c, s] = drive(Rng::new(self.rng.next_u64()), [&mut client, &mut server], deadline);
         if let (Some(data), Some(Err(Error::Rejected { status, private_data }))) = (&rejected, &c) {
             assert_eq!(*status, 28, "a consumer reject's reason");
             assert_eq!(&private_data[..data.len()], &data[..], "the reject's private data");
@@ -2472,8 +2476,10 @@ impl Round<'_> {
                     // Both ends advance until each has seen DISCONNECTED.
                     let deadline = Instant::now() + Duration::from_millis(1500);
                     let mut left: Vec<usize> = [Some(i), p].into_iter().flatten().collect();
+                    // Its own draws: how many polls it takes depends on timing.
+                    let mut order = Rng::new(self.rng.next_u64());
                     while !left.is_empty() && Instant::now() < deadline {
-                        let k = left[self.rng.below(left.len() as u64) as usize];
+                        let k = left[order.below(left.len() as u64) as usize];
                         self.call("cm_advance");
                         match self.conn(k).advance() {
                             Ok(true) => {
@@ -2619,7 +2625,18 @@ impl Kmsg {
 #[test]
 fn random_safe_calls_lose_no_buffer_and_never_panic() {
     let seed = env_u64("UVERBS_SAFE_FUZZ_SEED", DEFAULT_SEED);
-    let budget = Duration::from_secs(env_u64("UVERBS_SAFE_FUZZ_SECONDS", 60));
+    // A time budget where one is asked for (to explore); else a fixed number of rounds, the
+    // same ones on every machine, with the time cap as the only bound a slow one may hit.
+    let seconds = std::env::var_os("UVERBS_SAFE_FUZZ_SECONDS").map(|_| env_u64("UVERBS_SAFE_FUZZ_SECONDS", 0));
+    let rounds = match (std::env::var_os("UVERBS_SAFE_FUZZ_ROUNDS"), seconds) {
+        (Some(_), _) => env_u64("UVERBS_SAFE_FUZZ_ROUNDS", 0),
+        (None, Some(_)) => u64::MAX,
+        (None, None) => match driver(&open_test_device()) {
+            common::Driver::Rxe => DEFAULT_ROUNDS_RXE,
+            common::Driver::Mlx5 => DEFAULT_ROUNDS_MLX5,
+        },
+    };
+    let budget = Duration::from_secs(seconds.unwrap_or(ROUNDS_CAP_SECONDS));
     let only = std::env::var("UVERBS_SAFE_FUZZ_ROUND")
         .ok()
         .map(|_| env_u64("UVERBS_SAFE_FUZZ_ROUND", 0));
@@ -2627,7 +2644,6 @@ fn random_safe_calls_lose_no_buffer_and_never_panic() {
     let start = Instant::now();
     let mut stats = Stats {
         cm: cm_available(),
-        start: Some(start),
         ..Default::default()
     };
     let mut kmsg = Kmsg::open();
@@ -2656,7 +2672,17 @@ fn random_safe_calls_lose_no_buffer_and_never_panic() {
         }
         stats.rounds += 1;
         round += 1;
-        if only.is_some() || start.elapsed() >= budget {
+        if only.is_some() || stats.rounds >= rounds {
+            break;
+        }
+        if start.elapsed() >= budget {
+            if rounds != u64::MAX {
+                figure(format_args!(
+                    "safe_fuzz: stopped at the {} s cap after {} of {rounds} rounds",
+                    budget.as_secs(),
+                    stats.rounds
+                ));
+            }
             break;
         }
     }

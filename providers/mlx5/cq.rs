@@ -132,6 +132,22 @@ impl Ring {
         end.wrapping_sub(self.ci)
     }
 
+    /// Whether the device can write its RESIZE CQE: it marks the switch with one in this
+    /// (the old) ring, so a full ring has no slot for it and the resize would overrun the
+    /// CQ (the CQEs queued lost, and no RESIZE CQE for [`Ring::take_from`] to find).
+    fn room_for_resize_cqe(&self) -> Result<()> {
+        if self.queued() >= self.ncqe {
+            return Err(Error::invalid(
+                "RESIZE_CQ",
+                format!(
+                    "the CQ is full ({} completions queued): the device has no slot for its RESIZE CQE; poll first",
+                    self.ncqe
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// After RESIZE_CQ: moves the CQEs `old` holds in front of the device's RESIZE CQE into
     /// this ring, each one index later (the RESIZE CQE took an index), with this ring's owner
     /// bits, as libmlx5's `mlx5_cq_resize_copy_cqes` does: the consumer index moves one on,
@@ -765,6 +781,7 @@ unsafe impl CqRing for Mlx5Cq {
             // The kernel changes nothing for the same size (hw/mlx5/cq.c mlx5_ib_resize_cq).
             return Ok(ncqe - 1);
         }
+        state.ring.room_for_resize_cqe()?;
         let new = Ring::new(ncqe, "RESIZE_CQ")?;
         let req = abi::ResizeCq {
             buf_addr: new.buf.addr(),
@@ -906,6 +923,23 @@ pub(super) mod tests {
                 .collect();
             assert_eq!(qpns, [0x100, 0x101, 0x102, 0x200]);
             assert!(new.ready(start + 5).is_none());
+        }
+    }
+
+    /// A full ring leaves the device no slot for its RESIZE CQE: the resize is refused
+    /// before the kernel is asked; one free slot is enough.
+    #[test]
+    fn resize_of_a_full_ring_is_refused() {
+        for (n, start) in [(2, 0), (4, 5), (8, 13)] {
+            let mut ring = Ring::new(n, "test").unwrap();
+            ring.ci = start;
+            for k in 0..n - 1 {
+                produce_in(&ring, start.wrapping_add(k), recv_cqe(7, k));
+            }
+            ring.room_for_resize_cqe().unwrap();
+            produce_in(&ring, start.wrapping_add(n - 1), recv_cqe(7, n));
+            let e = ring.room_for_resize_cqe().unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { verb: "RESIZE_CQ", .. }), "{e:?}");
         }
     }
 
