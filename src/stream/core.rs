@@ -211,6 +211,8 @@ pub(crate) struct Core {
     cm_down: bool,
     down: Option<Down>,
     error: Option<Error>,
+    /// How many of `RdmaStream` and its halves hold this stream (`release`).
+    holders: u8,
 }
 
 impl std::fmt::Debug for Core {
@@ -266,6 +268,7 @@ impl Core {
             cm_down: false,
             down: None,
             error: None,
+            holders: 1,
         })
     }
 
@@ -702,20 +705,43 @@ impl Core {
         self.poll_flush(cx)
     }
 
-    /// Sends rsocket's disconnect if the stream is still up and waits a moment for it to
-    /// leave: the best a drop can do.
-    fn close_best_effort(&mut self) {
+    /// Counts another holder of the stream (a half of a split).
+    pub(crate) fn hold(&mut self) {
+        self.holders = self.holders.saturating_add(1);
+    }
+
+    /// One holder let go. True when it was the last and the stream still owes the peer
+    /// rsocket's disconnect, which [`Core::close_best_effort`] sends and waits for.
+    pub(crate) fn release(&mut self) -> bool {
+        self.holders = self.holders.saturating_sub(1);
+        self.holders == 0 && self.connected() && !self.closed_fully()
+    }
+
+    /// Sends rsocket's disconnect if the stream is still up and waits up to half a second
+    /// for it to leave: the best a dropped stream can do. Blocks: called on a thread of its
+    /// own (`release` in the module above), never on the runtime's.
+    pub(crate) fn close_best_effort(&mut self) {
         if !self.connected() || self.closed_fully() {
             return;
         }
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut wc = std::mem::take(&mut self.wc);
-        while !self.ctrl_avail() && Instant::now() < deadline {
-            let reaped = self.cq.get_mut().reap(&mut wc);
-            self.completions(&reaped);
-            std::thread::yield_now();
+        let mut spins = 0u32;
+        let mut settle = |core: &mut Self, wc: &mut [WorkCompletion]| {
+            let reaped = core.cq.get_mut().reap(wc);
+            core.completions(&reaped);
+            // Natively the message leaves within microseconds; on a slow device, sleep.
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        while !self.ctrl_avail() && self.connected() && Instant::now() < deadline {
+            settle(self, &mut wc);
         }
-        if self.ctrl_avail() {
+        if self.ctrl_avail() && self.connected() {
             let at = self.remote_sgl.addr;
             if self
                 .post_ctrl(wire::imm(wire::OP_CTRL, wire::CTRL_DISCONNECT), at, &[])
@@ -723,9 +749,7 @@ impl Core {
             {
                 self.closed_sent = true;
                 while !self.sent.is_empty() && self.connected() && Instant::now() < deadline {
-                    let reaped = self.cq.get_mut().reap(&mut wc);
-                    self.completions(&reaped);
-                    std::thread::yield_now();
+                    settle(self, &mut wc);
                 }
             }
         }
@@ -735,7 +759,7 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        self.close_best_effort();
+        // The disconnect message went out (or could not) before the last holder let go.
         let _ = self.conn.start_disconnect();
     }
 }

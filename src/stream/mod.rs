@@ -197,8 +197,12 @@ impl RdmaListener {
 ///
 /// Reads end (`Ok(0)`) once the peer shut its side down or disconnected in order, after the
 /// data it sent before; a peer that went away without either (a killed process) ends reads
-/// and writes with `ConnectionReset`. Dropping the stream sends rsocket's disconnect (best
-/// effort) and tears down its QP, CM id, buffers and fds.
+/// and writes with `ConnectionReset`. Dropping the stream (the last of its halves) never
+/// blocks: a stream still owed rsocket's disconnect sends it from a short-lived thread, which
+/// waits up to half a second for it to leave and then tears down the QP, CM id, buffers and
+/// fds; a stream with nothing owed is torn down at once. A process that exits right after a
+/// drop may cut that thread short (the peer then sees a reset, not the end): shut the stream
+/// down (`AsyncWriteExt::shutdown`) and read to its end for an orderly close.
 #[derive(Debug)]
 pub struct RdmaStream {
     core: Arc<Mutex<Core>>,
@@ -253,12 +257,55 @@ impl RdmaStream {
     /// Splits into a read half and a write half, which may live in different tasks. The
     /// connection lives until both are dropped.
     pub fn into_split(self) -> (RdmaReadHalf, RdmaWriteHalf) {
+        {
+            let mut core = lock(&self.core);
+            core.hold();
+            core.hold();
+        }
+        // `self` lets go of its own hold when it drops here.
         (
             RdmaReadHalf {
                 core: self.core.clone(),
             },
-            RdmaWriteHalf { core: self.core },
+            RdmaWriteHalf {
+                core: self.core.clone(),
+            },
         )
+    }
+}
+
+/// One holder of the stream (the whole stream or a half) let go. The last one sends
+/// rsocket's disconnect if the peer is still owed one; waiting for it to leave (up to half a
+/// second on a slow device) happens on a short-lived thread of its own, so that a drop never
+/// blocks the runtime. That thread lets go of the stream's last reference once the message
+/// left, which tears down the QP, CM id, buffers and fds; a stream that needs no disconnect
+/// is torn down here, by the last reference. A thread that cannot start leaves the teardown
+/// to the last reference without the message: the peer sees the connection's end.
+fn release(core: &Arc<Mutex<Core>>) {
+    if !lock(core).release() {
+        return;
+    }
+    let core = Arc::clone(core);
+    let _ = std::thread::Builder::new()
+        .name("uverbs-stream-close".into())
+        .spawn(move || lock(&core).close_best_effort());
+}
+
+impl Drop for RdmaStream {
+    fn drop(&mut self) {
+        release(&self.core);
+    }
+}
+
+impl Drop for RdmaReadHalf {
+    fn drop(&mut self) {
+        release(&self.core);
+    }
+}
+
+impl Drop for RdmaWriteHalf {
+    fn drop(&mut self) {
+        release(&self.core);
     }
 }
 
