@@ -179,6 +179,8 @@ pub(crate) struct Core {
     inline: u32,
     wakers: Arc<Wakers>,
     waker: Waker,
+    /// Where the pieces of an inline write spread over several slices are gathered.
+    stage: Box<[u8]>,
     // Sending.
     sseq_no: u16,
     sseq_comp: u16,
@@ -243,6 +245,7 @@ impl Core {
             chunk: r.chunk,
             inline: r.inline,
             waker: Waker::from(wakers.clone()),
+            stage: vec![0; INLINE_MAX].into_boxed_slice(),
             wakers,
             sseq_no: 0,
             sseq_comp: peer.credits,
@@ -295,6 +298,32 @@ impl Core {
     /// Whether control messages may still go out.
     fn connected(&self) -> bool {
         self.down.is_none() && !self.cm_down
+    }
+
+    /// Takes the completions there are without registering for a wake-up: the hot path.
+    /// What it reaps (receives posted again, credits and send slots back) is what the
+    /// registering [`Core::progress`] would reap; a half that then has nothing to do calls
+    /// that one before it returns `Pending`. (A completion it takes after another half armed
+    /// the CQ still raises that half's event.)
+    fn take_completions(&mut self) {
+        let mut wc = std::mem::take(&mut self.wc);
+        loop {
+            match self.cq.get_mut().try_reap(&mut wc) {
+                Err(e) => {
+                    self.fail(e);
+                    break;
+                }
+                Ok(reaped) => {
+                    let full = reaped.len() == WC_BATCH;
+                    self.completions(&reaped);
+                    if !full {
+                        break;
+                    }
+                }
+            }
+        }
+        self.wc = wc;
+        self.update_credits();
     }
 
     /// Takes every completion and connection event there is, registering the halves' shared
@@ -502,7 +531,12 @@ impl Core {
             return Poll::Ready(Ok(()));
         }
         // Always: receives are posted again only here, and credits granted below count on them.
-        self.progress(cx, Half::Read);
+        self.take_completions();
+        if self.rmsg.is_empty() {
+            // Nothing to read: wait for more (registering for the wake-up), unless it came
+            // meanwhile or the connection ended.
+            self.progress(cx, Half::Read);
+        }
         if self.rmsg.is_empty() {
             if self.down == Some(Down::Reset) || self.error.is_some() {
                 return Poll::Ready(Err(self.down_error(false)));
@@ -584,7 +618,7 @@ impl Core {
         }
         let mut written = 0;
         let (mut slice, mut offset) = (0, 0);
-        let mut polled = false;
+        let (mut reaped, mut polled) = (false, false);
         while written < total {
             if !self.writable {
                 return Poll::Ready(if written > 0 {
@@ -598,8 +632,15 @@ impl Core {
                 if polled || written > 0 {
                     break;
                 }
-                self.progress(cx, Half::Write);
-                polled = true;
+                // First the completions there are; only if they free nothing, the
+                // registering poll (the wake-up for when they do).
+                if reaped {
+                    self.progress(cx, Half::Write);
+                    polled = true;
+                } else {
+                    self.take_completions();
+                    reaped = true;
+                }
                 continue;
             }
             let target = self.target[self.target_sge];
@@ -611,10 +652,21 @@ impl Core {
                 rkey: target.key,
             };
             let posted = if len <= self.inline {
-                let mut stage = [0u8; INLINE_MAX];
-                gather(bufs, &mut slice, &mut offset, &mut stage[..len as usize]);
                 let op = SendOp::RdmaWriteWithImm(remote, wire::imm(wire::OP_DATA, len));
-                self.conn.qp_mut().send_inline(op, &stage[..len as usize])
+                let n = len as usize;
+                let first = &bufs[slice][offset..];
+                if first.len() >= n {
+                    // In one slice: straight from it.
+                    offset += n;
+                    if offset == bufs[slice].len() {
+                        slice += 1;
+                        offset = 0;
+                    }
+                    self.conn.qp_mut().send_inline(op, &first[..n])
+                } else {
+                    gather(bufs, &mut slice, &mut offset, &mut self.stage[..n]);
+                    self.conn.qp_mut().send_inline(op, &self.stage[..n])
+                }
             } else {
                 let mut buf = self.sbufs.pop().expect("checked above");
                 len = len.min(buf.capacity() as u32);
