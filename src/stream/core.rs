@@ -215,6 +215,8 @@ pub(crate) struct Core {
     error: Option<Error>,
     /// How many of `RdmaStream` and its halves hold this stream (`release`).
     holders: u8,
+    /// The disconnect of a dropped stream is posted.
+    disconnect_posted: bool,
 }
 
 impl std::fmt::Debug for Core {
@@ -272,6 +274,7 @@ impl Core {
             down: None,
             error: None,
             holders: 1,
+            disconnect_posted: false,
         })
     }
 
@@ -763,19 +766,44 @@ impl Core {
     }
 
     /// One holder let go. True when it was the last and the stream still owes the peer
-    /// rsocket's disconnect, which [`Core::close_best_effort`] sends and waits for.
+    /// rsocket's disconnect: posted here already if a control slot is free (so that it is on
+    /// its way even if the process ends right after), and [`Core::close_best_effort`] waits
+    /// for it to leave (and posts it, if no slot was free).
     pub(crate) fn release(&mut self) -> bool {
         self.holders = self.holders.saturating_sub(1);
-        self.holders == 0 && self.connected() && !self.closed_fully()
+        if self.holders != 0 || !self.connected() || self.closed_fully() {
+            return false;
+        }
+        self.post_disconnect();
+        true
     }
 
-    /// Sends rsocket's disconnect if the stream is still up and waits up to half a second
-    /// for it to leave: the best a dropped stream can do. Blocks: called on a thread of its
-    /// own (`release` in the module above), never on the runtime's.
-    pub(crate) fn close_best_effort(&mut self) {
-        if !self.connected() || self.closed_fully() {
-            return;
+    /// Posts rsocket's disconnect once, if a control slot is free; whether it is posted.
+    fn post_disconnect(&mut self) -> bool {
+        if self.disconnect_posted {
+            return true;
         }
+        if !self.ctrl_avail() || !self.connected() {
+            return false;
+        }
+        let at = self.remote_sgl.addr;
+        if self
+            .post_ctrl(wire::imm(wire::OP_CTRL, wire::CTRL_DISCONNECT), at, &[])
+            .is_err()
+        {
+            // The QP refused: the teardown goes on without the message.
+            self.down.get_or_insert(Down::Failed);
+            return false;
+        }
+        self.closed_sent = true;
+        self.disconnect_posted = true;
+        true
+    }
+
+    /// Waits up to half a second for rsocket's disconnect to be posted (for a control slot)
+    /// and to leave: the best a dropped stream can do. Blocks: called on a thread of its own
+    /// (`release` in the module above), never on the runtime's.
+    pub(crate) fn close_best_effort(&mut self) {
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut wc = std::mem::take(&mut self.wc);
         let mut spins = 0u32;
@@ -790,20 +818,11 @@ impl Core {
                 std::thread::sleep(Duration::from_millis(1));
             }
         };
-        while !self.ctrl_avail() && self.connected() && Instant::now() < deadline {
+        while !self.post_disconnect() && self.connected() && Instant::now() < deadline {
             settle(self, &mut wc);
         }
-        if self.ctrl_avail() && self.connected() {
-            let at = self.remote_sgl.addr;
-            if self
-                .post_ctrl(wire::imm(wire::OP_CTRL, wire::CTRL_DISCONNECT), at, &[])
-                .is_ok()
-            {
-                self.closed_sent = true;
-                while !self.sent.is_empty() && self.connected() && Instant::now() < deadline {
-                    settle(self, &mut wc);
-                }
-            }
+        while self.disconnect_posted && !self.sent.is_empty() && self.connected() && Instant::now() < deadline {
+            settle(self, &mut wc);
         }
         self.wc = wc;
     }

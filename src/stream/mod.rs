@@ -198,9 +198,9 @@ impl RdmaListener {
 /// Reads end (`Ok(0)`) once the peer shut its side down or disconnected in order, after the
 /// data it sent before; a peer that went away without either (a killed process) ends reads
 /// and writes with `ConnectionReset`. Dropping the stream (the last of its halves) never
-/// blocks: a stream still owed rsocket's disconnect sends it from a short-lived thread, which
-/// waits up to half a second for it to leave and then tears down the QP, CM id, buffers and
-/// fds; a stream with nothing owed is torn down at once. A process that exits right after a
+/// blocks: a stream still owed rsocket's disconnect posts it, and a short-lived thread waits
+/// up to half a second for it to leave and then tears down the QP, CM id, buffers and fds; a
+/// stream with nothing owed is torn down at once. A process that exits right after a
 /// drop may cut that thread short (the peer then sees a reset, not the end): shut the stream
 /// down (`AsyncWriteExt::shutdown`) and read to its end for an orderly close.
 #[derive(Debug)]
@@ -274,10 +274,10 @@ impl RdmaStream {
     }
 }
 
-/// One holder of the stream (the whole stream or a half) let go. The last one sends
-/// rsocket's disconnect if the peer is still owed one; waiting for it to leave (up to half a
-/// second on a slow device) happens on a short-lived thread of its own, so that a drop never
-/// blocks the runtime. That thread lets go of the stream's last reference once the message
+/// One holder of the stream (the whole stream or a half) let go. The last one posts
+/// rsocket's disconnect if the peer is still owed one (without waiting); waiting for it to
+/// leave (up to half a second on a slow device, or for a control slot first) happens on a
+/// short-lived thread of its own, so that a drop never blocks the runtime. That thread lets go of the stream's last reference once the message
 /// left, which tears down the QP, CM id, buffers and fds; a stream that needs no disconnect
 /// is torn down here, by the last reference. A thread that cannot start leaves the teardown
 /// to the last reference without the message: the peer sees the connection's end.
