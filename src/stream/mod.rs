@@ -37,7 +37,9 @@
 //!
 //! Completions and connection events are awaited on tokio's reactor (the CQ's completion
 //! channel and the connection's event channel); the two halves of a split stream share them
-//! and wake each other. Data is copied once on each side: into a registered send buffer (or
+//! and wake each other. A read or write that finds its completions already there takes them
+//! without the reactor, and spends tokio's cooperative budget as a socket's would, so that a
+//! task copying a busy stream yields to the others. Data is copied once on each side: into a registered send buffer (or
 //! inline into the request, up to [`StreamOptions::inline_threshold`]), and out of the
 //! registered receive buffer; the hot path allocates nothing.
 
@@ -334,14 +336,19 @@ macro_rules! impl_io {
                 cx: &mut TaskContext<'_>,
                 buf: &mut ReadBuf<'_>,
             ) -> Poll<io::Result<()>> {
-                lock(&self.core).poll_read(cx, buf)
+                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+                let r = lock(&self.core).poll_read(cx, buf);
+                if r.is_ready() {
+                    coop.made_progress();
+                }
+                r
             }
         }
     };
     (write $t:ty) => {
         impl AsyncWrite for $t {
             fn poll_write(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-                lock(&self.core).poll_write(cx, &[io::IoSlice::new(buf)])
+                self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
             }
 
             fn poll_write_vectored(
@@ -349,7 +356,12 @@ macro_rules! impl_io {
                 cx: &mut TaskContext<'_>,
                 bufs: &[io::IoSlice<'_>],
             ) -> Poll<io::Result<usize>> {
-                lock(&self.core).poll_write(cx, bufs)
+                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+                let r = lock(&self.core).poll_write(cx, bufs);
+                if r.is_ready() {
+                    coop.made_progress();
+                }
+                r
             }
 
             fn is_write_vectored(&self) -> bool {
