@@ -391,7 +391,7 @@ fn a_drop_returns_at_once_and_the_teardown_leaves_nothing() {
         drop(s);
         let took = started.elapsed();
         // A blocking teardown waits up to 500 ms here (rxe's first retry comes later).
-        assert!(took < Duration::from_millis(200), "dropping the stream took {took:?}");
+        assert!(took < Duration::from_millis(300), "dropping the stream took {took:?}");
         println!("drop with a disconnect owed returned in {took:?}");
     });
     leak_check(before);
