@@ -562,9 +562,25 @@ impl RemoteMr {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
         self.mr.check(offset, out.len())?;
         let src = self.mr.addr.wrapping_add(offset);
-        // SAFETY: `out.len()` bytes at `src` are in the region (checked above), which stays
-        // mapped while `self` lives.
-        unsafe { copy_volatile(src, out) };
+        // Word loads where the source is aligned, bytes at either end.
+        let head = src.align_offset(8).min(out.len());
+        let words = (out.len() - head) / 8;
+        for (i, b) in out[..head].iter_mut().enumerate() {
+            // SAFETY: in the region (checked above), which stays mapped while `self` lives;
+            // volatile, so a concurrent device write is not a data race in Rust's model.
+            *b = unsafe { src.add(i).read_volatile() };
+        }
+        for w in 0..words {
+            let at = head + 8 * w;
+            // SAFETY: as above; `src + at` is 8-byte aligned and 8 bytes lie in the range.
+            let v = unsafe { src.add(at).cast::<u64>().read_volatile() };
+            out[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        let tail = head + 8 * words;
+        for (i, b) in out.iter_mut().enumerate().skip(tail) {
+            // SAFETY: as above.
+            *b = unsafe { src.add(i).read_volatile() };
+        }
         Ok(())
     }
 
@@ -849,42 +865,6 @@ impl Drop for Mr {
     }
 }
 
-/// Copies `out.len()` bytes from `src` into `out`, each byte read once with a volatile load
-/// (so a concurrent device write is not a data race in Rust's model): word loads where the
-/// source is 8-byte aligned, four words a step, bytes at either end.
-///
-/// # Safety
-/// `src` must be valid for reads of `out.len()` bytes.
-unsafe fn copy_volatile(src: *const u8, out: &mut [u8]) {
-    let head = src.align_offset(8).min(out.len());
-    let words = (out.len() - head) / 8;
-    for (i, b) in out[..head].iter_mut().enumerate() {
-        // SAFETY: `i < out.len()`: in the readable range (the caller's promise).
-        *b = unsafe { src.add(i).read_volatile() };
-    }
-    let tail = head + 8 * words;
-    let mut at = head;
-    let mut quads = out[head..tail].chunks_exact_mut(32);
-    for quad in &mut quads {
-        // SAFETY: in the range as above; `src + at` is 8-byte aligned and 32 bytes lie there.
-        let v = unsafe { src.add(at).cast::<[u64; 4]>().read_volatile() };
-        for (d, w) in quad.chunks_exact_mut(8).zip(v) {
-            d.copy_from_slice(&w.to_ne_bytes());
-        }
-        at += 32;
-    }
-    for d in quads.into_remainder().chunks_exact_mut(8) {
-        // SAFETY: as above; `src + at` is 8-byte aligned and 8 bytes lie in the range.
-        let v = unsafe { src.add(at).cast::<u64>().read_volatile() };
-        d.copy_from_slice(&v.to_ne_bytes());
-        at += 8;
-    }
-    for (i, b) in out.iter_mut().enumerate().skip(tail) {
-        // SAFETY: as for the head.
-        *b = unsafe { src.add(i).read_volatile() };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -897,24 +877,6 @@ mod tests {
     }
 
     use super::piece_len;
-
-    /// The volatile copy gives the source's bytes at every alignment of the source and every
-    /// length around the four-word step.
-    #[test]
-    fn volatile_copy_at_every_alignment_and_length() {
-        let words: Vec<u64> = (0..40u64)
-            .map(|i| i.wrapping_mul(0x0101_0101_0101_0101) ^ 0xA5C3)
-            .collect();
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        for start in 0..9 {
-            for len in 0..(bytes.len() - start).min(150) {
-                let mut out = vec![0xEEu8; len];
-                // SAFETY: `start + len` is within `words`' bytes.
-                unsafe { super::copy_volatile(words.as_ptr().cast::<u8>().add(start), &mut out) };
-                assert_eq!(out, bytes[start..start + len], "from {start}, {len} bytes");
-            }
-        }
-    }
 
     /// Each piece is `size` bytes but the last, which is what is left, at every region size
     /// the kernel registers: the first piece of a 4 GiB region is not 0 bytes.
