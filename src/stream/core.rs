@@ -217,6 +217,8 @@ pub(crate) struct Core {
     holders: u8,
     /// The disconnect of a dropped stream is posted.
     disconnect_posted: bool,
+    /// The peer's shutdown or disconnect message came.
+    peer_ended: bool,
 }
 
 impl std::fmt::Debug for Core {
@@ -275,6 +277,7 @@ impl Core {
             error: None,
             holders: 1,
             disconnect_posted: false,
+            peer_ended: false,
         })
     }
 
@@ -359,9 +362,11 @@ impl Core {
                     if let Err(e) = result {
                         self.fail(e);
                     }
-                    // The peer went away without its disconnect message: a reset. (Its
-                    // messages before the disconnect were taken above.)
-                    if self.readable && self.down.is_none() {
+                    // The peer's last messages may have completed between the poll above and
+                    // the event: take them before judging how it ended.
+                    self.take_completions();
+                    // The peer went away without its shutdown or disconnect message: a reset.
+                    if !self.peer_ended && self.down.is_none() {
                         self.down = Some(Down::Reset);
                     }
                     self.readable = false;
@@ -435,9 +440,11 @@ impl Core {
                 wire::CTRL_DISCONNECT => {
                     self.readable = false;
                     self.writable = false;
+                    self.peer_ended = true;
                 }
                 wire::CTRL_SHUTDOWN => {
                     self.readable = false;
+                    self.peer_ended = true;
                 }
                 wire::CTRL_KEEPALIVE => {}
                 other => self.fail(Error::malformed(
