@@ -15,7 +15,9 @@
 //! `format_buf` writes and `verify_buf` checks them. `echo-server` echoes one connection to
 //! its end (`tokio::io::copy`); `echo-client` sends `total` bytes of the counter in `chunk`s,
 //! reading each chunk back before the next, and checks every byte. Each prints one line and
-//! exits 0 on success. `-v 0` neither writes nor checks the counter (as `rstream` without
+//! exits 0 on success; `rstream-*` also print the exchange's time as rstream does (both
+//! directions' bytes, microseconds per transfer one way), for `tests/stream/bench.sh`. `-v 0`
+//! neither writes nor checks the counter (as `rstream` without
 //! `-T v`): for counting the stream's own instructions (`tests/stream/callgrind.sh`).
 
 use std::net::SocketAddr;
@@ -128,6 +130,7 @@ async fn rstream(mut s: RdmaStream, client: bool, a: &Args) -> Res<()> {
         recv(&mut s, &mut inc, &mut buf, 16).await?;
         send(&mut s, &mut out, &mut buf, 16).await?;
     }
+    let started = std::time::Instant::now();
     for _ in 0..a.iterations {
         for phase in [client, !client] {
             for _ in 0..a.count {
@@ -139,6 +142,7 @@ async fn rstream(mut s: RdmaStream, client: bool, a: &Args) -> Res<()> {
             }
         }
     }
+    let secs = started.elapsed().as_secs_f64();
     if client {
         s.shutdown().await?;
     }
@@ -147,9 +151,23 @@ async fn rstream(mut s: RdmaStream, client: bool, a: &Args) -> Res<()> {
     if n != 0 {
         return Err(format!("{n} bytes after the exchange").into());
     }
+    if !client {
+        // An orderly close, as rstream's `rshutdown(SHUT_RDWR)` (the disconnect message, sent
+        // and completed before the process ends).
+        s.shutdown().await?;
+    }
     println!(
         "rstream exchange passed: {} bytes sent, {} received and checked",
         out.total, inc.total
+    );
+    // As rstream's `show_perf` reports the exchange after the 16-byte start: both directions'
+    // bytes, and the time of one transfer one way.
+    let bytes = 2 * a.iterations * a.count * a.size;
+    let xfers = (2 * a.iterations * a.count).max(1);
+    println!(
+        "exchange: {bytes} bytes in {secs:.3} s, {:.4} Gb/s, {:.2} usec/xfer",
+        bytes as f64 * 8.0 / secs / 1e9,
+        secs * 1e6 / xfers as f64
     );
     Ok(())
 }

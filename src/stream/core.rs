@@ -179,6 +179,8 @@ pub(crate) struct Core {
     inline: u32,
     wakers: Arc<Wakers>,
     waker: Waker,
+    /// Where the pieces of an inline write spread over several slices are gathered.
+    stage: Box<[u8]>,
     // Sending.
     sseq_no: u16,
     sseq_comp: u16,
@@ -211,6 +213,12 @@ pub(crate) struct Core {
     cm_down: bool,
     down: Option<Down>,
     error: Option<Error>,
+    /// How many of `RdmaStream` and its halves hold this stream (`release`).
+    holders: u8,
+    /// The disconnect of a dropped stream is posted.
+    disconnect_posted: bool,
+    /// The peer's shutdown or disconnect message came.
+    peer_ended: bool,
 }
 
 impl std::fmt::Debug for Core {
@@ -241,6 +249,7 @@ impl Core {
             chunk: r.chunk,
             inline: r.inline,
             waker: Waker::from(wakers.clone()),
+            stage: vec![0; INLINE_MAX].into_boxed_slice(),
             wakers,
             sseq_no: 0,
             sseq_comp: peer.credits,
@@ -266,6 +275,9 @@ impl Core {
             cm_down: false,
             down: None,
             error: None,
+            holders: 1,
+            disconnect_posted: false,
+            peer_ended: false,
         })
     }
 
@@ -292,6 +304,32 @@ impl Core {
     /// Whether control messages may still go out.
     fn connected(&self) -> bool {
         self.down.is_none() && !self.cm_down
+    }
+
+    /// Takes the completions there are without registering for a wake-up: the hot path.
+    /// What it reaps (receives posted again, credits and send slots back) is what the
+    /// registering [`Core::progress`] would reap; a half that then has nothing to do calls
+    /// that one before it returns `Pending`. (A completion it takes after another half armed
+    /// the CQ still raises that half's event.)
+    fn take_completions(&mut self) {
+        let mut wc = std::mem::take(&mut self.wc);
+        loop {
+            match self.cq.get_mut().try_reap(&mut wc) {
+                Err(e) => {
+                    self.fail(e);
+                    break;
+                }
+                Ok(reaped) => {
+                    let full = reaped.len() == WC_BATCH;
+                    self.completions(&reaped);
+                    if !full {
+                        break;
+                    }
+                }
+            }
+        }
+        self.wc = wc;
+        self.update_credits();
     }
 
     /// Takes every completion and connection event there is, registering the halves' shared
@@ -324,9 +362,11 @@ impl Core {
                     if let Err(e) = result {
                         self.fail(e);
                     }
-                    // The peer went away without its disconnect message: a reset. (Its
-                    // messages before the disconnect were taken above.)
-                    if self.readable && self.down.is_none() {
+                    // The peer's last messages may have completed between the poll above and
+                    // the event: take them before judging how it ended.
+                    self.take_completions();
+                    // The peer went away without its shutdown or disconnect message: a reset.
+                    if !self.peer_ended && self.down.is_none() {
                         self.down = Some(Down::Reset);
                     }
                     self.readable = false;
@@ -400,9 +440,11 @@ impl Core {
                 wire::CTRL_DISCONNECT => {
                     self.readable = false;
                     self.writable = false;
+                    self.peer_ended = true;
                 }
                 wire::CTRL_SHUTDOWN => {
                     self.readable = false;
+                    self.peer_ended = true;
                 }
                 wire::CTRL_KEEPALIVE => {}
                 other => self.fail(Error::malformed(
@@ -499,7 +541,12 @@ impl Core {
             return Poll::Ready(Ok(()));
         }
         // Always: receives are posted again only here, and credits granted below count on them.
-        self.progress(cx, Half::Read);
+        self.take_completions();
+        if self.rmsg.is_empty() {
+            // Nothing to read: wait for more (registering for the wake-up), unless it came
+            // meanwhile or the connection ended.
+            self.progress(cx, Half::Read);
+        }
         if self.rmsg.is_empty() {
             if self.down == Some(Down::Reset) || self.error.is_some() {
                 return Poll::Ready(Err(self.down_error(false)));
@@ -581,7 +628,7 @@ impl Core {
         }
         let mut written = 0;
         let (mut slice, mut offset) = (0, 0);
-        let mut polled = false;
+        let (mut reaped, mut polled) = (false, false);
         while written < total {
             if !self.writable {
                 return Poll::Ready(if written > 0 {
@@ -595,8 +642,15 @@ impl Core {
                 if polled || written > 0 {
                     break;
                 }
-                self.progress(cx, Half::Write);
-                polled = true;
+                // First the completions there are; only if they free nothing, the
+                // registering poll (the wake-up for when they do).
+                if reaped {
+                    self.progress(cx, Half::Write);
+                    polled = true;
+                } else {
+                    self.take_completions();
+                    reaped = true;
+                }
                 continue;
             }
             let target = self.target[self.target_sge];
@@ -608,10 +662,21 @@ impl Core {
                 rkey: target.key,
             };
             let posted = if len <= self.inline {
-                let mut stage = [0u8; INLINE_MAX];
-                gather(bufs, &mut slice, &mut offset, &mut stage[..len as usize]);
                 let op = SendOp::RdmaWriteWithImm(remote, wire::imm(wire::OP_DATA, len));
-                self.conn.qp_mut().send_inline(op, &stage[..len as usize])
+                let n = len as usize;
+                let first = &bufs[slice][offset..];
+                if first.len() >= n {
+                    // In one slice: straight from it.
+                    offset += n;
+                    if offset == bufs[slice].len() {
+                        slice += 1;
+                        offset = 0;
+                    }
+                    self.conn.qp_mut().send_inline(op, &first[..n])
+                } else {
+                    gather(bufs, &mut slice, &mut offset, &mut self.stage[..n]);
+                    self.conn.qp_mut().send_inline(op, &self.stage[..n])
+                }
             } else {
                 let mut buf = self.sbufs.pop().expect("checked above");
                 len = len.min(buf.capacity() as u32);
@@ -702,32 +767,69 @@ impl Core {
         self.poll_flush(cx)
     }
 
-    /// Sends rsocket's disconnect if the stream is still up and waits a moment for it to
-    /// leave: the best a drop can do.
-    fn close_best_effort(&mut self) {
-        if !self.connected() || self.closed_fully() {
-            return;
+    /// Counts another holder of the stream (a half of a split).
+    pub(crate) fn hold(&mut self) {
+        self.holders = self.holders.saturating_add(1);
+    }
+
+    /// One holder let go. True when it was the last and the stream still owes the peer
+    /// rsocket's disconnect: posted here already if a control slot is free (so that it is on
+    /// its way even if the process ends right after), and [`Core::close_best_effort`] waits
+    /// for it to leave (and posts it, if no slot was free).
+    pub(crate) fn release(&mut self) -> bool {
+        self.holders = self.holders.saturating_sub(1);
+        if self.holders != 0 || !self.connected() || self.closed_fully() {
+            return false;
         }
+        self.post_disconnect();
+        true
+    }
+
+    /// Posts rsocket's disconnect once, if a control slot is free; whether it is posted.
+    fn post_disconnect(&mut self) -> bool {
+        if self.disconnect_posted {
+            return true;
+        }
+        if !self.ctrl_avail() || !self.connected() {
+            return false;
+        }
+        let at = self.remote_sgl.addr;
+        if self
+            .post_ctrl(wire::imm(wire::OP_CTRL, wire::CTRL_DISCONNECT), at, &[])
+            .is_err()
+        {
+            // The QP refused: the teardown goes on without the message.
+            self.down.get_or_insert(Down::Failed);
+            return false;
+        }
+        self.closed_sent = true;
+        self.disconnect_posted = true;
+        true
+    }
+
+    /// Waits up to half a second for rsocket's disconnect to be posted (for a control slot)
+    /// and to leave: the best a dropped stream can do. Blocks: called on a thread of its own
+    /// (`release` in the module above), never on the runtime's.
+    pub(crate) fn close_best_effort(&mut self) {
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut wc = std::mem::take(&mut self.wc);
-        while !self.ctrl_avail() && Instant::now() < deadline {
-            let reaped = self.cq.get_mut().reap(&mut wc);
-            self.completions(&reaped);
-            std::thread::yield_now();
-        }
-        if self.ctrl_avail() {
-            let at = self.remote_sgl.addr;
-            if self
-                .post_ctrl(wire::imm(wire::OP_CTRL, wire::CTRL_DISCONNECT), at, &[])
-                .is_ok()
-            {
-                self.closed_sent = true;
-                while !self.sent.is_empty() && self.connected() && Instant::now() < deadline {
-                    let reaped = self.cq.get_mut().reap(&mut wc);
-                    self.completions(&reaped);
-                    std::thread::yield_now();
-                }
+        let mut spins = 0u32;
+        let mut settle = |core: &mut Self, wc: &mut [WorkCompletion]| {
+            let reaped = core.cq.get_mut().reap(wc);
+            core.completions(&reaped);
+            // Natively the message leaves within microseconds; on a slow device, sleep.
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
             }
+        };
+        while !self.post_disconnect() && self.connected() && Instant::now() < deadline {
+            settle(self, &mut wc);
+        }
+        while self.disconnect_posted && !self.sent.is_empty() && self.connected() && Instant::now() < deadline {
+            settle(self, &mut wc);
         }
         self.wc = wc;
     }
@@ -735,7 +837,7 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        self.close_best_effort();
+        // The disconnect message went out (or could not) before the last holder let go.
         let _ = self.conn.start_disconnect();
     }
 }

@@ -37,7 +37,9 @@
 //!
 //! Completions and connection events are awaited on tokio's reactor (the CQ's completion
 //! channel and the connection's event channel); the two halves of a split stream share them
-//! and wake each other. Data is copied once on each side: into a registered send buffer (or
+//! and wake each other. A read or write that finds its completions already there takes them
+//! without the reactor, and spends tokio's cooperative budget as a socket's would, so that a
+//! task copying a busy stream yields to the others. Data is copied once on each side: into a registered send buffer (or
 //! inline into the request, up to [`StreamOptions::inline_threshold`]), and out of the
 //! registered receive buffer; the hot path allocates nothing.
 
@@ -197,8 +199,12 @@ impl RdmaListener {
 ///
 /// Reads end (`Ok(0)`) once the peer shut its side down or disconnected in order, after the
 /// data it sent before; a peer that went away without either (a killed process) ends reads
-/// and writes with `ConnectionReset`. Dropping the stream sends rsocket's disconnect (best
-/// effort) and tears down its QP, CM id, buffers and fds.
+/// and writes with `ConnectionReset`. Dropping the stream (the last of its halves) never
+/// blocks: a stream still owed rsocket's disconnect posts it, and a short-lived thread waits
+/// up to half a second for it to leave and then tears down the QP, CM id, buffers and fds; a
+/// stream with nothing owed is torn down at once. A process that exits right after a
+/// drop may cut that thread short (the peer then sees a reset, not the end): shut the stream
+/// down (`AsyncWriteExt::shutdown`) and read to its end for an orderly close.
 #[derive(Debug)]
 pub struct RdmaStream {
     core: Arc<Mutex<Core>>,
@@ -253,12 +259,55 @@ impl RdmaStream {
     /// Splits into a read half and a write half, which may live in different tasks. The
     /// connection lives until both are dropped.
     pub fn into_split(self) -> (RdmaReadHalf, RdmaWriteHalf) {
+        {
+            let mut core = lock(&self.core);
+            core.hold();
+            core.hold();
+        }
+        // `self` lets go of its own hold when it drops here.
         (
             RdmaReadHalf {
                 core: self.core.clone(),
             },
-            RdmaWriteHalf { core: self.core },
+            RdmaWriteHalf {
+                core: self.core.clone(),
+            },
         )
+    }
+}
+
+/// One holder of the stream (the whole stream or a half) let go. The last one posts
+/// rsocket's disconnect if the peer is still owed one (without waiting); waiting for it to
+/// leave (up to half a second on a slow device, or for a control slot first) happens on a
+/// short-lived thread of its own, so that a drop never blocks the runtime. That thread lets go of the stream's last reference once the message
+/// left, which tears down the QP, CM id, buffers and fds; a stream that needs no disconnect
+/// is torn down here, by the last reference. A thread that cannot start leaves the teardown
+/// to the last reference without the message: the peer sees the connection's end.
+fn release(core: &Arc<Mutex<Core>>) {
+    if !lock(core).release() {
+        return;
+    }
+    let core = Arc::clone(core);
+    let _ = std::thread::Builder::new()
+        .name("uverbs-stream-close".into())
+        .spawn(move || lock(&core).close_best_effort());
+}
+
+impl Drop for RdmaStream {
+    fn drop(&mut self) {
+        release(&self.core);
+    }
+}
+
+impl Drop for RdmaReadHalf {
+    fn drop(&mut self) {
+        release(&self.core);
+    }
+}
+
+impl Drop for RdmaWriteHalf {
+    fn drop(&mut self) {
+        release(&self.core);
     }
 }
 
@@ -287,14 +336,19 @@ macro_rules! impl_io {
                 cx: &mut TaskContext<'_>,
                 buf: &mut ReadBuf<'_>,
             ) -> Poll<io::Result<()>> {
-                lock(&self.core).poll_read(cx, buf)
+                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+                let r = lock(&self.core).poll_read(cx, buf);
+                if r.is_ready() {
+                    coop.made_progress();
+                }
+                r
             }
         }
     };
     (write $t:ty) => {
         impl AsyncWrite for $t {
             fn poll_write(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-                lock(&self.core).poll_write(cx, &[io::IoSlice::new(buf)])
+                self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
             }
 
             fn poll_write_vectored(
@@ -302,7 +356,12 @@ macro_rules! impl_io {
                 cx: &mut TaskContext<'_>,
                 bufs: &[io::IoSlice<'_>],
             ) -> Poll<io::Result<usize>> {
-                lock(&self.core).poll_write(cx, bufs)
+                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+                let r = lock(&self.core).poll_write(cx, bufs);
+                if r.is_ready() {
+                    coop.made_progress();
+                }
+                r
             }
 
             fn is_write_vectored(&self) -> bool {

@@ -204,6 +204,10 @@ pub fn guest_suite(extra: &[String], native: bool) -> Result<Suite> {
         }
         Err(e) => failures.push(format!("build: {e}")),
     }
+    match release_stream_echo() {
+        Ok(item) => items.push(item),
+        Err(e) => failures.push(format!("build: {e}")),
+    }
     let mut c = cargo();
     // Examples and every library, the libibverbs provider cdylib among them: guest scripts
     // run them.
@@ -365,6 +369,47 @@ fn test_binaries() -> Result<Vec<(String, String)>> {
     Ok(bins)
 }
 
+/// The test in `tests/stream.rs` that runs at full size from a release build.
+const STREAM_ECHO_TEST: &str = "copy_echo_over_concurrent_connections_checks_every_byte";
+
+/// `tests/stream.rs`'s echo at the size its acceptance asks for (10 connections x 100 MiB
+/// each way, every byte checked), from a release build of the test: the debug build moves
+/// under 1 MiB/s under TCG, the release build about ten times that (docs/test-guest.md).
+fn release_stream_echo() -> Result<Item> {
+    let mut c = cargo();
+    c.args([
+        "test",
+        "--release",
+        "-p",
+        "uverbs",
+        "--test",
+        "stream",
+        "--no-run",
+        "--message-format=json",
+    ]);
+    let exe = json::cargo_executables(&mut c)?
+        .into_iter()
+        .find(|e| e.is("test") && e.name == "stream")
+        .ok_or_else(|| crate::error::Error::msg("the release build of tests/stream.rs made no test binary"))?;
+    Ok(stream_echo_item(exe.path))
+}
+
+fn stream_echo_item(exe: String) -> Item {
+    Item {
+        name: "test stream (release: echo, 10 connections x 100 MiB)".into(),
+        argv: vec![
+            "env".into(),
+            "UVERBS_STREAM_CONNS=10".into(),
+            "UVERBS_STREAM_MIB=100".into(),
+            exe,
+            "--test-threads=1".into(),
+            "--exact".into(),
+            STREAM_ECHO_TEST.into(),
+            "--nocapture".into(),
+        ],
+    }
+}
+
 /// Executable `tests/guest/*.sh`, sorted, each run through `/bin/sh`.
 fn scripts() -> Result<Vec<Item>> {
     let dir = paths::root().join("tests/guest");
@@ -481,6 +526,18 @@ fn run_in_guest(items: &[Item], timeout: u32) -> (Vec<Outcome>, Option<String>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_release_stream_echo_runs_the_full_size_on_its_own() {
+        let item = stream_echo_item("/t/stream-abc".into());
+        let s = guest_script(&[item], 600);
+        assert!(
+            s.contains(&format!(
+                "env UVERBS_STREAM_CONNS=10 UVERBS_STREAM_MIB=100 /t/stream-abc --test-threads=1 --exact {STREAM_ECHO_TEST} --nocapture\n"
+            )),
+            "{s}"
+        );
+    }
 
     #[test]
     fn guest_script_runs_items_in_order() {
