@@ -2632,7 +2632,7 @@ fn random_safe_calls_lose_no_buffer_and_never_panic() {
         (Some(_), _) => env_u64("UVERBS_SAFE_FUZZ_ROUNDS", 0),
         (None, Some(_)) => u64::MAX,
         (None, None) => match driver(&open_test_device()) {
-            common::Driver::Rxe => DEFAULT_ROUNDS_RXE,
+            common::Driver::Rxe | common::Driver::Siw => DEFAULT_ROUNDS_RXE,
             common::Driver::Mlx5 => DEFAULT_ROUNDS_MLX5,
         },
     };
