@@ -359,7 +359,10 @@ impl Cq {
     ///
     /// Some devices mark the switch with an entry of their own in the old ring: there a CQ
     /// whose ring is full is refused ([`Error::InvalidArgument`], the CQ unchanged); poll,
-    /// then resize.
+    /// then resize. That check sees the completions queued when it runs: where a QP can still
+    /// complete into the CQ during the resize, the ring can fill after it and the resize fails
+    /// with [`Error::Malformed`], the completions queued lost; resize a CQ nothing completes
+    /// into meanwhile.
     pub fn resize(&mut self, cqe: u32) -> Result<()> {
         self.owner.check("RESIZE_CQ")?;
         let ctx = self.inner.ctx.clone();

@@ -636,12 +636,17 @@ impl Qp {
         };
         let r: QueryQpResp = self.ctx().write_cmd("QUERY_QP", abi::cmd::QUERY_QP, &req)?;
         let (mut state, mut cur_state) = (qp_state(r.qp_state)?, qp_state(r.cur_qp_state)?);
-        // The kernel moves a QP to RESET only on a MODIFY_QP, which goes through this side:
-        // RESET reported for a QP tracked elsewhere is a driver that leaves the state out of
-        // its answer (siw fills neither field, docs/kernel-facts.md), and the tracked state
-        // stands.
-        if state == QpState::Reset && self.state != QpState::Reset {
-            (state, cur_state) = (self.state, self.state);
+        // The kernel moves a QP into or out of RESET only on a MODIFY_QP, which goes through
+        // this side. So RESET reported for a QP tracked elsewhere is a driver that leaves the
+        // state out of its answer (6.1's siw fills neither field), and a QP tracked in RESET
+        // is still there whatever is reported (6.12's siw reports its idle state as INIT);
+        // the tracked state stands (docs/kernel-facts.md).
+        if (state == QpState::Reset) != (self.state == QpState::Reset) {
+            state = self.state;
+        }
+        // A driver that fills the state but not the current state (6.12's siw).
+        if cur_state == QpState::Reset && state != QpState::Reset {
+            cur_state = state;
         }
         self.set_state(state);
         let info = QpInfo {
