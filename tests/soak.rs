@@ -491,10 +491,13 @@ impl Soak {
             eprintln!("unexpected send completion {seq} on QP {q} (not pending): {wc:?}");
             return;
         };
-        // In posting order; where the device completes READs apart from the rest, in posting
-        // order among the READs and among the rest.
-        let class = |p: &Pending| sent_completes && p.kind == Kind::Read;
-        if let Some(due) = s.pending.iter().take(at).find(|p| class(p) == class(&s.pending[at])) {
+        // In posting order; where the device completes the rest once sent and READs when
+        // their response came, a later request may overtake a READ but nothing else: a READ
+        // goes out only after every earlier request was sent (so completed), and the rest
+        // complete in the order they are sent.
+        let late_read = |p: &Pending| sent_completes && p.kind == Kind::Read;
+        let this_read = late_read(&s.pending[at]);
+        if let Some(due) = s.pending.iter().take(at).find(|p| this_read || !late_read(p)) {
             t.out_of_order += 1;
             eprintln!("send completion {seq} on QP {q} while {} was due: {wc:?}", due.seq);
             return;
