@@ -125,7 +125,10 @@ fn a_queried_qp_reports_the_state_it_is_in() {
     let end = End::new(&ctx);
     let mut qp = end.qp();
     let attr = qp.query().unwrap().attr;
-    assert_eq!((attr.state, attr.cur_state), (Some(QpState::Reset), Some(QpState::Reset)));
+    assert_eq!(
+        (attr.state, attr.cur_state),
+        (Some(QpState::Reset), Some(QpState::Reset))
+    );
     assert_eq!(qp.state(), QpState::Reset);
     qp.to_init(1, AccessFlags::LOCAL_WRITE).unwrap();
     let attr = qp.query().unwrap().attr;

@@ -84,7 +84,11 @@ fn limit_event_fires_once_when_the_srq_runs_low() {
         Driver::Siw => 10,
         Driver::Rxe | Driver::Mlx5 => 0,
     };
-    assert_eq!(s.srq.query().unwrap().srq_limit, limit, "disarmed after firing");
+    assert_eq!(
+        s.srq.query().unwrap().srq_limit,
+        limit,
+        "the limit QUERY_SRQ reports after the event"
+    );
     assert_eq!(s.ctx.get_async_event(Some(Duration::ZERO)).unwrap(), None, "fired once");
     // Explicit destroy: refused while QPs use the SRQ; afterwards the kernel reports the one
     // async event it delivered for it.
