@@ -227,20 +227,33 @@ fn write_to_mr_without_remote_write_is_rem_access_err() {
         addr: read_only.addr(),
         rkey: read_only.rkey(),
     };
-    unsafe { p.a.qp.post_send(&[SendWr::new(99, SendOp::RdmaWrite(target), &[sge])]) }.unwrap();
-    let c = poll_n(&mut p.a.cq, 1, 4)[0];
     if driver(&p.ctx) == Driver::Siw {
         // siw completes a WRITE once sent (docs/kernel-facts.md): SUCCESS at the requester;
-        // the peer refuses the placement and ends the connection with a TERMINATE.
+        // the peer refuses the placement and ends the connection with a TERMINATE, so a READ
+        // posted behind the WRITE is never answered: it completes in error.
+        let readable = Remote {
+            addr: p.b.mr.addr(),
+            rkey: p.b.mr.rkey(),
+        };
+        let into = p.a.mr.sge(64, 64).unwrap();
+        let wrs = [
+            SendWr::new(99, SendOp::RdmaWrite(target), std::slice::from_ref(&sge)),
+            SendWr::new(100, SendOp::RdmaRead(readable), std::slice::from_ref(&into)),
+        ];
+        unsafe { p.a.qp.post_send(&wrs) }.unwrap();
+        let c = poll_n(&mut p.a.cq, 2, 4);
         assert_eq!(
-            (c.wr_id, c.status, c.qp_num),
+            (c[0].wr_id, c[0].status, c[0].qp_num),
             (99, WcStatus::SUCCESS, p.a.qp.qpn()),
             "{c:?}"
         );
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(c[1].wr_id, 100, "{c:?}");
+        assert_ne!(c[1].status, WcStatus::SUCCESS, "the connection ended: {c:?}");
         assert!(read_only.as_slice().iter().all(|&b| b == 0), "nothing written");
         return;
     }
+    unsafe { p.a.qp.post_send(&[SendWr::new(99, SendOp::RdmaWrite(target), &[sge])]) }.unwrap();
+    let c = poll_n(&mut p.a.cq, 1, 4)[0];
     assert_eq!(
         (c.wr_id, c.status, c.qp_num),
         (99, WcStatus::REM_ACCESS_ERR, p.a.qp.qpn()),
