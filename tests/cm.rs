@@ -1469,6 +1469,29 @@ fn accepting_a_request_whose_client_gave_up_is_a_typed_error() {
     assert_no_cm_ids();
 }
 
+/// Connects to `addr` with a connect timeout of `limit` that the kernel is expected to beat:
+/// prints `what` and the outcome, checks the kernel ended the request with `UNREACHABLE`, and
+/// returns how long that took.
+fn connect_until_unreachable(addr: SocketAddr, limit: Duration, what: &str) -> Duration {
+    let connector = Connector::resolve(addr, T).unwrap();
+    let side = Side::new(&connector.context().unwrap());
+    let start = std::time::Instant::now();
+    let failed = connector.connect(side.qp(), &ConnParam::default(), limit).unwrap_err();
+    let took = start.elapsed();
+    println!("{what}: {} after {took:?}", failed.error);
+    assert!(
+        matches!(
+            failed.error,
+            Error::CmEvent {
+                event: "UNREACHABLE",
+                ..
+            }
+        ),
+        "{failed}"
+    );
+    took
+}
+
 /// How long the kernel itself takes to end a connect request nobody answers (an address on
 /// the NOARP dummy netdev with no host behind it): minutes, which is why every connect here
 /// has a timeout of its own. Ignored: it runs for about two minutes (docs/rdma-cm.md).
@@ -1480,24 +1503,7 @@ fn the_kernel_ends_an_unanswered_connect_request() {
     };
     let [a, b, c, d] = ip.octets();
     let addr = SocketAddr::new(IpAddr::from([a, b, c, d.wrapping_add(97)]), 7545);
-    let connector = Connector::resolve(addr, T).unwrap();
-    let side = Side::new(&connector.context().unwrap());
-    let start = std::time::Instant::now();
-    let failed = connector
-        .connect(side.qp(), &ConnParam::default(), Duration::from_secs(400))
-        .unwrap_err();
-    let took = start.elapsed();
-    println!("an unanswered connect request: {} after {took:?}", failed.error);
-    assert!(
-        matches!(
-            failed.error,
-            Error::CmEvent {
-                event: "UNREACHABLE",
-                ..
-            }
-        ),
-        "{failed}"
-    );
+    let took = connect_until_unreachable(addr, Duration::from_secs(400), "an unanswered connect request");
     assert!(took > Duration::from_secs(60), "{took:?}");
 }
 
@@ -1512,26 +1518,10 @@ fn the_kernel_ends_an_unanswered_connect_request() {
 fn the_kernel_ends_a_connect_request_the_listener_never_answers() {
     let addr = cm_addr(7546);
     let listener = Listener::bind(addr).unwrap();
-    let connector = Connector::resolve(addr, T).unwrap();
-    let side = Side::new(&connector.context().unwrap());
-    let start = std::time::Instant::now();
-    let failed = connector
-        .connect(side.qp(), &ConnParam::default(), Duration::from_secs(1800))
-        .unwrap_err();
-    let took = start.elapsed();
-    println!(
-        "a connect request the listener never answers: {} after {took:?}",
-        failed.error
-    );
-    assert!(
-        matches!(
-            failed.error,
-            Error::CmEvent {
-                event: "UNREACHABLE",
-                ..
-            }
-        ),
-        "{failed}"
+    let took = connect_until_unreachable(
+        addr,
+        Duration::from_secs(1800),
+        "a connect request the listener never answers",
     );
     assert!(took > Duration::from_secs(240), "{took:?}");
     drop(listener);

@@ -311,6 +311,20 @@ fn child_sender() {
     });
 }
 
+/// Listens on `addr`, starts this test binary's `child_sender` as a child process sending to
+/// it, and accepts the child's stream. The listener is returned to be kept as long as the stream.
+async fn accept_child_sender(addr: SocketAddr) -> (RdmaListener, std::process::Child, RdmaStream) {
+    let listener = RdmaListener::bind(addr).unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_sender", "--nocapture", "--test-threads=1"])
+        .env("UVERBS_STREAM_CHILD", addr.to_string())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (s, _) = tokio::time::timeout(T, listener.accept()).await.unwrap().unwrap();
+    (listener, child, s)
+}
+
 /// A peer process killed while it sends: the reader gets the bytes that came (each checked),
 /// then `ConnectionReset` or the end of the stream, within seconds; nothing is left behind.
 #[test]
@@ -318,14 +332,7 @@ fn a_peer_killed_mid_transfer_is_a_reset_or_end() {
     let addr = cm_addr(7607);
     let before = kernel_footprint();
     runtime().block_on(async {
-        let listener = RdmaListener::bind(addr).unwrap();
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_sender", "--nocapture", "--test-threads=1"])
-            .env("UVERBS_STREAM_CHILD", addr.to_string())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let (mut s, _) = tokio::time::timeout(T, listener.accept()).await.unwrap().unwrap();
+        let (_listener, mut child, mut s) = accept_child_sender(addr).await;
         let mut buf = vec![0u8; 64 << 10];
         let mut pos = 0u64;
         let mut killed = false;
@@ -368,14 +375,7 @@ fn a_drop_returns_at_once_and_the_teardown_leaves_nothing() {
     let addr = cm_addr(7608);
     let before = kernel_footprint();
     runtime().block_on(async {
-        let listener = RdmaListener::bind(addr).unwrap();
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_sender", "--nocapture", "--test-threads=1"])
-            .env("UVERBS_STREAM_CHILD", addr.to_string())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let (mut s, _) = tokio::time::timeout(T, listener.accept()).await.unwrap().unwrap();
+        let (_listener, mut child, mut s) = accept_child_sender(addr).await;
         let mut buf = vec![0u8; 64 << 10];
         let mut pos = 0u64;
         while pos < 256 << 10 {

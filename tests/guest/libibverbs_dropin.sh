@@ -7,50 +7,9 @@
 # the last line counts them.
 set -eu
 
-target=${UVERBS_TARGET_DIR:-target}
-lib="$target/debug/libuverbs_rxe.so"
 dev=rxe0
-passed=0
-failed=0
-
-if [ ! -f "$lib" ]; then
-    echo "FAIL provider not built: $lib is missing (run: cargo build -p uverbs-libibverbs)"
-    echo "libibverbs_dropin: 0 passed, 1 failed"
-    exit 1
-fi
-
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# libibverbs loads `<path>-rdmav34.so` for an absolute RDMAV_DRIVERS entry `<path>`.
-ln -s "$(cd "$(dirname "$lib")" && pwd)/libuverbs_rxe.so" "$work/libuverbs_rxe-rdmav34.so"
-RUST="env RDMAV_DRIVERS=$work/libuverbs_rxe UVERBS_PROVIDER_VERBOSE=1"
-C="env"
-
-pass() { passed=$((passed + 1)); echo "PASS $*"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL $*"
-    for f in "$work"/*.out; do
-        [ -f "$f" ] || continue
-        echo "---- $(basename "$f")"
-        tail -n 15 "$f"
-    done
-}
-
-# Waits (up to 20 s) for a server to listen on TCP port $1.
-wait_port() {
-    i=0
-    while [ $i -lt 100 ]; do
-        if command -v ss >/dev/null 2>&1; then
-            ss -ltn 2>/dev/null | grep -q ":$1 " && return 0
-        else
-            [ $i -ge 10 ] && return 0
-        fi
-        sleep 0.2
-        i=$((i + 1))
-    done
-    return 0
-}
+suite=libibverbs_dropin
+. "$(dirname "$0")/lib/dropin.sh"
 
 # Whether output file $1 shows the Rust provider drove the device.
 rust_ran() { grep -q "^uverbs_rxe: opened $dev" "$1"; }

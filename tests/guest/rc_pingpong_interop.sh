@@ -26,21 +26,16 @@ fi
 logs=$(mktemp -d "${TMPDIR:-/tmp}/rc_pingpong_interop.XXXXXX")
 trap 'rm -rf "$logs"' EXIT
 
-# Waits (up to 30 s) until something listens on TCP port $1, while process $2 lives.
-wait_listen() {
-    hex=$(printf '%04X' "$1")
-    n=0
-    while [ "$n" -lt 300 ]; do
-        if grep -Eq "^ *[0-9]+: [0-9A-F]+:$hex [0-9A-F]+:0000 0A " \
-            /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
-            return 0
-        fi
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        n=$((n + 1))
-    done
-    return 1
+. "$(dirname "$0")/lib/poll.sh"
+
+# Whether a TCP socket listens on port $1 (state 0A in /proc/net/tcp*).
+tcp_listens() {
+    grep -Eq "^ *[0-9]+: [0-9A-F]+:$(printf '%04X' "$1") [0-9A-F]+:0000 0A " \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
+
+# Waits (up to 30 s) until something listens on TCP port $1, while process $2 lives.
+wait_listen() { poll_until 30 "$2" tcp_listens "$1"; }
 
 show() {
     echo "---- $1:"

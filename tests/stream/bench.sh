@@ -15,27 +15,8 @@
 # are the emulated CPU's: not evidence of native speed.
 set -eu
 
-target=${UVERBS_TARGET_DIR:-$PWD/target}
-peer=$target/release/examples/rstream_peer
-addr=${UVERBS_CM_ADDR:?the test guest sets UVERBS_CM_ADDR}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh"
 port=7930
-
-# Waits until something listens on port $1: a cm_id ($2 = rdma) or a TCP socket ($2 = tcp).
-wait_listen() {
-    i=0
-    while :; do
-        if [ "$2" = rdma ]; then
-            rdma resource show cm_id | grep "state LISTEN" | grep -q "src-addr [0-9.]*:$1 " && return
-        else
-            ss -ltn | grep -q ":$1 " && return
-        fi
-        i=$((i + 1))
-        [ $i -le 600 ] || { echo "FAIL: nothing listens on port $1" >&2; exit 1; }
-        sleep 0.1
-    done
-}
 
 # One exchange: $1 rust|c|tcp, $2 size, $3 count, $4 iterations. Prints "MiB/s usec/xfer"
 # (both directions' bytes over the exchange's time, as rstream counts them).

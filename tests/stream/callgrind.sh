@@ -13,21 +13,8 @@
 # Prints a Markdown table (docs/benchmarks.md has the last one).
 set -eu
 
-target=${UVERBS_TARGET_DIR:-$PWD/target}
-peer=$target/release/examples/rstream_peer
-addr=${UVERBS_CM_ADDR:?the test guest sets UVERBS_CM_ADDR}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh"
 port=7900
-
-wait_listen() {
-    i=0
-    while ! rdma resource show cm_id | grep "state LISTEN" | grep -q "src-addr [0-9.]*:$1 "; do
-        i=$((i + 1))
-        [ $i -le 600 ] || { echo "FAIL: nothing listens on port $1" >&2; exit 1; }
-        sleep 0.1
-    done
-}
 
 # Total instructions of one client run: $1 rust|c, $2 size, $3 count, $4 iterations, $5 the
 # port (fresh each run).
@@ -35,7 +22,7 @@ count() {
     port=$5
     timeout 600 rstream -b "$addr" -p $port -S "$2" -C "$3" -I "$4" -T b >"$work/server.out" 2>&1 &
     spid=$!
-    wait_listen $port
+    wait_listen $port rdma
     if [ "$1" = rust ]; then
         set -- "$peer" rstream-client "$addr:$port" -S "$2" -C "$3" -I "$4" -v 0
     else

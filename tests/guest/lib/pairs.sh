@@ -11,6 +11,8 @@
 
 : "${pair_seconds:=240}" "${listen_seconds:=60}"
 
+. "$(dirname "$0")/lib/poll.sh"
+
 logs=$(mktemp -d "${TMPDIR:-/tmp}/$(basename "$0" .sh).XXXXXX")
 trap 'rm -rf "$logs"' EXIT
 failures=0
@@ -35,19 +37,11 @@ need_commands() {
     done
 }
 
+# Whether an rdma_cm id listens on port $1.
+cm_listens() { rdma resource show cm_id | grep -q "state LISTEN .*src-addr [^ ]*:$1 "; }
+
 # Waits (up to $listen_seconds) until an rdma_cm id listens on port $1, while process $2 lives.
-wait_listen() {
-    n=0
-    while [ "$n" -lt $((listen_seconds * 10)) ]; do
-        if rdma resource show cm_id | grep -q "state LISTEN .*src-addr [^ ]*:$1 "; then
-            return 0
-        fi
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        n=$((n + 1))
-    done
-    return 1
-}
+wait_listen() { poll_until "$listen_seconds" "$2" cm_listens "$1"; }
 
 # Shows a log, each line cut at 120 characters (rping -v prints whole buffers).
 show() {
