@@ -642,11 +642,7 @@ impl Qp {
         // is still there whatever is reported (6.12's siw reports its idle state as INIT);
         // the tracked state stands (docs/kernel-facts.md).
         if (state == QpState::Reset) != (self.state == QpState::Reset) {
-            state = self.state;
-        }
-        // A driver that fills the state but not the current state (6.12's siw).
-        if cur_state == QpState::Reset && state != QpState::Reset {
-            cur_state = state;
+            (state, cur_state) = (self.state, self.state);
         }
         self.set_state(state);
         let info = QpInfo {
