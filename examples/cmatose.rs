@@ -335,10 +335,10 @@ impl Test {
     }
 
     /// `cma_handler`: one event.
-    fn handle(&mut self, mut event: CmEvent, o: &Options) -> Result<()> {
+    fn handle(&mut self, event: &mut CmEvent, o: &Options) -> Result<()> {
         match event.kind {
             CmEventKind::ADDR_RESOLVED => {
-                let node = self.node(&event)?;
+                let node = self.node(event)?;
                 set_options(&o.cm_options(true), |option| node.id.set_option(option));
                 if let Err(e) = node.id.resolve_route(RESOLVE) {
                     self.connects_left = self.connects_left.saturating_sub(1);
@@ -346,8 +346,9 @@ impl Test {
                 }
             }
             CmEventKind::ROUTE_RESOLVED => {
-                let node = self.node(&event)?;
-                let mut verbs = Verbs::new(&node.id.context()?, o)?;
+                let node = self.node(event)?;
+                // Made in its place in the node (no move of the QP and CQs afterwards).
+                let verbs = node.verbs.insert(Verbs::new(&node.id.context()?, o)?);
                 node.id.init_qp(&mut verbs.qp)?;
                 verbs.post_recvs(o)?;
                 // cmatose's parameters: one read each way, 5 retries, no RNR retry.
@@ -362,14 +363,13 @@ impl Test {
                     ..Default::default()
                 };
                 node.id.connect(&mut verbs.qp, &param)?;
-                node.verbs = Some(verbs);
             }
             CmEventKind::CONNECT_RESPONSE => {
                 // librdmacm completes the active side itself and reports ESTABLISHED.
-                let node = self.node(&event)?;
+                let node = self.node(event)?;
                 let verbs = node.verbs.as_mut().ok_or("a response for a connection without a QP")?;
                 node.id.establish(&mut verbs.qp)?;
-                self.established(&event)?;
+                self.established(event)?;
             }
             CmEventKind::CONNECT_REQUEST => {
                 let mut req = event.take_request().ok_or("a connect request without its new id")?;
@@ -392,11 +392,11 @@ impl Test {
             }
             CmEventKind::ESTABLISHED => {
                 // iWARP: the kernel moved the QP to RTS; record it before posting.
-                let node = self.node(&event)?;
+                let node = self.node(event)?;
                 if let Some(verbs) = node.verbs.as_mut() {
                     node.id.established(&mut verbs.qp)?;
                 }
-                self.established(&event)?;
+                self.established(event)?;
             }
             CmEventKind::ADDR_ERROR
             | CmEventKind::ROUTE_ERROR
@@ -410,7 +410,7 @@ impl Test {
             }
             CmEventKind::DISCONNECTED => {
                 // Answer the peer's disconnect (the QP to ERR, DISCONNECT), once.
-                let node = self.node(&event)?;
+                let node = self.node(event)?;
                 if node.connected {
                     node.disconnect()?;
                 }
@@ -435,8 +435,8 @@ impl Test {
     /// Handles events until every connection is up (or one failed).
     fn connect_events(&mut self, o: &Options) -> Result<()> {
         while self.connects_left > 0 {
-            let event = self.channel.get_event(Some(STALL))?;
-            self.handle(event, o)?;
+            let mut event = self.channel.get_event(Some(STALL))?;
+            self.handle(&mut event, o)?;
         }
         Ok(())
     }
@@ -444,8 +444,8 @@ impl Test {
     /// Handles events until every connection is down.
     fn disconnect_events(&mut self, o: &Options) -> Result<()> {
         while self.disconnects_left > 0 {
-            let event = self.channel.get_event(Some(STALL))?;
-            self.handle(event, o)?;
+            let mut event = self.channel.get_event(Some(STALL))?;
+            self.handle(&mut event, o)?;
         }
         Ok(())
     }

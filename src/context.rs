@@ -168,7 +168,7 @@ impl ContextInner {
     /// Starts an ioctl call on this context's device (inlined: the call is built in place).
     #[inline]
     pub(crate) fn ioctl<'a>(&self, object: u16, method: u16) -> Ioctl<'a> {
-        Ioctl::new(self.driver_id, object, method).owned_by(self.owner)
+        Ioctl::with_owner(self.driver_id, object, method, Some(self.owner))
     }
 
     /// Runs a `write()` command whose only user address is its response.

@@ -1,7 +1,7 @@
 //! The event channel: one open of `/dev/infiniband/rdma_cm`, the ids created on it, and the
 //! events the kernel queues for them.
 
-use super::event::{CmEvent, CmEventKind};
+use super::event::CmEvent;
 use super::id::CmId;
 use crate::error::{Error, Result, Verb};
 use crate::sys::ucma::{self, CreateId, EventResp, GetEvent, ABI_VERSIONS, PS_TCP};
@@ -139,33 +139,37 @@ impl EventChannel {
     #[inline]
     pub fn try_get_event(&self) -> Result<Option<CmEvent>> {
         let mut raw = EventResp::new_zeroed();
-        loop {
-            match ucma::execute_into(self.inner.fd(), &GetEvent::default(), &mut raw) {
-                Ok(()) => break,
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Ok(None),
-                Err(e) => return Err(Error::kernel("GET_EVENT", e)),
-            }
+        if !self.read_event(&mut raw)? {
+            return Ok(None);
         }
-        let mut event = CmEvent::from_abi(&raw);
-        if event.kind == CmEventKind::CONNECT_REQUEST {
-            // The new id belongs to this channel until it is accepted or rejected; dropping
-            // the request destroys it.
-            event.attach_request(&self.inner, raw.id);
-        }
-        Ok(Some(event))
+        Ok(Some(CmEvent::decode(&raw, Some(&self.inner))))
     }
 
     /// Waits for the next event, at most `timeout` (forever with `None`).
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<CmEvent> {
+        let mut raw = EventResp::new_zeroed();
         // The clock is read only once there is something to wait for.
         let mut deadline = None;
         loop {
-            if let Some(event) = self.try_get_event()? {
-                return Ok(event);
+            if self.read_event(&mut raw)? {
+                // Decoded straight into the value returned (no event is moved on the way).
+                return Ok(CmEvent::decode(&raw, Some(&self.inner)));
             }
             let deadline = *deadline.get_or_insert_with(|| timeout.map(|t| Instant::now() + t));
             self.wait_readable("get_event", deadline, timeout.unwrap_or_default())?;
+        }
+    }
+
+    /// Reads the next queued event into `raw`: false at once if there is none (`EAGAIN`).
+    #[inline]
+    fn read_event(&self, raw: &mut EventResp) -> Result<bool> {
+        loop {
+            match ucma::execute_into(self.inner.fd(), &GetEvent::default(), raw) {
+                Ok(()) => return Ok(true),
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return Ok(false),
+                Err(e) => return Err(Error::kernel("GET_EVENT", e)),
+            }
         }
     }
 

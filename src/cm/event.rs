@@ -98,7 +98,17 @@ pub struct CmEvent {
 }
 
 impl CmEvent {
+    #[cfg(test)]
     pub(crate) fn from_abi(raw: &EventResp) -> Self {
+        Self::decode(raw, None)
+    }
+
+    /// The event `raw` holds; a `CONNECT_REQUEST` on `channel` (given) carries its new id,
+    /// which belongs to that channel until it is accepted or rejected (dropping the request
+    /// destroys it). Inlined, so that the event is written where the caller returns it: an
+    /// event is a few hundred bytes (the private data), and every copy of it costs.
+    #[inline(always)]
+    pub(crate) fn decode(raw: &EventResp, channel: Option<&Arc<ChannelInner>>) -> Self {
         let kind = CmEventKind(raw.event);
         // The union holds `rdma_ucm_conn_param` for every connected-mode event.
         // Read in place (the union is 4-byte aligned in the response, as the struct needs).
@@ -110,30 +120,31 @@ impl CmEvent {
                 &zeroed
             }
         };
+        let conn = ConnInfo {
+            qp_num: p.qp_num,
+            srq: p.srq != 0,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            flow_control: p.flow_control != 0,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+        };
+        let request = match channel {
+            Some(channel) if kind == CmEventKind::CONNECT_REQUEST => Some(Box::new(ConnectRequest {
+                id: CmId::new(channel.clone(), raw.id, super::channel::new_uid()),
+                private_data: PrivateData::new(&p.private_data, p.private_data_len),
+                conn,
+            })),
+            _ => None,
+        };
         Self {
             kind,
             status: raw.status as i32,
             uid: raw.uid,
             private_data: PrivateData::new(&p.private_data, p.private_data_len),
-            conn: ConnInfo {
-                qp_num: p.qp_num,
-                srq: p.srq != 0,
-                responder_resources: p.responder_resources,
-                initiator_depth: p.initiator_depth,
-                flow_control: p.flow_control != 0,
-                retry_count: p.retry_count,
-                rnr_retry_count: p.rnr_retry_count,
-            },
-            request: None,
+            conn,
+            request,
         }
-    }
-
-    pub(crate) fn attach_request(&mut self, channel: &Arc<ChannelInner>, new_id: u32) {
-        self.request = Some(Box::new(ConnectRequest {
-            id: CmId::new(channel.clone(), new_id, super::channel::new_uid()),
-            private_data: self.private_data,
-            conn: self.conn,
-        }));
     }
 
     /// For `CONNECT_REQUEST`: the request, with the new id. Taken once; a request dropped

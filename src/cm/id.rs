@@ -116,14 +116,22 @@ impl Default for ConnParam<'_> {
 }
 
 impl ConnParam<'_> {
-    fn to_abi(self, verb: Verb, qp_num: u32, responder_resources: u8, initiator_depth: u8) -> Result<AbiConnParam> {
+    /// Writes the parameters into `p`, which the caller zeroed (in the command it sends:
+    /// the private data area is a few hundred bytes, not to be copied again).
+    fn write_abi(
+        &self,
+        p: &mut AbiConnParam,
+        verb: Verb,
+        qp_num: u32,
+        responder_resources: u8,
+        initiator_depth: u8,
+    ) -> Result<()> {
         if self.retry_count > 7 || self.rnr_retry_count > 7 {
             return Err(Error::invalid(verb, "retry_count and rnr_retry_count are 0 to 7"));
         }
         if self.ack_timeout.is_some_and(|t| t > 31) {
             return Err(Error::invalid(verb, "ack_timeout is 0 to 31"));
         }
-        let mut p = AbiConnParam::new_zeroed();
         p.qp_num = qp_num;
         p.private_data[..self.private_data.len()].copy_from_slice(self.private_data);
         p.private_data_len = self.private_data.len() as u8;
@@ -133,7 +141,7 @@ impl ConnParam<'_> {
         p.retry_count = self.retry_count;
         p.rnr_retry_count = self.rnr_retry_count;
         p.valid = 1;
-        Ok(p)
+        Ok(())
     }
 }
 
@@ -465,17 +473,13 @@ impl CmId {
         let (max_rr, max_depth) = bound.rd_atom(qp)?;
         let rr = param.responder_resources.unwrap_or(u8::MAX).min(max_rr);
         let depth = param.initiator_depth.unwrap_or(u8::MAX).min(max_depth);
-        let conn_param = param.to_abi("connect", qp.qpn(), rr, depth)?;
+        let mut req = Connect::new_zeroed();
+        param.write_abi(&mut req.conn_param, "connect", qp.qpn(), rr, depth)?;
+        req.id = self.id;
         self.rts_ack_timeout = param.ack_timeout;
         if qp.state() == QpState::Reset {
             self.move_qp(qp, QpState::Init, None, None)?;
         }
-        let req = Connect {
-            conn_param,
-            id: self.id,
-            reserved: 0,
-            ece: Ece::default(),
-        };
         ucma::call(self.channel.fd(), &req, ())
     }
 
@@ -616,7 +620,9 @@ impl ConnectRequest {
             .initiator_depth
             .unwrap_or(self.conn.initiator_depth)
             .min(max_depth);
-        let conn_param = param.to_abi("accept", qp.qpn(), rr, depth)?;
+        let mut req = Accept::new_zeroed();
+        param.write_abi(&mut req.conn_param, "accept", qp.qpn(), rr, depth)?;
+        (req.uid, req.id) = (self.id.uid, self.id.id);
         let accepted = (|| {
             if qp.state() == QpState::Reset {
                 self.id.move_qp(qp, QpState::Init, None, None)?;
@@ -626,13 +632,6 @@ impl ConnectRequest {
                 self.id.move_qp(qp, QpState::Rtr, Some(rr), None)?;
                 self.id.move_qp(qp, QpState::Rts, Some(depth), param.ack_timeout)?;
             }
-            let req = Accept {
-                uid: self.id.uid,
-                conn_param,
-                id: self.id.id,
-                reserved: 0,
-                ece: Ece::default(),
-            };
             ucma::call(self.id.channel.fd(), &req, ())
         })();
         if let Err(e) = accepted {

@@ -80,7 +80,7 @@ pub struct FdSlot(Slot);
 /// One method call being built. Buffers lent to it stay borrowed until it is executed.
 pub struct Ioctl<'a> {
     buf: Buf,
-    /// The process owning the kernel context, when checked (see [`Ioctl::owned_by`]).
+    /// The process owning the kernel context, when checked (see [`Ioctl::with_owner`]).
     owner: Option<Owner>,
     _lent: PhantomData<&'a mut [u8]>,
 }
@@ -90,6 +90,14 @@ impl<'a> Ioctl<'a> {
     /// kernel refuses calls naming another driver).
     #[inline]
     pub fn new(driver_id: u32, object: u16, method: u16) -> Self {
+        Self::with_owner(driver_id, object, method, None)
+    }
+
+    /// [`Ioctl::new`], refusing to run (with [`Error::Forked`]) in a fork of `owner` if one is
+    /// given. The kernel runs ioctls from a forked child on the parent's context, so a child
+    /// destroying inherited handles would destroy the parent's objects.
+    #[inline(always)]
+    pub fn with_owner(driver_id: u32, object: u16, method: u16, owner: Option<Owner>) -> Self {
         Self {
             buf: Buf {
                 hdr: IoctlHdr {
@@ -100,18 +108,9 @@ impl<'a> Ioctl<'a> {
                 },
                 attrs: [Attr::default(); MAX_ATTRS],
             },
-            owner: None,
+            owner,
             _lent: PhantomData,
         }
-    }
-
-    /// Refuses to run (with [`Error::Forked`]) in a fork of `owner`. The kernel runs ioctls
-    /// from a forked child on the parent's context, so a child destroying inherited handles
-    /// would destroy the parent's objects.
-    #[inline]
-    pub(crate) fn owned_by(mut self, owner: Owner) -> Self {
-        self.owner = Some(owner);
-        self
     }
 
     fn push(&mut self, attr_id: u16, len: usize, data: u64) -> Slot {

@@ -464,15 +464,29 @@ pub fn execute_into<C: UcmCommand>(fd: BorrowedFd<'_>, req: &C, resp: &mut C::Re
             0
         },
     };
-    let mut buf = [0u8; size_of::<UcmHdr>() + MAX_BODY];
-    let len = size_of::<UcmHdr>() + body.len();
-    buf[..8].copy_from_slice(hdr.as_bytes());
-    buf[8..len].copy_from_slice(body);
+    const { assert!(size_of::<C>() <= MAX_BODY) };
     if let Some(at) = C::RESPONSE_AT {
-        let ptr = resp_bytes.as_mut_ptr() as u64;
-        buf[8 + at..16 + at].copy_from_slice(&ptr.to_ne_bytes());
+        assert!(at + 8 <= size_of::<C>(), "a response pointer outside the command");
     }
-    let n = nix::unistd::write(fd, &buf[..len])?;
+    // Only the bytes written go to the kernel: nothing is zeroed first (a command is sent
+    // for every step of a connection, and the buffer is the largest command's size).
+    let mut buf = std::mem::MaybeUninit::<[u8; size_of::<UcmHdr>() + MAX_BODY]>::uninit();
+    let at = buf.as_mut_ptr().cast::<u8>();
+    let len = size_of::<UcmHdr>() + size_of::<C>();
+    // SAFETY: the header (8 bytes) and the body (`size_of::<C>()` bytes, at most `MAX_BODY`:
+    // asserted above) fit the buffer and come from other memory; the response pointer is
+    // written over 8 bytes of the body (asserted in it). The first `len` bytes are then
+    // initialised, and only they are read.
+    let bytes = unsafe {
+        std::ptr::copy_nonoverlapping(hdr.as_bytes().as_ptr(), at, size_of::<UcmHdr>());
+        std::ptr::copy_nonoverlapping(body.as_ptr(), at.add(size_of::<UcmHdr>()), size_of::<C>());
+        if let Some(offset) = C::RESPONSE_AT {
+            let ptr = resp_bytes.as_mut_ptr() as u64;
+            std::ptr::write_unaligned(at.add(size_of::<UcmHdr>() + offset).cast::<u64>(), ptr);
+        }
+        std::slice::from_raw_parts(at, len)
+    };
+    let n = nix::unistd::write(fd, bytes)?;
     if n != len {
         return Err(nix::errno::Errno::EIO);
     }
