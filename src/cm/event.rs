@@ -92,9 +92,9 @@ pub struct CmEvent {
     pub private_data: PrivateData,
     /// The peer's connection parameters.
     pub conn: ConnInfo,
-    /// Boxed: every event is moved a few times on its way to the caller, and most carry
-    /// no request.
-    request: Option<Box<ConnectRequest>>,
+    /// A `CONNECT_REQUEST`'s new id; [`CmEvent::take_request`] makes the request of it
+    /// and the event's private data and parameters (no allocation per request).
+    request: Option<CmId>,
 }
 
 impl CmEvent {
@@ -130,11 +130,9 @@ impl CmEvent {
             rnr_retry_count: p.rnr_retry_count,
         };
         let request = match channel {
-            Some(channel) if kind == CmEventKind::CONNECT_REQUEST => Some(Box::new(ConnectRequest {
-                id: CmId::new(channel.clone(), raw.id, super::channel::new_uid()),
-                private_data: PrivateData::new(&p.private_data, p.private_data_len),
-                conn,
-            })),
+            Some(channel) if kind == CmEventKind::CONNECT_REQUEST => {
+                Some(CmId::new(channel.clone(), raw.id, super::channel::new_uid()))
+            }
             _ => None,
         };
         Self {
@@ -150,7 +148,11 @@ impl CmEvent {
     /// For `CONNECT_REQUEST`: the request, with the new id. Taken once; a request dropped
     /// unanswered (or with its event) destroys the id, which the peer sees as a reject.
     pub fn take_request(&mut self) -> Option<ConnectRequest> {
-        self.request.take().map(|r| *r)
+        self.request.take().map(|id| ConnectRequest {
+            id,
+            private_data: self.private_data,
+            conn: self.conn,
+        })
     }
 }
 

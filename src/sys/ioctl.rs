@@ -171,9 +171,9 @@ impl<'a> Ioctl<'a> {
         self
     }
 
-    /// Runs the call. Inlined, so the call runs where it was built, not in a copy.
+    /// Runs the call where it was built (taking it by value moved the whole buffer).
     #[inline]
-    pub fn execute(mut self, fd: BorrowedFd<'_>, verb: Verb) -> Result<Done> {
+    pub fn execute(&mut self, fd: BorrowedFd<'_>, verb: Verb) -> Result<Done> {
         self.execute_here(fd, verb)
     }
 
