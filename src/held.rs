@@ -13,7 +13,9 @@ use crate::mr::Buf;
 use crate::wc::{WcOpcode, WorkQueue};
 use crate::wr::{SendFlags, SendOp, SendWr, Sge};
 use blocks::BLOCKS;
+use std::alloc::Layout;
 use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 
 /// Set in every id given to a request here; a raw post must not use such `wr_id`s in a
 /// process that uses the safe posts (see `Qp::post_send`).
@@ -32,8 +34,9 @@ static EMPTY_SGE: Sge = Sge {
 /// empty for a request that holds no buffer (an inline send). A new run of ids starts only
 /// while nothing is held, which keeps the ids counted gapless.
 pub(crate) struct Held {
-    /// A power of two long, at least 1 (so `id & mask` is always an index).
-    slots: Box<[Slot]>,
+    /// A power of two long, at least 1 (so `id & mask` is always an index). In its QP's
+    /// block ([`QpHeld`]), which drops the slots and frees the memory after the `Held`.
+    slots: &'static mut [Slot],
     /// `slots.len() - 1`.
     mask: usize,
     ids: Ids,
@@ -61,17 +64,15 @@ struct Prepared {
     /// flags, no UD destination, except that its SGE may name a buffer given back since (never
     /// read: a post writes the SGEs of the entries it hands on). `MaybeUninit` asserts nothing
     /// about those stale SGEs; the lifetime is only what the entries are stored as.
-    wrs: Box<[MaybeUninit<SendWr<'static>>]>,
+    /// In its QP's block, as the slots.
+    wrs: &'static mut [MaybeUninit<SendWr<'static>>],
     /// The operation and flags every entry holds, once filled.
     filled: Option<(SendOp, SendFlags)>,
 }
 
 impl Prepared {
-    fn new(len: usize) -> Self {
-        Self {
-            wrs: (0..len).map(|_| MaybeUninit::uninit()).collect(),
-            filled: None,
-        }
+    fn new(wrs: &'static mut [MaybeUninit<SendWr<'static>>]) -> Self {
+        Self { wrs, filled: None }
     }
 
     /// The array, every entry `op` with `flags` (filled again if the last list's differed).
@@ -80,7 +81,7 @@ impl Prepared {
         if self.filled != Some((op, flags)) {
             self.fill(op, flags);
         }
-        &mut self.wrs
+        self.wrs
     }
 
     #[cold]
@@ -125,20 +126,38 @@ pub(crate) enum ListStop {
     Post(Error),
 }
 
+/// How many slots a queue of `depth` requests has: `depth` rounded up to a power of two, at
+/// least 1.
+fn slots_for(depth: u32) -> usize {
+    depth.max(1).next_power_of_two() as usize
+}
+
+/// How long a queue's list is: none for a receive queue or a QP on an SRQ; never longer than
+/// the queue has room for.
+fn list_for(depth: u32, recv: bool) -> usize {
+    if recv || depth == 0 {
+        0
+    } else {
+        LIST.min(slots_for(depth))
+    }
+}
+
 impl Held {
-    /// Room for `depth` requests (rounded up to a power of two); closed.
-    pub(crate) fn new(depth: u32, recv: bool) -> Self {
-        let cap = depth.max(1).next_power_of_two() as usize;
+    /// Room for `depth` requests (rounded up to a power of two: the length of `slots`, whose
+    /// slots are empty), with `wrs` as its list (as [`list_for`] says); closed.
+    fn new(
+        depth: u32,
+        recv: bool,
+        slots: &'static mut [Slot],
+        wrs: &'static mut [MaybeUninit<SendWr<'static>>],
+    ) -> Self {
+        let cap = slots.len();
+        debug_assert_eq!(cap, slots_for(depth));
+        debug_assert_eq!(wrs.len(), list_for(depth, recv));
         Self {
-            slots: (0..cap)
-                .map(|_| Slot {
-                    buf: None,
-                    op: WcOpcode::default(),
-                })
-                .collect(),
+            slots,
             mask: cap - 1,
-            // A list never holds more requests than the queue has room for.
-            list: Prepared::new(if recv || depth == 0 { 0 } else { LIST.min(cap) }),
+            list: Prepared::new(wrs),
             ids: Ids {
                 depth: if depth == 0 { 0 } else { cap as u64 },
                 next: 0,
@@ -246,6 +265,7 @@ impl Held {
             return (0, None);
         }
         let Self { slots, mask, ids, list } = self;
+        let slots: &mut [Slot] = slots;
         let wrs = list.prepared(op, flags);
         let wc_op = op.wc_opcode().unwrap_or_default();
         // Every slot is reached through this pointer (masked, so within the ring) until the
@@ -393,6 +413,125 @@ impl Held {
     }
 }
 
+/// A QP's two [`Held`]s, their slots and the send queue's list in one allocation: a QP costs
+/// one allocation here, not three, and a `Qp` moves a pointer, not both queues' state. The
+/// block is the [`Pair`], then the send slots, the receive slots and the list's requests.
+pub(crate) struct QpHeld {
+    block: NonNull<Pair>,
+}
+
+/// The start of a [`QpHeld`]'s block.
+pub(crate) struct Pair {
+    pub(crate) sends: Held,
+    pub(crate) recvs: Held,
+    /// The block's layout, to free it.
+    layout: Layout,
+}
+
+// SAFETY: `QpHeld` owns its block as a `Box<Pair>` would, and `Pair` is `Send` and `Sync`
+// (buffers and plain values, the slices its own); nothing else points into it, and `&self`
+// lends only `&Pair`.
+#[allow(unsafe_code)]
+unsafe impl Send for QpHeld {}
+// SAFETY: as for `Send`.
+#[allow(unsafe_code)]
+unsafe impl Sync for QpHeld {}
+const _: () = {
+    const fn pair_is_send_and_sync<T: Send + Sync>() {}
+    pair_is_send_and_sync::<Pair>();
+};
+
+impl QpHeld {
+    /// Send and receive queues of `send` and `recv` requests (0 for a QP on an SRQ), closed.
+    /// Aborts the process if memory runs out, as `Box` does.
+    #[allow(unsafe_code)] // one allocation carved into the two queues' rings and the list
+    pub(crate) fn new(send: u32, recv: u32) -> Self {
+        let (scap, rcap, list) = (slots_for(send), slots_for(recv), list_for(send, false));
+        let layout = (|| {
+            let (l, slots_at) = Layout::new::<Pair>()
+                .extend(Layout::array::<Slot>(scap + rcap).ok()?)
+                .ok()?;
+            let (l, wrs_at) = l
+                .extend(Layout::array::<MaybeUninit<SendWr<'static>>>(list).ok()?)
+                .ok()?;
+            Some((l.pad_to_align(), slots_at, wrs_at))
+        })();
+        // Queue depths are `u32`s: their slots always fit the address space.
+        let Some((layout, slots_at, wrs_at)) = layout else {
+            std::alloc::handle_alloc_error(Layout::new::<Pair>())
+        };
+        // SAFETY: `layout` has a non-zero size (it holds a `Pair`).
+        let base = unsafe { std::alloc::alloc(layout) };
+        let Some(block) = NonNull::new(base.cast::<Pair>()) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: the slots (`scap + rcap`) and the list's requests (`list`) lie at the
+        // offsets `extend` gave, inside the block and aligned for their types, apart from
+        // the `Pair` and from each other. The slots are written before any reference to them
+        // is made; the requests are `MaybeUninit`. The references live as long as the block:
+        // `Drop` frees it only after the `Pair` (which holds them) is dropped, and they are
+        // never handed out beyond a borrow of the `Pair`.
+        unsafe {
+            let slots = base.add(slots_at).cast::<Slot>();
+            for k in 0..scap + rcap {
+                slots.add(k).write(Slot {
+                    buf: None,
+                    op: WcOpcode::default(),
+                });
+            }
+            let sends = std::slice::from_raw_parts_mut(slots, scap);
+            let recvs = std::slice::from_raw_parts_mut(slots.add(scap), rcap);
+            let wrs = std::slice::from_raw_parts_mut(base.add(wrs_at).cast::<MaybeUninit<SendWr<'static>>>(), list);
+            block.as_ptr().write(Pair {
+                sends: Held::new(send, false, sends, wrs),
+                recvs: Held::new(recv, true, recvs, &mut []),
+                layout,
+            });
+        }
+        Self { block }
+    }
+}
+
+impl std::ops::Deref for QpHeld {
+    type Target = Pair;
+
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn deref(&self) -> &Pair {
+        // SAFETY: the `Pair` written in `new`, alive until `drop`.
+        unsafe { self.block.as_ref() }
+    }
+}
+
+impl std::ops::DerefMut for QpHeld {
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn deref_mut(&mut self) -> &mut Pair {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference.
+        unsafe { self.block.as_mut() }
+    }
+}
+
+impl Drop for QpHeld {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: the block `new` made, dropped once: the slots (the buffers they hold) and
+        // the `Pair`, whose `Held`s only point at the slots and requests, then the memory,
+        // with the layout it was allocated with. The requests are `MaybeUninit`: nothing to
+        // drop.
+        unsafe {
+            let pair = self.block.as_ptr();
+            let layout = (*pair).layout;
+            let sends: *mut [Slot] = &mut *(*pair).sends.slots;
+            let recvs: *mut [Slot] = &mut *(*pair).recvs.slots;
+            std::ptr::drop_in_place(pair);
+            std::ptr::drop_in_place(sends);
+            std::ptr::drop_in_place(recvs);
+            std::alloc::dealloc(pair.cast::<u8>(), layout);
+        }
+    }
+}
+
 /// The queue a request of the safe posts with id `id` was posted to (an SRQ's receives
 /// included); `None` for a raw post's id.
 pub(crate) fn queue_of(id: u64) -> Option<WorkQueue> {
@@ -499,7 +638,8 @@ mod tests {
 
     #[test]
     fn ids_run_gapless_and_a_completion_releases_everything_up_to_it() {
-        let mut h = Held::new(3, false); // rounded up to 4
+        let mut q = QpHeld::new(3, 0); // rounded up to 4
+        let h = &mut q.sends;
         h.set_open(true);
         let ids: Vec<u64> = (0..4).map(|_| h.bare_id().unwrap()).collect();
         assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
@@ -512,7 +652,8 @@ mod tests {
         // An old id releases nothing more; ids of another queue are not this one's.
         assert!(h.release(ids[0]).is_none());
         assert_eq!(h.len(), 1);
-        let recv = Held::new(4, true);
+        let q4 = QpHeld::new(0, 4);
+        let recv = &q4.recvs;
         assert!(!recv.owns(ids[0]) && recv.is_recv());
         assert!(h.bare_id().unwrap() > ids[3]);
     }
@@ -520,7 +661,8 @@ mod tests {
     #[test]
     fn each_request_keeps_its_operation_until_its_slot_is_taken_again() {
         use crate::wr::Remote;
-        let mut h = Held::new(2, false);
+        let mut q = QpHeld::new(2, 0);
+        let h = &mut q.sends;
         h.set_open(true);
         let write = SendOp::RdmaWrite(Remote { addr: 0, rkey: 1 });
         let a = h.bare_id_for(&write).unwrap();
@@ -547,7 +689,8 @@ mod tests {
             "slot taken"
         );
         assert_eq!(h.op_of(c + 1), None, "not given out");
-        let mut recv = Held::new(2, true);
+        let mut q2 = QpHeld::new(0, 2);
+        let recv = &mut q2.recvs;
         recv.set_open(true);
         let r = recv.bare_id().unwrap();
         assert_eq!(
@@ -558,13 +701,28 @@ mod tests {
     }
 
     #[test]
+    fn one_block_holds_both_queues_and_the_list() {
+        let q = QpHeld::new(5, 3);
+        assert_eq!((q.sends.slots.len(), q.recvs.slots.len()), (8, 4));
+        assert_eq!((q.sends.list.wrs.len(), q.recvs.list.wrs.len()), (8, 0));
+        let big = QpHeld::new(1000, 0);
+        assert_eq!(
+            (big.sends.slots.len(), big.sends.list.wrs.len(), big.recvs.slots.len()),
+            (1024, LIST, 1)
+        );
+        assert!(big.recvs.is_recv() && !big.sends.is_recv());
+    }
+
+    #[test]
     fn every_queue_draws_ids_no_other_queue_ever_had() {
-        let (mut a, mut b) = (Held::new(4, false), Held::new(4, false));
+        let (mut qa, mut qb) = (QpHeld::new(4, 0), QpHeld::new(4, 0));
+        let (a, b) = (&mut qa.sends, &mut qb.sends);
         a.set_open(true);
         b.set_open(true);
         let (x, y) = (a.bare_id().unwrap(), b.bare_id().unwrap());
         assert_ne!(x >> blocks::BLOCK_BITS, y >> blocks::BLOCK_BITS, "different blocks");
-        let mut closed = Held::new(4, false);
+        let mut qc = QpHeld::new(4, 0);
+        let closed = &mut qc.sends;
         assert_eq!(closed.bare_id(), Err(WrReject::QueueFull), "closed: the QP's state");
         closed.set_open(true);
         let id = closed.bare_id().unwrap();
@@ -572,14 +730,16 @@ mod tests {
         assert_eq!(closed.bare_id(), Err(WrReject::QueueFull), "closed again");
         closed.set_open(true);
         assert_eq!(closed.bare_id(), Ok(id + 1), "reopened: the ids go on without a gap");
-        let mut none = Held::new(0, true);
+        let mut qn = QpHeld::new(0, 0);
+        let none = &mut qn.recvs;
         none.set_open(true);
         assert_eq!(none.bare_id(), Err(WrReject::QueueFull), "no slots (a QP on an SRQ)");
     }
 
     #[test]
     fn an_id_the_queue_did_not_give_out_releases_nothing() {
-        let mut h = Held::new(4, false);
+        let mut q = QpHeld::new(4, 0);
+        let h = &mut q.sends;
         h.set_open(true);
         let first = h.bare_id().unwrap();
         let next = h.next_id().unwrap();
@@ -597,7 +757,8 @@ mod tests {
         // Under miri fewer queues, still more than the bound below.
         let queues = if cfg!(miri) { 150 } else { 20_000 };
         for _ in 0..queues {
-            let mut h = Held::new(1, true);
+            let mut q = QpHeld::new(0, 1);
+            let h = &mut q.recvs;
             h.set_open(true);
             assert!(seen.insert(h.bare_id().unwrap()), "an id given twice");
         }

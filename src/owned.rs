@@ -319,29 +319,29 @@ impl Qp {
         if let Err(error) = modelled(&op, "send_buf") {
             return Err(Refused { error, buf: Some(buf) });
         }
-        self.sends.note_op(&op);
+        self.held.sends.note_op(&op);
         let wr = SendWr {
             wr_id: id,
             op,
-            sg_list: std::slice::from_ref(self.sends.claim(buf, false)),
+            sg_list: std::slice::from_ref(self.held.sends.claim(buf, false)),
             flags,
             ud: dest,
         };
-        // SAFETY: the buffer stays in `self.sends` until `reclaim` sees a completion of this
+        // SAFETY: the buffer stays in `self.held.sends` until `reclaim` sees a completion of this
         // request or a later one from this QP's send CQ, or until the QP is destroyed: the
         // device is done with it by then (the module docs). No one else holds it meanwhile.
         match without_unwinding(|| unsafe { self.queues.vendor().post_send(SendList::new(std::slice::from_ref(&wr))) })
         {
             Ok(()) => {
-                self.sends.commit();
+                self.held.sends.commit();
                 Ok(())
             }
             Err(error) => {
                 let buf = if matches!(error, Error::WorkRequest { .. }) {
-                    Some(self.sends.unclaim())
+                    Some(self.held.sends.unclaim())
                 } else {
                     // The provider may have queued it: held like a posted one.
-                    self.sends.commit();
+                    self.held.sends.commit();
                     None
                 };
                 Err(Refused { error, buf })
@@ -364,12 +364,12 @@ impl Qp {
         self.owner.check("post_send")?;
         modelled(&op, "send_bufs")?;
         let queues = self.queues.vendor();
-        let (posted, stop) = self.sends.post_list(
+        let (posted, stop) = self.held.sends.post_list(
             bufs,
             op,
             flags,
             // SAFETY: as in `send_buf`, for each request of the list: its buffer is in
-            // `self.sends` until a completion gives it back, and those the provider refused
+            // `self.held.sends` until a completion gives it back, and those the provider refused
             // come out again (back into `bufs`) before anyone else can reach them.
             |wrs| unsafe { queues.post_send(SendList::new(wrs)) },
         );
@@ -491,7 +491,7 @@ impl Qp {
             });
         }
         // Drawn only once the request is known to be well formed; a gap in the ids is harmless.
-        wr.wr_id = self.sends.bare_id_for(&op).map_err(|reason| Error::WorkRequest {
+        wr.wr_id = self.held.sends.bare_id_for(&op).map_err(|reason| Error::WorkRequest {
             verb: "send_inline",
             index: 0,
             reason,
@@ -514,11 +514,11 @@ impl Qp {
             Ok(id) => id,
             Err(error) => return Err(Refused { error, buf: Some(buf) }),
         };
-        let wr = RecvWr::new(id, std::slice::from_ref(self.recvs.claim(buf, true)));
+        let wr = RecvWr::new(id, std::slice::from_ref(self.held.recvs.claim(buf, true)));
         // SAFETY: as in `send_buf`, for the receive queue and its CQ.
         match without_unwinding(|| unsafe { self.queues.vendor().post_recv(std::slice::from_ref(&wr)) }) {
             Ok(()) => {
-                self.recvs.commit();
+                self.held.recvs.commit();
                 Ok(())
             }
             Err(error) => Err(self.recv_failed(error)),
@@ -530,10 +530,10 @@ impl Qp {
     #[cold]
     fn recv_failed(&mut self, error: Error) -> Refused {
         let buf = if matches!(error, Error::WorkRequest { .. }) {
-            Some(self.recvs.unclaim())
+            Some(self.held.recvs.unclaim())
         } else {
             // The provider may have queued it: held like a posted one.
-            self.recvs.commit();
+            self.held.recvs.commit();
             None
         };
         Refused { error, buf }
@@ -570,10 +570,10 @@ impl Qp {
             return None;
         }
         let (send_cq, recv_cq) = (self.send_cq_identity(), self.recv_cq_identity());
-        let (held, cq) = if self.sends.owns(c.wr_id) {
-            (&mut self.sends, send_cq)
-        } else if self.recvs.owns(c.wr_id) {
-            (&mut self.recvs, recv_cq)
+        let (held, cq) = if self.held.sends.owns(c.wr_id) {
+            (&mut self.held.sends, send_cq)
+        } else if self.held.recvs.owns(c.wr_id) {
+            (&mut self.held.recvs, recv_cq)
         } else {
             return None;
         };
@@ -613,7 +613,7 @@ impl Qp {
         match crate::held::queue_of(c.wr_id)? {
             // This QP's receive (or its SRQ's): a receive, whatever became of it.
             WorkQueue::Recv => Some(WcOpcode::RECV),
-            WorkQueue::Send => self.sends.op_of(c.wr_id),
+            WorkQueue::Send => self.held.sends.op_of(c.wr_id),
         }
     }
 
@@ -634,14 +634,14 @@ impl Qp {
     /// holding a buffer, and inline sends no completion has passed yet. While either is not 0
     /// the QP may not move to RESET ([`crate::Error::RequestsOutstanding`]).
     pub fn held_bufs(&self) -> (usize, usize) {
-        (self.sends.len(), self.recvs.len())
+        (self.held.sends.len(), self.held.recvs.len())
     }
 
     /// The id for the next request holding a buffer on the send queue: refused while the
     /// QP's state forbids sends (the queue is closed then) or the queue is full.
     #[inline]
     fn send_id(&mut self, verb: Verb) -> Result<u64> {
-        match self.sends.next_id() {
+        match self.held.sends.next_id() {
             Ok(id) => Ok(id),
             Err(reason) => Err(self.send_refusal(verb, reason)),
         }
@@ -657,7 +657,7 @@ impl Qp {
     /// As `send_id`, for the receive queue (closed in RESET, and on an SRQ: no room).
     #[inline]
     fn recv_id(&mut self) -> Result<u64> {
-        match self.recvs.next_id() {
+        match self.held.recvs.next_id() {
             Ok(id) => Ok(id),
             Err(reason) => Err(self.recv_refusal(reason)),
         }

@@ -6,7 +6,7 @@ use crate::context::ContextInner;
 use crate::cq::{Cq, CqInner, EventsReported};
 use crate::error::{Error, Result, WrReject};
 use crate::front_end::{GatheredChains, Queues};
-use crate::held::Held;
+use crate::held::QpHeld;
 use crate::mr::AccessFlags;
 use crate::pd::{Pd, PdInner};
 use crate::provider::{create_object, KernelCall, QpCreated, QpQueues, QpRequest};
@@ -350,10 +350,9 @@ pub struct Qp {
     /// The provider's queues, through the vendor contract and the front-end interface.
     pub(crate) queues: Queues,
     pub(crate) owner: Owner,
-    /// The buffers the safe posts (`crate::owned`) lent the device, per queue; dropped only
-    /// after the kernel destroyed the QP.
-    pub(crate) sends: Held,
-    pub(crate) recvs: Held,
+    /// The buffers the safe posts (`crate::owned`) lent the device, per queue (`sends`,
+    /// `recvs`); dropped only after the kernel destroyed the QP.
+    pub(crate) held: QpHeld,
     handle: u32,
     qpn: u32,
     qp_type: QpType,
@@ -466,8 +465,7 @@ impl Qp {
             provider.cap.max_recv_wr
         };
         Ok(Self {
-            sends: Held::new(provider.cap.max_send_wr, false),
-            recvs: Held::new(recv_depth, true),
+            held: QpHeld::new(provider.cap.max_send_wr, recv_depth),
             // SAFETY: the context's provider made these queues (`ContextInner::queues`).
             queues: unsafe { (ctx.queues)(provider.queues) },
             owner: ctx.owner,
@@ -561,11 +559,11 @@ impl Qp {
     /// What [`Qp::modify`] refuses before asking the kernel.
     fn check_move(&self, state: Option<QpState>) -> Result<()> {
         self.owner.check("MODIFY_QP")?;
-        if state == Some(QpState::Reset) && (self.sends.len(), self.recvs.len()) != (0, 0) {
+        if state == Some(QpState::Reset) && (self.held.sends.len(), self.held.recvs.len()) != (0, 0) {
             return Err(Error::RequestsOutstanding {
                 verb: "MODIFY_QP",
-                send: self.sends.len(),
-                recv: self.recvs.len(),
+                send: self.held.sends.len(),
+                recv: self.held.recvs.len(),
             });
         }
         Ok(())
@@ -620,10 +618,12 @@ impl Qp {
     fn set_state(&mut self, state: QpState) {
         self.state = state;
         self.direct_send = state >= QpState::Rts && self.qp_type != QpType::Ud;
-        self.sends.set_open(state >= QpState::Rts);
+        self.held.sends.set_open(state >= QpState::Rts);
         // Closed in ERR too: a receive posted then may never be flushed (rxe on Linux 6.1
         // flushes only what was queued when the QP failed), and would hold off RESET for good.
-        self.recvs.set_open(!matches!(state, QpState::Reset | QpState::Err));
+        self.held
+            .recvs
+            .set_open(!matches!(state, QpState::Reset | QpState::Err));
     }
 
     /// Reads back every attribute (QUERY_QP).
@@ -957,8 +957,7 @@ impl Drop for Qp {
             // The kernel still has the QP: its rings, and the buffers its requests may still
             // touch, must never be freed.
             std::mem::forget(std::mem::replace(&mut self.queues, Queues::new(Box::new(NoQueues))));
-            std::mem::forget(std::mem::replace(&mut self.sends, Held::new(0, false)));
-            std::mem::forget(std::mem::replace(&mut self.recvs, Held::new(0, true)));
+            std::mem::forget(std::mem::replace(&mut self.held, QpHeld::new(0, 0)));
         } else {
             self.pd.qp_released(self.responder, true);
             self.leave_srq();
