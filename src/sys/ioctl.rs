@@ -15,6 +15,9 @@ const RDMA_VERBS_IOCTL: u64 = 0xc018_1b01;
 const ATTR_F_MANDATORY: u16 = 1;
 /// Most attributes any method this crate calls takes.
 const MAX_ATTRS: usize = 16;
+/// Attributes the kernel writes back (new handles and fds) sit among the first this many
+/// of a call: [`Done`] keeps only theirs.
+const OUT_ATTRS: usize = 4;
 
 /// Object ids (`enum uverbs_default_objects`).
 pub mod object {
@@ -134,9 +137,10 @@ impl<'a> Ioctl<'a> {
         self
     }
 
-    /// A new object, whose handle the kernel writes back.
+    /// A new object, whose handle the kernel writes back (among the first [`OUT_ATTRS`]
+    /// attributes of the call).
     pub fn new_handle(&mut self, attr_id: u16) -> Slot {
-        self.push(attr_id, 0, 0)
+        self.push_out(attr_id)
     }
 
     /// An fd the method reads.
@@ -145,9 +149,19 @@ impl<'a> Ioctl<'a> {
         self
     }
 
-    /// A new fd the kernel creates and writes back.
+    /// A new fd the kernel creates and writes back (among the first [`OUT_ATTRS`]
+    /// attributes of the call).
     pub fn new_fd(&mut self, attr_id: u16) -> FdSlot {
-        FdSlot(self.push(attr_id, 0, 0))
+        FdSlot(self.push_out(attr_id))
+    }
+
+    fn push_out(&mut self, attr_id: u16) -> Slot {
+        // The attribute lists are fixed in this crate's code; a late one is a bug here.
+        assert!(
+            usize::from(self.buf.hdr.num_attrs) < OUT_ATTRS,
+            "an attribute the kernel writes back after the first {OUT_ATTRS}"
+        );
+        self.push(attr_id, 0, 0)
     }
 
     /// A value the method reads. Values up to 8 bytes travel inline, as the ABI requires.
@@ -198,9 +212,10 @@ impl<'a> Ioctl<'a> {
     }
 }
 
-/// The result of a successful call: what the kernel wrote into attribute `data` fields.
+/// The result of a successful call: what the kernel wrote into the `data` fields of the first
+/// [`OUT_ATTRS`] attributes (kept small: it is copied on its way to the caller).
 pub struct Done {
-    data: [u64; MAX_ATTRS],
+    data: [u64; OUT_ATTRS],
 }
 
 impl Done {
