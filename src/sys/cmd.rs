@@ -69,21 +69,34 @@ where
             "command or response does not fit the ABI's framing",
         ));
     }
-    // 8-byte aligned so the kernel's response lands on aligned fields.
-    let mut resp = [0u64; MAX_RESP / 8];
-    let resp_bytes = &mut resp.as_mut_bytes()[..resp_len];
+    // 8-byte aligned so the kernel's response lands on aligned fields. Only the bytes a
+    // command uses are written (zeroed for the response, which the kernel may leave short):
+    // a connection makes several of these commands, and the buffers are the largest size.
+    let mut resp = std::mem::MaybeUninit::<[u64; MAX_RESP / 8]>::uninit();
+    // SAFETY: `resp_len` is at most `MAX_RESP` (checked above): the first `resp_len` bytes
+    // are in the buffer, and zeroed before the slice is made.
+    let resp_bytes = unsafe {
+        let p = resp.as_mut_ptr().cast::<u8>();
+        std::ptr::write_bytes(p, 0, resp_len);
+        std::slice::from_raw_parts_mut(p, resp_len)
+    };
 
-    let mut buf = [0u8; MAX_CMD];
+    let mut buf = std::mem::MaybeUninit::<[u8; MAX_CMD]>::uninit();
     let hdr = CmdHdr {
         command,
         in_words: (cmd_len / 4) as u16,
         out_words: (resp_len / 4) as u16,
     };
+    let base = buf.as_mut_ptr().cast::<u8>();
     let mut at = 0;
     for part in [hdr.as_bytes(), req.as_bytes(), driver_in] {
-        buf[at..at + part.len()].copy_from_slice(part);
+        // SAFETY: the parts' lengths add up to `cmd_len`, at most `MAX_CMD` (checked
+        // above), and they are other memory.
+        unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), base.add(at), part.len()) };
         at += part.len();
     }
+    // SAFETY: the first `cmd_len` bytes were just written.
+    let buf = unsafe { std::slice::from_raw_parts_mut(base, cmd_len) };
     if Req::RESPONSE {
         // The request's first field, right after the 8-byte header.
         let ptr = resp_bytes.as_mut_ptr() as u64;
@@ -91,7 +104,7 @@ where
     }
     // SAFETY: the response pointer (if any) names `resp_bytes`, live and exactly the
     // `out_words` the header declares; other pointers are the caller's contract.
-    unsafe { write_raw(fd, &buf[..cmd_len]) }.map_err(|e| Error::kernel(verb, e))?;
+    unsafe { write_raw(fd, buf) }.map_err(|e| Error::kernel(verb, e))?;
 
     if !Req::RESPONSE {
         return Resp::read_from_bytes(&[]).map_err(|_| Error::malformed(verb, "short response"));

@@ -6,6 +6,7 @@ use crate::error::{Error, Result, Verb};
 use crate::sys::fork::Owner;
 use nix::errno::Errno;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -68,7 +69,9 @@ assert_layout!(Attr, size 16, data @ 8);
 #[repr(C)]
 struct Buf {
     hdr: IoctlHdr,
-    attrs: [Attr; MAX_ATTRS],
+    /// The first `hdr.num_attrs` are written (nothing zeroes the rest: a call is built for
+    /// every kernel object a connection makes).
+    attrs: [MaybeUninit<Attr>; MAX_ATTRS],
 }
 
 /// The position of an attribute whose `data` the kernel fills in (a new object's handle, a new
@@ -109,7 +112,7 @@ impl<'a> Ioctl<'a> {
                     driver_id,
                     ..Default::default()
                 },
-                attrs: [Attr::default(); MAX_ATTRS],
+                attrs: [MaybeUninit::uninit(); MAX_ATTRS],
             },
             owner,
             _lent: PhantomData,
@@ -120,13 +123,13 @@ impl<'a> Ioctl<'a> {
         let n = usize::from(self.buf.hdr.num_attrs);
         // The attribute lists are fixed in this crate's code; overflowing is a bug here.
         assert!(n < MAX_ATTRS, "too many ioctl attributes");
-        self.buf.attrs[n] = Attr {
+        self.buf.attrs[n] = MaybeUninit::new(Attr {
             attr_id,
             len: len as u16,
             flags: ATTR_F_MANDATORY,
             attr_data: 0,
             data,
-        };
+        });
         self.buf.hdr.num_attrs += 1;
         Slot(n)
     }
@@ -207,7 +210,12 @@ impl<'a> Ioctl<'a> {
         let rc = unsafe { nix::libc::ioctl(fd.as_raw_fd(), RDMA_VERBS_IOCTL as _, std::ptr::addr_of_mut!(self.buf)) };
         Errno::result(rc)?;
         Ok(Done {
-            data: std::array::from_fn(|i| self.buf.attrs[i].data),
+            data: std::array::from_fn(|i| {
+                // SAFETY: the first `n` attributes were written by `push`.
+                (i < n)
+                    .then(|| unsafe { self.buf.attrs[i].assume_init_ref().data })
+                    .unwrap_or(0)
+            }),
         })
     }
 }

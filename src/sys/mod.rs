@@ -22,7 +22,7 @@
 //!   provider; `Srq`'s `Sync`
 //! - items of `cq`: the empty ring's `CqRing` impl
 //! - items of `held`, `held::srq`: the rings of held buffers, indexed unchecked and moved out
-//!   by hand
+//!   by hand; a QP's one block holding both queues' rings and the send list
 
 pub mod abi;
 pub mod cmd;
