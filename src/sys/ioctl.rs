@@ -211,10 +211,12 @@ impl<'a> Ioctl<'a> {
         Errno::result(rc)?;
         Ok(Done {
             data: std::array::from_fn(|i| {
-                // SAFETY: the first `n` attributes were written by `push`.
-                (i < n)
-                    .then(|| unsafe { self.buf.attrs[i].assume_init_ref().data })
-                    .unwrap_or(0)
+                if i < n {
+                    // SAFETY: the first `n` attributes were written by `push`.
+                    unsafe { self.buf.attrs[i].assume_init_ref().data }
+                } else {
+                    0
+                }
             }),
         })
     }
