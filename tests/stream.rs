@@ -2,7 +2,8 @@
 //! a `tokio::io::copy` echo over concurrent connections with every byte checked, shutdown
 //! from either side, a connect where nothing listens and a peer killed mid-transfer. Both
 //! ends in this process (the killed peer in a child process of it) on `UVERBS_CM_ADDR` (the
-//! test guest's `rxe_cm` on a dummy netdev). Every test ends by checking that no cm_id, no
+//! test guest's `rxe_cm` on a dummy netdev; `cargo xtask test` runs it again on siw0, where the
+//! stream speaks rsocket's message-send variant). Every test ends by checking that no cm_id, no
 //! device fd and no device mapping of this process is left.
 //!
 //! `UVERBS_STREAM_CONNS` and `UVERBS_STREAM_MIB` size the echo (connections, MiB each way per
