@@ -4,15 +4,16 @@
 use super::wire::{self, ConnData, RsSge, CTRL_SLOTS, SGE_LEN, SGL_SIZE};
 use super::StreamOptions;
 use crate::aio::{AsyncConnection, AsyncCq};
+use crate::attr::{QpType, Transport};
 use crate::context::Context;
 use crate::cq::CqInit;
 use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, Buf, LocalAccess, RemoteMr};
+use crate::owned::Reaped;
 use crate::pd::Pd;
 use crate::qp::{Qp, QpInit};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{Remote, SendOp};
-use crate::{attr::QpType, owned::Reaped};
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
@@ -21,8 +22,11 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 use tokio::io::ReadBuf;
 
-/// Bytes of each receive's buffer: writes with immediate place no data there.
+/// Bytes of each receive's buffer: writes with immediate place no data there; in the
+/// message-send variant (iWARP) a SEND puts its 4-byte message there.
 const RECV_SLOT: usize = 16;
+/// Bytes of a message SEND in the message-send variant (rsocket's `RS_MSG_SIZE`).
+const MSG_SIZE: usize = 4;
 /// Completions taken per poll.
 const WC_BATCH: usize = 32;
 /// The most bytes gathered for one inline write.
@@ -39,11 +43,15 @@ pub(crate) struct Resources {
     chunk: u32,
     inline: u32,
     depth: u16,
+    msg_send: bool,
 }
 
 impl Resources {
     /// The PD, CQ, QP and buffers of one stream on `ctx`.
     pub(crate) fn new(ctx: &Context, o: &StreamOptions) -> Result<(Self, Qp)> {
+        // rsocket's RS_OPT_MSG_SEND, chosen as `rs_create_ep` chooses it: by this side's
+        // device alone (iWARP has no RDMA write with immediate).
+        let msg_send = ctx.device().transport()? == Transport::IWARP;
         let pd = ctx.alloc_pd()?;
         let channel = ctx.create_comp_channel()?;
         let depth = u32::from(o.queue_depth);
@@ -80,9 +88,17 @@ impl Resources {
                 chunk,
                 inline,
                 depth: o.queue_depth,
+                msg_send,
             },
             qp,
         ))
+    }
+
+    /// Whether the stream speaks rsocket's message-send variant (`RS_OPT_MSG_SEND`: every
+    /// message an RDMA write, if it carries bytes, then a 4-byte SEND with what the
+    /// immediate would hold).
+    pub(crate) fn msg_send(&self) -> bool {
+        self.msg_send
     }
 
     /// Posts every receive (the QP in INIT or later).
@@ -177,6 +193,8 @@ pub(crate) struct Core {
     sent: VecDeque<Sent>,
     chunk: u32,
     inline: u32,
+    /// rsocket's message-send variant (iWARP): [`Resources::msg_send`].
+    msg_send: bool,
     wakers: Arc<Wakers>,
     waker: Waker,
     /// Where the pieces of an inline write spread over several slices are gathered.
@@ -191,6 +209,8 @@ pub(crate) struct Core {
     target_sge: usize,
     /// SGL updates that arrived and are not loaded into `target` yet.
     sgl_arrived: u32,
+    /// The entry of `tsgl` the peer writes its next SGL update into (message-send variant).
+    sgl_next: usize,
     remote_sgl: RsSge,
     remote_sge: u32,
     // Receiving.
@@ -248,6 +268,7 @@ impl Core {
             sent: VecDeque::with_capacity(depth as usize + 1),
             chunk: r.chunk,
             inline: r.inline,
+            msg_send: r.msg_send,
             waker: Waker::from(wakers.clone()),
             stage: vec![0; INLINE_MAX].into_boxed_slice(),
             wakers,
@@ -259,6 +280,7 @@ impl Core {
             target: [peer.data_buf, RsSge::default()],
             target_sge: 0,
             sgl_arrived: 0,
+            sgl_next: 1 % SGL_SIZE,
             remote_sgl: peer.target_sgl,
             remote_sge: 1 % peer.target_sgl.length,
             rq_size: r.depth,
@@ -395,6 +417,16 @@ impl Core {
                 continue;
             }
             if is_recv {
+                // The message: the immediate, or in the message-send variant the 4 bytes a
+                // SEND put into the receive's buffer, in the sender's byte order (rsocket reads
+                // them so; a peer of the other byte order is refused at connect).
+                let msg = c.imm().or_else(|| {
+                    let b = buf
+                        .as_ref()
+                        .filter(|_| self.msg_send && c.byte_len as usize == MSG_SIZE)?;
+                    let m = <[u8; MSG_SIZE]>::try_from(b.as_slice().get(..MSG_SIZE)?).ok()?;
+                    Some(u32::from_ne_bytes(m))
+                });
                 if let Some(buf) = buf {
                     if self.connected() {
                         if let Err(refused) = self.conn.qp_mut().recv_buf(buf) {
@@ -402,8 +434,12 @@ impl Core {
                         }
                     }
                 }
-                match c.imm() {
-                    Some(imm) => self.message(imm, c.byte_len),
+                match msg {
+                    Some(msg) => self.message(msg, c.byte_len),
+                    None if self.msg_send => self.fail(Error::malformed(
+                        "rsocket stream",
+                        format!("a receive of {} bytes, not a 4-byte message", c.byte_len),
+                    )),
                     None => self.fail(Error::malformed("rsocket stream", "a message without immediate data")),
                 }
             } else {
@@ -432,7 +468,9 @@ impl Core {
             }
             wire::OP_SGL => {
                 self.sseq_comp = data as u16;
-                if byte_len as usize == SGE_LEN {
+                if self.msg_send {
+                    self.sgl_written();
+                } else if byte_len as usize == SGE_LEN {
                     self.sgl_arrived += 1;
                 }
             }
@@ -463,29 +501,84 @@ impl Core {
         }
     }
 
+    /// Message-send variant: an SGL message does not say whether an SGE was written before
+    /// it (its SEND is 4 bytes either way), so the entry the peer writes next is read: not
+    /// zero, it is a new part of the peer's receive buffer. It is loaded at once and the entry
+    /// cleared, so that a later credit-only message is not taken for it again: the peer
+    /// writes an entry again only after this side used up what it loaded from it.
+    fn sgl_written(&mut self) {
+        let k = self.sgl_next;
+        let mut b = [0u8; SGE_LEN];
+        if let Err(e) = self.tsgl.read(k * SGE_LEN, &mut b) {
+            self.fail(e.into());
+            return;
+        }
+        let sge = RsSge::from_ne_bytes(&b);
+        if sge.length == 0 {
+            return; // credits only
+        }
+        if self.target[k].length != 0 {
+            self.fail(Error::malformed(
+                "rsocket stream",
+                "the peer wrote a target SGE that was still in use",
+            ));
+            return;
+        }
+        if let Err(e) = self.tsgl.write(k * SGE_LEN, &[0; SGE_LEN]) {
+            self.fail(e.into());
+            return;
+        }
+        self.target[k] = sge;
+        self.sgl_next = (k + 1) % SGL_SIZE;
+    }
+
     fn ctrl_avail(&self) -> bool {
         self.ctrl_seqno != self.ctrl_max_seqno
     }
 
-    /// Posts a control message (zero-length or with `payload` inline) at `at`.
+    /// Whether a credit update may go out: it takes two control slots in the message-send
+    /// variant (write and SEND), as rsocket's `rs_2ctrl_avail` asks.
+    fn credit_ctrl_avail(&self) -> bool {
+        let need = if self.msg_send { 2 } else { 1 };
+        self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno) >= need
+    }
+
+    /// Posts a control message (zero-length or with `payload` inline) at `at`; in the
+    /// message-send variant a write of `payload` (if any) and the message as a SEND, each a
+    /// control slot.
     fn post_ctrl(&mut self, imm: u32, at: u64, payload: &[u8]) -> Result<()> {
         let remote = Remote {
             addr: at,
             rkey: self.remote_sgl.key,
         };
-        self.conn
-            .qp_mut()
-            .send_inline(SendOp::RdmaWriteWithImm(remote, imm), payload)?;
+        if self.msg_send {
+            if !payload.is_empty() {
+                self.conn.qp_mut().send_inline(SendOp::RdmaWrite(remote), payload)?;
+                self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
+                self.sent.push_back(Sent::Ctrl);
+            }
+            self.post_msg(imm)?;
+        } else {
+            self.conn
+                .qp_mut()
+                .send_inline(SendOp::RdmaWriteWithImm(remote, imm), payload)?;
+        }
         self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
         self.sent.push_back(Sent::Ctrl);
         Ok(())
+    }
+
+    /// Message-send variant: `msg` (what the immediate would hold) as a 4-byte inline SEND,
+    /// in this host's byte order (rsocket's `rs_post_msg`). The caller counts its slot.
+    fn post_msg(&mut self, msg: u32) -> Result<()> {
+        self.conn.qp_mut().send_inline(SendOp::Send, &msg.to_ne_bytes())
     }
 
     /// rsocket's `rs_update_credits`: grants credits and buffer space when half is due.
     fn update_credits(&mut self) {
         let half = self.rbuf_size / 2;
         let due = self.rbuf_bytes_avail >= half || (self.rseq_no.wrapping_sub(self.rseq_comp) as i16) >= 0;
-        if !(due && self.ctrl_avail() && self.connected() && !self.closed_fully()) {
+        if !(due && self.credit_ctrl_avail() && self.connected() && !self.closed_fully()) {
             return;
         }
         self.rseq_comp = self.rseq_no.wrapping_add(self.rq_size / 2);
@@ -617,8 +710,21 @@ impl Core {
         self.target[self.target_sge].length != 0
     }
 
+    /// The request that carries `len` bytes of data to `remote`: a write with the message as
+    /// its immediate, or in the message-send variant a plain write ([`Core::post_msg`] then
+    /// sends the message).
+    fn data_op(&self, remote: Remote, len: u32) -> SendOp {
+        if self.msg_send {
+            SendOp::RdmaWrite(remote)
+        } else {
+            SendOp::RdmaWriteWithImm(remote, wire::imm(wire::OP_DATA, len))
+        }
+    }
+
     fn can_send(&mut self) -> bool {
-        self.sqe_avail > 0 && self.sseq_no != self.sseq_comp && self.target_ready()
+        // A data message takes two send queue entries in the message-send variant.
+        let sqes = if self.msg_send { 2 } else { 1 };
+        self.sqe_avail >= sqes && self.sseq_no != self.sseq_comp && self.target_ready()
     }
 
     pub(crate) fn poll_write(&mut self, cx: &mut TaskContext<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
@@ -662,7 +768,7 @@ impl Core {
                 rkey: target.key,
             };
             let posted = if len <= self.inline {
-                let op = SendOp::RdmaWriteWithImm(remote, wire::imm(wire::OP_DATA, len));
+                let op = self.data_op(remote, len);
                 let n = len as usize;
                 let first = &bufs[slice][offset..];
                 if first.len() >= n {
@@ -680,7 +786,7 @@ impl Core {
             } else {
                 let mut buf = self.sbufs.pop().expect("checked above");
                 len = len.min(buf.capacity() as u32);
-                let op = SendOp::RdmaWriteWithImm(remote, wire::imm(wire::OP_DATA, len));
+                let op = self.data_op(remote, len);
                 match buf.set_len(len as usize) {
                     Err(e) => Err(e.into()),
                     Ok(()) => {
@@ -705,6 +811,19 @@ impl Core {
             self.sent.push_back(Sent::Data);
             self.sseq_no = self.sseq_no.wrapping_add(1);
             self.sqe_avail -= 1;
+            if self.msg_send {
+                // The message-send variant: the message follows the write as a SEND.
+                if let Err(e) = self.post_msg(wire::imm(wire::OP_DATA, len)) {
+                    self.fail(e);
+                    return Poll::Ready(if written > 0 {
+                        Ok(written)
+                    } else {
+                        Err(self.down_error(true))
+                    });
+                }
+                self.sent.push_back(Sent::Data);
+                self.sqe_avail -= 1;
+            }
             let t = &mut self.target[self.target_sge];
             t.addr = t.addr.wrapping_add(u64::from(len));
             t.length -= len;
@@ -728,7 +847,9 @@ impl Core {
             }
             let before = self.sent.len();
             self.progress(cx, Half::Write);
-            if self.sent.len() == before {
+            // The connection's end may come with no completion for what is posted (on siw, a
+            // SEND posted as the peer closed got none): the check above ends the flush then.
+            if self.sent.len() == before && self.connected() {
                 return Poll::Pending;
             }
         }

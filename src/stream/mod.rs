@@ -5,11 +5,13 @@
 //! The protocol is rsocket's (`docs/rsocket-protocol.md`): connect private data
 //! (`rs_conn_data`), data as RDMA writes with immediate into the receive buffer the peer
 //! advertised, credits and buffer halves granted back by SGL updates, shutdown and disconnect
-//! as control messages. A C program on `librdmacm`'s rsockets (`rstream`, a TCP program under
+//! as control messages; on an iWARP device (no write with immediate) rsocket's message-send
+//! variant, as rsocket speaks it there: each message a plain RDMA write (if it carries bytes)
+//! followed by a 4-byte SEND holding what the immediate would. A C program on `librdmacm`'s rsockets (`rstream`, a TCP program under
 //! `librspreload.so`) is a peer, in either role (`riowrite`'s iomaps are not offered, so
 //! `riostream` is not). What rsockets can negotiate and this implementation does not speak
-//! (an iWARP device, a big-endian peer, another protocol version) is refused at connect or
-//! accept with an error that says so.
+//! (a big-endian peer, another protocol version) is refused at connect or accept with an
+//! error that says so.
 //!
 //! ```no_run
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -48,9 +50,7 @@ mod wire;
 
 use self::core::{Core, Resources};
 use crate::aio::{AsyncConnection, AsyncConnector, AsyncListener};
-use crate::attr::Transport;
 use crate::cm::ConnParam;
-use crate::context::Context;
 use crate::error::{Error, Result};
 use std::io;
 use std::net::SocketAddr;
@@ -119,17 +119,6 @@ impl StreamOptions {
     }
 }
 
-/// Refuses devices whose transport needs rsocket's message-send variant.
-fn check_transport(verb: &'static str, ctx: &Context) -> Result<()> {
-    if ctx.device().transport()? == Transport::IWARP {
-        return Err(Error::invalid(
-            verb,
-            "rsocket streams on iWARP (RS_OPT_MSG_SEND: data as write plus send) are not implemented",
-        ));
-    }
-    Ok(())
-}
-
 /// Listens for rsocket stream connections (the RDMA CM's TCP port space).
 #[derive(Debug)]
 pub struct RdmaListener {
@@ -178,10 +167,6 @@ impl RdmaListener {
             }
         };
         let ctx = request.context()?;
-        if let Err(e) = check_transport("accept", &ctx) {
-            let _ = request.reject(&[]);
-            return Err(e);
-        }
         let (mut resources, mut qp) = Resources::new(&ctx, &self.options)?;
         request.init_qp(&mut qp)?;
         resources.post_recvs(&mut qp)?;
@@ -218,8 +203,9 @@ impl RdmaStream {
     }
 
     /// Connects to an rsocket listener at `addr` with the default options. A connect where
-    /// nothing listens is [`Error::Rejected`]; a peer this implementation does not speak is
-    /// refused with an error naming what.
+    /// nothing listens is [`Error::Rejected`] (on iWARP, [`Error::Kernel`] with
+    /// `ECONNREFUSED`: the TCP connect was refused); a peer this implementation does not speak
+    /// is refused with an error naming what.
     pub async fn connect(addr: SocketAddr) -> Result<Self> {
         Self::connect_with(addr, StreamOptions::default()).await
     }
@@ -229,7 +215,6 @@ impl RdmaStream {
         options.check("RdmaStream::connect")?;
         let connector = AsyncConnector::resolve(addr, options.resolve_timeout).await?;
         let ctx = connector.context()?;
-        check_transport("connect", &ctx)?;
         let (mut resources, mut qp) = Resources::new(&ctx, &options)?;
         connector.id().init_qp(&mut qp)?;
         resources.post_recvs(&mut qp)?;
@@ -237,7 +222,9 @@ impl RdmaStream {
         let param = ConnParam {
             private_data: &data,
             responder_resources: Some(0),
-            initiator_depth: Some(0),
+            // rsocket's work-around for iWARP devices that issue an RDMA read while the
+            // connection is set up: an initiator depth of 1 in the message-send variant.
+            initiator_depth: Some(u8::from(resources.msg_send())),
             ..ConnParam::default()
         };
         let conn = connector.connect(qp, &param).await?;

@@ -35,6 +35,7 @@ const ALSO_ON_SIW: &[&str] = &[
     "soak",
     "srq",
     "srq_owned",
+    "stream",
 ];
 
 /// The argv of test binary `name`: wrapped in `with_siw.sh` when it is a siw test.
@@ -50,8 +51,8 @@ pub fn siw_rerun_argv(name: &str, argv: &[String]) -> Option<Vec<String>> {
     ALSO_ON_SIW.contains(&name).then(|| with_siw(argv.to_vec()))
 }
 
-/// `argv` run through `with_siw.sh`.
-fn with_siw(argv: Vec<String>) -> Vec<String> {
+/// `argv` run through `with_siw.sh` (with a siw device, `UVERBS_CM_ADDR` its address).
+pub fn with_siw(argv: Vec<String>) -> Vec<String> {
     let wrapper = crate::paths::root().join("xtask/guest/with_siw.sh");
     let mut v = vec!["/bin/sh".to_string(), wrapper.to_string_lossy().into_owned()];
     v.extend(argv);

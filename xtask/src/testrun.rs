@@ -205,7 +205,7 @@ pub fn guest_suite(extra: &[String], native: bool) -> Result<Suite> {
         Err(e) => failures.push(format!("build: {e}")),
     }
     match release_stream_echo() {
-        Ok(item) => items.push(item),
+        Ok(echo) => items.extend(echo),
         Err(e) => failures.push(format!("build: {e}")),
     }
     let mut c = cargo();
@@ -374,8 +374,9 @@ const STREAM_ECHO_TEST: &str = "copy_echo_over_concurrent_connections_checks_eve
 
 /// `tests/stream.rs`'s echo at the size its acceptance asks for (10 connections x 100 MiB
 /// each way, every byte checked), from a release build of the test: the debug build moves
-/// under 1 MiB/s under TCG, the release build about ten times that (docs/test-guest.md).
-fn release_stream_echo() -> Result<Item> {
+/// under 1 MiB/s under TCG, the release build about ten times that (docs/test-guest.md). Run
+/// on rxe, and again on siw (rsocket's message-send variant), both on the first kernel only.
+fn release_stream_echo() -> Result<Vec<Item>> {
     let mut c = cargo();
     c.args([
         "test",
@@ -391,7 +392,18 @@ fn release_stream_echo() -> Result<Item> {
         .into_iter()
         .find(|e| e.is("test") && e.name == "stream")
         .ok_or_else(|| crate::error::Error::msg("the release build of tests/stream.rs made no test binary"))?;
-    Ok(stream_echo_item(exe.path))
+    let rxe = stream_echo_item(exe.path);
+    let siw = stream_echo_on_siw(&rxe);
+    Ok(vec![rxe, siw])
+}
+
+/// The release echo `rxe` again on siw0, through `with_siw.sh`.
+fn stream_echo_on_siw(rxe: &Item) -> Item {
+    Item {
+        name: "test stream on siw0 (release: echo, 10 connections x 100 MiB)".into(),
+        argv: crate::siw_module::with_siw(rxe.argv.clone()),
+        first_kernel_only: true,
+    }
 }
 
 fn stream_echo_item(exe: String) -> Item {
@@ -411,9 +423,10 @@ fn stream_echo_item(exe: String) -> Item {
     }
 }
 
-/// Guest scripts that run on the first kernel of [`kernels`] only, for CI's time: the drop-in
-/// and the demo on siw (siw's own tests and its interop run on every kernel).
-const FIRST_KERNEL_ONLY_SCRIPTS: &[&str] = &["demo_siw.sh", "libibverbs_dropin_siw.sh"];
+/// Guest scripts that run on the first kernel of [`kernels`] only, for CI's time: the drop-in,
+/// the demo and the rsocket interop on siw (siw's own tests and its CM interop run on every
+/// kernel).
+const FIRST_KERNEL_ONLY_SCRIPTS: &[&str] = &["demo_siw.sh", "libibverbs_dropin_siw.sh", "rsocket_siw_interop.sh"];
 
 /// Executable `tests/guest/*.sh`, sorted, each run through `/bin/sh`.
 fn scripts() -> Result<Vec<Item>> {
@@ -537,13 +550,17 @@ mod tests {
     #[test]
     fn the_release_stream_echo_runs_the_full_size_on_its_own() {
         let item = stream_echo_item("/t/stream-abc".into());
-        let s = guest_script(&[item], 600);
+        let s = guest_script(std::slice::from_ref(&item), 600);
         assert!(
             s.contains(&format!(
                 "env UVERBS_STREAM_CONNS=10 UVERBS_STREAM_MIB=100 /t/stream-abc --test-threads=1 --exact {STREAM_ECHO_TEST} --nocapture\n"
             )),
             "{s}"
         );
+        let siw = stream_echo_on_siw(&item);
+        assert!(siw.first_kernel_only);
+        assert!(siw.argv[1].ends_with("xtask/guest/with_siw.sh"), "{:?}", siw.argv);
+        assert_eq!(siw.argv[2..], item.argv[..]);
     }
 
     #[test]
