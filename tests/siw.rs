@@ -467,3 +467,83 @@ fn the_passive_side_disconnects_first_and_receives_flush_once() {
     drop(listener);
     assert_no_cm_ids();
 }
+
+/// A QP whose connection is not up, asked to take it as up (`Qp::iwarp_connected_elsewhere`,
+/// what the libibverbs drop-in does on a post librdmacm's connection may have made valid):
+/// the kernel refuses the empty doorbell it rings first (ENOTCONN), the QP stays in INIT, and
+/// nothing is written into its send queue, where siw would run it once the connection came
+/// up. Once connected, the QP's send queue carries only what is posted after.
+#[test]
+fn a_qp_not_yet_connected_is_not_taken_as_connected_and_its_queue_stays_empty() {
+    let addr = siw_addr(7493);
+    let listener = Listener::bind(addr).unwrap();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let listener = &listener;
+        let server = s.spawn(move || {
+            let req = listener.get_request(T).unwrap();
+            let mut end = End::new(&req.context().unwrap());
+            let mut qp = end.qp();
+            req.init_qp(&mut qp).unwrap();
+            let room = qp.send_room();
+            let err = qp.iwarp_connected_elsewhere().unwrap_err();
+            assert_eq!(err.errno(), Some(nix::errno::Errno::ENOTCONN), "{err}");
+            assert_eq!(qp.state(), QpState::Init);
+            assert_eq!(qp.send_room(), room, "nothing written into the send queue");
+            end.recv(&mut qp, 1, 0, 1024);
+            let mut conn = req.accept(qp, &ConnParam::default(), T).unwrap();
+            let wc = end.one();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len),
+                (1, WcStatus::SUCCESS, 300),
+                "{wc:?}"
+            );
+            assert_eq!(end.mr.to_vec(0, 300).unwrap(), pattern(300, 3));
+            // The client posted its receive: one SEND back, the only request in the queue.
+            ready_rx.recv().unwrap();
+            end.mr.write(4096, &pattern(200, 4)).unwrap();
+            let sge = [end.mr.sge(4096, 200).unwrap()];
+            // SAFETY: `mr` outlives the request; polled below.
+            unsafe {
+                conn.qp_mut()
+                    .post_send(&[SendWr::new(2, SendOp::Send, &sge).with(SendFlags::SIGNALED)])
+            }
+            .unwrap();
+            let wc = end.one();
+            assert_eq!((wc.wr_id, wc.status), (2, WcStatus::SUCCESS), "{wc:?}");
+            assert_idle(&mut end.cq);
+            conn.wait_disconnected(T).unwrap();
+        });
+        let connector = Connector::resolve(addr, T).unwrap();
+        let mut end = End::new(&connector.context().unwrap());
+        let mut conn = connector.connect(end.qp(), &ConnParam::default(), T).unwrap();
+        end.recv(conn.qp_mut(), 10, 8192, 1024);
+        end.mr.write(0, &pattern(300, 3)).unwrap();
+        let sge = [end.mr.sge(0, 300).unwrap()];
+        // SAFETY: `mr` outlives the request; polled below.
+        unsafe {
+            conn.qp_mut()
+                .post_send(&[SendWr::new(11, SendOp::Send, &sge).with(SendFlags::SIGNALED)])
+        }
+        .unwrap();
+        let wc = end.one();
+        assert_eq!((wc.wr_id, wc.status), (11, WcStatus::SUCCESS), "{wc:?}");
+        ready_tx.send(()).unwrap();
+        let wc = end.one();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (10, WcStatus::SUCCESS, 200),
+            "{wc:?}"
+        );
+        assert_eq!(
+            end.mr.to_vec(8192, 200).unwrap(),
+            pattern(200, 4),
+            "only the SEND posted after"
+        );
+        assert_idle(&mut end.cq);
+        conn.disconnect(T).unwrap();
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}
