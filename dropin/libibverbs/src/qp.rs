@@ -400,9 +400,8 @@ unsafe fn is_iwarp(qp: *mut ibv_qp) -> bool {
 /// is a connection that came up through librdmacm, which moves an iWARP QP to RTS in the
 /// kernel with no `ibv_modify_qp` this provider sees: records the move and posts again. If the
 /// connection is not up after all, the kernel refuses the empty doorbell that
-/// `Qp::iwarp_connected_elsewhere` rings first (ENOTCONN, the errno rdma-core's C siw returns
-/// there too), nothing is written, and `bad_wr` names the first request. Elsewhere the
-/// refusal stands.
+/// `Qp::iwarp_connected_elsewhere` rings first (ENOTCONN), nothing is written, and `bad_wr`
+/// names the first request. Elsewhere the refusal stands.
 ///
 /// # Safety
 /// As for [`post_send`], with `first` the non-null `wr`.
