@@ -142,7 +142,7 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
     // iWARP's MPA carries private data both ways.
     let (req_data, rep_data) = (pattern(200, 1), pattern(180, 2));
     let (to_client, from_server) = mpsc::channel::<(u64, u32)>();
-    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (posted_tx, posted_rx) = mpsc::channel::<()>();
     thread::scope(|s| {
         let (listener, req_data, rep_data) = (&listener, &req_data, &rep_data);
         let server = s.spawn(move || {
@@ -192,10 +192,12 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
             );
             // The client's READ left the server's bytes as they were.
             assert_eq!(end.mr.to_vec(0, LEN / 2).unwrap(), src);
-            // Posted before the client may disconnect: a receive posted once the kernel moved
-            // the QP on (the connection closed) is never seen, so never flushed.
+            // Posted before the client disconnects, which waits for it: a receive posted once
+            // the kernel moved the QP on (the connection closed) is never seen, so never
+            // flushed (the client used to go on as soon as it had sent a message this side
+            // had not read yet, and under load won that race 2 runs in 40).
             end.recv(conn.qp_mut(), 300, 0, 16);
-            done_rx.recv().unwrap();
+            posted_tx.send(()).unwrap();
             conn.wait_disconnected(T).unwrap();
             let wc = end.one();
             assert_eq!((wc.wr_id, wc.status), (300, WcStatus::WR_FLUSH_ERR));
@@ -354,7 +356,7 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
         assert_idle(&mut end.cq);
         // The connection still works after the refusals.
         end.recv(conn.qp_mut(), 40, 0, 8);
-        done_tx.send(()).unwrap();
+        posted_rx.recv().unwrap();
         conn.disconnect(T).unwrap();
         let wc = end.one();
         assert_eq!((wc.wr_id, wc.status), (40, WcStatus::WR_FLUSH_ERR));
