@@ -239,18 +239,26 @@ fn iwarp_bad_rkeys_end_the_connection_and_a_new_one_works(p: &mut Pair) {
         }
         let b = poll_n(&mut p.b.cq, 1, 1);
         println!("{what}: B {:?}", seen(&b));
-        let request = if is_read {
+        let request: &[WcStatus] = if is_read {
             // Its response never comes: the READ waits in the outbound read queue, which
             // the connection's end flushes.
-            WcStatus::WR_FLUSH_ERR
+            &[WcStatus::WR_FLUSH_ERR]
         } else {
-            // Completed when sent, before the peer looked at the STag.
-            WcStatus::SUCCESS
+            // Completed when sent, before the peer looked at the STag; or, when its
+            // transmission had not finished by the time the peer's TERMINATE closed the
+            // connection (seen 1 run in 15 under load on 6.12), failed in the transmit path:
+            // LOC_QP_OP_ERR (`siw_qp_sq_process`).
+            &[WcStatus::SUCCESS, WcStatus::LOC_QP_OP_ERR]
         };
+        let a = seen(&a);
+        assert!(
+            a.len() == 2 && a[0].0 == round && request.contains(&a[0].1),
+            "{what}: the requester's request: {a:?}"
+        );
         assert_eq!(
-            seen(&a),
-            [(round, request), (round + 1, WcStatus::WR_FLUSH_ERR)],
-            "{what}: the requester"
+            a[1],
+            (round + 1, WcStatus::WR_FLUSH_ERR),
+            "{what}: the requester's receive"
         );
         assert_eq!(seen(&b), [(round + 2, WcStatus::WR_FLUSH_ERR)], "{what}: the responder");
         assert_idle(&mut p.a.cq);
