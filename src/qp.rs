@@ -596,8 +596,14 @@ impl Qp {
     /// with no MODIFY_QP from user space and no event this side sees. For a libibverbs
     /// provider under librdmacm (`dropin/libibverbs`), which learns of the connection only
     /// from the first send posted; code on [`crate::cm`] calls [`crate::cm::CmId::established`]
-    /// instead. Should the connection not be up after all, the kernel refuses the doorbell
-    /// (ENOTCONN), as it does for rdma-core's C providers.
+    /// instead.
+    ///
+    /// The kernel is asked first, with an empty send doorbell (a POST_SEND of no requests,
+    /// which siw refuses with ENOTCONN unless the QP is in RTS, and otherwise answers with
+    /// nothing to send): if it refuses, the QP stays in its state and the kernel's error is
+    /// returned, and nothing was written into the send queue. Writing first and taking the
+    /// doorbell's refusal as the answer would leave the request in the queue, handed over,
+    /// where siw runs it once the connection comes up (docs/kernel-facts.md).
     ///
     /// Refused with [`Error::InvalidArgument`] on a QP of a device that is not iWARP, or one
     /// not in INIT or RTR (the states an iWARP QP waits for its connection in).
@@ -610,6 +616,7 @@ impl Qp {
         if !matches!(self.state, QpState::Init | QpState::Rtr) {
             return Err(Error::invalid(VERB, format!("the QP is in state {:?}", self.state)));
         }
+        cmd::SendDoorbell::new(self.handle).ring(self.pd.ctx.fd())?;
         self.kernel_moved_to(QpState::Rts);
         Ok(())
     }

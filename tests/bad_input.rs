@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::cm::pattern;
 use common::*;
 use std::process::Command;
 use uverbs::*;
@@ -134,6 +135,9 @@ fn bad_lkey_and_bad_rkey_complete_in_error_and_the_qp_recovers() {
             unsafe { p.a.qp.post_send(&[SendWr::new(1, SendOp::RdmaWrite(remote), &unknown)]) }.unwrap();
             let c = poll_n(&mut p.a.cq, 1, 1)[0];
             assert_eq!((c.wr_id, c.status), (1, WcStatus::LOC_QP_OP_ERR), "{c:?}");
+            reconnect_iwarp(&mut p);
+            moves_data(&mut p, 1);
+            iwarp_bad_rkeys_end_the_connection_and_a_new_one_works(&mut p);
             return;
         }
     };
@@ -172,6 +176,191 @@ fn bad_lkey_and_bad_rkey_complete_in_error_and_the_qp_recovers() {
     assert_eq!((c.wr_id, c.status), (3, WcStatus::REM_ACCESS_ERR), "{c:?}");
     reconnect(&mut p);
     assert_eq!(write(&mut p, 4).status, WcStatus::SUCCESS, "usable again");
+}
+
+/// On iWARP (siw) a request naming a remote region it may not use (an STag that names no
+/// region, or one without the access the request needs) is refused by the peer with a
+/// TERMINATE, which ends the connection: the requester's RDMA WRITE has completed already
+/// (siw completes a WRITE once sent), its RDMA READ is flushed, and what either side still
+/// has posted flushes. A new connection between the same two endpoints (fresh QPs on the same
+/// PD, CQs and regions) then works.
+fn iwarp_bad_rkeys_end_the_connection_and_a_new_one_works(p: &mut Pair) {
+    let len = 64u32;
+    // A region of B's that A may read but not write, and one it may write but not read.
+    let read_only = p.pd.alloc_remote_mr(4096, AccessFlags::REMOTE_READ).unwrap();
+    let mut write_only =
+        p.pd.alloc_remote_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let unknown = Remote {
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey() ^ 0x5a5a00,
+    };
+    let cases = [
+        ("WRITE, unknown STag", SendOp::RdmaWrite(unknown)),
+        ("READ, unknown STag", SendOp::RdmaRead(unknown)),
+        (
+            "WRITE, no remote write",
+            SendOp::RdmaWrite(read_only.remote(0).unwrap()),
+        ),
+    ];
+    for (round, (what, op)) in (10u64..).step_by(10).zip(cases) {
+        // A receive posted on each side: its flush shows that side's connection ended.
+        let a_recv = [p.a.mr.sge(4096, len).unwrap()];
+        let b_recv = [p.b.mr.sge(4096, len).unwrap()];
+        // SAFETY: the regions outlive the requests; their completions are polled below.
+        unsafe {
+            p.a.qp.post_recv(&[RecvWr::new(round + 1, &a_recv)]).unwrap();
+            p.b.qp.post_recv(&[RecvWr::new(round + 2, &b_recv)]).unwrap();
+        }
+        let sge = [p.a.mr.sge(0, len).unwrap()];
+        let is_read = matches!(op, SendOp::RdmaRead(_));
+        // SAFETY: as above.
+        unsafe {
+            p.a.qp
+                .post_send(&[SendWr::new(round, op, &sge).with(SendFlags::SIGNALED)])
+        }
+        .unwrap();
+        let seen = |c: &[WorkCompletion]| -> Vec<(u64, WcStatus)> { c.iter().map(|c| (c.wr_id, c.status)).collect() };
+        let a = poll_n(&mut p.a.cq, 2, 2);
+        println!("{what}: A {:?}", seen(&a));
+        if is_read {
+            // B found the bad STag in its transmit path (the READ response), sent the
+            // TERMINATE and closed the connection there at once (`siw_qp_cm_drop`, not
+            // scheduled), which leaves its QP in RTS with nothing flushed: its receive stays
+            // posted until the application moves the QP to ERR, as `rdma_disconnect` does on
+            // the DISCONNECTED event.
+            assert_idle(&mut p.b.cq);
+            p.b.qp
+                .modify(&QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                })
+                .unwrap();
+        }
+        let b = poll_n(&mut p.b.cq, 1, 1);
+        println!("{what}: B {:?}", seen(&b));
+        let request: &[WcStatus] = if is_read {
+            // Its response never comes: the READ waits in the outbound read queue, which
+            // the connection's end flushes.
+            &[WcStatus::WR_FLUSH_ERR]
+        } else {
+            // Completed when sent, before the peer looked at the STag; or, when its
+            // transmission had not finished by the time the peer's TERMINATE closed the
+            // connection (seen 1 run in 15 under load on 6.12), failed in the transmit path:
+            // LOC_QP_OP_ERR (`siw_qp_sq_process`).
+            &[WcStatus::SUCCESS, WcStatus::LOC_QP_OP_ERR]
+        };
+        let a = seen(&a);
+        assert!(
+            a.len() == 2 && a[0].0 == round && request.contains(&a[0].1),
+            "{what}: the requester's request: {a:?}"
+        );
+        assert_eq!(
+            a[1],
+            (round + 1, WcStatus::WR_FLUSH_ERR),
+            "{what}: the requester's receive"
+        );
+        assert_eq!(seen(&b), [(round + 2, WcStatus::WR_FLUSH_ERR)], "{what}: the responder");
+        assert_idle(&mut p.a.cq);
+        assert_idle(&mut p.b.cq);
+        reconnect_iwarp(p);
+        moves_data(p, round as u8);
+    }
+    // A READ of a region registered without REMOTE_READ is served: siw's READ response checks
+    // the STag, its PD and its bounds but asks for no access right (`siw_check_sgl_tx(pd,
+    // wqe, 0)`, 6.1 and 6.12; docs/kernel-facts.md).
+    let secret = pattern(len as usize, 0x5e);
+    write_only.write(0, &secret).unwrap();
+    let into = [p.a.mr.sge(8192, len).unwrap()];
+    p.a.mr.write(8192, &vec![0; len as usize]).unwrap();
+    let from = write_only.remote(0).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        p.a.qp
+            .post_send(&[SendWr::new(50, SendOp::RdmaRead(from), &into).with(SendFlags::SIGNALED)])
+    }
+    .unwrap();
+    let c = poll_n(&mut p.a.cq, 1, 1)[0];
+    assert_eq!((c.wr_id, c.status, c.byte_len), (50, WcStatus::SUCCESS, len), "{c:?}");
+    assert_eq!(
+        p.a.mr.to_vec(8192, len as usize).unwrap(),
+        secret,
+        "siw served the READ"
+    );
+    assert_idle(&mut p.b.cq);
+    moves_data(p, 60);
+}
+
+/// Replaces both QPs of an iWARP pair whose connection ended by new ones (same PD, CQs and
+/// regions), connected through the CM between the same two endpoints.
+fn reconnect_iwarp(p: &mut Pair) {
+    let opts = PairOpts::default();
+    let fresh = |cq: &Cq| {
+        let mut init = QpInit::new(QpType::Rc, cq, cq);
+        init.cap = opts.cap;
+        p.pd.create_qp(&init).expect("create_qp")
+    };
+    let (a, b) = (fresh(&p.a.cq), fresh(&p.b.cq));
+    // The old QPs go first, then the old connection's ids, as when a pair is dropped.
+    drop((std::mem::replace(&mut p.a.qp, a), std::mem::replace(&mut p.b.qp, b)));
+    p.cm = None;
+    p.cm = Some(link::cm_connect(&mut p.a.qp, &mut p.b.qp));
+}
+
+/// A WRITE and a SEND from A to B and a READ by A from B, every byte checked.
+fn moves_data(p: &mut Pair, seed: u8) {
+    let n = 4096usize;
+    let (w, r, s) = (
+        pattern(n, seed),
+        pattern(n, seed.wrapping_add(1)),
+        pattern(n / 2, seed.wrapping_add(2)),
+    );
+    p.a.mr.write(0, &w).unwrap();
+    p.b.mr.write(2 * n, &r).unwrap();
+    p.a.mr.write(3 * n, &s).unwrap();
+    p.b.mr.write(0, &vec![0; n]).unwrap();
+    p.a.mr.write(n, &vec![0; n]).unwrap();
+    p.b.mr.write(3 * n, &vec![0; n]).unwrap();
+    let recv = [p.b.mr.sge(3 * n, n as u32).unwrap()];
+    let (write, read, send) = (
+        [p.a.mr.sge(0, n as u32).unwrap()],
+        [p.a.mr.sge(n, n as u32).unwrap()],
+        [p.a.mr.sge(3 * n, (n / 2) as u32).unwrap()],
+    );
+    let (to, from) = (p.b.mr.remote(0).unwrap(), p.b.mr.remote(2 * n).unwrap());
+    // SAFETY: the regions outlive the requests, whose completions are polled below before
+    // the bytes are looked at.
+    unsafe {
+        p.b.qp.post_recv(&[RecvWr::new(3, &recv)]).unwrap();
+        p.a.qp
+            .post_send(&[
+                SendWr::new(1, SendOp::RdmaWrite(to), &write).with(SendFlags::SIGNALED),
+                SendWr::new(2, SendOp::RdmaRead(from), &read).with(SendFlags::SIGNALED),
+                SendWr::new(4, SendOp::Send, &send).with(SendFlags::SIGNALED),
+            ])
+            .unwrap();
+    }
+    let mut a: Vec<_> = poll_n(&mut p.a.cq, 3, 3).iter().map(|c| (c.wr_id, c.status)).collect();
+    // siw completes the SEND once sent and the READ once its response arrived, so either may
+    // come first (docs/kernel-facts.md).
+    a.sort_unstable_by_key(|c| c.0);
+    assert_eq!(
+        a,
+        [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS), (4, WcStatus::SUCCESS)]
+    );
+    let b = poll_n(&mut p.b.cq, 1, 1)[0];
+    assert_eq!((b.wr_id, b.status, b.byte_len), (3, WcStatus::SUCCESS, (n / 2) as u32));
+    await_placement(p);
+    assert_eq!(p.b.mr.to_vec(0, n).unwrap(), w, "the bytes written");
+    assert_eq!(p.a.mr.to_vec(n, n).unwrap(), r, "the bytes read");
+    assert_eq!(p.b.mr.to_vec(3 * n, n / 2).unwrap(), s, "the bytes sent");
+    assert_eq!(
+        p.b.mr.to_vec(3 * n + n / 2, n / 2).unwrap(),
+        vec![0; n / 2],
+        "nothing past them"
+    );
+    assert_idle(&mut p.a.cq);
+    assert_idle(&mut p.b.cq);
 }
 
 /// Takes both QPs of `p` (the failed one is in the error state) through RESET back to RTS.

@@ -20,6 +20,10 @@ const T: Duration = Duration::from_secs(20);
 /// Bytes of each side's region.
 const LEN: usize = 64 * 1024;
 
+/// Where the server receives the note announcing the client's WRITE: past the eight
+/// messages' buffers (`LEN / 2 + i * 1024`), below the written quarter (`LEN * 3 / 4`).
+const NOTE_AT: usize = LEN / 2 + 8 * 1024;
+
 /// `UVERBS_SIW_ADDR` with `port`.
 fn siw_addr(port: u16) -> SocketAddr {
     let ip: IpAddr = std::env::var("UVERBS_SIW_ADDR")
@@ -138,7 +142,7 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
     // iWARP's MPA carries private data both ways.
     let (req_data, rep_data) = (pattern(200, 1), pattern(180, 2));
     let (to_client, from_server) = mpsc::channel::<(u64, u32)>();
-    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (posted_tx, posted_rx) = mpsc::channel::<()>();
     thread::scope(|s| {
         let (listener, req_data, rep_data) = (&listener, &req_data, &rep_data);
         let server = s.spawn(move || {
@@ -153,6 +157,12 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
             for i in 0..8u64 {
                 end.recv(&mut qp, 100 + i, LEN / 2 + i as usize * 1024, 1024);
             }
+            // The receive for the message that announces the client's WRITE, posted with the
+            // others: the client sends it once its WRITE completed, which on siw is once sent,
+            // whatever this side has polled by then, and iWARP has no receiver-not-ready retry:
+            // a SEND that finds no receive posted ends the connection (a TERMINATE, DDP
+            // untagged buffer error "no buffer", docs/kernel-facts.md).
+            end.recv(&mut qp, 200, NOTE_AT, 16);
             let param = ConnParam {
                 private_data: rep_data,
                 ..Default::default()
@@ -171,11 +181,10 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
                 assert_eq!(end.mr.to_vec(at, len).unwrap(), pattern(len, i as u8), "message {i}");
             }
             // The client's RDMA WRITE into [LEN*3/4, LEN), announced by one more message.
-            end.recv(conn.qp_mut(), 200, LEN / 2, 16);
             let wc = end.one();
             wc.result().unwrap();
             assert_eq!((wc.wr_id, wc.byte_len), (200, 5));
-            assert_eq!(end.mr.to_vec(LEN / 2, 5).unwrap(), b"wrote");
+            assert_eq!(end.mr.to_vec(NOTE_AT, 5).unwrap(), b"wrote");
             assert_eq!(
                 end.mr.to_vec(LEN * 3 / 4, LEN / 4).unwrap(),
                 pattern(LEN / 4, 77),
@@ -183,10 +192,12 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
             );
             // The client's READ left the server's bytes as they were.
             assert_eq!(end.mr.to_vec(0, LEN / 2).unwrap(), src);
-            // Posted before the client may disconnect: a receive posted once the kernel moved
-            // the QP on (the connection closed) is never seen, so never flushed.
+            // Posted before the client disconnects, which waits for it: a receive posted once
+            // the kernel moved the QP on (the connection closed) is never seen, so never
+            // flushed (the client used to go on as soon as it had sent a message this side
+            // had not read yet, and under load won that race 2 runs in 40).
             end.recv(conn.qp_mut(), 300, 0, 16);
-            done_rx.recv().unwrap();
+            posted_tx.send(()).unwrap();
             conn.wait_disconnected(T).unwrap();
             let wc = end.one();
             assert_eq!((wc.wr_id, wc.status), (300, WcStatus::WR_FLUSH_ERR));
@@ -345,7 +356,7 @@ fn send_write_and_read_over_a_cm_connection_every_byte_checked() {
         assert_idle(&mut end.cq);
         // The connection still works after the refusals.
         end.recv(conn.qp_mut(), 40, 0, 8);
-        done_tx.send(()).unwrap();
+        posted_rx.recv().unwrap();
         conn.disconnect(T).unwrap();
         let wc = end.one();
         assert_eq!((wc.wr_id, wc.status), (40, WcStatus::WR_FLUSH_ERR));
@@ -453,6 +464,86 @@ fn the_passive_side_disconnects_first_and_receives_flush_once() {
         assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WR_FLUSH_ERR));
         assert_idle(&mut end.cq);
         assert_eq!(conn.qp().state(), QpState::Err);
+        server.join().unwrap();
+    });
+    drop(listener);
+    assert_no_cm_ids();
+}
+
+/// A QP whose connection is not up, asked to take it as up (`Qp::iwarp_connected_elsewhere`,
+/// what the libibverbs drop-in does on a post librdmacm's connection may have made valid):
+/// the kernel refuses the empty doorbell it rings first (ENOTCONN), the QP stays in INIT, and
+/// nothing is written into its send queue, where siw would run it once the connection came
+/// up. Once connected, the QP's send queue carries only what is posted after.
+#[test]
+fn a_qp_not_yet_connected_is_not_taken_as_connected_and_its_queue_stays_empty() {
+    let addr = siw_addr(7493);
+    let listener = Listener::bind(addr).unwrap();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let listener = &listener;
+        let server = s.spawn(move || {
+            let req = listener.get_request(T).unwrap();
+            let mut end = End::new(&req.context().unwrap());
+            let mut qp = end.qp();
+            req.init_qp(&mut qp).unwrap();
+            let room = qp.send_room();
+            let err = qp.iwarp_connected_elsewhere().unwrap_err();
+            assert_eq!(err.errno(), Some(nix::errno::Errno::ENOTCONN), "{err}");
+            assert_eq!(qp.state(), QpState::Init);
+            assert_eq!(qp.send_room(), room, "nothing written into the send queue");
+            end.recv(&mut qp, 1, 0, 1024);
+            let mut conn = req.accept(qp, &ConnParam::default(), T).unwrap();
+            let wc = end.one();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len),
+                (1, WcStatus::SUCCESS, 300),
+                "{wc:?}"
+            );
+            assert_eq!(end.mr.to_vec(0, 300).unwrap(), pattern(300, 3));
+            // The client posted its receive: one SEND back, the only request in the queue.
+            ready_rx.recv().unwrap();
+            end.mr.write(4096, &pattern(200, 4)).unwrap();
+            let sge = [end.mr.sge(4096, 200).unwrap()];
+            // SAFETY: `mr` outlives the request; polled below.
+            unsafe {
+                conn.qp_mut()
+                    .post_send(&[SendWr::new(2, SendOp::Send, &sge).with(SendFlags::SIGNALED)])
+            }
+            .unwrap();
+            let wc = end.one();
+            assert_eq!((wc.wr_id, wc.status), (2, WcStatus::SUCCESS), "{wc:?}");
+            assert_idle(&mut end.cq);
+            conn.wait_disconnected(T).unwrap();
+        });
+        let connector = Connector::resolve(addr, T).unwrap();
+        let mut end = End::new(&connector.context().unwrap());
+        let mut conn = connector.connect(end.qp(), &ConnParam::default(), T).unwrap();
+        end.recv(conn.qp_mut(), 10, 8192, 1024);
+        end.mr.write(0, &pattern(300, 3)).unwrap();
+        let sge = [end.mr.sge(0, 300).unwrap()];
+        // SAFETY: `mr` outlives the request; polled below.
+        unsafe {
+            conn.qp_mut()
+                .post_send(&[SendWr::new(11, SendOp::Send, &sge).with(SendFlags::SIGNALED)])
+        }
+        .unwrap();
+        let wc = end.one();
+        assert_eq!((wc.wr_id, wc.status), (11, WcStatus::SUCCESS), "{wc:?}");
+        ready_tx.send(()).unwrap();
+        let wc = end.one();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (10, WcStatus::SUCCESS, 200),
+            "{wc:?}"
+        );
+        assert_eq!(
+            end.mr.to_vec(8192, 200).unwrap(),
+            pattern(200, 4),
+            "only the SEND posted after"
+        );
+        assert_idle(&mut end.cq);
+        conn.disconnect(T).unwrap();
         server.join().unwrap();
     });
     drop(listener);

@@ -398,9 +398,10 @@ unsafe fn is_iwarp(qp: *mut ibv_qp) -> bool {
 
 /// `post_send` refused with `refused` because the QP is below RTS by our record. On iWARP that
 /// is a connection that came up through librdmacm, which moves an iWARP QP to RTS in the
-/// kernel with no `ibv_modify_qp` this provider sees: records the move and posts again (if the
-/// connection is not up after all, the kernel refuses the doorbell, ENOTCONN, as with
-/// rdma-core's C siw). Elsewhere the refusal stands.
+/// kernel with no `ibv_modify_qp` this provider sees: records the move and posts again. If the
+/// connection is not up after all, the kernel refuses the empty doorbell that
+/// `Qp::iwarp_connected_elsewhere` rings first (ENOTCONN), nothing is written, and `bad_wr`
+/// names the first request. Elsewhere the refusal stands.
 ///
 /// # Safety
 /// As for [`post_send`], with `first` the non-null `wr`.
@@ -420,10 +421,16 @@ unsafe fn post_send_connected(
     }
     // SAFETY: libibverbs passes one of our QPs.
     let mut q = unsafe { qp_ref(qp) }.qp.lock();
-    let posted = q.iwarp_connected_elsewhere().and_then(|()| {
-        // SAFETY: as in `post_send`.
-        unsafe { q.post_send_chain(first, slow_send_wr) }
-    });
+    if let Err(e) = q.iwarp_connected_elsewhere() {
+        drop(q);
+        // The kernel refused the empty doorbell that asks whether the connection is up:
+        // nothing was written into the send queue, so every request is refused.
+        // SAFETY: `bad_wr` is writable per the libibverbs contract.
+        unsafe { *bad_wr = wr };
+        return ffi::fail("post_send", &e);
+    }
+    // SAFETY: as in `post_send`.
+    let posted = unsafe { q.post_send_chain(first, slow_send_wr) };
     drop(q);
     match posted {
         Ok(()) => 0,
