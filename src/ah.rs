@@ -54,11 +54,17 @@ impl Pd {
                 reserved: 0,
             },
         };
+        // The source GID's type, looked up before the command as libibverbs' providers do
+        // (mlx5 writes RoCE v2's UDP source port only for a v2 GID).
+        let sgid_type = match attr.grh {
+            Some(grh) => Some(ctx.gid_type(attr.port_num, grh.sgid_index)?),
+            None => None,
+        };
         let (handle, provider_data) = create_object(
             "CREATE_AH",
             |kernel| {
                 ctx.provider
-                    .create_ah(attr, &mut |drv_in, drv_out| kernel((), drv_in, drv_out))
+                    .create_ah(attr, sgid_type, &mut |drv_in, drv_out| kernel((), drv_in, drv_out))
             },
             |(), drv_in: &[u8], drv_out: &mut [u8]| {
                 let resp: CreateAhResp =

@@ -66,6 +66,16 @@ impl QpState {
 }
 
 open_enum! {
+    /// What a GID addresses (`enum ib_uverbs_gid_type`): an InfiniBand port, or RoCE v1
+    /// (Ethernet) or RoCE v2 (UDP/IP, the kind rxe traffic uses).
+    GidType {
+        IB = 0,
+        ROCE_V1 = 1,
+        ROCE_V2 = 2,
+    }
+}
+
+open_enum! {
     /// Path migration state of a connected QP (`enum ibv_mig_state`), as MODIFY_QP and
     /// QUERY_QP carry it (one byte): whether the hardware has migrated to the alternate path
     /// or is armed to.

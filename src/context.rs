@@ -1,13 +1,12 @@
 //! An open device: the kernel context every other object lives in.
 
 use crate::attr::{
-    AhAttr, AtomicCap, DeviceAttr, DeviceAttrEx, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState,
+    AhAttr, AtomicCap, DeviceAttr, DeviceAttrEx, GidType, LinkLayer, LinkSpeed, LinkWidth, Mtu, PortAttr, PortState,
 };
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::event_file::AsyncEventFile;
 use crate::front_end::{MakeQueues, Queues};
-use crate::open_enum::open_enum;
 use crate::provider::{Provider, ProviderContext};
 use crate::sys::abi::{self, AsyncEventDesc, GidEntry, QueryDeviceResp, QueryPortRespEx};
 use crate::sys::cmd::{self, PlainRequest};
@@ -18,16 +17,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
-
-open_enum! {
-    /// What a GID addresses (`enum ib_uverbs_gid_type`): an InfiniBand port, or RoCE v1
-    /// (Ethernet) or RoCE v2 (UDP/IP, the kind rxe traffic uses).
-    GidType {
-        IB = 0,
-        ROCE_V1 = 1,
-        ROCE_V2 = 2,
-    }
-}
 
 /// A GID table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +88,25 @@ pub(crate) struct ContextInner {
 }
 
 impl ContextInner {
+    /// The type of GID `index` of `port`, as libibverbs' `ibv_query_gid_type` finds it
+    /// without the GID ioctl: on an InfiniBand port every GID is [`GidType::IB`] (sysfs
+    /// `ports/N/link_layer`); on an Ethernet port sysfs `gid_attrs/types/N` tells RoCE v2
+    /// ("RoCE v2") from RoCE v1 ("IB/RoCE v1"). No command goes to the kernel.
+    pub(crate) fn gid_type(&self, port: u8, index: u8) -> Result<GidType> {
+        let port_dir = std::path::Path::new("/sys/class/infiniband")
+            .join(&self.device.name)
+            .join(format!("ports/{port}"));
+        if crate::device::read_attr(&port_dir.join("link_layer"))? != "Ethernet" {
+            return Ok(GidType::IB);
+        }
+        let path = port_dir.join(format!("gid_attrs/types/{index}"));
+        match crate::device::read_attr(&path)?.as_str() {
+            "RoCE v2" => Ok(GidType::ROCE_V2),
+            "IB/RoCE v1" => Ok(GidType::ROCE_V1),
+            other => Err(Error::malformed("sysfs", format!("{}: {other:?}", path.display()))),
+        }
+    }
+
     /// A fresh handle to name an object in events (its kernel handle is not known before it
     /// is created).
     pub(crate) fn new_user_handle(&self) -> u64 {

@@ -74,12 +74,12 @@ struct ReadmeDoctests;
 
 pub use ah::Ah;
 pub use attr::{
-    AhAttr, AtomicCap, DeviceAttr, DeviceAttrEx, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, MigState, Mtu, PortAttr,
-    PortState, QpAttrMask, QpCap, QpState, QpType, SrqAttrMask, Transport,
+    AhAttr, AtomicCap, DeviceAttr, DeviceAttrEx, GidType, GlobalRoute, LinkLayer, LinkSpeed, LinkWidth, MigState, Mtu,
+    PortAttr, PortState, QpAttrMask, QpCap, QpState, QpType, SrqAttrMask, Transport,
 };
 pub use batch::Batch;
 pub use chain::{CAtomicArm, CRdmaArm, CSendArm, CSendWr, CUdArm, SlowDecode};
-pub use context::{open, Context, Gid, GidType};
+pub use context::{open, Context, Gid};
 pub use cq::{Cq, CqInit, EventsReported};
 pub use device::{devices, DeviceFile, DeviceInfo};
 pub use endpoint::{Endpoint, PortAddr};

@@ -23,7 +23,7 @@
 #[allow(unsafe_code)] // implements the unsafe provider traits
 pub mod stub;
 
-use crate::attr::{AhAttr, QpCap, QpState, QpType};
+use crate::attr::{AhAttr, GidType, QpCap, QpState, QpType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::Result;
 use crate::wc::WorkCompletion;
@@ -174,10 +174,12 @@ pub unsafe trait ProviderContext: Send + Sync {
     fn create_srq(&self, max_wr: u32, max_sge: u32, kernel: KernelCall<'_, SrqCreated>) -> Result<Box<dyn SrqQueue>>;
 
     /// Creates the vendor half of an address handle for `attr` (what CREATE_AH carries);
-    /// the kernel call returns the AH's handle. Returns a value the provider reads back from
+    /// the kernel call returns the AH's handle. `sgid_type` is the type of the source GID
+    /// (`attr.grh`'s `sgid_index` on `attr.port_num`; [`GidType::IB`] on an InfiniBand
+    /// port), `None` for an AH without a GRH. Returns a value the provider reads back from
     /// the AH when posting UD sends (an index or an address of its own); the core hands it
     /// to [`Self::destroy_ah`] once.
-    fn create_ah(&self, attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64>;
+    fn create_ah(&self, attr: &AhAttr, sgid_type: Option<GidType>, kernel: KernelCall<'_, u32>) -> Result<u64>;
 
     /// Releases what [`Self::create_ah`] made, after the kernel destroyed the AH.
     fn destroy_ah(&self, provider_data: u64);

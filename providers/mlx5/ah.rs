@@ -1,12 +1,12 @@
 //! mlx5 address handles: the 48-byte address vector (`struct mlx5_wqe_av`) every UD send
 //! copies into its datagram segment, built in user space as libmlx5 builds it
 //! (`verbs.c` `mlx5_create_ah`) for an InfiniBand port, or for a RoCE port with the
-//! destination MAC the kernel resolved. The AH's provider value is the address of its
+//! destination MAC the kernel resolved and the source GID's type. The AH's provider value is the address of its
 //! vector, boxed here and freed by [`destroy`].
 
 use super::abi;
 use super::wqe::SEG;
-use crate::attr::AhAttr;
+use crate::attr::{AhAttr, GidType};
 use crate::error::{Error, Result};
 use crate::provider::KernelCall;
 use zerocopy::IntoBytes;
@@ -47,16 +47,18 @@ impl AddressVector {
         Self(av)
     }
 
-    /// libmlx5's vector for `attr` on a RoCE port, sending to `dmac`: `stat_rate_sl` the
-    /// mlx5 rate and the 3-bit priority in bits 1-3; the GRH fields with `grh_gid_fl`'s
-    /// bit 30 clear (reserved on RoCE: every packet has one); `rmac`; and in `rlid` the
-    /// UDP source port (RoCE v2's; libmlx5 writes it for v2 GIDs only, a v1 packet has
-    /// no UDP header, so a v1 GID's vector carries one the device does not use).
-    pub(super) fn roce(attr: &AhAttr, dmac: [u8; 6]) -> Self {
+    /// libmlx5's vector for `attr` on a RoCE port, sending to `dmac` from a source GID of
+    /// type `sgid_type`: `stat_rate_sl` the mlx5 rate and the 3-bit priority in bits 1-3;
+    /// the GRH fields with `grh_gid_fl`'s bit 30 clear (reserved on RoCE: every packet has
+    /// one); `rmac`; and in `rlid` RoCE v2's UDP source port for a v2 GID, 0 for any other
+    /// (a v1 packet has no UDP header).
+    pub(super) fn roce(attr: &AhAttr, sgid_type: GidType, dmac: [u8; 6]) -> Self {
         let mut av = [0u8; AV_SIZE];
         av[12] = (mlx5_rate(attr.static_rate) << 4) | ((attr.sl & 0x7) << 1);
         let grh = attr.grh.unwrap_or_default();
-        av[14..16].copy_from_slice(&udp_sport(grh.flow_label, &grh.dgid).to_be_bytes());
+        if sgid_type == GidType::ROCE_V2 {
+            av[14..16].copy_from_slice(&udp_sport(grh.flow_label, &grh.dgid).to_be_bytes());
+        }
         av[20..26].copy_from_slice(&dmac);
         av[26] = grh.traffic_class;
         av[27] = grh.hop_limit;
@@ -106,16 +108,16 @@ fn udp_sport(flow_label: u32, dgid: &[u8; 16]) -> u16 {
     ((low ^ (high >> 14)) as u16) | 0xc000
 }
 
-/// CREATE_AH with room for the driver's answer, then the vector, boxed; its address is the
-/// AH's provider value.
-pub(super) fn create(attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
+/// CREATE_AH with room for the driver's answer, then the vector (for a source GID of
+/// `sgid_type`), boxed; its address is the AH's provider value.
+pub(super) fn create(attr: &AhAttr, sgid_type: Option<GidType>, kernel: KernelCall<'_, u32>) -> Result<u64> {
     let mut resp = abi::CreateAhResp::default();
     kernel(&[], resp.as_mut_bytes())?;
     // hw/mlx5/ah.c:106-120: the driver answers (the destination MAC, response_length 10)
     // for a RoCE AH only; an InfiniBand AH leaves the buffer alone.
     let av = match resp.response_length {
         0 => AddressVector::infiniband(attr),
-        n if n >= 10 && attr.grh.is_some() => AddressVector::roce(attr, resp.dmac),
+        n if n >= 10 && attr.grh.is_some() => AddressVector::roce(attr, sgid_type.unwrap_or_default(), resp.dmac),
         n => {
             return Err(Error::malformed(
                 "CREATE_AH",
@@ -207,7 +209,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let av = AddressVector::roce(&attr, [2, 0, 0xc9, 0, 1, 2]);
+        let av = AddressVector::roce(&attr, GidType::ROCE_V2, [2, 0, 0xc9, 0, 1, 2]);
         assert_eq!(av.0[12], (8 << 4) | (5 << 1));
         assert_eq!(av.0[13], 0);
         // ibv_flow_label_to_udp_sport(0x12345): (0x2345 ^ (0x10000 >> 14)) | 0xc000.
@@ -217,7 +219,58 @@ mod tests {
         assert_eq!(av.0[32..48], [0xd0; 16]);
         let mut no_fl = attr;
         no_fl.grh.as_mut().unwrap().flow_label = 0;
-        let sport = u16::from_be_bytes(AddressVector::roce(&no_fl, [0; 6]).0[14..16].try_into().unwrap());
+        let sport = u16::from_be_bytes(
+            AddressVector::roce(&no_fl, GidType::ROCE_V2, [0; 6]).0[14..16]
+                .try_into()
+                .unwrap(),
+        );
         assert!(sport >= 0xc000);
+    }
+
+    /// What `create` builds from the kernel's RoCE answer: `rlid` (WQE bytes 30-31 once in
+    /// a datagram segment) holds the UDP source port for a RoCE v2 source GID and 0 for a
+    /// v1 one, as libmlx5 writes them; the rest of the vector is the same for both.
+    #[test]
+    fn rlid_is_the_udp_source_port_for_v2_and_0_for_v1() {
+        let attr = AhAttr {
+            port_num: 1,
+            sl: 2,
+            grh: Some(GlobalRoute {
+                dgid: [0xfe; 16],
+                flow_label: 0x2_0001,
+                sgid_index: 0,
+                hop_limit: 64,
+                traffic_class: 0,
+            }),
+            ..Default::default()
+        };
+        let build = |ty: GidType| {
+            let mut kernel = |drv_in: &[u8], drv_out: &mut [u8]| -> Result<u32> {
+                assert!(drv_in.is_empty());
+                let resp = abi::CreateAhResp {
+                    response_length: 10,
+                    dmac: [2, 0, 0xc9, 0, 0, 7],
+                    reserved: [0; 6],
+                };
+                drv_out.copy_from_slice(resp.as_bytes());
+                Ok(5)
+            };
+            let data = create(&attr, Some(ty), &mut kernel).unwrap();
+            // SAFETY: `data` is what `create` just returned; it is read, then freed once.
+            let av = unsafe { *vector(data) };
+            // SAFETY: as above, no use after this.
+            unsafe { destroy(data) };
+            av
+        };
+        let (v1, v2) = (build(GidType::ROCE_V1), build(GidType::ROCE_V2));
+        assert_eq!(v1.0[14..16], [0, 0], "no UDP port for a RoCE v1 GID");
+        // ibv_flow_label_to_udp_sport(0x20001): (0x0001 ^ (0x20000 >> 14)) | 0xc000.
+        assert_eq!(v2.0[14..16], 0xc009u16.to_be_bytes());
+        assert_eq!(v1.datagram_seg(1, 2)[0][14..16], [0, 0]);
+        assert_eq!(v2.datagram_seg(1, 2)[0][14..16], [0xc0, 0x09]);
+        let mut same = v2;
+        same.0[14..16].fill(0);
+        assert_eq!(v1, same);
+        assert_eq!(v1.0[20..26], [2, 0, 0xc9, 0, 0, 7]);
     }
 }

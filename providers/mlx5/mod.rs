@@ -41,7 +41,7 @@ mod wqe;
 #[cfg(any(test, feature = "test-support"))]
 pub use cq::hostile as hostile_cqes;
 
-use crate::attr::AhAttr;
+use crate::attr::{AhAttr, GidType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result};
 use crate::provider::{
@@ -315,8 +315,8 @@ unsafe impl ProviderContext for Mlx5Context {
         srq::create(&self.0, max_wr, max_sge, kernel)
     }
 
-    fn create_ah(&self, attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
-        ah::create(attr, kernel)
+    fn create_ah(&self, attr: &AhAttr, sgid_type: Option<GidType>, kernel: KernelCall<'_, u32>) -> Result<u64> {
+        ah::create(attr, sgid_type, kernel)
     }
 
     fn destroy_ah(&self, provider_data: u64) {

@@ -12,7 +12,7 @@ mod srq;
 #[cfg(any(test, feature = "test-support"))]
 pub use queue::hostile;
 
-use crate::attr::AhAttr;
+use crate::attr::{AhAttr, GidType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{
@@ -110,7 +110,7 @@ unsafe impl ProviderContext for RxeContext {
     }
 
     /// rxe builds the address vector in the kernel from CREATE_AH's attributes.
-    fn create_ah(&self, _attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
+    fn create_ah(&self, _attr: &AhAttr, _sgid_type: Option<GidType>, kernel: KernelCall<'_, u32>) -> Result<u64> {
         let mut resp = CreateAhResp::default();
         kernel(&[], resp.as_mut_bytes())?;
         if resp.ah_num == 0 {

@@ -17,7 +17,7 @@ pub(super) use qp::queues;
 #[cfg(any(test, feature = "test-support"))]
 pub use cq::hostile;
 
-use crate::attr::AhAttr;
+use crate::attr::{AhAttr, GidType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, Verb};
 use crate::provider::{
@@ -121,7 +121,7 @@ unsafe impl ProviderContext for SiwContext {
     }
 
     /// iWARP has no address handles (siw answers CREATE_AH with EOPNOTSUPP).
-    fn create_ah(&self, _attr: &AhAttr, _kernel: KernelCall<'_, u32>) -> Result<u64> {
+    fn create_ah(&self, _attr: &AhAttr, _sgid_type: Option<GidType>, _kernel: KernelCall<'_, u32>) -> Result<u64> {
         Err(Error::Unsupported {
             verb: "CREATE_AH",
             what: "siw (iWARP) has no address handles",

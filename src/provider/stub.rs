@@ -7,7 +7,7 @@
 //! Built with the `test-support` feature; open a context on it with
 //! [`crate::Context::open_with`].
 
-use crate::attr::{AhAttr, QpCap, QpState, QpType};
+use crate::attr::{AhAttr, GidType, QpCap, QpState, QpType};
 use crate::device::{DeviceFile, DeviceInfo};
 use crate::error::{Error, Result, WrReject};
 use crate::provider::{
@@ -319,7 +319,7 @@ unsafe impl ProviderContext for StubContext {
         Ok(Box::new(StubSrq { log: self.log.clone() }))
     }
 
-    fn create_ah(&self, _attr: &AhAttr, kernel: KernelCall<'_, u32>) -> Result<u64> {
+    fn create_ah(&self, _attr: &AhAttr, _sgid_type: Option<GidType>, kernel: KernelCall<'_, u32>) -> Result<u64> {
         kernel(&[], &mut [0; DRIVER_OUT])?;
         let data = self.next_ah.fetch_add(1, Ordering::Relaxed);
         self.log.push(Hook::CreateAh { data });

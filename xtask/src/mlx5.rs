@@ -31,7 +31,7 @@ const MODEL_LIB: &str = "libuverbs_mlx5_model.so";
 const DEVICE: &str = "mlx5_0";
 /// Source of the C check program, compiled at test time (never part of the library).
 const VERBS_CHECK_C: &str = "tests/mlx5/verbs_check.c";
-/// ibv_rc_pingpong/ibv_uc_pingpong/ibv_ud_pingpong iterations per pair.
+/// Iterations of every pingpong pair (C, Rust, and C against Rust; on both ports).
 const ITERS: &str = "10000";
 
 /// `cargo xtask mlx5 [--roce] [--] <command...>`: builds the model and runs the shell
@@ -363,19 +363,13 @@ const ROCE_SHORTER: &[(&str, &str)] = &[
     ("safe_fuzz", "UVERBS_SAFE_FUZZ_ROUNDS=500"),
 ];
 
-/// Iterations of the Rust uc_pingpong and ud_pingpong against libmlx5's and against
-/// themselves on the RoCE port (18 pairs): a 10,000-iteration pair takes 10 to 30 s on the
-/// model (both processes poll, and so does each one's device thread), so these run 1,000 to
-/// keep the step's time; the C pairs, the RC pairs and the SRQ pairs (whose count is of all 16
-/// QPs together) run [`ITERS`].
-const ROCE_PP_ITERS: &str = "1000";
-
 /// The step's items on the model's RoCE port (`UVERBS_MLX5_MODEL_LINK=eth`): `ibv_devinfo`
 /// shows an Ethernet port with RoCE v1 and v2 GIDs; Debian's pingpongs with `-g 1` (the
 /// RoCE v2 GID of the link-local address: the kernel resolves the MAC through the model's
 /// neighbour table) and `-c` (every payload checked); the Rust rc_pingpong against
 /// ibv_rc_pingpong both ways and against itself at 1, 60 and 4096 bytes, and so the Rust
-/// uc_pingpong, ud_pingpong and srq_pingpong against theirs; ibv_rc_pingpong with completion
+/// uc_pingpong, ud_pingpong and srq_pingpong against theirs (every pair [`ITERS`] iterations);
+/// ibv_rc_pingpong with completion
 /// events (`-e`); the differential (both settings); verbs_check in one
 /// process and in two; the demo; then [`SUITE`] (with [`ROCE_SHORTER`]). Each pingpong item
 /// also fails if the model dropped a packet (`<dir>/drops-*`).
@@ -416,14 +410,10 @@ fn roce_items(
             for pp in RUST_PINGPONGS {
                 let ours = rust_rc.replace("rc_pingpong", pp);
                 let theirs = format!("ibv_{pp}");
-                let iters = match pp {
-                    "uc_pingpong" | "ud_pingpong" => ROCE_PP_ITERS,
-                    _ => ITERS,
-                };
                 for size in sizes {
-                    v.push((ours.clone(), theirs.clone(), size, iters));
-                    v.push((theirs.clone(), ours.clone(), size, iters));
-                    v.push((ours.clone(), ours.clone(), size, iters));
+                    v.push((ours.clone(), theirs.clone(), size, ITERS));
+                    v.push((theirs.clone(), ours.clone(), size, ITERS));
+                    v.push((ours.clone(), ours.clone(), size, ITERS));
                 }
             }
         }

@@ -104,7 +104,7 @@ pub fn run_both(
 
 /// Acceptance 3 and 4 on `runs` of setting `setting`: one line saying what was compared.
 pub fn check_rings(runs: &Runs, setting: usize) -> Result<String, String> {
-    let (sq, rq, uar) = compare_traces(&runs.c.trace, &runs.rust.trace, runs.roce)?;
+    let (sq, rq, uar) = compare_traces(&runs.c.trace, &runs.rust.trace)?;
     // The trace's own findings: a doorbell that is not the last WQE, a ring it could not read.
     let flagged = ["differs from the WQE", "names no traced QP", "unreadable"];
     if let Some(l) = runs.c.trace.lines().find(|l| flagged.iter().any(|f| l.contains(f))) {
@@ -450,63 +450,20 @@ fn first_difference(a: &[String], b: &[String], what: &str) -> Result<(), String
     Ok(())
 }
 
-/// Compares the traces' ring, doorbell and UAR lines (every line but `cmd`); returns how
-/// many send WQEs, receive WQEs and UAR doorbells were compared. On a RoCE port (`roce`)
-/// every byte is compared but [`ROCE_V1_RLID`] of the UD part's send WQEs.
-pub fn compare_traces(c: &str, rust: &str, roce: bool) -> Result<(usize, usize, usize), String> {
+/// Compares the traces' ring, doorbell and UAR lines (every line but `cmd`), every byte of
+/// them on both port types; returns how many send WQEs, receive WQEs and UAR doorbells were
+/// compared.
+pub fn compare_traces(c: &str, rust: &str) -> Result<(usize, usize, usize), String> {
     let rings = |t: &str| -> Vec<String> {
-        let mut ud = false;
         t.lines()
             .filter(|l| !l.starts_with("cmd "))
-            .map(|l| {
-                ud |= l.starts_with("step ud");
-                match roce && ud {
-                    true => mask_rlid(l),
-                    false => l.to_string(),
-                }
-            })
+            .map(str::to_string)
             .collect()
     };
     let (a, b) = (rings(c), rings(rust));
     first_difference(&a, &b, "trace")?;
     let count = |p: &str| a.iter().filter(|l| l.starts_with(p)).count();
     Ok((count("sq "), count("rq "), count("uar ")))
-}
-
-/// The one WQE field the RoCE comparison leaves out: bytes 14-15 of a UD send's address vector
-/// (`rlid`, at WQE bytes 30-31, after the 16-byte control segment). On a RoCE port it holds
-/// RoCE v2's UDP source port; libmlx5 (`mlx5_create_ah`) writes one only when the source GID
-/// is a RoCE v2 GID and leaves 0 for a v1 GID, whose packets have no UDP header. The Rust
-/// provider does not know the source GID's type when it builds the vector (the provider
-/// interface passes it only the `AhAttr` and the kernel's answer, a MAC), so it always writes
-/// a port; the device does not read the field for a v1 GID. The differential's address
-/// handles use GID 0 (RoCE v1, so that the MAC comes from the DGID on both sides and the
-/// vectors are comparable; libmlx5 draws a v2 port at random).
-pub const ROCE_V1_RLID: std::ops::Range<usize> = 30..32;
-
-/// `line` (a `sq` or BlueFlame `uar` line of the trace) with the bytes of [`ROCE_V1_RLID`]
-/// shown as `..`; other lines as they are.
-fn mask_rlid(line: &str) -> String {
-    let body_at = match line.split_once(' ') {
-        Some(("sq", _)) => 3,
-        Some(("uar", rest)) if rest.starts_with("bf+") => match rest.split_once(' ') {
-            Some((reg, _)) => 4 + reg.len() + 1,
-            None => return line.to_string(),
-        },
-        _ => return line.to_string(),
-    };
-    let mut out = String::with_capacity(line.len());
-    let mut nibble = 0usize;
-    for (i, ch) in line.char_indices() {
-        if i < body_at || ch == ' ' {
-            out.push(ch);
-            continue;
-        }
-        let byte = nibble / 2;
-        nibble += 1;
-        out.push(if ROCE_V1_RLID.contains(&byte) { '.' } else { ch });
-    }
-    out
 }
 
 /// A driver-data field where libmlx5 and this provider may differ, and the kernel rule that
@@ -817,7 +774,7 @@ mod tests {
     }
 
     #[test]
-    fn the_roce_comparison_leaves_out_only_the_v1_vectors_udp_port() {
+    fn traces_compare_every_byte_of_ud_sends_rlid_included() {
         let wqe = |rlid: &str| {
             format!(
                 "sq 0000000aqqqqqq060000000a00000000 6dab6f4d0000000080e17cf10c00{rlid} \
@@ -826,17 +783,15 @@ mod tests {
         };
         let bf =
             |rlid: &str| format!("uar bf+0x100 0000000aqqqqqq060000000a00000000 6dab6f4d0000000080e17cf10c00{rlid}");
-        let trace = |rlid: &str| format!("step 0\n{}\nstep ud 0\n{}\n{}\n", wqe(rlid), wqe(rlid), bf(rlid));
-        // Before the UD part nothing is masked; in it the two rlid bytes only.
-        let err = compare_traces(&trace("0000"), &trace("edf2"), true).unwrap_err();
-        assert!(err.contains("line 2, at step 0"), "{err}");
-        let ud = |rlid: &str| format!("step ud 0\n{}\n{}\n", wqe(rlid), bf(rlid));
-        assert!(compare_traces(&ud("0000"), &ud("edf2"), true).is_ok());
-        assert!(compare_traces(&ud("0000"), &ud("edf2"), false).is_err());
-        let other = ud("0000").replace("0c00", "0d00");
-        assert!(compare_traces(&ud("0000"), &other, true).is_err());
-        assert_eq!(mask_rlid(&bf("edf2")), bf("...."));
-        assert_eq!(mask_rlid("uar db 0000000aqqqqqq06"), "uar db 0000000aqqqqqq06");
+        let ud = |rlid: &str| format!("step 0\nstep ud 0\n{}\n{}\n", wqe(rlid), bf(rlid));
+        assert_eq!(compare_traces(&ud("0000"), &ud("0000")), Ok((1, 0, 1)));
+        let err = compare_traces(&ud("0000"), &ud("edf2")).unwrap_err();
+        assert!(err.contains("line 3, at step ud 0"), "{err}");
+        let cmds = format!("cmd CREATE_AH x\n{}", ud("0000"));
+        assert!(
+            compare_traces(&cmds, &ud("0000")).is_ok(),
+            "cmd lines are compared elsewhere"
+        );
     }
 
     #[test]

@@ -39,10 +39,11 @@ const NATIVE_PASSES: usize = 3;
 /// `prog` on CPU 0 with the model's device thread on CPU 1 (`taskset`, and the model's
 /// `UVERBS_MLX5_MODEL_DEVICE_CPU`), where there are two CPUs and `taskset`: left to the
 /// scheduler the two threads move between the cores, and one process measured up to 2.5×
-/// the time of the next (docs/benchmarks.md). Otherwise unpinned.
+/// the time of the next (docs/benchmarks.md). Otherwise unpinned. The measured thread keeps
+/// its priority (`UVERBS_MLX5_MODEL_CLIENT_NICE=0`).
 fn pinned(prog: &Path) -> Command {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    match proc::find_program("taskset") {
+    let mut c = match proc::find_program("taskset") {
         Some(taskset) if cpus >= 2 => {
             let mut c = Command::new(taskset);
             c.args(["-c", "0"]).arg(prog).env("UVERBS_MLX5_MODEL_DEVICE_CPU", "1");
@@ -52,7 +53,9 @@ fn pinned(prog: &Path) -> Command {
             note!("xtask: bench mlx5: native runs unpinned (needs 2 CPUs and taskset)");
             Command::new(prog)
         }
-    }
+    };
+    c.env("UVERBS_MLX5_MODEL_CLIENT_NICE", "0");
+    c
 }
 
 /// The rows: workload, parameter, what, unit, target (Rust/libmlx5 at most).
