@@ -545,6 +545,51 @@ impl Buf {
         &self.0.whole
     }
 
+    /// An empty buffer (capacity 0) of the same region, at this one's start: a handle that
+    /// [`Buf::take_front`] gives bytes to. It covers no byte.
+    pub(crate) fn empty_handle(&self) -> Buf {
+        let at = Sge {
+            addr: self.0.sge.addr,
+            length: 0,
+            lkey: self.0.sge.lkey,
+        };
+        Buf(Box::new(BufPart {
+            sge: at,
+            whole: at,
+            request: 0,
+            mr: self.0.mr.clone(),
+        }))
+    }
+
+    /// Moves the first `n` bytes of `from`'s capacity to the end of this buffer's, if both are
+    /// pieces of one region, `n` is at most `from`'s capacity, and this buffer ends where
+    /// `from` starts or is empty (it then moves to where `from` starts). Both lengths are then
+    /// their capacities. False, and nothing changed, otherwise. The bytes pass from one owner
+    /// to the other, so no byte is in two buffers (the rule `Buf::as_slice` relies on).
+    pub(crate) fn take_front(&mut self, from: &mut Buf, n: usize) -> bool {
+        let Ok(n32) = u32::try_from(n) else {
+            return false;
+        };
+        let (to, src) = (&mut *self.0, &mut *from.0);
+        let joins = to.whole.length == 0 || to.whole.addr + u64::from(to.whole.length) == src.whole.addr;
+        let total = to.whole.length.checked_add(n32);
+        if !Arc::ptr_eq(&to.mr, &src.mr) || n32 > src.whole.length || !joins {
+            return false;
+        }
+        let Some(total) = total else {
+            return false;
+        };
+        if to.whole.length == 0 {
+            to.whole.addr = src.whole.addr;
+        }
+        to.whole.length = total;
+        src.whole.addr += u64::from(n32);
+        src.whole.length -= n32;
+        to.sge = to.whole;
+        src.sge = src.whole;
+        true
+    }
+
     fn ptr(&self) -> *mut u8 {
         // The offset is below the region's length, so this stays in the mapping.
         self.0.mr.addr.wrapping_add(self.offset())

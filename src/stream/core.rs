@@ -1,6 +1,7 @@
 //! One stream's state: the connection, its CQ and buffers, and rsocket's accounting
 //! (docs/rsocket-protocol.md names each counter after rsocket.c's).
 
+use super::ring::SendRing;
 use super::wire::{self, ConnData, RsSge, CTRL_SLOTS, SGE_LEN, SGL_SIZE};
 use super::StreamOptions;
 use crate::aio::{AsyncConnection, AsyncCq};
@@ -34,7 +35,7 @@ pub(crate) struct Resources {
     cq: AsyncCq,
     rbuf: RemoteMr,
     tsgl: RemoteMr,
-    sbufs: Vec<Buf>,
+    sbuf: SendRing<Buf>,
     rbufs: Vec<Buf>,
     chunk: u32,
     inline: u32,
@@ -61,9 +62,16 @@ impl Resources {
         let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let rbuf = pd.alloc_remote_mr(o.recv_buffer, remote)?;
         let tsgl = pd.alloc_remote_mr(SGL_SIZE * SGE_LEN, remote)?;
-        let sbufs = pd
+        // One piece, the whole buffer, and a handle for each message that may be out.
+        let whole = pd
             .alloc_mr(o.send_buffer, LocalAccess::LOCAL_WRITE)?
-            .into_bufs(o.send_chunk)?;
+            .into_bufs(o.send_buffer)?
+            .pop()
+            .ok_or_else(|| Error::invalid("stream", "an empty send buffer"))?;
+        let handles = (0..usize::from(o.queue_depth) + 2)
+            .map(|_| whole.empty_handle())
+            .collect();
+        let sbuf = SendRing::new(whole, handles);
         let rbufs = pd
             .alloc_mr(RECV_SLOT * usize::from(o.queue_depth), LocalAccess::LOCAL_WRITE)?
             .into_bufs(RECV_SLOT)?;
@@ -75,7 +83,7 @@ impl Resources {
                 cq,
                 rbuf,
                 tsgl,
-                sbufs,
+                sbuf,
                 rbufs,
                 chunk,
                 inline,
@@ -171,7 +179,7 @@ pub(crate) struct Core {
     cq: AsyncCq,
     rbuf: RemoteMr,
     tsgl: RemoteMr,
-    sbufs: Vec<Buf>,
+    sbuf: SendRing<Buf>,
     _pd: Pd,
     wc: Box<[WorkCompletion]>,
     sent: VecDeque<Sent>,
@@ -242,7 +250,7 @@ impl Core {
             cq: r.cq,
             rbuf: r.rbuf,
             tsgl: r.tsgl,
-            sbufs: r.sbufs,
+            sbuf: r.sbuf,
             _pd: r.pd,
             wc: vec![WorkCompletion::default(); WC_BATCH].into_boxed_slice(),
             sent: VecDeque::with_capacity(depth as usize + 1),
@@ -408,7 +416,7 @@ impl Core {
                 }
             } else {
                 if let Some(buf) = buf {
-                    self.sbufs.push(buf);
+                    self.sbuf.give_back(buf);
                 }
                 match self.sent.pop_front() {
                     Some(Sent::Data) => self.sqe_avail += 1,
@@ -638,7 +646,7 @@ impl Core {
                 });
             }
             let need_buf = (total - written).min(self.chunk as usize) > self.inline as usize;
-            if !(self.can_send() && (!need_buf || !self.sbufs.is_empty())) {
+            if !(self.can_send() && (!need_buf || self.sbuf.can_take())) {
                 if polled || written > 0 {
                     break;
                 }
@@ -678,16 +686,16 @@ impl Core {
                     self.conn.qp_mut().send_inline(op, &self.stage[..n])
                 }
             } else {
-                let mut buf = self.sbufs.pop().expect("checked above");
-                len = len.min(buf.capacity() as u32);
-                let op = SendOp::RdmaWriteWithImm(remote, wire::imm(wire::OP_DATA, len));
-                match buf.set_len(len as usize) {
-                    Err(e) => Err(e.into()),
-                    Ok(()) => {
+                // The next bytes of the ring, up to where the buffer ends.
+                match self.sbuf.take(len as usize) {
+                    None => Err(Error::invalid("rsocket stream", "no send buffer space")),
+                    Some(mut buf) => {
+                        len = buf.len() as u32;
+                        let op = SendOp::RdmaWriteWithImm(remote, wire::imm(wire::OP_DATA, len));
                         gather(bufs, &mut slice, &mut offset, buf.as_mut_slice());
                         self.conn.qp_mut().send_buf(op, buf).map_err(|r| {
                             if let Some(buf) = r.buf {
-                                self.sbufs.push(buf);
+                                self.sbuf.give_back(buf);
                             }
                             r.error
                         })
