@@ -547,6 +547,7 @@ impl Buf {
 
     /// An empty buffer (capacity 0) of the same region, at this one's start: a handle that
     /// [`Buf::take_front`] gives bytes to. It covers no byte.
+    #[cfg(feature = "tokio")] // the stream's send ring
     pub(crate) fn empty_handle(&self) -> Buf {
         let at = Sge {
             addr: self.0.sge.addr,
@@ -566,6 +567,7 @@ impl Buf {
     /// `from` starts or is empty (it then moves to where `from` starts). Both lengths are then
     /// their capacities. False, and nothing changed, otherwise. The bytes pass from one owner
     /// to the other, so no byte is in two buffers (the rule `Buf::as_slice` relies on).
+    #[cfg(feature = "tokio")] // the stream's send ring
     pub(crate) fn take_front(&mut self, from: &mut Buf, n: usize) -> bool {
         let Ok(n32) = u32::try_from(n) else {
             return false;
