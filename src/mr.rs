@@ -545,11 +545,109 @@ impl Buf {
         &self.0.whole
     }
 
+    /// An empty buffer (capacity 0) of the same region, at this one's start: a handle that
+    /// [`Buf::take_front`] gives bytes to. It covers no byte.
+    #[cfg(feature = "tokio")] // the stream's send ring
+    pub(crate) fn empty_handle(&self) -> Buf {
+        let at = Sge {
+            addr: self.0.sge.addr,
+            length: 0,
+            lkey: self.0.sge.lkey,
+        };
+        Buf(Box::new(BufPart {
+            sge: at,
+            whole: at,
+            request: 0,
+            mr: self.0.mr.clone(),
+        }))
+    }
+
+    /// Moves the first `n` bytes of `from`'s capacity to the end of this buffer's, if both are
+    /// pieces of one region, `n` is at most `from`'s capacity, and this buffer ends where
+    /// `from` starts or is empty (it then moves to where `from` starts). Both lengths are then
+    /// their capacities. False, and nothing changed, otherwise. The bytes pass from one owner
+    /// to the other, so no byte is in two buffers (the rule `Buf::as_slice` relies on).
+    #[cfg(feature = "tokio")] // the stream's send ring
+    pub(crate) fn take_front(&mut self, from: &mut Buf, n: usize) -> bool {
+        let Ok(n32) = u32::try_from(n) else {
+            return false;
+        };
+        let (to, src) = (&mut *self.0, &mut *from.0);
+        let joins = to.whole.length == 0 || to.whole.addr + u64::from(to.whole.length) == src.whole.addr;
+        let total = to.whole.length.checked_add(n32);
+        if !Arc::ptr_eq(&to.mr, &src.mr) || n32 > src.whole.length || !joins {
+            return false;
+        }
+        let Some(total) = total else {
+            return false;
+        };
+        if to.whole.length == 0 {
+            to.whole.addr = src.whole.addr;
+        }
+        to.whole.length = total;
+        src.whole.addr += u64::from(n32);
+        src.whole.length -= n32;
+        to.sge = to.whole;
+        src.sge = src.whole;
+        true
+    }
+
     fn ptr(&self) -> *mut u8 {
         // The offset is below the region's length, so this stays in the mapping.
         self.0.mr.addr.wrapping_add(self.offset())
     }
 }
+
+/// Copies `out.len()` bytes from `src` into `out`, each read once with a volatile load (a byte
+/// written meanwhile comes out old or new): aligned [`Wide`] loads where `src` allows, bytes at
+/// either end.
+///
+/// # Safety
+/// `src..src + out.len()` is mapped and readable for the call.
+unsafe fn volatile_copy(src: *const u8, out: &mut [u8]) {
+    let len = out.len();
+    // Every store goes through `dst`, which `&mut` lets no one else reach meanwhile.
+    let dst = out.as_mut_ptr();
+    let head = src.align_offset(WIDE).min(len);
+    for i in 0..head {
+        // SAFETY: `src + i` and `dst + i` lie in the two ranges (`i < len`); `src`'s is
+        // mapped (the caller's promise); volatile, so a concurrent device write is not a data
+        // race in Rust's model.
+        unsafe { dst.add(i).write(src.add(i).read_volatile()) };
+    }
+    let mut at = head;
+    while len - at >= 2 * WIDE {
+        // SAFETY: as above; `src + at` is aligned to `WIDE` and `2 * WIDE` bytes from there
+        // lie in both ranges; the stores are unaligned.
+        unsafe {
+            let a = src.add(at).cast::<Wide>().read_volatile();
+            let b = src.add(at + WIDE).cast::<Wide>().read_volatile();
+            dst.add(at).cast::<Wide>().write_unaligned(a);
+            dst.add(at + WIDE).cast::<Wide>().write_unaligned(b);
+        }
+        at += 2 * WIDE;
+    }
+    if len - at >= WIDE {
+        // SAFETY: as above, for `WIDE` bytes.
+        unsafe {
+            let a = src.add(at).cast::<Wide>().read_volatile();
+            dst.add(at).cast::<Wide>().write_unaligned(a);
+        }
+        at += WIDE;
+    }
+    for i in at..len {
+        // SAFETY: as for the head.
+        unsafe { dst.add(i).write(src.add(i).read_volatile()) };
+    }
+}
+
+/// The unit of [`RemoteMr::read`]'s volatile loads: an SSE register on x86-64 (every x86-64
+/// CPU has SSE2), a word elsewhere.
+#[cfg(target_arch = "x86_64")]
+type Wide = std::arch::x86_64::__m128i;
+#[cfg(not(target_arch = "x86_64"))]
+type Wide = u64;
+const WIDE: usize = size_of::<Wide>();
 
 /// A registered memory region peers may write or run atomics on (from
 /// [`Pd::alloc_remote_mr`]). Its bytes are reached by volatile copies, sound while the
@@ -566,29 +664,13 @@ impl RemoteMr {
     );
 
     /// Copies the bytes at `offset` into `out`, each read once with a volatile load: a byte a
-    /// peer writes meanwhile comes out old or new.
+    /// peer writes meanwhile comes out old or new. Aligned 16-byte loads where the source
+    /// allows (8-byte ones on targets other than x86-64), bytes at either end.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
         self.mr.reg.check(offset, out.len())?;
-        let src = self.mr.addr.wrapping_add(offset);
-        // Word loads where the source is aligned, bytes at either end.
-        let head = src.align_offset(8).min(out.len());
-        let words = (out.len() - head) / 8;
-        for (i, b) in out[..head].iter_mut().enumerate() {
-            // SAFETY: in the region (checked above), which stays mapped while `self` lives;
-            // volatile, so a concurrent device write is not a data race in Rust's model.
-            *b = unsafe { src.add(i).read_volatile() };
-        }
-        for w in 0..words {
-            let at = head + 8 * w;
-            // SAFETY: as above; `src + at` is 8-byte aligned and 8 bytes lie in the range.
-            let v = unsafe { src.add(at).cast::<u64>().read_volatile() };
-            out[at..at + 8].copy_from_slice(&v.to_ne_bytes());
-        }
-        let tail = head + 8 * words;
-        for (i, b) in out.iter_mut().enumerate().skip(tail) {
-            // SAFETY: as above.
-            *b = unsafe { src.add(i).read_volatile() };
-        }
+        // SAFETY: the range lies in the region (checked above), which stays mapped while
+        // `self` lives.
+        unsafe { volatile_copy(self.mr.addr.wrapping_add(offset), out) };
         Ok(())
     }
 
@@ -803,6 +885,21 @@ mod tests {
             super::AccessFlags::from(smuggled),
             super::AccessFlags::LOCAL_WRITE | super::AccessFlags::REMOTE_READ
         );
+    }
+
+    /// The volatile copy gives the source's bytes at every alignment and length, wide loads
+    /// and byte ends alike.
+    #[test]
+    fn volatile_copy_copies_at_every_alignment() {
+        let src: Vec<u8> = (0..200u32).map(|i| (i * 7 + 3) as u8).collect();
+        for start in 0..40 {
+            for len in [0, 1, 7, 15, 16, 17, 31, 32, 33, 47, 48, 64, 100, 160 - start] {
+                let mut out = vec![0xEEu8; len];
+                // SAFETY: `start + len` is at most 160, within `src`.
+                unsafe { super::volatile_copy(src.as_ptr().add(start), &mut out) };
+                assert_eq!(out, &src[start..start + len], "start {start} len {len}");
+            }
+        }
     }
 
     use super::piece_len;

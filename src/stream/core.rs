@@ -1,6 +1,7 @@
 //! One stream's state: the connection, its CQ and buffers, and rsocket's accounting
 //! (docs/rsocket-protocol.md names each counter after rsocket.c's).
 
+use super::ring::SendRing;
 use super::wire::{self, ConnData, RsSge, CTRL_SLOTS, SGE_LEN, SGL_SIZE};
 use super::StreamOptions;
 use crate::aio::{AsyncConnection, AsyncCq};
@@ -38,7 +39,7 @@ pub(crate) struct Resources {
     cq: AsyncCq,
     rbuf: RemoteMr,
     tsgl: RemoteMr,
-    sbufs: Vec<Buf>,
+    sbuf: SendRing<Buf>,
     rbufs: Vec<Buf>,
     chunk: u32,
     inline: u32,
@@ -69,9 +70,16 @@ impl Resources {
         let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let rbuf = pd.alloc_remote_mr(o.recv_buffer, remote)?;
         let tsgl = pd.alloc_remote_mr(SGL_SIZE * SGE_LEN, remote)?;
-        let sbufs = pd
+        // One piece, the whole buffer, and a handle for each message that may be out.
+        let whole = pd
             .alloc_mr(o.send_buffer, LocalAccess::LOCAL_WRITE)?
-            .into_bufs(o.send_chunk)?;
+            .into_bufs(o.send_buffer)?
+            .pop()
+            .ok_or_else(|| Error::invalid("stream", "an empty send buffer"))?;
+        let handles = (0..usize::from(o.queue_depth) + 2)
+            .map(|_| whole.empty_handle())
+            .collect();
+        let sbuf = SendRing::new(whole, handles);
         let rbufs = pd
             .alloc_mr(RECV_SLOT * usize::from(o.queue_depth), LocalAccess::LOCAL_WRITE)?
             .into_bufs(RECV_SLOT)?;
@@ -83,7 +91,7 @@ impl Resources {
                 cq,
                 rbuf,
                 tsgl,
-                sbufs,
+                sbuf,
                 rbufs,
                 chunk,
                 inline,
@@ -187,7 +195,7 @@ pub(crate) struct Core {
     cq: AsyncCq,
     rbuf: RemoteMr,
     tsgl: RemoteMr,
-    sbufs: Vec<Buf>,
+    sbuf: SendRing<Buf>,
     _pd: Pd,
     wc: Box<[WorkCompletion]>,
     sent: VecDeque<Sent>,
@@ -262,7 +270,7 @@ impl Core {
             cq: r.cq,
             rbuf: r.rbuf,
             tsgl: r.tsgl,
-            sbufs: r.sbufs,
+            sbuf: r.sbuf,
             _pd: r.pd,
             wc: vec![WorkCompletion::default(); WC_BATCH].into_boxed_slice(),
             sent: VecDeque::with_capacity(depth as usize + 1),
@@ -444,7 +452,7 @@ impl Core {
                 }
             } else {
                 if let Some(buf) = buf {
-                    self.sbufs.push(buf);
+                    self.sbuf.give_back(buf);
                 }
                 match self.sent.pop_front() {
                     Some(Sent::Data) => self.sqe_avail += 1,
@@ -710,6 +718,17 @@ impl Core {
         self.target[self.target_sge].length != 0
     }
 
+    /// A post of a write failed: the stream fails, and the write reports what it had
+    /// already taken, or the error if nothing.
+    fn write_failed(&mut self, e: Error, written: usize) -> Poll<io::Result<usize>> {
+        self.fail(e);
+        Poll::Ready(if written > 0 {
+            Ok(written)
+        } else {
+            Err(self.down_error(true))
+        })
+    }
+
     /// The request that carries `len` bytes of data to `remote`: a write with the message as
     /// its immediate, or in the message-send variant a plain write ([`Core::post_msg`] then
     /// sends the message).
@@ -744,7 +763,7 @@ impl Core {
                 });
             }
             let need_buf = (total - written).min(self.chunk as usize) > self.inline as usize;
-            if !(self.can_send() && (!need_buf || !self.sbufs.is_empty())) {
+            if !(self.can_send() && (!need_buf || self.sbuf.can_take())) {
                 if polled || written > 0 {
                     break;
                 }
@@ -784,16 +803,16 @@ impl Core {
                     self.conn.qp_mut().send_inline(op, &self.stage[..n])
                 }
             } else {
-                let mut buf = self.sbufs.pop().expect("checked above");
-                len = len.min(buf.capacity() as u32);
-                let op = self.data_op(remote, len);
-                match buf.set_len(len as usize) {
-                    Err(e) => Err(e.into()),
-                    Ok(()) => {
+                // The next bytes of the ring, up to where the buffer ends.
+                match self.sbuf.take(len as usize) {
+                    None => Err(Error::invalid("rsocket stream", "no send buffer space")),
+                    Some(mut buf) => {
+                        len = buf.len() as u32;
+                        let op = self.data_op(remote, len);
                         gather(bufs, &mut slice, &mut offset, buf.as_mut_slice());
                         self.conn.qp_mut().send_buf(op, buf).map_err(|r| {
                             if let Some(buf) = r.buf {
-                                self.sbufs.push(buf);
+                                self.sbuf.give_back(buf);
                             }
                             r.error
                         })
@@ -801,12 +820,7 @@ impl Core {
                 }
             };
             if let Err(e) = posted {
-                self.fail(e);
-                return Poll::Ready(if written > 0 {
-                    Ok(written)
-                } else {
-                    Err(self.down_error(true))
-                });
+                return self.write_failed(e, written);
             }
             self.sent.push_back(Sent::Data);
             self.sseq_no = self.sseq_no.wrapping_add(1);
@@ -814,12 +828,7 @@ impl Core {
             if self.msg_send {
                 // The message-send variant: the message follows the write as a SEND.
                 if let Err(e) = self.post_msg(wire::imm(wire::OP_DATA, len)) {
-                    self.fail(e);
-                    return Poll::Ready(if written > 0 {
-                        Ok(written)
-                    } else {
-                        Err(self.down_error(true))
-                    });
+                    return self.write_failed(e, written);
                 }
                 self.sent.push_back(Sent::Data);
                 self.sqe_avail -= 1;

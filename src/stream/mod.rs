@@ -46,6 +46,7 @@
 //! registered receive buffer; the hot path allocates nothing.
 
 mod core;
+mod ring;
 mod wire;
 
 use self::core::{Core, Resources};
@@ -68,10 +69,10 @@ pub struct StreamOptions {
     /// Bytes of the receive buffer the peer writes into, used in two halves (rsocket's
     /// `rbuf_size`, 128 KiB there). Default 256 KiB; at least 8 KiB, even.
     pub recv_buffer: usize,
-    /// Bytes of registered send buffer (rsocket's `sbuf_size`). Default 256 KiB.
+    /// Bytes of registered send buffer (rsocket's `sbuf_size`), used as a ring: each data
+    /// message takes the bytes it carries until its send completes. Default 256 KiB.
     pub send_buffer: usize,
-    /// The largest data message, and the piece the send buffer is cut into. Default 64 KiB
-    /// (rsocket's largest transfer).
+    /// The largest data message. Default 64 KiB (rsocket's largest transfer).
     pub send_chunk: usize,
     /// Writes of at most this many bytes go inline in the request, not through the send
     /// buffer. Default 64 (rsocket's); 16 bytes of inline data are always asked for (the
