@@ -426,6 +426,10 @@ pub(crate) struct Pair {
     pub(crate) recvs: Held,
     /// The block's layout, to free it.
     layout: Layout,
+    /// Where the block's slots start, and how many there are (both queues'), to drop them
+    /// from the block itself, whatever the `Held`s point at by then.
+    slots_at: usize,
+    slots: usize,
 }
 
 // SAFETY: `QpHeld` owns its block as a `Box<Pair>` would, and `Pair` is `Send` and `Sync`
@@ -469,8 +473,10 @@ impl QpHeld {
         // offsets `extend` gave, inside the block and aligned for their types, apart from
         // the `Pair` and from each other. The slots are written before any reference to them
         // is made; the requests are `MaybeUninit`. The references live as long as the block:
-        // `Drop` frees it only after the `Pair` (which holds them) is dropped, and they are
-        // never handed out beyond a borrow of the `Pair`.
+        // `Drop` frees it only after the `Pair` (which holds them) is dropped. They are never
+        // handed out beyond a borrow of the `Pair`, and the crate never moves a `Held` out of
+        // its `Pair` (`mem::swap` of two QPs' `Held`s would leave each pointing into the
+        // other's block); `Drop` takes the slots from the block, not from the `Held`s.
         unsafe {
             let slots = base.add(slots_at).cast::<Slot>();
             for k in 0..scap + rcap {
@@ -486,6 +492,8 @@ impl QpHeld {
                 sends: Held::new(send, false, sends, wrs),
                 recvs: Held::new(recv, true, recvs, &mut []),
                 layout,
+                slots_at,
+                slots: scap + rcap,
             });
         }
         Self { block }
@@ -515,18 +523,16 @@ impl std::ops::DerefMut for QpHeld {
 impl Drop for QpHeld {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
-        // SAFETY: the block `new` made, dropped once: the slots (the buffers they hold) and
-        // the `Pair`, whose `Held`s only point at the slots and requests, then the memory,
-        // with the layout it was allocated with. The requests are `MaybeUninit`: nothing to
-        // drop.
+        // SAFETY: the block `new` made, dropped once: the `Pair` (whose `Held`s only point at
+        // the slots and requests), then the slots `new` wrote at `slots_at` (the buffers they
+        // hold), then the memory, with the layout it was allocated with. The requests are
+        // `MaybeUninit`: nothing to drop.
         unsafe {
             let pair = self.block.as_ptr();
-            let layout = (*pair).layout;
-            let sends: *mut [Slot] = &mut *(*pair).sends.slots;
-            let recvs: *mut [Slot] = &mut *(*pair).recvs.slots;
+            let (layout, slots_at, n) = ((*pair).layout, (*pair).slots_at, (*pair).slots);
             std::ptr::drop_in_place(pair);
-            std::ptr::drop_in_place(sends);
-            std::ptr::drop_in_place(recvs);
+            let slots = pair.cast::<u8>().add(slots_at).cast::<Slot>();
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(slots, n));
             std::alloc::dealloc(pair.cast::<u8>(), layout);
         }
     }

@@ -431,7 +431,8 @@ pub struct Buf(Box<BufPart>);
 struct BufPart {
     /// The bytes `0..len` as a work request names them.
     sge: Sge,
-    /// The whole buffer, `0..capacity`, as a receive names it (never changes).
+    /// The whole buffer, `0..capacity`, as a receive names it (changed only by the stream's
+    /// send ring, which moves bytes between pieces of one region).
     whole: Sge,
     /// The id of the SRQ receive it was last posted with (`crate::held::SrqHeld`).
     request: u64,

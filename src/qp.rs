@@ -603,7 +603,12 @@ impl Qp {
     /// nothing to send): if it refuses, the QP stays in its state and the kernel's error is
     /// returned, and nothing was written into the send queue. Writing first and taking the
     /// doorbell's refusal as the answer would leave the request in the queue, handed over,
-    /// where siw runs it once the connection comes up (docs/kernel-facts.md).
+    /// where siw runs it once the connection comes up (docs/kernel-facts.md). One state the
+    /// doorbell cannot tell from RTS: a QP siw moved to ERROR (a TERMINATE, a reset, a failed
+    /// connect) answers an empty doorbell with success, so the QP is taken as connected and
+    /// its next send is written into a queue siw already flushed, where it never completes
+    /// (its buffer stays held until the QP is destroyed). rdma-core's C siw provider does the
+    /// same; 6.1's QUERY_QP on siw reports no state to check against.
     ///
     /// Refused with [`Error::InvalidArgument`] on a QP of a device that is not iWARP, or one
     /// not in INIT or RTR (the states an iWARP QP waits for its connection in).

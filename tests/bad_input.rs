@@ -268,7 +268,8 @@ fn iwarp_bad_rkeys_end_the_connection_and_a_new_one_works(p: &mut Pair) {
     }
     // A READ of a region registered without REMOTE_READ is served: siw's READ response checks
     // the STag, its PD and its bounds but asks for no access right (`siw_check_sgl_tx(pd,
-    // wqe, 0)`, 6.1 and 6.12; docs/kernel-facts.md).
+    // wqe, 0)`, 6.1 and 6.12; docs/kernel-facts.md). This pins a kernel fact on purpose: a
+    // kernel that checks the right fails here, and the fact's row and this check change together.
     let secret = pattern(len as usize, 0x5e);
     write_only.write(0, &secret).unwrap();
     let into = [p.a.mr.sge(8192, len).unwrap()];

@@ -811,6 +811,10 @@ impl Core {
                         let op = self.data_op(remote, len);
                         gather(bufs, &mut slice, &mut offset, buf.as_mut_slice());
                         self.conn.qp_mut().send_buf(op, buf).map_err(|r| {
+                            // The newest piece, where `give_back` expects the oldest: it
+                            // keeps the count right but not the ring's order, which is
+                            // enough because the stream fails right after (`write_failed`)
+                            // and never takes from the ring again.
                             if let Some(buf) = r.buf {
                                 self.sbuf.give_back(buf);
                             }

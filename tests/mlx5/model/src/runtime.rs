@@ -148,9 +148,14 @@ fn yield_to_the_device() {
     if by == 0 {
         return;
     }
-    // SAFETY: getpriority and setpriority of the calling thread (`who` 0), integers only.
+    // SAFETY: getpriority and setpriority of the calling thread (`who` 0), integers only;
+    // errno is cleared first, since -1 is both a nice value and getpriority's error.
     unsafe {
+        *libc::__errno_location() = 0;
         let now = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if now == -1 && *libc::__errno_location() != 0 {
+            return;
+        }
         libc::setpriority(libc::PRIO_PROCESS, 0, (now + by).min(19));
     }
 }
