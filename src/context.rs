@@ -100,7 +100,14 @@ impl ContextInner {
             return Ok(GidType::IB);
         }
         let path = port_dir.join(format!("gid_attrs/types/{index}"));
-        match crate::device::read_attr(&path)?.as_str() {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            // The kernel answers EINVAL for an entry it holds no GID in; libibverbs
+            // (`ibv_query_gid_type`) takes that as RoCE v1 and lets the kernel judge the index.
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => return Ok(GidType::ROCE_V1),
+            Err(e) => return Err(Error::io(path.display().to_string(), e)),
+        };
+        match text.trim() {
             "RoCE v2" => Ok(GidType::ROCE_V2),
             "IB/RoCE v1" => Ok(GidType::ROCE_V1),
             other => Err(Error::malformed("sysfs", format!("{}: {other:?}", path.display()))),
