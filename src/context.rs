@@ -93,9 +93,7 @@ impl ContextInner {
     /// `ports/N/link_layer`); on an Ethernet port sysfs `gid_attrs/types/N` tells RoCE v2
     /// ("RoCE v2") from RoCE v1 ("IB/RoCE v1"). No command goes to the kernel.
     pub(crate) fn gid_type(&self, port: u8, index: u8) -> Result<GidType> {
-        let port_dir = std::path::Path::new("/sys/class/infiniband")
-            .join(&self.device.name)
-            .join(format!("ports/{port}"));
+        let port_dir = self.port_dir(port);
         if crate::device::read_attr(&port_dir.join("link_layer"))? != "Ethernet" {
             return Ok(GidType::IB);
         }
@@ -112,6 +110,14 @@ impl ContextInner {
             "IB/RoCE v1" => Ok(GidType::ROCE_V1),
             other => Err(Error::malformed("sysfs", format!("{}: {other:?}", path.display()))),
         }
+    }
+
+    /// The sysfs folder of `port` (`/sys/class/infiniband/<device>/ports/<port>`), where
+    /// libibverbs reads what it asks no command for.
+    fn port_dir(&self, port: u8) -> std::path::PathBuf {
+        std::path::Path::new("/sys/class/infiniband")
+            .join(&self.device.name)
+            .join(format!("ports/{port}"))
     }
 
     /// A fresh handle to name an object in events (its kernel handle is not known before it
@@ -521,9 +527,7 @@ impl Context {
 
     /// The P_Key at `index` of `port` (from sysfs, as libibverbs reads it).
     pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
-        let path = std::path::Path::new("/sys/class/infiniband")
-            .join(&self.inner.device.name)
-            .join(format!("ports/{port}/pkeys/{index}"));
+        let path = self.inner.port_dir(port).join(format!("pkeys/{index}"));
         let text = crate::device::read_attr(&path)?;
         u16::from_str_radix(text.trim_start_matches("0x"), 16)
             .map_err(|_| Error::malformed("query_pkey", format!("{}: {text:?}", path.display())))
