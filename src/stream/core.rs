@@ -547,8 +547,17 @@ impl Core {
     /// Whether a credit update may go out: it takes two control slots in the message-send
     /// variant (write and SEND), as rsocket's `rs_2ctrl_avail` asks.
     fn credit_ctrl_avail(&self) -> bool {
-        let need = if self.msg_send { 2 } else { 1 };
-        self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno) >= need
+        self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno) >= self.requests_per_message()
+    }
+
+    /// Send requests one message takes: a write with immediate, or in the message-send
+    /// variant a write and a SEND.
+    fn requests_per_message(&self) -> u32 {
+        if self.msg_send {
+            2
+        } else {
+            1
+        }
     }
 
     /// Posts a control message (zero-length or with `payload` inline) at `at`; in the
@@ -741,9 +750,7 @@ impl Core {
     }
 
     fn can_send(&mut self) -> bool {
-        // A data message takes two send queue entries in the message-send variant.
-        let sqes = if self.msg_send { 2 } else { 1 };
-        self.sqe_avail >= sqes && self.sseq_no != self.sseq_comp && self.target_ready()
+        self.sqe_avail >= self.requests_per_message() && self.sseq_no != self.sseq_comp && self.target_ready()
     }
 
     pub(crate) fn poll_write(&mut self, cx: &mut TaskContext<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
