@@ -316,7 +316,7 @@ fn rust_files(root: &Path, dir: &Path, members: &[String], out: &mut Vec<std::pa
 }
 
 /// The name of the module `line` declares (`pub(crate) mod name;`, `mod name {`), if it does.
-fn module_declared(line: &str) -> Option<&str> {
+pub(crate) fn module_declared(line: &str) -> Option<&str> {
     let mut rest = line.trim();
     if let Some(r) = rest.strip_prefix("pub") {
         rest = r.trim_start();
@@ -332,7 +332,7 @@ fn module_declared(line: &str) -> Option<&str> {
 }
 
 /// `text` without its `//` comments (doc comments included) and string literals, line by line.
-fn code_only(text: &str) -> String {
+pub(crate) fn code_only(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let mut in_str = false;
