@@ -43,13 +43,25 @@ fn delimiter(c: char) -> bool {
 /// naming a top-level file in capitals (`README.md`), without their anchor (`#part`), line
 /// suffix (`:12`, `:12-30`), item (`::name`) or trailing punctuation.
 fn paths_in(line: &str) -> Vec<String> {
+    path_refs(line).into_iter().map(|(path, _)| path).collect()
+}
+
+/// [`paths_in`], each with the item named after a Rust file's path, if any
+/// (`tests/rc.rs::send_with_imm` gives `send_with_imm`).
+fn path_refs(line: &str) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     for token in line.split(delimiter) {
         let mut t = token;
         if let Some(at) = t.find('#') {
             t = &t[..at];
         }
+        let mut item = None;
         if let Some(at) = t.find("::") {
+            let name = &t[at + 2..];
+            let end = name
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(name.len());
+            item = (end > 0 && t[..at].ends_with(".rs")).then(|| name[..end].to_string());
             t = &t[..at];
         }
         t = t.trim_end_matches(['.', ',', ':', ';', '!', '?']);
@@ -66,7 +78,7 @@ fn paths_in(line: &str) -> Vec<String> {
                 .all(|c| c.is_ascii_uppercase() || c == '_' || c == '-')
             && t.len() > 3;
         if TOP_FOLDERS.iter().any(|f| t.starts_with(f)) || top_file || t == "Cargo.toml" || t == "Cargo.lock" {
-            out.push(t.to_string());
+            out.push((t.to_string(), item));
         }
     }
     out
@@ -271,9 +283,18 @@ fn missing_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
         let markdown = file.extension().is_some_and(|e| e == "md");
         let folder = file.parent().unwrap_or(root);
         for (n, line) in text.lines().enumerate() {
-            for path in paths_in(line) {
+            for (path, item) in path_refs(line) {
                 if !exists(root, &crate_root, &path) {
                     missing.push(format!("{rel}:{}: {path}", n + 1));
+                } else if let Some(item) = item {
+                    // The file from whichever base it is in (templates name no item).
+                    let text = [root, crate_root.as_path()]
+                        .iter()
+                        .find_map(|base| std::fs::read_to_string(base.join(&path)).ok())
+                        .unwrap_or_default();
+                    if !defines(&text, &item) && !macro_invoked_defines(&text, &item) {
+                        missing.push(format!("{rel}:{}: {path}::{item} (no `{item}` there)", n + 1));
+                    }
                 }
             }
             if markdown {
@@ -358,6 +379,11 @@ fn macro_generates(text: &str, crate_text: &str, name: &str) -> bool {
         let body = &rest[..rest.find("\n}").unwrap_or(rest.len())];
         end > 0 && text.contains(&format!("{}!", &rest[..end])) && defines(body, name)
     })
+}
+
+/// [`macro_generates`] with the macros of `text` itself (a test file's `macro_rules!`).
+fn macro_invoked_defines(text: &str, name: &str) -> bool {
+    macro_generates(text, text, name)
 }
 
 /// Whether `text` has a struct field `name` (a line `pub name: T,` or `name: T,`).
@@ -740,6 +766,14 @@ mod tests {
             ["providers/<vendor>/", "tests/*.rs"]
         );
         assert_eq!(paths_in("`src/sys/cmd.rs::execute`"), ["src/sys/cmd.rs"]);
+        assert_eq!(
+            path_refs("tests/rc.rs::send_with_imm, `tests/common/mod.rs::loopback_gid`: src/x::y"),
+            [
+                ("tests/rc.rs".to_string(), Some("send_with_imm".to_string())),
+                ("tests/common/mod.rs".to_string(), Some("loopback_gid".to_string())),
+                ("src/x".to_string(), None)
+            ]
+        );
         assert_eq!(
             paths_in("README.md and DEVELOPERS.md, not x.md"),
             ["README.md", "DEVELOPERS.md"]
