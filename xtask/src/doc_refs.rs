@@ -84,6 +84,20 @@ fn path_refs(line: &str) -> Vec<(String, Option<String>)> {
     out
 }
 
+/// The Rust files and shell scripts `line` names bare, in backticks (`` `lib.rs` ``): this
+/// repository's kinds of source, where a C file is more likely the kernel's or rdma-core's.
+fn bare_file_names(line: &str) -> Vec<&str> {
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| {
+            (t.ends_with(".rs") || t.ends_with(".sh"))
+                && t.len() > 3
+                && t.chars().all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        })
+        .collect()
+}
+
 /// The targets of the Markdown links in `line` that are no URL and no anchor on the same page
 /// (`[text](docs/x.md#part)` gives `docs/x.md`), relative to the Markdown file's folder.
 fn link_targets(line: &str) -> Vec<String> {
@@ -274,9 +288,12 @@ fn crate_root(root: &Path, file: &Path) -> PathBuf {
 }
 
 /// The repository paths the prose of the files `files` names that are not there, as
-/// `file:line: path`.
+/// `file:line: path`; in Markdown, also a Rust file or shell script named bare (`` `ops.rs` ``)
+/// that is no file of the tree, in any folder.
 fn missing_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
     let mut missing = Vec::new();
+    let tracked = tracked_files(root);
+    let names: BTreeSet<&str> = tracked.iter().map(|f| f.rsplit('/').next().unwrap_or(f)).collect();
     for (file, text) in files {
         let rel = file.strip_prefix(root).unwrap_or(file).display().to_string();
         let crate_root = crate_root(root, file);
@@ -298,6 +315,11 @@ fn missing_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
                 }
             }
             if markdown {
+                for name in bare_file_names(line) {
+                    if !names.contains(name) {
+                        missing.push(format!("{rel}:{}: `{name}` (no file of that name)", n + 1));
+                    }
+                }
                 for target in link_targets(line) {
                     if !exists(folder, folder, &target) {
                         missing.push(format!("{rel}:{}: link ({target})", n + 1));
@@ -779,6 +801,10 @@ mod tests {
             ["README.md", "DEVELOPERS.md"]
         );
         assert!(paths_in("/usr/src/linux, ../providers/mod.rs, rust-fuzz/x, kernel/ioctl").is_empty());
+        assert_eq!(
+            bare_file_names("`ops.rs` and `run.sh`, not `x.c`, `src/a.rs` or ops.rs"),
+            ["ops.rs", "run.sh"]
+        );
         assert_eq!(
             link_targets("[a](docs/x.md#y), [b](https://e.org/src/x), [c](#here), [d](../src/lib.rs)"),
             ["docs/x.md", "../src/lib.rs"]
