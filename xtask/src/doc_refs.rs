@@ -410,17 +410,21 @@ fn macro_invoked_defines(text: &str, name: &str) -> bool {
 
 /// Whether `text` has a struct field `name` (a line `pub name: T,` or `name: T,`).
 fn has_field(text: &str, name: &str) -> bool {
-    text.lines().any(|l| {
-        let mut l = l.trim_start();
-        if let Some(r) = l.strip_prefix("pub") {
-            l = r.trim_start();
-            if l.starts_with('(') {
-                l = l.find(')').map_or("", |at| l[at + 1..].trim_start());
-            }
+    text.lines().any(|l| field_name(l) == Some(name))
+}
+
+/// The field `line` declares or sets (`pub(crate) name: T,`, `name: value,`), if it does.
+fn field_name(line: &str) -> Option<&str> {
+    let mut l = line.trim_start();
+    if let Some(r) = l.strip_prefix("pub") {
+        l = r.trim_start();
+        if l.starts_with('(') {
+            l = l[l.find(')')? + 1..].trim_start();
         }
-        l.strip_prefix(name)
-            .is_some_and(|r| r.starts_with(':') && !r.starts_with("::"))
-    })
+    }
+    let end = l.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+    let rest = &l[end..];
+    (end > 0 && rest.starts_with(':') && !rest.starts_with("::")).then(|| &l[..end])
 }
 
 /// The identifiers in `text`.
@@ -547,7 +551,8 @@ fn check_rust_path(root: &Path, crate_text: &str, path: &str) -> Result<(), Stri
 }
 
 /// The Rust paths of the `uverbs` crate that README.md and docs/*.md name and that are not
-/// there, as `file:line: path (why)`.
+/// there, and the members of the workspace's types they name (`Qp::send_buf`) that are
+/// nowhere in it, as `file:line: path (why)`.
 fn missing_rust_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
     let heads = checked_heads(root);
     let mut sources = Vec::new();
@@ -558,6 +563,15 @@ fn missing_rust_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
         .map(|f| std::fs::read_to_string(f).unwrap())
         .collect::<Vec<_>>()
         .join("\n");
+    // Members of the workspace's types (`Qp::send_buf`, `Model::drops`): any Rust file of it.
+    let workspace_text: String = tracked_files(root)
+        .iter()
+        .filter(|f| f.ends_with(".rs"))
+        .filter_map(|f| std::fs::read_to_string(root.join(f)).ok())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let types = defined_types(&workspace_text);
+    let names = Names::of(&workspace_text);
     let mut missing = Vec::new();
     for (file, text) in files.iter().filter(|(f, _)| f.extension().is_some_and(|e| e == "md")) {
         let rel = file.strip_prefix(root).unwrap_or(file).display().to_string();
@@ -571,9 +585,92 @@ fn missing_rust_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
                     missing.push(format!("{rel}:{}: {path} ({why})", n + 1));
                 }
             }
+            for (ty, member) in member_paths_in(line) {
+                if types.contains(ty) && !names.has_member(member) {
+                    missing.push(format!(
+                        "{rel}:{}: {ty}::{member} (no `{member}` in the workspace)",
+                        n + 1
+                    ));
+                }
+            }
         }
     }
     missing
+}
+
+/// The `Type::member` paths in backticks in `line` (`Qp::send_buf`, `Error::NoProvider`).
+fn member_paths_in(line: &str) -> Vec<(&str, &str)> {
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|code| {
+            let (ty, rest) = code.split_once("::")?;
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let ok = ty.starts_with(|c: char| c.is_ascii_uppercase())
+                && ty.chars().all(|c| c.is_alphanumeric() || c == '_')
+                && end > 0;
+            ok.then(|| (ty, &rest[..end]))
+        })
+        .collect()
+}
+
+/// The types `text` defines (`struct Name`, `enum`, `trait`, `type`, `union`).
+fn defined_types(text: &str) -> BTreeSet<&str> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let mut prev = "";
+        for w in words(line) {
+            if matches!(prev, "struct" | "enum" | "trait" | "type" | "union")
+                && w.starts_with(|c: char| c.is_ascii_uppercase())
+            {
+                out.insert(w);
+            }
+            prev = w;
+        }
+    }
+    out
+}
+
+/// The names a workspace's Rust text has, to look members up in: the methods and fields it
+/// defines (`fn name`, `name: T`), and every identifier.
+struct Names {
+    defined: BTreeSet<String>,
+    words: BTreeSet<String>,
+}
+
+impl Names {
+    fn of(text: &str) -> Names {
+        let mut names = Names {
+            defined: BTreeSet::new(),
+            words: BTreeSet::new(),
+        };
+        for line in text.lines() {
+            let mut prev = "";
+            for w in words(line) {
+                if prev == "fn" {
+                    names.defined.insert(w.to_string());
+                }
+                names.words.insert(w.to_string());
+                prev = w;
+            }
+            if let Some(field) = field_name(line) {
+                names.defined.insert(field.to_string());
+            }
+        }
+        names
+    }
+
+    /// Whether the member `name` of a type is there: a method or field for a lower-case name,
+    /// named at all for a capitalised one (a variant, an associated constant).
+    fn has_member(&self, name: &str) -> bool {
+        if name.starts_with(|c: char| c.is_lowercase() || c == '_') {
+            self.defined.contains(name)
+        } else {
+            self.words.contains(name)
+        }
+    }
 }
 
 /// The rows of docs/architecture.md's table "The tree": `(folder, description)`.
@@ -853,6 +950,20 @@ mod tests {
         let macros = "macro_rules! gen {\n    () => { mod made { fn test() {} } };\n}\nfn other() {}";
         assert!(macro_generates("gen! {}", macros, "made") && !macro_generates("gen! {}", macros, "other"));
         assert!(!macro_generates("no macro", macros, "made"));
+    }
+
+    #[test]
+    fn the_member_scanner_reads_prose() {
+        assert_eq!(
+            member_paths_in("`Qp::send_buf(op, buf)`, `Error::NoProvider`, `uverbs::open`, `Qp::`, Qp::x"),
+            [("Qp", "send_buf"), ("Error", "NoProvider")]
+        );
+        let text =
+            "pub struct Qp {\n    pub(crate) depth: u32,\n}\nimpl Qp { pub fn send_buf() {} }\nenum E { NoProvider }";
+        assert_eq!(defined_types(text), BTreeSet::from(["Qp", "E"]));
+        let names = Names::of(text);
+        assert!(names.has_member("send_buf") && names.has_member("depth") && names.has_member("NoProvider"));
+        assert!(!names.has_member("recv_buf") && !names.has_member("Other"));
     }
 
     #[test]
