@@ -793,6 +793,23 @@ fn tree_table_misses(root: &Path) -> Vec<String> {
     misses
 }
 
+/// The variants of the enum `name` in `text` (`pub enum Hook { AllocPd, CreateCq { .. } }`):
+/// the capitalised names at the first indentation level inside it.
+fn enum_variants<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    let Some(at) = text.find(&format!("pub enum {name} {{")) else {
+        return Vec::new();
+    };
+    text[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with('}'))
+        .filter(|l| l.starts_with("    ") && !l.starts_with("     "))
+        .filter(|l| !l.trim_start().starts_with("//") && !l.trim_start().starts_with('#'))
+        .filter_map(|l| words(l).next())
+        .filter(|w| w.starts_with(|c: char| c.is_ascii_uppercase()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -966,8 +983,36 @@ mod tests {
         assert!(!names.has_member("recv_buf") && !names.has_member("Other"));
     }
 
+    /// docs/provider-contract.md: `tests/provider_contract.rs` checks each hook the stub
+    /// provider logs.
+    #[test]
+    fn the_contract_test_checks_every_hook_the_stub_logs() {
+        let root = root();
+        let stub = std::fs::read_to_string(root.join("src/provider/stub.rs")).unwrap();
+        let test = std::fs::read_to_string(root.join("tests/provider_contract.rs")).unwrap();
+        let hooks = enum_variants(&stub, "Hook");
+        assert!(
+            hooks.len() > 5 && hooks.contains(&"AllocPd"),
+            "read the hooks: {hooks:?}"
+        );
+        let unchecked: Vec<&&str> = hooks.iter().filter(|h| !test.contains(&format!("Hook::{h}"))).collect();
+        assert!(
+            unchecked.is_empty(),
+            "hooks of the stub provider that tests/provider_contract.rs never checks: {unchecked:?}"
+        );
+        let doc = std::fs::read_to_string(root.join("docs/provider-contract.md")).unwrap();
+        assert!(doc.contains("each hook the stub logs"), "the statement this checks");
+    }
+
     #[test]
     fn the_tree_table_reader_reads_rows() {
+        assert_eq!(
+            enum_variants(
+                "pub enum H {\n    A,\n    /// doc\n    B {\n        x: u32,\n    },\n}\nC",
+                "H"
+            ),
+            ["A", "B"]
+        );
         let doc =
             "# A\n## The tree\n\n| Folder | What |\n| --- | --- |\n| `src/` | Crate `x`. |\n\n## Next\n| `no/` | x |\n";
         assert_eq!(tree_rows(doc), [("src/".to_string(), "Crate `x`.".to_string())]);
