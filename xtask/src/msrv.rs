@@ -28,7 +28,9 @@ struct Package {
     name: String,
     version: String,
     rust_version: Option<String>,
-    /// The native library the package links (`links = "..."` in its manifest).
+    /// The native library the package links (`links = "..."` in its manifest); only a test
+    /// reads it.
+    #[cfg(test)]
     links: Option<String>,
 }
 
