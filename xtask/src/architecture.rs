@@ -12,8 +12,8 @@ use std::path::Path;
 
 /// The modules of the crate root `src` each module of it names: through `crate::module`
 /// paths, or through a type the crate root re-exports from a module (`crate::Pd`).
-/// Files in a module's folder (`src/sys/*`, `src/x/*`, `kernel/ioctl/srq.rs`) count as that
-/// module (`sys`, `x`, `kernel`).
+/// Files in a module's folder (`src/sys/*`, `src/cm/*`, `kernel/ioctl/srq.rs`) count as that
+/// module (`sys`, `cm`, `kernel`).
 fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
     imports_among(src, module_sources(src)?)
 }

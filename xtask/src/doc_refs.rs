@@ -1,10 +1,19 @@
-//! What the documentation names is there, as unit tests: every repository path README.md,
-//! docs/*.md and the `//!` module docs of the workspace's Rust files name (`src/sys/cmd.rs`,
-//! `providers/<vendor>/`, `tests/*.rs`, a Markdown link) is a file or folder of the tree;
-//! every Rust path docs/*.md and README.md name in the `uverbs` crate (`uverbs::aio::AsyncCq`,
-//! `providers::rxe::queue::tests`, `sys::cmd::execute_plain`) is a module of it and, where it
-//! goes on, an item of that module; and docs/architecture.md's table "The tree" has a row for
-//! each top-level folder and each crate of the repository, in one line.
+//! What the documentation names is there, as unit tests:
+//!
+//! - every repository path that README.md, docs/*.md and the comments of the workspace's Rust
+//!   files name (`src/sys/cmd.rs`, `providers/<vendor>/`, `tests/*.rs`, a Markdown link, a
+//!   Rust file or script named bare in Markdown) is a file or folder of the tree, and a test
+//!   named after its file (`tests/rc.rs::` and the name) is defined there (CHANGELOG.md is
+//!   history: not read);
+//! - every Rust path docs/*.md and README.md name in the `uverbs` crate
+//!   (`uverbs::aio::AsyncCq`, `providers::rxe::queue::tests`, `sys::cmd::execute_plain`) is a
+//!   module of it and, where it goes on, an item of that module; a `Type::member` of the
+//!   workspace's types (`Qp::send_buf`, `Error::NoProvider`) is a method, field or variant of
+//!   the workspace;
+//! - docs/architecture.md's table "The tree" has a row, one line, for each top-level folder
+//!   and names each crate of the repository;
+//! - docs/provider-contract.md's "each hook the stub logs" is checked by
+//!   `tests/provider_contract.rs`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -24,10 +33,19 @@ const TOP_FOLDERS: [&str; 11] = [
     ".cargo/",
 ];
 
-/// Where the scanned prose is: the Markdown files and the folders whose `.rs` files' `//!`
-/// module docs are read.
+/// Where the scanned prose is: the Markdown files, and the folders whose `.rs` files'
+/// comments (`//!` module docs, `///` item docs, `//` notes) are read.
 const MARKDOWN: [&str; 2] = ["README.md", "docs"];
-const MODULE_DOC_FOLDERS: [&str; 5] = ["src", "providers", "dropin", "tests/mlx5/model", "xtask"];
+const CODE_FOLDERS: [&str; 8] = [
+    "src",
+    "providers",
+    "dropin",
+    "tests",
+    "xtask",
+    "examples",
+    "benches",
+    "fuzz",
+];
 
 /// Characters that end a path token in prose: white space, quoting, brackets, list and table
 /// punctuation.
@@ -39,7 +57,7 @@ fn delimiter(c: char) -> bool {
         )
 }
 
-/// The repository paths in `line`: tokens starting with a top-level folder (`src/x.rs`) or
+/// The repository paths in `line`: tokens starting with a top-level folder (`src/qp.rs`) or
 /// naming a top-level file in capitals (`README.md`), without their anchor (`#part`), line
 /// suffix (`:12`, `:12-30`), item (`::name`) or trailing punctuation.
 fn paths_in(line: &str) -> Vec<String> {
@@ -47,7 +65,7 @@ fn paths_in(line: &str) -> Vec<String> {
 }
 
 /// [`paths_in`], each with the item named after a Rust file's path, if any
-/// (`tests/rc.rs::send_with_imm` gives `send_with_imm`).
+/// (`tests/rc.rs::qp_moved_to_err_flushes_each_receive_once` gives that test's name).
 fn path_refs(line: &str) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     for token in line.split(delimiter) {
@@ -99,7 +117,7 @@ fn bare_file_names(line: &str) -> Vec<&str> {
 }
 
 /// The targets of the Markdown links in `line` that are no URL and no anchor on the same page
-/// (`[text](docs/x.md#part)` gives `docs/x.md`), relative to the Markdown file's folder.
+/// (`[text](docs/verbs.md#part)` gives `docs/verbs.md`), relative to the Markdown file's folder.
 fn link_targets(line: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = line;
@@ -185,7 +203,8 @@ fn name_matches(pattern: &str, name: &str) -> bool {
 }
 
 /// Whether the path `path` named in prose is there: from the repository root, or from the
-/// root of the crate whose file names it (`src/port.rs` in the mlx5 model's module docs).
+/// root of the crate whose file names it (the mlx5 model's comments name its files from its
+/// own folder).
 /// A template matches some path of the tree.
 /// A path without `.rs` names the program built from that file (`examples/demo`).
 /// A path in a folder git ignores (`target/`, `fuzz/corpus/`) is an output and not checked.
@@ -221,7 +240,7 @@ fn ignored(base: &Path, path: &str) -> bool {
 }
 
 /// The files whose prose is scanned, with the text to scan: Markdown whole, Rust files their
-/// `//!` lines.
+/// comments (each line's text after its `//`, line numbers kept).
 fn prose_files(root: &Path) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
     for entry in MARKDOWN {
@@ -243,20 +262,20 @@ fn prose_files(root: &Path) -> Vec<(PathBuf, String)> {
             out.push((file, text));
         }
     }
-    for folder in MODULE_DOC_FOLDERS {
+    for folder in CODE_FOLDERS {
         let mut files = Vec::new();
         rust_files(&root.join(folder), &mut files);
         files.sort();
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
-            let docs: String = text
+            let comments: String = text
                 .lines()
-                .map(|l| match l.trim_start().strip_prefix("//!") {
+                .map(|l| match l.split_once("//").map(|(_, c)| c) {
                     Some(d) => format!("{d}\n"),
                     None => "\n".to_string(),
                 })
                 .collect();
-            out.push((file, docs));
+            out.push((file, comments));
         }
     }
     out
