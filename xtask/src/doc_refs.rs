@@ -1,7 +1,7 @@
 //! What the documentation names is there, as unit tests:
 //!
 //! - every repository path that README.md, docs/*.md and the comments of the workspace's Rust
-//!   files name (`src/sys/cmd.rs`, `providers/<vendor>/`, `tests/*.rs`, a Markdown link, a
+//!   files, manifests and shell scripts name (`src/sys/cmd.rs`, `providers/<vendor>/`, `tests/*.rs`, a Markdown link, a
 //!   Rust file or script named bare in Markdown) is a file or folder of the tree, and a test
 //!   named after its file (`tests/rc.rs::` and the name) is defined there (CHANGELOG.md is
 //!   history: not read);
@@ -277,6 +277,25 @@ fn prose_files(root: &Path) -> Vec<(PathBuf, String)> {
                 .collect();
             out.push((file, comments));
         }
+    }
+    // Manifests and shell scripts: their `#` comments.
+    let mut scripts: Vec<String> = tracked_files(root)
+        .into_iter()
+        .filter(|f| f.ends_with("Cargo.toml") || f.ends_with(".toml") || f.ends_with(".sh") || f == ".ci/run")
+        .collect();
+    scripts.sort();
+    for file in scripts {
+        let Ok(text) = std::fs::read_to_string(root.join(&file)) else {
+            continue;
+        };
+        let comments: String = text
+            .lines()
+            .map(|l| match l.trim_start().strip_prefix('#') {
+                Some(c) if !c.starts_with('!') && !c.starts_with('[') => format!("{c}\n"),
+                _ => "\n".to_string(),
+            })
+            .collect();
+        out.push((root.join(file), comments));
     }
     out
 }
