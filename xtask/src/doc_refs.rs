@@ -281,7 +281,7 @@ fn prose_files(root: &Path) -> Vec<(PathBuf, String)> {
     // Manifests and shell scripts: their `#` comments.
     let mut scripts: Vec<String> = tracked_files(root)
         .into_iter()
-        .filter(|f| f.ends_with("Cargo.toml") || f.ends_with(".toml") || f.ends_with(".sh") || f == ".ci/run")
+        .filter(|f| f.ends_with(".toml") || f.ends_with(".sh") || f == ".ci/run")
         .collect();
     scripts.sort();
     for file in scripts {
