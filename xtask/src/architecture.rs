@@ -12,8 +12,8 @@ use std::path::Path;
 
 /// The modules of the crate root `src` each module of it names: through `crate::module`
 /// paths, or through a type the crate root re-exports from a module (`crate::Pd`).
-/// Files in a module's folder (`src/sys/*`, `src/x/*`, `kernel/ioctl/srq.rs`) count as that
-/// module (`sys`, `x`, `kernel`).
+/// Files in a module's folder (`src/sys/*`, `src/cm/*`, `kernel/ioctl/srq.rs`) count as that
+/// module (`sys`, `cm`, `kernel`).
 fn module_imports(src: &Path) -> std::io::Result<BTreeMap<String, BTreeSet<String>>> {
     imports_among(src, module_sources(src)?)
 }
@@ -316,7 +316,7 @@ fn rust_files(root: &Path, dir: &Path, members: &[String], out: &mut Vec<std::pa
 }
 
 /// The name of the module `line` declares (`pub(crate) mod name;`, `mod name {`), if it does.
-fn module_declared(line: &str) -> Option<&str> {
+pub(crate) fn module_declared(line: &str) -> Option<&str> {
     let mut rest = line.trim();
     if let Some(r) = rest.strip_prefix("pub") {
         rest = r.trim_start();
@@ -332,7 +332,7 @@ fn module_declared(line: &str) -> Option<&str> {
 }
 
 /// `text` without its `//` comments (doc comments included) and string literals, line by line.
-fn code_only(text: &str) -> String {
+pub(crate) fn code_only(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let mut in_str = false;

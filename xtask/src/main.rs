@@ -97,6 +97,8 @@ mod bench;
 mod cpio;
 mod cross;
 mod doc_examples;
+#[cfg(test)]
+mod doc_refs;
 mod error;
 mod guest;
 mod initramfs;

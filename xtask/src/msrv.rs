@@ -28,6 +28,10 @@ struct Package {
     name: String,
     version: String,
     rust_version: Option<String>,
+    /// The native library the package links (`links = "..."` in its manifest); only a test
+    /// reads it.
+    #[cfg(test)]
+    links: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -102,8 +106,39 @@ fn newer_dependencies(meta: &Metadata, root: &str) -> Result<(String, Vec<String
     Ok((declared, newer))
 }
 
-/// Runs the three checks.
-pub fn check() -> Result<()> {
+/// The packages the library `root` pulls in (normal and build dependencies, itself
+/// included) that link a native library, as `name (links)`: none, so that a binary on the
+/// library needs no C library beyond what Rust's standard library links (README: `ldd` shows
+/// libc and libgcc_s).
+#[cfg(test)]
+fn native_links(meta: &Metadata, root: &str) -> Vec<String> {
+    let packages: BTreeMap<&str, &Package> = meta.packages.iter().map(|p| (p.id.as_str(), p)).collect();
+    let nodes: BTreeMap<&str, &Node> = meta.resolve.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+    let mut todo: Vec<&str> = meta
+        .packages
+        .iter()
+        .filter(|p| p.name == root)
+        .map(|p| p.id.as_str())
+        .collect();
+    let (mut seen, mut out) = (BTreeSet::new(), Vec::new());
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        for d in nodes.get(id).map_or(&[][..], |n| &n.deps[..]) {
+            if d.dep_kinds.iter().any(|k| k.kind.as_deref() != Some("dev")) {
+                todo.push(d.pkg.as_str());
+            }
+        }
+        if let Some(links) = packages.get(id).and_then(|p| p.links.as_ref()) {
+            out.push(format!("{} ({links})", packages[id].name));
+        }
+    }
+    out
+}
+
+/// `cargo metadata` of the workspace, every feature on, for Linux on x86-64, as locked.
+fn metadata() -> Result<Metadata> {
     let mut c = cargo();
     c.args([
         "metadata",
@@ -119,7 +154,12 @@ pub fn check() -> Result<()> {
     if !out.status.success() {
         bail!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let meta: Metadata = serde_json::from_slice(&out.stdout).context("reading cargo metadata")?;
+    serde_json::from_slice(&out.stdout).context("reading cargo metadata")
+}
+
+/// Runs the three checks.
+pub fn check() -> Result<()> {
+    let meta = metadata()?;
     let (declared, newer) = newer_dependencies(&meta, "uverbs")?;
     if !newer.is_empty() {
         bail!(
@@ -204,5 +244,25 @@ mod tests {
         let (declared, newer) = newer_dependencies(&meta, "root").unwrap();
         assert_eq!(declared, "1.80");
         assert_eq!(newer, ["a 1.0.0 (rust-version 1.85)"]);
+        assert!(native_links(&meta, "root").is_empty());
+        let meta: Metadata = serde_json::from_str(
+            r#"{"packages":[
+                {"id":"r","name":"root","version":"0.1.0","rust_version":"1.80"},
+                {"id":"s","name":"s-sys","version":"1.0.0","links":"s"},
+                {"id":"t","name":"t-sys","version":"1.0.0","links":"t"}],
+             "resolve":{"nodes":[
+                {"id":"r","deps":[{"pkg":"s","dep_kinds":[{"kind":"build"}]},{"pkg":"t","dep_kinds":[{"kind":"dev"}]}]},
+                {"id":"s","deps":[]},{"id":"t","deps":[]}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(native_links(&meta, "root"), ["s-sys (s)"]);
+    }
+
+    /// README: no libibverbs, no C library: no package the library pulls in links one.
+    #[test]
+    fn the_library_links_no_native_library() {
+        let meta = metadata().unwrap();
+        assert!(meta.packages.iter().any(|p| p.name == "nix"), "read the packages");
+        assert_eq!(native_links(&meta, "uverbs"), Vec::<String>::new());
     }
 }

@@ -1,5 +1,6 @@
-//! `cargo xtask test`: host unit (examples' included) and doc tests, the documentation as
-//! docs.rs builds it, the build without default features, then the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
+//! `cargo xtask test`: host unit (examples' included) and doc tests, formatting and clippy on
+//! the workspace, the documentation as docs.rs builds it, the build without default features,
+//! then the mlx5 model checks on the host (xtask/src/mlx5.rs), then the integration test
 //! binaries and `tests/guest/*.sh` scripts against a real rxe device (in a QEMU guest unless
 //! the host has one), with a `guest: N passed, M failed` line that counts every item.
 
@@ -56,6 +57,13 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
             "--no-fail-fast",
         ])],
         vec![command(&["test", "--doc", "-p", "uverbs"])],
+        // The tree as docs/test-guest.md keeps it: formatted, and every crate of the workspace
+        // lint-clean with the default features (the mlx5 provider, the drop-in and the model
+        // included; their `clippy::undocumented_unsafe_blocks` denials are clippy's to check).
+        vec![
+            command(&["fmt", "--all", "--check"]),
+            command(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
+        ],
         // The documentation with docs.rs's features (Cargo.toml's `[package.metadata.docs.rs]`),
         // every link resolving to a public item. (docs.rs also passes `--cfg docsrs`, which
         // needs nightly rustdoc: it only adds the "needs feature" badges.)
