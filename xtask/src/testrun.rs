@@ -120,14 +120,22 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     for chain in host_steps {
         for mut c in chain {
             note!("xtask: host: {}", proc::describe(&c));
-            if let Err(e) = proc::check(&mut c) {
+            let started = std::time::Instant::now();
+            let result = proc::check(&mut c);
+            note!("xtask: host: took {:.0} s", started.elapsed().as_secs_f64());
+            if let Err(e) = result {
                 failures.push(format!("host: {e}"));
                 break;
             }
         }
     }
     // Debian's C libmlx5 on the mlx5 model, on the host.
+    let started = std::time::Instant::now();
     let mlx5_results = crate::mlx5::test_step();
+    note!(
+        "xtask: the mlx5 model step took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
 
     let suite = guest_suite(extra, native)?;
     failures.extend(suite.failures);
