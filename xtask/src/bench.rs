@@ -24,15 +24,24 @@ use crate::toolchain::cargo;
 use crate::{guest, paths};
 
 mod cm;
+mod doc;
 mod mlx5;
+mod stream;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-/// `cargo xtask bench [--report | --mlx5 | --cm [--report]]`: `--report` only redoes the tables
-/// and plot from the raw results of the last run (rxe, mlx5 or both, whichever are there);
-/// `--mlx5` runs only the mlx5 step; `--cm` only the connection-setup benchmark (bench/cm.rs).
+/// `cargo xtask bench [--report | --mlx5 | --cm [--report] | --stream [--report]]`:
+/// `--report` only redoes the tables and plot from the raw results of the last run (rxe, mlx5
+/// or both, whichever are there), and the doc parts they write; `--mlx5` runs only the mlx5
+/// step; `--cm` only the connection-setup benchmark (bench/cm.rs); `--stream` only the
+/// stream's instructions per byte against rsockets (bench/stream.rs).
+///
+/// Each writes its tables into docs/benchmarks.md between its markers (bench/doc.rs), with a
+/// line saying the command, commit, date and guest kernel (or host load): `cargo xtask bench`
+/// the three rxe instruction tables, from a run whose callgrind step counted all three
+/// harnesses; `--mlx5` (or the mlx5 step) the mlx5 table; `--cm` and `--stream` theirs.
 pub fn run(args: &[String]) -> Result<ExitCode> {
     let out = paths::target_dir().join("bench");
     let only_mlx5 = match args {
@@ -44,6 +53,12 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
             }
             if rxe.exists() {
                 report(&out)?;
+                let raw = out.join("raw");
+                if has_callgrind(&raw) {
+                    write_rxe_doc(&raw)?;
+                } else {
+                    note!("xtask: the last rxe run has no callgrind counts: its docs/benchmarks.md parts are left as they are");
+                }
             }
             if mlx5.exists() {
                 mlx5::report(&out)?;
@@ -53,7 +68,9 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         [a] if a == "--mlx5" => true,
         [a] if a == "--cm" => return cm::run(false),
         [a, b] if a == "--cm" && b == "--report" => return cm::run(true),
-        _ => bail!("usage: cargo xtask bench [--report | --mlx5 | --cm [--report]] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
+        [a] if a == "--stream" => return stream::run(false),
+        [a, b] if a == "--stream" && b == "--report" => return stream::run(true),
+        _ => bail!("usage: cargo xtask bench [--report | --mlx5 | --cm [--report] | --stream [--report]] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
     };
     let native = crate::native();
     let tools = [
@@ -86,7 +103,7 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     note!("xtask: {}", proc::describe(&gcc));
     proc::check(&mut gcc).context("building the C harness (needs libibverbs-dev and valgrind's headers)")?;
     if only_mlx5 {
-        let ok = mlx5::run(&out, &rust, &c_harness)?;
+        let ok = mlx5::run(&out, &rust, &c_harness, "--mlx5")?;
         return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
 
@@ -94,6 +111,8 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     let raw = out.join("raw");
     let _ = std::fs::remove_dir_all(&raw);
     std::fs::create_dir_all(&raw).with_context(|| format!("creating {}", raw.display()))?;
+    // What this run is, for the line under the tables it writes into docs/benchmarks.md.
+    doc::record_start(&raw, "", &[])?;
     let script = paths::root().join("benches/guest.sh");
     let argv: Vec<String> = [&script, &rust, &c_harness, &dropin]
         .iter()
@@ -124,10 +143,22 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
     std::fs::write(raw.join("host.txt"), host).context("writing host.txt")?;
 
     report(&out)?;
+    // The three rxe tables of docs/benchmarks.md, from this run's counts when its callgrind
+    // step ran (all or none of them; a refusal fails the command, after the mlx5 step).
+    let doc_ok = skip_names().iter().any(|s| s == "callgrind") || {
+        match write_rxe_doc(&raw) {
+            Ok(()) => true,
+            Err(e) => {
+                note!("xtask: error: docs/benchmarks.md not updated: {e}");
+                false
+            }
+        }
+    };
     // The mlx5 provider against libmlx5, on the device model on this host (bench/mlx5.rs).
-    let mlx5_ok = mlx5::skipped() || mlx5::run(&out, &rust, &c_harness)?;
+    let mlx5_ok = mlx5::skipped() || mlx5::run(&out, &rust, &c_harness, "")?;
     Ok(match status {
-        Some(0) if mlx5_ok => ExitCode::SUCCESS,
+        Some(0) if mlx5_ok && doc_ok => ExitCode::SUCCESS,
+        Some(0) if mlx5_ok => ExitCode::FAILURE,
         Some(0) => {
             note!("xtask: the mlx5 benchmarks failed; see above");
             ExitCode::FAILURE
@@ -141,6 +172,16 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         }
         None => ExitCode::FAILURE,
     })
+}
+
+/// The steps `UVERBS_BENCH_SKIP` names.
+fn skip_names() -> Vec<String> {
+    std::env::var("UVERBS_BENCH_SKIP")
+        .unwrap_or_default()
+        .split(',')
+        .map(|x| x.trim().to_string())
+        .filter(|x| !x.is_empty())
+        .collect()
 }
 
 /// Writes the table and the plot from `out/raw`.
@@ -707,57 +748,55 @@ const SAFE_ROWS: [SafeRow; 4] = [
     ),
 ];
 
-/// The instruction tables of the rxe run (`target/bench/instructions.md`), in the form
-/// docs/benchmarks.md shows them: the Rust API against librxe, the drop-in against librxe, and
-/// the safe posts against the raw ones (the budget: at most 5 instructions per WR over the raw
-/// post of a request built per call). Rows without counts are left out.
-fn instruction_tables(ir: &BTreeMap<Key, f64>) -> String {
+/// The Rust API's and the drop-in's table against librxe (`rust`/`dropin` over `c`).
+fn librxe_table(ir: &BTreeMap<Key, f64>, imp: &str, name: &str, rows: &[IrRow]) -> String {
     let get = |w: &str, p: i64, i: &str| ir.get(&(w.to_string(), p, i.to_string())).copied();
     let ir_cell = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.1}"));
     let mut md = String::new();
-    for (title, imp, name, rows) in [
-        ("The Rust API against librxe", "rust", "Rust", &RUST_IR_ROWS[..]),
-        ("The drop-in against librxe", "dropin", "drop-in", &DROPIN_IR_ROWS[..]),
-    ] {
-        let _ = writeln!(md, "### {title}\n");
+    let _ = writeln!(
+        md,
+        "| workload | per | Ir librxe | Ir {name} | {name}/librxe | target | met |"
+    );
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---|---|");
+    for &(w, p, what, per, target) in rows {
+        let (c, x) = (get(w, p, "c"), get(w, p, imp));
+        if c.is_none() && x.is_none() {
+            continue;
+        }
+        let r = match (x, c) {
+            (Some(x), Some(c)) if c > 0.0 => Some(x / c),
+            _ => None,
+        };
+        let (t, met) = match (target, r) {
+            (None, _) => ("–".to_string(), "–"),
+            (Some(t), None) => (format!("≤ {t}×"), "?"),
+            (Some(t), Some(r)) => (format!("≤ {t}×"), if r <= t { "yes" } else { "no" }),
+        };
         let _ = writeln!(
             md,
-            "| workload | per | Ir librxe | Ir {name} | {name}/librxe | target | met |"
+            "| {what} | {per} | {} | {} | {} | {t} | {met} |",
+            ir_cell(c),
+            ir_cell(x),
+            r.map_or("–".to_string(), |r| format!("{r:.2}")),
         );
-        let _ = writeln!(md, "|---|---|---:|---:|---:|---|---|");
-        for &(w, p, what, per, target) in rows {
-            let (c, x) = (get(w, p, "c"), get(w, p, imp));
-            if c.is_none() && x.is_none() {
-                continue;
-            }
-            let r = match (x, c) {
-                (Some(x), Some(c)) if c > 0.0 => Some(x / c),
-                _ => None,
-            };
-            let (t, met) = match (target, r) {
-                (None, _) => ("–".to_string(), "–"),
-                (Some(t), None) => (format!("≤ {t}×"), "?"),
-                (Some(t), Some(r)) => (format!("≤ {t}×"), if r <= t { "yes" } else { "no" }),
-            };
-            let _ = writeln!(
-                md,
-                "| {what} | {per} | {} | {} | {} | {t} | {met} |",
-                ir_cell(c),
-                ir_cell(x),
-                r.map_or("–".to_string(), |r| format!("{r:.2}")),
-            );
-        }
-        md.push('\n');
     }
-    let _ = writeln!(md, "### Safe posts against raw posts\n");
+    md
+}
+
+/// The safe posts against the raw ones (the budget: at most 5 instructions per WR over the
+/// raw post of a request built per call).
+fn safe_table(ir: &BTreeMap<Key, f64>) -> String {
+    let get = |w: &str, p: i64| ir.get(&(w.to_string(), p, "rust".to_string())).copied();
+    let ir_cell = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.1}"));
+    let mut md = String::new();
     let _ = writeln!(
         md,
         "| request | Ir raw, prepared | Ir raw, built per call | Ir safe | safe − built | budget | met |"
     );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---|---|");
     for (what, prepared, (bw, bp), (sw, sp)) in SAFE_ROWS {
-        let prepared = prepared.and_then(|(w, p)| get(w, p, "rust"));
-        let (built, safe) = (get(bw, bp, "rust"), get(sw, sp, "rust"));
+        let prepared = prepared.and_then(|(w, p)| get(w, p));
+        let (built, safe) = (get(bw, bp), get(sw, sp));
         if built.is_none() && safe.is_none() {
             continue;
         }
@@ -774,6 +813,91 @@ fn instruction_tables(ir: &BTreeMap<Key, f64>) -> String {
         );
     }
     md
+}
+
+/// The instruction tables of the rxe run (`target/bench/instructions.md`), in the form
+/// docs/benchmarks.md shows them: the Rust API against librxe, the drop-in against librxe, and
+/// the safe posts against the raw ones. Rows without counts are left out.
+fn instruction_tables(ir: &BTreeMap<Key, f64>) -> String {
+    format!(
+        "### The Rust API against librxe\n\n{}\n### The drop-in against librxe\n\n{}\n### Safe posts against raw posts\n\n{}",
+        librxe_table(ir, "rust", "Rust", &RUST_IR_ROWS),
+        librxe_table(ir, "dropin", "drop-in", &DROPIN_IR_ROWS),
+        safe_table(ir)
+    )
+}
+
+/// Workloads the C harness does not run (their rows have no librxe count).
+const RUST_ONLY: [&str; 1] = ["drain_floor"];
+
+/// The counts missing from the three tables of docs/benchmarks.md (empty when every cell has
+/// its count).
+fn missing_counts(ir: &BTreeMap<Key, f64>) -> Vec<String> {
+    let mut want: Vec<(&str, i64, &str)> = Vec::new();
+    for &(w, p, ..) in &RUST_IR_ROWS {
+        want.push((w, p, "rust"));
+        if !RUST_ONLY.contains(&w) {
+            want.push((w, p, "c"));
+        }
+    }
+    for &(w, p, ..) in &DROPIN_IR_ROWS {
+        want.extend([(w, p, "dropin"), (w, p, "c")]);
+    }
+    for (_, prepared, built, safe) in SAFE_ROWS {
+        for (w, p) in prepared.into_iter().chain([built, safe]) {
+            want.push((w, p, "rust"));
+        }
+    }
+    let mut missing: Vec<String> = want
+        .into_iter()
+        .filter(|&(w, p, i)| !ir.contains_key(&(w.to_string(), p, i.to_string())))
+        .map(|(w, p, i)| format!("{i} {w} {p}"))
+        .collect();
+    missing.dedup();
+    missing
+}
+
+/// The three rxe parts of docs/benchmarks.md (`bench-rxe-api`, `bench-rxe-dropin`,
+/// `bench-safe`), each its table and the line saying where it came from; an error unless the
+/// run's callgrind step counted every cell (all three harnesses) and recorded itself.
+fn rxe_doc_parts(ir: &BTreeMap<Key, f64>, run: &doc::Run, guest_kernel: &str) -> Result<[(&'static str, String); 3]> {
+    let missing = missing_counts(ir);
+    if !missing.is_empty() {
+        bail!(
+            "the callgrind step has no counts for {} (it must run for the Rust harness, C on librxe and C on the drop-in)",
+            missing.join(", ")
+        );
+    }
+    let line = format!(
+        "\n{}; guest kernel {guest_kernel}. Ratios and margins are computed from the unrounded counts.\n",
+        run.generated()
+    );
+    Ok([
+        ("rxe-api", librxe_table(ir, "rust", "Rust", &RUST_IR_ROWS) + &line),
+        (
+            "rxe-dropin",
+            librxe_table(ir, "dropin", "drop-in", &DROPIN_IR_ROWS) + &line,
+        ),
+        ("safe", safe_table(ir) + &line),
+    ])
+}
+
+/// Whether `raw/cg` holds callgrind dumps of the measured regions (any implementation).
+fn has_callgrind(raw: &Path) -> bool {
+    std::fs::read_dir(raw.join("cg"))
+        .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().contains(".out.")))
+}
+
+/// Writes the three rxe parts of docs/benchmarks.md from the raw results in `raw` (all or
+/// none).
+fn write_rxe_doc(raw: &Path) -> Result<()> {
+    let ir = read_callgrind(raw);
+    let run = doc::Run::read(raw)?;
+    let env = doc::read_keys(&raw.join("env.txt"));
+    let kernel = env.get("guest_kernel").map_or("unknown", String::as_str);
+    let parts = rxe_doc_parts(&ir, &run, kernel)?;
+    let parts: Vec<(&str, &str)> = parts.iter().map(|(n, b)| (*n, b.as_str())).collect();
+    doc::write_parts(&parts)
 }
 
 /// The replayed drain's batch sizes (the harnesses' REPLAY_BATCHES).
@@ -1077,6 +1201,70 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains("SRQ receive"), "no SRQ counts, no SRQ row: {t}");
+    }
+
+    /// Counts for every cell of the three doc tables.
+    fn full_counts() -> BTreeMap<Key, f64> {
+        let mut ir = BTreeMap::new();
+        let mut n = 10.0;
+        for &(w, p, ..) in RUST_IR_ROWS.iter().chain(&DROPIN_IR_ROWS) {
+            for i in ["c", "rust", "dropin"] {
+                n += 1.0;
+                ir.insert((w.to_string(), p, i.to_string()), n);
+            }
+        }
+        for (_, prepared, built, safe) in SAFE_ROWS {
+            for (w, p) in prepared.into_iter().chain([built, safe]) {
+                n += 1.0;
+                ir.insert((w.to_string(), p, "rust".to_string()), n);
+            }
+        }
+        ir
+    }
+
+    #[test]
+    fn the_doc_parts_need_every_count() {
+        let run = doc::Run {
+            command: "UVERBS_BENCH_SKIP=timing cargo xtask bench".into(),
+            commit: "abc1234".into(),
+            date: "2026-11-28 12:00 UTC".into(),
+            keys: BTreeMap::new(),
+        };
+        let mut ir = full_counts();
+        ir.insert(("drain".into(), 1, "c".into()), 70.0);
+        ir.insert(("drain".into(), 1, "rust".into()), 49.0);
+        ir.insert(("drain".into(), 1, "dropin".into()), 69.0);
+        let parts = rxe_doc_parts(&ir, &run, "6.12.117").unwrap();
+        assert_eq!(
+            parts.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            ["rxe-api", "rxe-dropin", "safe"]
+        );
+        assert!(
+            parts[0]
+                .1
+                .contains("| drain 4096 ready, poll 1 at a time | completion | 70.0 | 49.0 | 0.70 | ≤ 0.5× | no |"),
+            "{}",
+            parts[0].1
+        );
+        assert!(parts[1]
+            .1
+            .contains("| `ibv_poll_cq`, 1 at a time | completion | 70.0 | 69.0 | 0.99 | ≤ 1× | yes |"));
+        assert!(parts[2].1.starts_with("| request | Ir raw, prepared |"));
+        for (_, body) in &parts {
+            assert!(body.ends_with(
+                "\nGenerated by `UVERBS_BENCH_SKIP=timing cargo xtask bench` at abc1234, 2026-11-28 12:00 UTC; guest kernel 6.12.117. Ratios and margins are computed from the unrounded counts.\n"
+            ), "{body}");
+            assert!(!body.contains("###"), "no headings in the doc parts: {body}");
+        }
+        // The floor loop has no C count, and needs none.
+        assert!(!missing_counts(&ir).iter().any(|m| m.contains("drain_floor")));
+        // One harness's callgrind run missing: refused.
+        ir.retain(|(_, _, i), _| i != "dropin");
+        let e = rxe_doc_parts(&ir, &run, "6.12.117").unwrap_err().to_string();
+        assert!(e.contains("dropin drain 1"), "{e}");
+        let mut ir = full_counts();
+        ir.remove(&("srq_post_safe".to_string(), 1, "rust".to_string()));
+        assert_eq!(missing_counts(&ir), ["rust srq_post_safe 1"]);
     }
 
     #[test]

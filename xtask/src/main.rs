@@ -38,11 +38,14 @@
 //! - `cargo xtask public-api [--bless]`: the library's public items (rustdoc's JSON, nightly)
 //!   against the snapshot `tests/public-api.txt`, or written to it.
 //! - `cargo xtask bench`: benchmarks against rdma-core's C provider in one
-//!   guest boot; table and plot in `target/bench/` (docs/benchmarks.md).
-//!   `--report` redoes table and plot; `--mlx5` runs only the mlx5 step;
-//!   `--cm` runs only the connection-setup benchmark (Rust `cmatose` against C
-//!   `ucmatose`), writing its table into docs/benchmarks.md (`--cm --report` from the
-//!   last run's files).
+//!   guest boot; table and plot in `target/bench/`, the three rxe instruction tables
+//!   into docs/benchmarks.md. `--report` redoes tables, plot and doc parts; `--mlx5`
+//!   runs only the mlx5 step (its table into the doc); `--cm` runs only the
+//!   connection-setup benchmark (Rust `cmatose` against C `ucmatose`); `--stream` only
+//!   the stream's instructions per byte against rsockets (tests/stream/callgrind.sh).
+//!   Each writes its tables into docs/benchmarks.md between their markers, with the
+//!   command, commit and date (`--cm --report`, `--stream --report` from the last
+//!   run's files).
 //!
 //! Environment knobs:
 //! - `UVERBS_GUEST_KERNEL=<spec>` (or `--kernel <spec>`): kernel to boot (default: newest
@@ -146,6 +149,7 @@ usage: cargo xtask guest [--kernel K] [--] <command...>
        cargo xtask bench [--report]          benchmarks against rdma-core's C provider
        cargo xtask bench --mlx5              only the mlx5 provider against libmlx5, on the model
        cargo xtask bench --cm [--report]     connection setup: Rust cmatose against C ucmatose
+       cargo xtask bench --stream [--report] uverbs::stream against C rsockets, Ir per byte
        cargo xtask loom|miri|fuzz [secs]     loom, miri (unsafe modules' unit tests), libFuzzer
        cargo xtask msrv                      the declared rust-version against dependencies and std APIs
        cargo xtask public-api [--bless]      the public API against tests/public-api.txt (or write it)

@@ -18,9 +18,6 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
 
-const BEGIN: &str = "<!-- bench-cm:begin (cargo xtask bench --cm writes this part) -->";
-const END: &str = "<!-- bench-cm:end -->";
-
 /// Runs the benchmark (or, with `report_only`, only redoes the table) and updates
 /// docs/benchmarks.md.
 pub fn run(report_only: bool) -> Result<ExitCode> {
@@ -202,15 +199,7 @@ fn report(out: &Path) -> Result<()> {
     );
     std::fs::write(out.join("summary.md"), &body).context("writing summary.md")?;
     note!("{body}");
-    let doc = paths::root().join("docs/benchmarks.md");
-    let text = std::fs::read_to_string(&doc).with_context(|| format!("reading {}", doc.display()))?;
-    let (Some(b), Some(e)) = (text.find(BEGIN), text.find(END)) else {
-        bail!("{}: no `bench-cm` markers to write between", doc.display());
-    };
-    let updated = format!("{}{BEGIN}\n{body}{}", &text[..b], &text[e..]);
-    std::fs::write(&doc, updated).with_context(|| format!("writing {}", doc.display()))?;
-    note!("xtask: wrote the connection-setup table into {}", doc.display());
-    Ok(())
+    super::doc::write_parts(&[("cm", &body)])
 }
 
 #[cfg(test)]

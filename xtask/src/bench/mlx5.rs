@@ -17,8 +17,8 @@
 //! profile of the Rust harness running that workload for many rounds (`perf record -e
 //! cpu-clock`, the software clock: this VM has no hardware counters).
 
-use super::{fmt_value, median_iqr, read_callgrind, read_samples};
-use crate::error::{Context, Result};
+use super::{doc, fmt_value, median_iqr, read_callgrind, read_samples};
+use crate::error::{bail, Context, Result};
 use crate::proc;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -86,12 +86,14 @@ fn harness_args(imp: &str) -> Vec<&str> {
     ]
 }
 
-/// Runs the step; returns whether every run succeeded.
-pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
+/// Runs the step (`args`: the bench command's arguments, for the record); returns whether
+/// every run succeeded.
+pub fn run(out: &Path, rust: &Path, c_harness: &Path, args: &str) -> Result<bool> {
     let lib = crate::mlx5::build_model_in(true)?;
     let raw = out.join("mlx5");
     let _ = std::fs::remove_dir_all(&raw);
     std::fs::create_dir_all(raw.join("cg")).with_context(|| format!("creating {}", raw.display()))?;
+    doc::record_start(&raw, args, &[("load_start", load_1min())])?;
     let mut ok = true;
     let harnesses = [("c", c_harness), ("rust", rust)];
     for (imp, prog) in harnesses {
@@ -138,6 +140,7 @@ pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
         }
     }
     crate::write_atomic(&raw.join("results.jsonl"), results.as_bytes())?;
+    doc::record_more(&raw, &[("load_end", load_1min())])?;
     for (w, p, _) in time_misses(&read_samples(&raw)?) {
         ok &= profile_natively(&raw, rust, &lib, w, p)?;
     }
@@ -145,13 +148,60 @@ pub fn run(out: &Path, rust: &Path, c_harness: &Path) -> Result<bool> {
     Ok(ok)
 }
 
-/// Writes `mlx5-summary.md` from the last run's results in `out/mlx5` (`cargo xtask bench
-/// --report` redoes it too, when there are any).
+/// Writes `mlx5-summary.md` from the last run's results in `out/mlx5`, and its first table
+/// between the `bench-mlx5` markers of docs/benchmarks.md (`cargo xtask bench --report` redoes
+/// both, when there are results). The doc is left alone, and this fails, unless every cell of
+/// the table has its figure and the run recorded itself.
 pub fn report(out: &Path) -> Result<()> {
-    let table = summarize(&out.join("mlx5"))?;
+    let raw = out.join("mlx5");
+    let table = summarize(&raw)?;
     crate::write_atomic(&out.join("mlx5-summary.md"), table.as_bytes())?;
     say!("{table}");
-    Ok(())
+    let part = doc_part(&table, &doc::Run::read(&raw)?)
+        .context("the mlx5 results are incomplete; docs/benchmarks.md not updated")?;
+    doc::write_parts(&[("mlx5", &part)])
+}
+
+/// The 1-minute load average above which the native times are not evidence.
+const QUIET_LOAD: f64 = 1.5;
+
+/// The host's 1-minute load average, as recorded (`?` where unreadable).
+fn load_1min() -> String {
+    doc::load_1min().map_or("?".into(), |l| format!("{l:.2}"))
+}
+
+/// The part of docs/benchmarks.md: the summary's first table and the generated line (the
+/// host's load at the start and end of the run; the ns columns are said not to be evidence
+/// when it was above [`QUIET_LOAD`] at either). Fails if a cell has no figure.
+fn doc_part(summary: &str, run: &doc::Run) -> Result<String> {
+    let table: Vec<&str> = summary.lines().take_while(|l| l.starts_with('|')).collect();
+    if table.len() != 2 + ROWS.len() {
+        bail!(
+            "the summary's table has {} rows, not {}",
+            table.len().saturating_sub(2),
+            ROWS.len()
+        );
+    }
+    if let Some(row) = table[2..].iter().find(|r| r.contains("| – |") || r.contains("| ? |")) {
+        bail!("a row without all its figures: {row}");
+    }
+    let load = |k: &str| run.keys.get(k).cloned().unwrap_or_else(|| "?".into());
+    let (start, end) = (load("load_start"), load("load_end"));
+    let busy = [&start, &end]
+        .iter()
+        .any(|l| l.parse::<f64>().map_or(true, |l| l > QUIET_LOAD));
+    let verdict = if busy {
+        format!(
+            " **The ns columns of this run are not evidence**: the load average was above {QUIET_LOAD} (or unknown) at its start or end; the Ir are deterministic."
+        )
+    } else {
+        " The ns columns are native times on a quiet host; the Ir are deterministic.".to_string()
+    };
+    Ok(format!(
+        "{}\n\n{}; host load average (1 min) {start} at the start, {end} at the end.{verdict}\n",
+        table.join("\n"),
+        run.generated()
+    ))
 }
 
 /// Nanoseconds to three significant digits (the form docs/benchmarks.md shows them in).
@@ -453,4 +503,64 @@ fn profile(raw: &Path, w: &str, p: i64, imp: &str) -> Vec<(String, f64)> {
 /// Whether `UVERBS_BENCH_SKIP` names this step.
 pub fn skipped() -> bool {
     std::env::var("UVERBS_BENCH_SKIP").is_ok_and(|s| s.split(',').any(|x| x.trim() == SKIP_NAME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SUMMARY: &str = "| workload | per | Ir libmlx5 | Ir Rust | Ir Rust/libmlx5 | ns libmlx5 | ns Rust | ns Rust/libmlx5 | target | met (Ir) | met (ns) |\n\
+        |---|---|---:|---:|---:|---:|---:|---:|---|---|---|\n\
+        | drain 4096 ready, poll 1 at a time | completion | 195.0 | 136.0 | 0.70 | 36.3 | 22.7 | 0.62 | ≤ 0.7× | yes | yes |\n\
+        | drain 4096 ready, poll 16 at a time | completion | 108.8 | 47.5 | 0.44 | 29.6 | 11.9 | 0.40 | ≤ 0.5× | yes | yes |\n\
+        | drain 4096 ready, poll 64 at a time | completion | 104.5 | 40.4 | 0.39 | 29.5 | 11.5 | 0.39 | ≤ 0.5× | yes | yes |\n\
+        | poll an empty CQ (16 asked) | call | 106.0 | 44.0 | 0.42 | 11.9 | 2.39 | 0.20 | ≤ 0.5× | yes | yes |\n\
+        | post_send, 1 WR per call (+ doorbell) | WR | 279.2 | 195.6 | 0.70 | 37.5 | 27.8 | 0.74 | ≤ 0.7× | no | no |\n\
+        | post_send, lists of 32 WRs (+ doorbell) | WR | 177.4 | 112.4 | 0.63 | 21.9 | 17.6 | 0.80 | ≤ 0.7× | yes | no |\n\
+        \nIr: callgrind instructions ...\n\npost_send, 1 WR per call (+ doorbell), rust: Ir per operation by function (self cost)\n";
+
+    fn run(load_start: &str, load_end: &str) -> doc::Run {
+        doc::Run {
+            command: "cargo xtask bench --mlx5".into(),
+            commit: "abc1234".into(),
+            date: "2026-11-28 12:00 UTC".into(),
+            keys: [("load_start", load_start), ("load_end", load_end)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_doc_part_is_the_first_table_and_the_load() {
+        let part = doc_part(SUMMARY, &run("0.40", "1.20")).unwrap();
+        assert!(part.starts_with("| workload | per | Ir libmlx5 |"), "{part}");
+        assert!(
+            !part.contains("Ir per operation by function"),
+            "only the first table: {part}"
+        );
+        assert!(part.ends_with(
+            "| yes | no |\n\nGenerated by `cargo xtask bench --mlx5` at abc1234, 2026-11-28 12:00 UTC; host load average (1 min) 0.40 at the start, 1.20 at the end. The ns columns are native times on a quiet host; the Ir are deterministic.\n"
+        ), "{part}");
+        let busy = doc_part(SUMMARY, &run("0.40", "2.10")).unwrap();
+        assert!(
+            busy.contains("0.40 at the start, 2.10 at the end. **The ns columns of this run are not evidence**"),
+            "{busy}"
+        );
+        assert!(doc_part(SUMMARY, &run("?", "0.1")).unwrap().contains("not evidence"));
+    }
+
+    #[test]
+    fn an_incomplete_table_is_refused() {
+        let no_ns = SUMMARY.replace(
+            "| 21.9 | 17.6 | 0.80 | ≤ 0.7× | yes | no |",
+            "| – | – | – | ≤ 0.7× | yes | ? |",
+        );
+        assert!(doc_part(&no_ns, &run("0.1", "0.1"))
+            .unwrap_err()
+            .to_string()
+            .contains("without all its figures"));
+        let short: String = SUMMARY.lines().take(4).map(|l| format!("{l}\n")).collect();
+        assert!(doc_part(&short, &run("0.1", "0.1")).is_err());
+    }
 }
