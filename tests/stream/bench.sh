@@ -11,7 +11,8 @@
 #   cargo build --release -p uverbs --example rstream_peer
 #   cargo xtask guest -- 'sh tests/stream/bench.sh'
 #
-# Prints a Markdown table (docs/benchmarks.md has the last one). Under QEMU TCG these times
+# Prints a Markdown table (`cargo xtask bench --stream` runs this after callgrind.sh in the
+# same boot and writes the table into docs/benchmarks.md). Under QEMU TCG these times
 # are the emulated CPU's: not evidence of native speed.
 set -eu
 

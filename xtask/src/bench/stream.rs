@@ -9,7 +9,10 @@
 //! (sent plus received), so set-up and teardown cancel out. The table goes to
 //! `target/bench/stream/summary.md` and between the `bench-stream` markers of
 //! docs/benchmarks.md; the raw files (totals, dumps, environment) stay in
-//! `target/bench/stream/raw/`. `--stream --report` redoes the table from them.
+//! `target/bench/stream/raw/`. In the same boot `tests/stream/bench.sh` times rstream's
+//! exchange and round trip for the Rust stream, C rsockets and TCP; that table (TCG times,
+//! recorded but not evidence) goes between the `bench-stream-time` markers. `--stream
+//! --report` redoes both tables from the raw files.
 
 use super::doc;
 use crate::error::{bail, Context, Result};
@@ -20,6 +23,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
+
+/// The host's 1-minute load average, as recorded (`?` where unreadable).
+fn load_1min() -> String {
+    doc::load_1min().map_or("?".into(), |l| format!("{l:.2}"))
+}
+
+/// The table `tests/stream/bench.sh` prints: throughput and round trip under TCG.
+const TIMES_FILE: &str = "times.md";
 
 /// The kernel the stream was measured on (the guest's default otherwise).
 const DEFAULT_KERNEL: &str = "6.12";
@@ -45,19 +56,25 @@ pub fn run(report_only: bool) -> Result<ExitCode> {
     note!("xtask: {}", proc::describe(&c));
     proc::check(&mut c)?;
     let _ = std::fs::remove_dir_all(&raw);
-    doc::record_start(&raw, "--stream", &[])?;
+    doc::record_start(&raw, "--stream", &[("load_start", load_1min())])?;
     if std::env::var_os(crate::ENV_KERNEL).is_none() {
         std::env::set_var(crate::ENV_KERNEL, DEFAULT_KERNEL);
     }
     if std::env::var_os(crate::ENV_TIMEOUT).is_none() {
         std::env::set_var(crate::ENV_TIMEOUT, DEFAULT_TIMEOUT_S);
     }
-    let script = paths::root().join("tests/stream/callgrind.sh");
+    let script = |name: &str| sh_quote(&paths::root().join("tests/stream").join(name).to_string_lossy());
+    // The instructions first, then, in the same boot, the times (TCG: recorded, not evidence).
     let result = guest::run(&guest::Job {
-        command: format!("/bin/sh {}", sh_quote(&script.to_string_lossy())),
+        command: format!(
+            "/bin/sh {} && /bin/sh {} > \"$UVERBS_RESULTS/{TIMES_FILE}\"",
+            script("callgrind.sh"),
+            script("bench.sh")
+        ),
         files: Vec::new(),
     })?;
     super::copy_tree(&result.results, &raw)?;
+    doc::record_more(&raw, &[("load_end", load_1min())])?;
     if let Some(f) = &result.failure {
         note!("xtask: error: {f}");
     }
@@ -183,12 +200,43 @@ fn body(raw: &Path) -> Result<String> {
     ))
 }
 
+/// The times table `tests/stream/bench.sh` wrote (its header, then one row per test, each row
+/// complete) and its generated line.
+fn times_body(raw: &Path) -> Result<String> {
+    let path = raw.join(TIMES_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('|')).collect();
+    let columns = rows.first().map_or(0, |h| h.matches('|').count());
+    if rows.len() < 3 || columns == 0 {
+        bail!("{}: no table", path.display());
+    }
+    for row in &rows[2..] {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        if row.matches('|').count() != columns || cells[1..cells.len() - 1].iter().any(|c| c.is_empty()) {
+            bail!("{}: incomplete row `{row}`", path.display());
+        }
+    }
+    let run = doc::Run::read(raw)?;
+    let env = doc::read_keys(&raw.join("env.txt"));
+    let kernel = env.get("guest_kernel").map_or("unknown", String::as_str);
+    let load = |k: &str| run.keys.get(k).map_or("?", String::as_str);
+    Ok(format!(
+        "{}\n\n{}; guest kernel {kernel}, under QEMU TCG, host load average (1 min) {} at the \
+         start, {} at the end: the emulated CPU's times, not evidence of native speed.\n",
+        rows.join("\n"),
+        run.generated(),
+        load("load_start"),
+        load("load_end")
+    ))
+}
+
 fn report(out: &Path) -> Result<()> {
     let raw = out.join("raw");
     let body = body(&raw).context("the stream results are incomplete; docs/benchmarks.md not updated")?;
-    crate::write_atomic(&out.join("summary.md"), body.as_bytes())?;
-    say!("{body}");
-    doc::write_parts(&[("stream", &body)])
+    let times = times_body(&raw).context("the stream times are incomplete; docs/benchmarks.md not updated")?;
+    crate::write_atomic(&out.join("summary.md"), format!("{body}\n{times}").as_bytes())?;
+    say!("{body}\n{times}");
+    doc::write_parts(&[("stream", &body), ("stream-time", &times)])
 }
 
 #[cfg(test)]
@@ -236,6 +284,37 @@ mod tests {
         assert!(e.contains("no total for c at 64 B x 200 x 10"), "{e}");
         let shrinking = parse_totals("rust 64 200 5 5000000\nrust 64 200 10 0\nc 64 200 5 1\nc 64 200 10 2\n").unwrap();
         assert!(table(&specs, &shrinking).is_err());
+    }
+
+    #[test]
+    fn the_times_table_is_taken_whole_or_refused() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-stream-times-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("env.txt"), "guest_kernel=6.1.0-56-amd64\n").unwrap();
+        std::fs::write(
+            dir.join(doc::RUN_FILE),
+            "command=cargo xtask bench --stream\ncommit=abc1234\ndate=2026-11-28 12:00 UTC\n",
+        )
+        .unwrap();
+        let header = "| test | size | Rust | C | TCP |\n|---|---|---|---|---|\n";
+        std::fs::write(
+            dir.join(TIMES_FILE),
+            format!("{header}| throughput, MiB/s | 64 B x 2000 x 1 | 0.85 | 1.44 | 2.71 |\n"),
+        )
+        .unwrap();
+        let b = times_body(&dir).unwrap();
+        assert!(b.starts_with("| test |") && b.contains("| 0.85 | 1.44 | 2.71 |"), "{b}");
+        assert!(b.contains("at abc1234") && b.contains("not evidence"), "{b}");
+        std::fs::write(
+            dir.join(TIMES_FILE),
+            format!("{header}| throughput, MiB/s | 64 B x 2000 x 1 |  | 1.44 | 2.71 |\n"),
+        )
+        .unwrap();
+        assert!(times_body(&dir).is_err(), "a run that printed no figure");
+        std::fs::write(dir.join(TIMES_FILE), header).unwrap();
+        assert!(times_body(&dir).is_err(), "no rows");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
