@@ -24,6 +24,7 @@ use crate::toolchain::cargo;
 use crate::{guest, paths};
 
 mod cm;
+mod cq_copy;
 mod doc;
 mod mlx5;
 mod stream;
@@ -32,16 +33,19 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-/// `cargo xtask bench [--report | --mlx5 | --cm [--report] | --stream [--report]]`:
+/// `cargo xtask bench [--report | --mlx5 | --cm [--report] | --stream [--report] | --cq-copy
+/// [--report]]`:
 /// `--report` only redoes the tables and plot from the raw results of the last run (rxe, mlx5
 /// or both, whichever are there), and the doc parts they write; `--mlx5` runs only the mlx5
 /// step; `--cm` only the connection-setup benchmark (bench/cm.rs); `--stream` only the
-/// stream's instructions per byte against rsockets (bench/stream.rs).
+/// stream's instructions per byte against rsockets (bench/stream.rs); `--cq-copy` only the rxe
+/// provider's CQE copies, natively on the host (bench/cq_copy.rs).
 ///
 /// Each writes its tables into docs/benchmarks.md between its markers (bench/doc.rs), with a
 /// line saying the command, commit, date and guest kernel (or host load): `cargo xtask bench`
 /// the three rxe instruction tables, from a run whose callgrind step counted all three
-/// harnesses; `--mlx5` (or the mlx5 step) the mlx5 table; `--cm` and `--stream` theirs.
+/// harnesses; `--mlx5` (or the mlx5 step) the mlx5 table; `--cm`, `--stream` and `--cq-copy`
+/// theirs.
 pub fn run(args: &[String]) -> Result<ExitCode> {
     let out = paths::target_dir().join("bench");
     let only_mlx5 = match args {
@@ -70,7 +74,9 @@ pub fn run(args: &[String]) -> Result<ExitCode> {
         [a, b] if a == "--cm" && b == "--report" => return cm::run(true),
         [a] if a == "--stream" => return stream::run(false),
         [a, b] if a == "--stream" && b == "--report" => return stream::run(true),
-        _ => bail!("usage: cargo xtask bench [--report | --mlx5 | --cm [--report] | --stream [--report]] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
+        [a] if a == "--cq-copy" => return cq_copy::run(false),
+        [a, b] if a == "--cq-copy" && b == "--report" => return cq_copy::run(true),
+        _ => bail!("usage: cargo xtask bench [--report | --mlx5 | --cm [--report] | --stream [--report] | --cq-copy [--report]] (knobs: UVERBS_BENCH_REPS, UVERBS_BENCH_PERFTEST_REPS, UVERBS_BENCH_SKIP)"),
     };
     let native = crate::native();
     let tools = [

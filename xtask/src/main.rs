@@ -42,10 +42,12 @@
 //!   into docs/benchmarks.md. `--report` redoes tables, plot and doc parts; `--mlx5`
 //!   runs only the mlx5 step (its table into the doc); `--cm` runs only the
 //!   connection-setup benchmark (Rust `cmatose` against C `ucmatose`); `--stream` only
-//!   the stream's instructions per byte against rsockets (tests/stream/callgrind.sh).
+//!   the stream's instructions per byte against rsockets (tests/stream/callgrind.sh);
+//!   `--cq-copy` only the rxe provider's CQE copies, natively on the host (the ignored
+//!   unit test `poll_bench` of providers/rxe/cq.rs, timed and under callgrind).
 //!   Each writes its tables into docs/benchmarks.md between their markers, with the
-//!   command, commit and date (`--cm --report`, `--stream --report` from the last
-//!   run's files).
+//!   command, commit and date (`--cm --report`, `--stream --report`, `--cq-copy --report`
+//!   from the last run's files).
 //!
 //! Environment knobs:
 //! - `UVERBS_GUEST_KERNEL=<spec>` (or `--kernel <spec>`): kernel to boot (default: newest
@@ -150,6 +152,8 @@ usage: cargo xtask guest [--kernel K] [--] <command...>
        cargo xtask bench --mlx5              only the mlx5 provider against libmlx5, on the model
        cargo xtask bench --cm [--report]     connection setup: Rust cmatose against C ucmatose
        cargo xtask bench --stream [--report] uverbs::stream against C rsockets, Ir per byte
+       cargo xtask bench --cq-copy [--report]
+                                             the rxe CQE copies (AVX, plain), natively: Ir and ns
        cargo xtask loom|miri|fuzz [secs]     loom, miri (unsafe modules' unit tests), libFuzzer
        cargo xtask msrv                      the declared rust-version against dependencies and std APIs
        cargo xtask public-api [--bless]      the public API against tests/public-api.txt (or write it)

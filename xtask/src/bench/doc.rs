@@ -6,7 +6,7 @@
 //! page are kept. The writers: `cargo xtask bench` (or `--report`) the three rxe instruction
 //! tables (`bench-rxe-api`, `bench-rxe-dropin`, `bench-safe`), `--mlx5` the mlx5 table
 //! (`bench-mlx5`), `--cm` connection setup (`bench-cm`), `--stream` the stream's
-//! instructions per byte (`bench-stream`).
+//! instructions per byte (`bench-stream`), `--cq-copy` the rxe CQE copies (`bench-cq-copy`).
 
 use crate::error::{bail, Context, Result};
 use crate::paths;

@@ -163,7 +163,7 @@ pub fn report(out: &Path) -> Result<()> {
 }
 
 /// The 1-minute load average above which the native times are not evidence.
-const QUIET_LOAD: f64 = 1.5;
+pub(super) const QUIET_LOAD: f64 = 1.5;
 
 /// The host's 1-minute load average, as recorded (`?` where unreadable).
 fn load_1min() -> String {
