@@ -56,20 +56,6 @@ fn load_1min() -> String {
     doc::load_1min().map_or("?".into(), |l| format!("{l:.2}"))
 }
 
-/// The CPU's model name (`/proc/cpuinfo`), `unknown` where there is none.
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .filter_map(|l| l.split_once(':'))
-                .find(|(k, _)| k.trim() == "model name")
-                .map(|(_, v)| v.split_whitespace().collect::<Vec<_>>().join(" "))
-        })
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// The native process's file of copy `kind`, run `i`.
 fn native_file(raw: &Path, kind: &str, i: usize) -> PathBuf {
     raw.join("native").join(format!("{kind}-{i}.txt"))
@@ -121,7 +107,7 @@ pub fn run(report_only: bool) -> Result<ExitCode> {
         "--cq-copy",
         &[
             ("load_start", load_1min()),
-            ("cpu", cpu_model()),
+            ("cpu", doc::cpu_model()),
             ("pinned", pinned.into()),
             ("processes", PROCESSES.to_string()),
             ("rounds", ROUNDS.to_string()),

@@ -162,6 +162,20 @@ pub fn load_1min() -> Option<f64> {
         .ok()
 }
 
+/// The CPU's model name (`/proc/cpuinfo`), `unknown` where there is none.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim() == "model name")
+                .map(|(_, v)| v.split_whitespace().collect::<Vec<_>>().join(" "))
+        })
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// Records the start of a run in `dir/run.txt`: command, commit, date (and `extra` lines).
 pub fn record_start(dir: &Path, args: &str, extra: &[(&str, String)]) -> Result<()> {
     let mut s = format!("command={}\ncommit={}\ndate={}\n", command_line(args), commit(), now());
