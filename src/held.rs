@@ -14,7 +14,7 @@ use crate::wc::{WcOpcode, WorkQueue};
 use crate::wr::{SendFlags, SendOp, SendWr, Sge};
 use blocks::BLOCKS;
 use std::alloc::Layout;
-use std::mem::MaybeUninit;
+use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr::NonNull;
 
 /// Set in every id given to a request here; a raw post must not use such `wr_id`s in a
@@ -34,23 +34,20 @@ static EMPTY_SGE: Sge = Sge {
 /// empty for a request that holds no buffer (an inline send). A new run of ids starts only
 /// while nothing is held, which keeps the ids counted gapless.
 pub(crate) struct Held {
-    /// A power of two long, at least 1 (so `id & mask` is always an index). In its QP's
-    /// block ([`QpHeld`]), which drops the slots and frees the memory after the `Held`.
-    slots: &'static mut [Slot],
+    /// The buffer each request holds (none for an inline send, or once released). A power
+    /// of two long, at least 1 (so `id & mask` is always an index). In its QP's block
+    /// ([`QpHeld`]), which drops the slots and frees the memory after the `Held`.
+    slots: &'static mut [Option<Buf>],
+    /// The operation of each slot's request, as posted (send queues only: a receive queue's
+    /// are all receives), kept after the request is released until a later request takes the
+    /// slot. As long as `slots`, beside it rather than in it: a post indexes both with the
+    /// same scaled index, no multiplication. In the same block.
+    ops: &'static mut [WcOpcode],
     /// `slots.len() - 1`.
     mask: usize,
     ids: Ids,
     /// The request array of [`Held::post_list`] (none for a receive queue).
     list: Prepared,
-}
-
-/// One request's place in the ring (buffer and operation in one allocation per queue).
-struct Slot {
-    /// The buffer the request holds (none for an inline send, or once released).
-    buf: Option<Buf>,
-    /// The operation of the request, as posted (send queues only: a receive queue's are all
-    /// receives). Kept after the request is released, until a later request takes the slot.
-    op: WcOpcode,
 }
 
 /// The most requests [`Held::post_list`] hands the provider at once.
@@ -148,14 +145,17 @@ impl Held {
     fn new(
         depth: u32,
         recv: bool,
-        slots: &'static mut [Slot],
+        slots: &'static mut [Option<Buf>],
+        ops: &'static mut [WcOpcode],
         wrs: &'static mut [MaybeUninit<SendWr<'static>>],
     ) -> Self {
         let cap = slots.len();
         debug_assert_eq!(cap, slots_for(depth));
+        debug_assert_eq!(ops.len(), cap);
         debug_assert_eq!(wrs.len(), list_for(depth, recv));
         Self {
             slots,
+            ops,
             mask: cap - 1,
             list: Prepared::new(wrs),
             ids: Ids {
@@ -196,7 +196,7 @@ impl Held {
         let at = self.ids.next as usize & self.mask;
         // SAFETY: `mask` is `slots.len() - 1` and the length a power of two (`new`), so `at`
         // is below the length.
-        let slot = unsafe { &mut self.slots.get_unchecked_mut(at).buf };
+        let slot = unsafe { self.slots.get_unchecked_mut(at) };
         // Free: `next_id` saw room, so the slot's last request (`depth` ago) was released.
         std::mem::forget(slot.replace(buf));
         match &*slot {
@@ -207,13 +207,30 @@ impl Held {
         }
     }
 
+    /// [`Held::claim`] for a send queue's request of `op`: the slot records the operation
+    /// too ([`Held::op_of`]), with the slot's index computed once for both.
+    #[inline]
+    #[allow(unsafe_code)] // indexes the ring unchecked
+    pub(crate) fn claim_send(&mut self, buf: Buf, op: &SendOp) -> &Sge {
+        let at = self.ids.next as usize & self.mask;
+        if let Some(op) = op.wc_opcode() {
+            // SAFETY: as in `claim`: `ops` is as long as `slots`.
+            unsafe { *self.ops.get_unchecked_mut(at) = op };
+        }
+        // SAFETY: as in `claim`.
+        let slot = unsafe { self.slots.get_unchecked_mut(at) };
+        // Free, as in `claim`.
+        std::mem::forget(slot.replace(buf));
+        sge_of(slot)
+    }
+
     /// Records `op` as the operation of the request `next_id` just gave out (before
     /// `commit`). Nothing on a receive queue.
     #[inline]
     pub(crate) fn note_op(&mut self, op: &SendOp) {
         let at = self.ids.next as usize & self.mask;
-        if let (Some(slot), Some(op)) = (self.slots.get_mut(at), op.wc_opcode()) {
-            slot.op = op;
+        if let (Some(slot), Some(op)) = (self.ops.get_mut(at), op.wc_opcode()) {
+            *slot = op;
         }
     }
 
@@ -226,7 +243,7 @@ impl Held {
         if self.is_recv() {
             return Some(WcOpcode::RECV);
         }
-        self.slots.get(id as usize & self.mask).map(|s| s.op)
+        self.ops.get(id as usize & self.mask).copied()
     }
 
     /// Counts the claimed request: the provider took it.
@@ -238,7 +255,7 @@ impl Held {
     /// The claimed buffer, back: the provider refused the request.
     pub(crate) fn unclaim(&mut self) -> Buf {
         let at = self.ids.next as usize & self.mask;
-        self.slots[at].buf.take().expect("claimed just before")
+        self.slots[at].take().expect("claimed just before")
     }
 
     /// Posts the buffers of `bufs`, in order, in lists of at most [`LIST`] requests, each
@@ -250,8 +267,8 @@ impl Held {
     /// holds the rest of that list as posted (after any other error the provider may have
     /// queued it all). No allocation: `bufs` keeps its capacity.
     ///
-    /// Each request costs a load of its buffer, a store into its slot and two into the kept
-    /// array (its id and its SGE).
+    /// Each request costs a load of its buffer, a store into its slot and one of its
+    /// operation, and two into the kept array (its id and its SGE).
     #[allow(unsafe_code)] // moves the buffers out of `bufs` by hand, slots indexed unchecked
     pub(crate) fn post_list(
         &mut self,
@@ -264,13 +281,21 @@ impl Held {
         if all == 0 {
             return (0, None);
         }
-        let Self { slots, mask, ids, list } = self;
-        let slots: &mut [Slot] = slots;
+        let Self {
+            slots,
+            ops,
+            mask,
+            ids,
+            list,
+        } = self;
+        // A copy: the stores into the ring below would otherwise make the compiler load it
+        // again for every request.
+        let mask = *mask;
         let wrs = list.prepared(op, flags);
         let wc_op = op.wc_opcode().unwrap_or_default();
-        // Every slot is reached through this pointer (masked, so within the ring) until the
+        // Every slot is reached through these pointers (masked, so within the ring) until the
         // last list is posted: no reference to the ring is made meanwhile.
-        let ring = slots.as_mut_ptr();
+        let (ring, ring_ops) = (slots.as_mut_ptr(), ops.as_mut_ptr());
         // The buffers are moved out of `bufs` as they are posted, its length 0 meanwhile (a
         // panic in `post` would leak the rest, never free one twice); those not posted are
         // moved back to its front before it returns.
@@ -296,28 +321,35 @@ impl Held {
                 break;
             }
             let first = ids.next;
-            for (k, wr) in wrs[..n].iter_mut().enumerate() {
-                let id = first + k as u64;
-                // SAFETY: `read + k` is below `all`, the length `bufs` had: that buffer is
-                // read once, so moved. `mask` is the ring's length less one (a power of two),
-                // so the slot is in the ring; it is free (`room` counted it: its last request
-                // was released), so writing over its `None` (and its `Copy` operation)
-                // forgets nothing. The SGE is read
-                // back from the slot (the buffer's box, which stays put while the slot holds
-                // it: until a completion of this request or the QP's destruction releases
-                // it, or the refusal below takes it back after `post` returned). The array
-                // entry is initialised (`prepared`); only its id and SGE change.
-                unsafe {
-                    let buf = from.add(read + k).read();
-                    let entry = ring.add(id as usize & *mask);
-                    std::ptr::addr_of_mut!((*entry).op).write(wc_op);
-                    let slot = std::ptr::addr_of_mut!((*entry).buf);
-                    slot.write(Some(buf));
-                    let sge = sge_of(&*slot);
-                    let wr = wr.as_mut_ptr();
-                    std::ptr::addr_of_mut!((*wr).wr_id).write(id);
-                    std::ptr::addr_of_mut!((*wr).sg_list).write(std::slice::from_ref(sge));
-                }
+            // The list's slots run from `first`'s up to the ring's end, then (once it wraps)
+            // from its start: two runs of consecutive slots, each filled without masking.
+            let at = first as usize & mask;
+            let head = n.min(mask + 1 - at);
+            // SAFETY: `read + n` is at most `all`, the length `bufs` had: each buffer is read
+            // once, so moved. `at + head` is at most the ring's length (`mask + 1`, the length
+            // of `ops` too), and so is `n - head`; those slots are free (`room` counted them:
+            // their last requests were released). The array's first `n` entries are
+            // initialised (`prepared`, `n` at most its length).
+            unsafe {
+                let entries = wrs.as_mut_ptr().cast::<SendWr<'static>>();
+                fill(
+                    from.add(read),
+                    ring.add(at),
+                    ring_ops.add(at),
+                    entries,
+                    first,
+                    head,
+                    wc_op,
+                );
+                fill(
+                    from.add(read + head),
+                    ring,
+                    ring_ops,
+                    entries.add(head),
+                    first + head as u64,
+                    n - head,
+                    wc_op,
+                );
             }
             read += n;
             // SAFETY: the first `n` entries were just given their ids and the SGEs of the
@@ -332,12 +364,12 @@ impl Held {
                 };
                 let mut back = 0;
                 for k in taken..n {
-                    let at = (first as usize).wrapping_add(k) & *mask;
+                    let at = (first as usize).wrapping_add(k) & mask;
                     // SAFETY: in the ring, as above; the provider did not queue this request,
                     // so nothing else names its buffer. It goes to the front of `bufs`, below
                     // `read - n + k`, where the buffers not read yet (from `read` on) are not.
                     unsafe {
-                        if let Some(buf) = (*ring.add(at)).buf.take() {
+                        if let Some(buf) = (*ring.add(at)).take() {
                             from.add(back).write(buf);
                             back += 1;
                         }
@@ -405,7 +437,7 @@ impl Held {
             let held = ids.oldest;
             ids.oldest += 1;
             ids.update_limit();
-            if let Some(buf) = self.slots[at].buf.take() {
+            if let Some(buf) = self.slots[at].take() {
                 return Some((held, buf));
             }
         }
@@ -413,36 +445,34 @@ impl Held {
     }
 }
 
-/// A QP's two [`Held`]s, their slots and the send queue's list in one allocation: a QP costs
-/// one allocation here, not three, and a `Qp` moves a pointer, not both queues' state. The
-/// block is the [`Pair`], then the send slots, the receive slots and the list's requests.
+/// A QP's two [`Held`]s, whose slots and the send queue's list share one allocation: a QP
+/// costs one allocation here, not three. The `Held`s themselves sit in the `Qp` (a post reaches
+/// its queue's ids and ring without loading a pointer first); the block holds the send slots,
+/// the receive slots and the list's requests.
 pub(crate) struct QpHeld {
-    block: NonNull<Pair>,
-}
-
-/// The start of a [`QpHeld`]'s block.
-pub(crate) struct Pair {
-    pub(crate) sends: Held,
-    pub(crate) recvs: Held,
+    /// Dropped by hand, before the block they point into is freed.
+    pub(crate) sends: ManuallyDrop<Held>,
+    pub(crate) recvs: ManuallyDrop<Held>,
+    /// The block.
+    block: NonNull<u8>,
     /// The block's layout, to free it.
     layout: Layout,
-    /// Where the block's slots start, and how many there are (both queues'), to drop them
-    /// from the block itself, whatever the `Held`s point at by then.
-    slots_at: usize,
+    /// How many slots start the block (both queues'), to drop them from the block itself,
+    /// whatever the `Held`s point at by then.
     slots: usize,
 }
 
-// SAFETY: `QpHeld` owns its block as a `Box<Pair>` would, and `Pair` is `Send` and `Sync`
-// (buffers and plain values, the slices its own); nothing else points into it, and `&self`
-// lends only `&Pair`.
+// SAFETY: `QpHeld` owns its block as a `Box` of its slots and requests would, and the `Held`s
+// (buffers and plain values, the slices their own) are `Send` and `Sync`; nothing else points
+// into the block, and `&self` lends only `&Held`s.
 #[allow(unsafe_code)]
 unsafe impl Send for QpHeld {}
 // SAFETY: as for `Send`.
 #[allow(unsafe_code)]
 unsafe impl Sync for QpHeld {}
 const _: () = {
-    const fn pair_is_send_and_sync<T: Send + Sync>() {}
-    pair_is_send_and_sync::<Pair>();
+    const fn held_is_send_and_sync<T: Send + Sync>() {}
+    held_is_send_and_sync::<Held>();
 };
 
 impl QpHeld {
@@ -451,89 +481,69 @@ impl QpHeld {
     #[allow(unsafe_code)] // one allocation carved into the two queues' rings and the list
     pub(crate) fn new(send: u32, recv: u32) -> Self {
         let (scap, rcap, list) = (slots_for(send), slots_for(recv), list_for(send, false));
+        let n = scap + rcap;
         let layout = (|| {
-            let (l, slots_at) = Layout::new::<Pair>()
-                .extend(Layout::array::<Slot>(scap + rcap).ok()?)
-                .ok()?;
+            let l = Layout::array::<Option<Buf>>(n).ok()?;
+            let (l, ops_at) = l.extend(Layout::array::<WcOpcode>(n).ok()?).ok()?;
             let (l, wrs_at) = l
                 .extend(Layout::array::<MaybeUninit<SendWr<'static>>>(list).ok()?)
                 .ok()?;
-            Some((l.pad_to_align(), slots_at, wrs_at))
+            Some((l.pad_to_align(), ops_at, wrs_at))
         })();
         // Queue depths are `u32`s: their slots always fit the address space.
-        let Some((layout, slots_at, wrs_at)) = layout else {
-            std::alloc::handle_alloc_error(Layout::new::<Pair>())
+        let Some((layout, ops_at, wrs_at)) = layout else {
+            std::alloc::handle_alloc_error(Layout::new::<Option<Buf>>())
         };
-        // SAFETY: `layout` has a non-zero size (it holds a `Pair`).
+        // SAFETY: `layout` has a non-zero size (it holds at least two slots).
         let base = unsafe { std::alloc::alloc(layout) };
-        let Some(block) = NonNull::new(base.cast::<Pair>()) else {
+        let Some(block) = NonNull::new(base) else {
             std::alloc::handle_alloc_error(layout)
         };
-        // SAFETY: the slots (`scap + rcap`) and the list's requests (`list`) lie at the
-        // offsets `extend` gave, inside the block and aligned for their types, apart from
-        // the `Pair` and from each other. The slots are written before any reference to them
-        // is made; the requests are `MaybeUninit`. The references live as long as the block:
-        // `Drop` frees it only after the `Pair` (which holds them) is dropped. They are never
-        // handed out beyond a borrow of the `Pair`, and the crate never moves a `Held` out of
-        // its `Pair` (`mem::swap` of two QPs' `Held`s would leave each pointing into the
-        // other's block); `Drop` takes the slots from the block, not from the `Held`s.
+        // SAFETY: the slots (`n`, from the block's start), their operations (`n`) and the
+        // list's requests (`list`) lie at the offsets the layout gave, inside the block and
+        // aligned for their types, apart from each other. The slots and operations are
+        // written before any reference to them is made; the requests are `MaybeUninit`. The references live as long as the block:
+        // `Drop` frees it only after the `Held`s (which hold them) are dropped, and nothing
+        // uses them after. They are never handed out beyond a borrow of the `Held`s, and the
+        // crate never moves a `Held` out of its `QpHeld` (`mem::swap` of two QPs' `Held`s
+        // would leave each pointing into the other's block); `Drop` takes the slots from the
+        // block, not from the `Held`s.
         unsafe {
-            let slots = base.add(slots_at).cast::<Slot>();
-            for k in 0..scap + rcap {
-                slots.add(k).write(Slot {
-                    buf: None,
-                    op: WcOpcode::default(),
-                });
+            let slots = base.cast::<Option<Buf>>();
+            let ops = base.add(ops_at).cast::<WcOpcode>();
+            for k in 0..n {
+                slots.add(k).write(None);
+                ops.add(k).write(WcOpcode::default());
             }
             let sends = std::slice::from_raw_parts_mut(slots, scap);
             let recvs = std::slice::from_raw_parts_mut(slots.add(scap), rcap);
+            let send_ops = std::slice::from_raw_parts_mut(ops, scap);
+            let recv_ops = std::slice::from_raw_parts_mut(ops.add(scap), rcap);
             let wrs = std::slice::from_raw_parts_mut(base.add(wrs_at).cast::<MaybeUninit<SendWr<'static>>>(), list);
-            block.as_ptr().write(Pair {
-                sends: Held::new(send, false, sends, wrs),
-                recvs: Held::new(recv, true, recvs, &mut []),
+            Self {
+                sends: ManuallyDrop::new(Held::new(send, false, sends, send_ops, wrs)),
+                recvs: ManuallyDrop::new(Held::new(recv, true, recvs, recv_ops, &mut [])),
+                block,
                 layout,
-                slots_at,
-                slots: scap + rcap,
-            });
+                slots: n,
+            }
         }
-        Self { block }
-    }
-}
-
-impl std::ops::Deref for QpHeld {
-    type Target = Pair;
-
-    #[inline(always)]
-    #[allow(unsafe_code)]
-    fn deref(&self) -> &Pair {
-        // SAFETY: the `Pair` written in `new`, alive until `drop`.
-        unsafe { self.block.as_ref() }
-    }
-}
-
-impl std::ops::DerefMut for QpHeld {
-    #[inline(always)]
-    #[allow(unsafe_code)]
-    fn deref_mut(&mut self) -> &mut Pair {
-        // SAFETY: as in `deref`; `&mut self` makes this the only reference.
-        unsafe { self.block.as_mut() }
     }
 }
 
 impl Drop for QpHeld {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
-        // SAFETY: the block `new` made, dropped once: the `Pair` (whose `Held`s only point at
-        // the slots and requests), then the slots `new` wrote at `slots_at` (the buffers they
-        // hold), then the memory, with the layout it was allocated with. The requests are
-        // `MaybeUninit`: nothing to drop.
+        // SAFETY: dropped once, here: the `Held`s (which only point at the slots and
+        // requests, and are not used again), then the slots `new` wrote at the block's start
+        // (the buffers they hold), then the memory, with the layout it was allocated with.
+        // The operations are `Copy` and the requests `MaybeUninit`: nothing to drop.
         unsafe {
-            let pair = self.block.as_ptr();
-            let (layout, slots_at, n) = ((*pair).layout, (*pair).slots_at, (*pair).slots);
-            std::ptr::drop_in_place(pair);
-            let slots = pair.cast::<u8>().add(slots_at).cast::<Slot>();
-            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(slots, n));
-            std::alloc::dealloc(pair.cast::<u8>(), layout);
+            ManuallyDrop::drop(&mut self.sends);
+            ManuallyDrop::drop(&mut self.recvs);
+            let slots = self.block.as_ptr().cast::<Option<Buf>>();
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(slots, self.slots));
+            std::alloc::dealloc(self.block.as_ptr(), self.layout);
         }
     }
 }
@@ -587,6 +597,42 @@ unsafe fn give_back(bufs: &mut Vec<Buf>, front: usize, read: usize, all: usize) 
     unsafe {
         std::ptr::copy(at.add(read), at.add(front), all - read);
         bufs.set_len(front + all - read);
+    }
+}
+
+/// Moves `n` buffers from `from` into the slots from `slots` on, each with the operation `op`
+/// (into `ops`), and gives the requests at `wrs` the ids from `first` on and the SGEs of those
+/// buffers; the rest of each request stays as it is.
+///
+/// # Safety
+/// `from` has `n` buffers, read once (moved); `slots` and `ops` have `n` consecutive free
+/// places (writing over their `None` and `Copy` operation forgets nothing); `wrs` has `n`
+/// initialised requests. The SGEs named are in the buffers' boxes, which stay put while the
+/// slots hold them.
+#[inline(always)]
+#[allow(unsafe_code)]
+unsafe fn fill(
+    from: *const Buf,
+    slots: *mut Option<Buf>,
+    ops: *mut WcOpcode,
+    wrs: *mut SendWr<'static>,
+    first: u64,
+    n: usize,
+    op: WcOpcode,
+) {
+    for k in 0..n {
+        // SAFETY: within the `n` places of each (the caller's contract).
+        unsafe {
+            let slot = slots.add(k);
+            slot.write(Some(from.add(k).read()));
+            // Read back before the stores below, which the compiler cannot tell apart from
+            // the slot.
+            let sge = sge_of(&*slot);
+            ops.add(k).write(op);
+            let wr = wrs.add(k);
+            std::ptr::addr_of_mut!((*wr).wr_id).write(first + k as u64);
+            std::ptr::addr_of_mut!((*wr).sg_list).write(std::slice::from_ref(sge));
+        }
     }
 }
 

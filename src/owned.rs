@@ -319,11 +319,10 @@ impl Qp {
         if let Err(error) = modelled(&op, "send_buf") {
             return Err(Refused { error, buf: Some(buf) });
         }
-        self.held.sends.note_op(&op);
         let wr = SendWr {
             wr_id: id,
             op,
-            sg_list: std::slice::from_ref(self.held.sends.claim(buf, false)),
+            sg_list: std::slice::from_ref(self.held.sends.claim_send(buf, &op)),
             flags,
             ud: dest,
         };

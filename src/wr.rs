@@ -176,6 +176,7 @@ impl SendOp {
 
     /// The completion opcode ([`crate::WcOpcode`]) a successful request of this operation
     /// completes with; `None` for [`SendOp::Raw`], whose completion the core cannot tell.
+    #[inline]
     pub fn wc_opcode(&self) -> Option<crate::wc::WcOpcode> {
         use crate::wc::WcOpcode;
         Some(match self {
