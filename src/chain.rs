@@ -243,6 +243,11 @@ pub enum ChainWr<'a> {
     Fast(FastWr<'a>),
     /// Any other: [`SlowWr::read`] reads and checks it.
     Slow(SlowWr<'a>),
+    /// A request read in place whose scatter/gather list cannot be read (a negative count,
+    /// or a null list for a positive one): refused as [`WrReject::Malformed`]. A variant
+    /// rather than an error beside the enum, so that a provider's loop carries no
+    /// [`WrReject`] (32 bytes; in registers it crowds out the loop's own values).
+    Malformed,
 }
 
 /// A request of a [`SendChain`] the core does not read in place.
@@ -372,6 +377,7 @@ impl<'a> ChainWr<'a> {
         match self {
             Self::Fast(f) => Ok(f.to_send_wr()),
             Self::Slow(s) => s.read(qp_type, context),
+            Self::Malformed => Err(WrReject::Malformed),
         }
     }
 }
@@ -392,22 +398,22 @@ impl<'a> SendChain<'a> {
     /// `None` at the end of the chain. `qp_type` is the QP's.
     #[inline(always)]
     #[allow(clippy::should_implement_trait)] // takes the QP type
-    pub fn next(&mut self, qp_type: QpType) -> Option<Result<ChainWr<'a>, WrReject>> {
+    pub fn next(&mut self, qp_type: QpType) -> Option<ChainWr<'a>> {
         let at = NonNull::new(self.next)?;
         // SAFETY: a live request of the chain, unchanged for `'a` (`new`'s contract).
         let c: &'a CSendWr = unsafe { &*at.as_ptr() };
         self.next = c.next;
         let bit = 1u32.checked_shl(c.opcode).unwrap_or(0);
         if qp_type == QpType::Ud || bit & FAST == 0 {
-            return Some(Ok(ChainWr::Slow(SlowWr { at, slow: self.slow })));
+            return Some(ChainWr::Slow(SlowWr { at, slow: self.slow }));
         }
         let sg_list: &'a [Sge] = match usize::try_from(c.num_sge) {
             Ok(0) => &[],
             // SAFETY: per `new`'s contract.
             Ok(n) if !c.sg_list.is_null() => unsafe { std::slice::from_raw_parts(c.sg_list, n) },
-            _ => return Some(Err(WrReject::Malformed)),
+            _ => return Some(ChainWr::Malformed),
         };
-        Some(Ok(ChainWr::Fast(FastWr { c, sg_list, bit })))
+        Some(ChainWr::Fast(FastWr { c, sg_list, bit }))
     }
 
     /// The chain's request when it is its only one and [`SendChain::next`] would read it in
@@ -422,7 +428,7 @@ impl<'a> SendChain<'a> {
             return None;
         }
         match { *self }.next(qp_type)? {
-            Ok(ChainWr::Fast(wr)) => Some(wr),
+            ChainWr::Fast(wr) => Some(wr),
             _ => None,
         }
     }
@@ -482,7 +488,7 @@ mod tests {
         // SAFETY: the test's chain, live for the call; `'static` only stands for it here.
         let mut chain = unsafe { SendChain::new(NonNull::from(first), slow_send) };
         std::iter::from_fn(|| chain.next(qp_type))
-            .map(|r| r.and_then(|wr| wr.to_send_wr(qp_type, ContextId(0))))
+            .map(|wr| wr.to_send_wr(qp_type, ContextId(0)))
             .collect()
     }
 
@@ -705,7 +711,7 @@ mod tests {
                         let case = format!("opcode {opcode} {qp_type:?} inline {inline} sges {sg} addr {addr:#x}");
                         // SAFETY: the test's chain, live for the call.
                         let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), slow_send) };
-                        let Some(Ok(ChainWr::Fast(fast))) = chain.next(qp_type) else {
+                        let Some(ChainWr::Fast(fast)) = chain.next(qp_type) else {
                             panic!("{case}: not read in place");
                         };
                         assert!(chain.next(qp_type).is_none(), "{case}: one request");

@@ -105,10 +105,7 @@ pub(crate) unsafe fn post_gathered<Q: QpQueues + ?Sized>(
     loop {
         let (mut n, mut refused) = (0, None);
         while n < BATCH {
-            match chain
-                .next(qp_type)
-                .map(|wr| wr.and_then(|wr| wr.to_send_wr(qp_type, context)))
-            {
+            match chain.next(qp_type).map(|wr| wr.to_send_wr(qp_type, context)) {
                 None => break,
                 Some(Ok(wr)) => {
                     room[n].write(wr);

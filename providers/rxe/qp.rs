@@ -179,12 +179,13 @@ impl RxeQp {
         let mut posted = 0;
         while let Some(wr) = chain.next(qp_type) {
             // SAFETY: forwarded contract.
-            let step = wr.and_then(|wr| unsafe {
+            let step = unsafe {
                 match wr {
                     ChainWr::Fast(f) => self.post_fast::<ATOMICS>(&f),
                     ChainWr::Slow(s) => self.post_slow::<ATOMICS>(s, qp_type, context),
+                    ChainWr::Malformed => Err(WrReject::Malformed),
                 }
-            });
+            };
             if let Err(reason) = step {
                 rejected = Some((posted, reason));
                 break;
@@ -894,7 +895,7 @@ mod tests {
                 };
                 // SAFETY: the test's one-request chain, live for the loop body.
                 let mut chain = unsafe { SendChain::new(NonNull::from(&mut c), never) };
-                let Some(Ok(ChainWr::Fast(fast))) = chain.next(QpType::Rc) else {
+                let Some(ChainWr::Fast(fast)) = chain.next(QpType::Rc) else {
                     panic!("opcode {opcode}: not read in place");
                 };
                 let inline_len = if inline { 8 } else { 0 };
