@@ -103,7 +103,12 @@ pair "ib_write_bw, Rust server <-> C client" "$RUST" "$C" 18515 ib_write_bw $pt
 pair "ibv_rc_pingpong -e -n 1000, Rust <-> Rust" "$RUST" "$RUST" 18515 ibv_rc_pingpong $pp -n 1000 -e
 pair "ibv_rc_pingpong -e -n 1000, Rust server <-> C client" "$RUST" "$C" 18515 ibv_rc_pingpong $pp -n 1000 -e
 pair "ibv_rc_pingpong -e -n 1000, C server <-> Rust client" "$C" "$RUST" 18515 ibv_rc_pingpong $pp -n 1000 -e
-pair "ib_send_lat -e (RC), Rust <-> Rust" "$RUST" "$RUST" 18515 ib_send_lat $pt -e
+# perftest's `ib_send_lat -e` hangs until killed in some runs on 6.12 with rdma-core's C
+# provider as well as with this one (docs/kernel-facts.md, "Between kernels"): there it tells
+# nothing about the drop-in, so it runs where C completes it.
+case $(uname -r) in
+6.1.*) pair "ib_send_lat -e (RC), Rust <-> Rust" "$RUST" "$RUST" 18515 ib_send_lat $pt -e ;;
+esac
 pair "ib_send_bw -e (RC), Rust <-> Rust" "$RUST" "$RUST" 18515 ib_send_bw $pt -e
 
 # 7. Async events on objects, ibv_reg_mr_iova and kernel handles. No packaged program raises
