@@ -150,8 +150,9 @@ impl Held {
         wrs: &'static mut [MaybeUninit<SendWr<'static>>],
     ) -> Self {
         let cap = slots.len();
-        debug_assert_eq!(cap, slots_for(depth));
-        debug_assert_eq!(ops.len(), cap);
+        // What the unchecked indexing of `claim`, `claim_send` and `post_list` relies on: a
+        // power-of-two ring, the operations as long as the buffers. Checked once per queue.
+        assert!(cap.is_power_of_two() && cap == slots_for(depth) && ops.len() == cap);
         debug_assert_eq!(wrs.len(), list_for(depth, recv));
         Self {
             slots,
@@ -293,8 +294,9 @@ impl Held {
         let mask = *mask;
         let wrs = list.prepared(op, flags);
         let wc_op = op.wc_opcode().unwrap_or_default();
-        // Every slot is reached through these pointers (masked, so within the ring) until the
-        // last list is posted: no reference to the ring is made meanwhile.
+        // Every slot is reached through these pointers until the last list is posted (within
+        // the ring: masked, or in the two runs `fill` writes, up to the ring's end and on from
+        // its start), and no reference to the ring is made meanwhile.
         let (ring, ring_ops) = (slots.as_mut_ptr(), ops.as_mut_ptr());
         // The buffers are moved out of `bufs` as they are posted, its length 0 meanwhile (a
         // panic in `post` would leak the rest, never free one twice); those not posted are

@@ -8,8 +8,8 @@
 //! - every Rust path docs/*.md and README.md name in the `uverbs` crate
 //!   (`uverbs::aio::AsyncCq`, `providers::rxe::queue::tests`, `sys::cmd::execute_plain`) is a
 //!   module of it and, where it goes on, an item of that module; a `Type::member` of the
-//!   workspace's types (`Qp::send_buf`, `Error::NoProvider`) is a method, field or variant of
-//!   the workspace;
+//!   workspace's types (`Qp::send_buf`, `Error::NoProvider`) is a name the workspace's code
+//!   defines or uses (a method, field or variant; comments and strings do not count);
 //! - docs/architecture.md's table "The tree" has a row, one line, for each top-level folder
 //!   and names each crate of the repository;
 //! - docs/provider-contract.md's "each hook the stub logs" is checked by
@@ -596,9 +596,10 @@ fn missing_rust_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
     let mut sources = Vec::new();
     rust_files(&root.join("src"), &mut sources);
     rust_files(&root.join("providers"), &mut sources);
+    // Code only: a name that appears in a comment or a string is no item.
     let crate_text: String = sources
         .iter()
-        .map(|f| std::fs::read_to_string(f).unwrap())
+        .map(|f| crate::architecture::code_only(&std::fs::read_to_string(f).unwrap()))
         .collect::<Vec<_>>()
         .join("\n");
     // Members of the workspace's types (`Qp::send_buf`, `Model::drops`): any Rust file of it.
@@ -606,6 +607,7 @@ fn missing_rust_paths(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
         .iter()
         .filter(|f| f.ends_with(".rs"))
         .filter_map(|f| std::fs::read_to_string(root.join(f)).ok())
+        .map(|t| crate::architecture::code_only(&t))
         .collect::<Vec<_>>()
         .join("\n");
     let types = defined_types(&workspace_text);
@@ -703,7 +705,10 @@ impl Names {
     /// Whether the member `name` of a type is there: a method or field for a lower-case name,
     /// named at all for a capitalised one (a variant, an associated constant).
     fn has_member(&self, name: &str) -> bool {
-        if name.starts_with(|c: char| c.is_lowercase() || c == '_') {
+        if name.ends_with('_') {
+            // A template (`Qp::post_*`): some method or field starts so.
+            self.defined.iter().any(|d| d.starts_with(name))
+        } else if name.starts_with(|c: char| c.is_lowercase() || c == '_') {
             self.defined.contains(name)
         } else {
             self.words.contains(name)
